@@ -1,0 +1,207 @@
+// Package ca obtains workload certificates from a certificate authority: Istio's
+// IstioCertificateService over gRPC, a SPIFFE Workload API agent, or a built-in CA that
+// signs with a local root for standalone mode.
+//
+// It owns one request: "give me a leaf for this identity". Caching, rotation, backoff and
+// TLS configuration live in identity/certs; this package keeps no per-identity state.
+package ca
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/gozt/gozt/identity"
+)
+
+// Client issues a certificate for one identity.
+type Client interface {
+	// Fetch returns a fresh leaf for id. It is safe for concurrent use.
+	Fetch(ctx context.Context, id identity.ID) (*Issued, error)
+	// Close releases connections and watchers; it is idempotent.
+	Close() error
+}
+
+// Issued is a leaf with its chain and trust roots.
+type Issued struct {
+	Certificate tls.Certificate     // leaf first, then intermediates; PrivateKey set; Leaf parsed
+	Roots       []*x509.Certificate // trust bundle (may hold several roots; federated bundles included)
+	NotBefore   time.Time
+	NotAfter    time.Time
+}
+
+// Identity returns the identity the leaf carries.
+func (i *Issued) Identity() (identity.ID, error) {
+	if i == nil || i.Certificate.Leaf == nil {
+		return identity.ID{}, errors.New("ca: no leaf")
+	}
+	return identity.FromCert(i.Certificate.Leaf)
+}
+
+// Config mirrors the environment (cmd/ztunnel fills it): zero values mean the documented defaults.
+type Config struct {
+	Provider     string            // "istio" | "spiffe" | "builtin" | "" (auto, see New)
+	Address      string            // CA_ADDRESS [https://localhost:15012]; http:// means plaintext
+	RootCA       string            // CA_ROOT_CA [./var/run/secrets/istio/root-cert.pem]: path, "SYSTEM", or inline PEM; a file is re-checked on every fetch
+	AltHostname  string            // ALT_CA_HOSTNAME: name to verify the CA's certificate against instead of the address host
+	TokenFile    string            // AUTH_TOKEN path (re-read every call), empty = no token
+	ClusterID    string            // CLUSTER_ID [Kubernetes]
+	Headers      map[string]string // CA_HEADER_*
+	SecretTTL    time.Duration     // SECRET_TTL [24h]
+	Impersonate  bool              // shared mode: send ImpersonatedIdentity metadata
+	Dir          string            // CA_DIR for builtin: cacerts layout; a self-signed root is generated on first start
+	SpiffeSocket string            // SPIFFE_ENDPOINT_SOCKET for spiffe
+	LocalXDS     bool              // LOCAL_XDS_PATH set (for the auto rule)
+}
+
+// Defaults applied by New.
+const (
+	DefaultAddress   = "https://localhost:15012"
+	DefaultRootCA    = "./var/run/secrets/istio/root-cert.pem"
+	DefaultClusterID = "Kubernetes"
+	DefaultSecretTTL = 24 * time.Hour
+)
+
+// New picks the provider: explicit Provider, else spiffe if SpiffeSocket is set, builtin if
+// LocalXDS && Address=="", else istio. Bad configuration is an error naming the variable.
+// ctx bounds start-up only.
+func New(ctx context.Context, cfg Config) (Client, error) {
+	if cfg.SecretTTL < 0 {
+		return nil, fmt.Errorf("ca: SECRET_TTL %v is negative", cfg.SecretTTL)
+	}
+	if cfg.SecretTTL == 0 {
+		cfg.SecretTTL = DefaultSecretTTL
+	}
+	p := cfg.Provider
+	if p == "" {
+		switch {
+		case cfg.SpiffeSocket != "":
+			p = "spiffe"
+		case cfg.LocalXDS && cfg.Address == "":
+			p = "builtin"
+		default:
+			p = "istio"
+		}
+	}
+	switch p {
+	case "istio":
+		return newIstio(cfg)
+	case "spiffe":
+		if cfg.SpiffeSocket == "" {
+			return nil, errors.New("ca: CA_PROVIDER=spiffe needs SPIFFE_ENDPOINT_SOCKET")
+		}
+		return newSpiffe(ctx, cfg.SpiffeSocket)
+	case "builtin":
+		if cfg.Dir == "" {
+			return nil, errors.New("ca: CA_PROVIDER=builtin needs CA_DIR")
+		}
+		return NewBuiltin(cfg.Dir, cfg.SecretTTL)
+	default:
+		return nil, fmt.Errorf("ca: CA_PROVIDER %q is not one of istio, spiffe, builtin", p)
+	}
+}
+
+// newKey returns a fresh ECDSA P-256 key, the key type the mesh uses for leaves.
+func newKey() (*ecdsa.PrivateKey, error) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("ca: generate key: %w", err)
+	}
+	return k, nil
+}
+
+// NewCSR returns a PEM PKCS#10 request whose only subject alternative name is id's URI, signed
+// with SHA-256 by key (no common name, as Istio expects).
+func NewCSR(key crypto.Signer, id identity.ID) ([]byte, error) {
+	u, err := url.Parse(id.String())
+	if err != nil {
+		return nil, fmt.Errorf("ca: csr for %s: %w", id, err)
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		SignatureAlgorithm: x509.ECDSAWithSHA256,
+		URIs:               []*url.URL{u},
+	}, key)
+	if err != nil {
+		return nil, fmt.Errorf("ca: csr for %s: %w", id, err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), nil
+}
+
+// ParsePEMCerts parses every CERTIFICATE block in data; other blocks are skipped.
+func ParsePEMCerts(data []byte) ([]*x509.Certificate, error) {
+	var out []*x509.Certificate
+	for {
+		var b *pem.Block
+		b, data = pem.Decode(data)
+		if b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("ca: parse certificate: %w", err)
+		}
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("ca: no PEM certificate found")
+	}
+	return out, nil
+}
+
+// assemble builds an Issued from a chain (leaf first) and roots, and checks what every
+// provider must guarantee: the leaf carries want, matches key, and chains to the roots.
+func assemble(want identity.ID, key crypto.Signer, chain, roots []*x509.Certificate) (*Issued, error) {
+	if len(chain) == 0 {
+		return nil, errors.New("ca: empty certificate chain")
+	}
+	if len(roots) == 0 {
+		return nil, errors.New("ca: no trust roots")
+	}
+	leaf := chain[0]
+	got, err := identity.FromCert(leaf)
+	if err != nil {
+		return nil, fmt.Errorf("ca: issued leaf: %w", err)
+	}
+	if got != want {
+		return nil, fmt.Errorf("ca: issued leaf is for %s, asked for %s", got, want)
+	}
+	if pub, ok := key.Public().(interface{ Equal(crypto.PublicKey) bool }); !ok || !pub.Equal(leaf.PublicKey) {
+		return nil, fmt.Errorf("ca: issued leaf for %s does not match our private key", want)
+	}
+	pool := x509.NewCertPool()
+	for _, r := range roots {
+		pool.AddCert(r)
+	}
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{
+		Roots: pool, Intermediates: inter, CurrentTime: leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore) / 2),
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
+	}); err != nil {
+		return nil, fmt.Errorf("ca: issued leaf for %s does not chain to the returned roots: %w", want, err)
+	}
+	der := make([][]byte, len(chain))
+	for i, c := range chain {
+		der[i] = c.Raw
+	}
+	return &Issued{
+		Certificate: tls.Certificate{Certificate: der, PrivateKey: key, Leaf: leaf},
+		Roots:       roots,
+		NotBefore:   leaf.NotBefore,
+		NotAfter:    leaf.NotAfter,
+	}, nil
+}
