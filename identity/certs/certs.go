@@ -1,0 +1,345 @@
+// Package certs is the certificate manager: one entry per workload identity, fetched from a
+// ca.Client on first use or prefetch, rotated at half of its lifetime, retried with jittered
+// exponential backoff, and served while unexpired even if the CA is down. It also builds the
+// mesh's *tls.Config for both ends of an mTLS connection, looking certificates up per
+// handshake so a rotation never needs a listener restart or reconnect logic.
+//
+// It does not talk to a CA itself (identity/ca does) and knows nothing of workloads or
+// connections: callers say which identity they need and which identities they expect.
+package certs
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/gozt/gozt/identity"
+	"github.com/gozt/gozt/identity/ca"
+)
+
+// Config tunes the manager; the zero value means the documented defaults.
+type Config struct {
+	FetchTimeout time.Duration // [10s] how long Certificate waits for a first fetch
+	MaxInflight  int           // [8] CSRs in flight at once
+}
+
+// Backoff bounds for a failing fetch: start, factor 2, ±20% jitter, cap.
+const (
+	backoffStart = time.Second
+	backoffMax   = 150 * time.Second
+	fetchLimit   = time.Minute // one CSR round trip may not take longer
+)
+
+// Manager caches certificates per identity. Its rotation timers and fetches belong to it;
+// Close stops them.
+type Manager struct {
+	cfg    Config
+	client ca.Client
+	sem    chan struct{} // MaxInflight tokens
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	entries map[identity.ID]*entry
+	closed  bool
+}
+
+// entry is the state of one identity; its fields are guarded by Manager.mu.
+type entry struct {
+	id        identity.ID
+	cur       *held         // latest good certificate, possibly expired
+	err       error         // last fetch error, nil after a success
+	fetching  chan struct{} // non-nil while a fetch runs; closed when it ends
+	timer     *time.Timer   // next refresh or retry
+	retryAt   time.Time     // when timer fires after a failure (zero otherwise)
+	backoff   time.Duration // last backoff used; 0 after a success
+	result    chan struct{} // closed and replaced each time a fetch ends
+	gen       uint64        // bumped when the timer is re-armed; a stale timer callback does nothing
+	forgotten bool
+}
+
+// held is one issued certificate with what handshakes need, built once.
+type held struct {
+	iss  *ca.Issued
+	pool *x509.CertPool
+
+	once   sync.Once
+	server *tls.Config // serverConfig, built on first inbound handshake
+}
+
+func newHeld(iss *ca.Issued) *held {
+	pool := x509.NewCertPool()
+	for _, r := range iss.Roots {
+		pool.AddCert(r)
+	}
+	return &held{iss: iss, pool: pool}
+}
+
+func (h *held) valid(now time.Time) bool {
+	return h != nil && now.Before(h.iss.NotAfter)
+}
+
+// New returns a manager fetching from c. It owns its rotation goroutines; Close stops them
+// (Close does not close c).
+func New(cfg Config, c ca.Client) *Manager {
+	if cfg.FetchTimeout <= 0 {
+		cfg.FetchTimeout = 10 * time.Second
+	}
+	if cfg.MaxInflight <= 0 {
+		cfg.MaxInflight = 8
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &Manager{
+		cfg: cfg, client: c, sem: make(chan struct{}, cfg.MaxInflight),
+		ctx: ctx, cancel: cancel, entries: make(map[identity.ID]*entry),
+	}
+	if n, ok := c.(ca.Notifier); ok {
+		m.wg.Add(1)
+		go m.followSource(n)
+	}
+	return m
+}
+
+// Close stops rotation and waits for in-flight fetches to end; it is idempotent.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	m.closed = true
+	for _, e := range m.entries {
+		if e.timer != nil {
+			e.timer.Stop()
+		}
+	}
+	m.mu.Unlock()
+	m.cancel()
+	m.wg.Wait()
+	return nil
+}
+
+// followSource re-fetches every identity when a pushing source (Workload API) changes.
+func (m *Manager) followSource(n ca.Notifier) {
+	defer m.wg.Done()
+	for {
+		select {
+		case <-n.Changed():
+		case <-m.ctx.Done():
+			return
+		}
+		m.mu.Lock()
+		for _, e := range m.entries {
+			m.startFetchLocked(e)
+		}
+		m.mu.Unlock()
+	}
+}
+
+// Certificate returns the certificate for id: the cached one while unexpired, otherwise the
+// result of a fetch that concurrent callers share, waited for at most FetchTimeout.
+func (m *Manager) Certificate(ctx context.Context, id identity.ID) (*ca.Issued, error) {
+	if id.IsZero() {
+		return nil, errors.New("certs: certificate for the zero identity")
+	}
+	h, err := m.get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return h.iss, nil
+}
+
+func (m *Manager) get(ctx context.Context, id identity.ID) (*held, error) {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, errors.New("certs: manager closed")
+	}
+	e := m.entryLocked(id)
+	now := time.Now()
+	if e.cur.valid(now) {
+		h := e.cur
+		m.mu.Unlock()
+		return h, nil
+	}
+	if e.fetching == nil {
+		if e.retryAt.IsZero() {
+			m.startFetchLocked(e)
+		} else if e.retryAt.After(now.Add(m.cfg.FetchTimeout)) {
+			// Backing off with no retry before the caller would give up: fail fast rather
+			// than let every new connection hammer a CA that is down.
+			err := fmt.Errorf("certs: %s unavailable, next try in %v: %w", id, e.retryAt.Sub(now).Round(time.Millisecond), e.err)
+			m.mu.Unlock()
+			return nil, err
+		}
+	}
+	ch := e.result
+	m.mu.Unlock()
+
+	t := time.NewTimer(m.cfg.FetchTimeout)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+		return nil, fmt.Errorf("certs: %s: no certificate after %v", id, m.cfg.FetchTimeout)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("certs: %s: %w", id, ctx.Err())
+	case <-m.ctx.Done():
+		return nil, errors.New("certs: manager closed")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e.cur.valid(time.Now()) {
+		return e.cur, nil
+	}
+	if e.err != nil {
+		return nil, fmt.Errorf("certs: %s: %w", id, e.err)
+	}
+	return nil, fmt.Errorf("certs: %s: no certificate", id)
+}
+
+// entryLocked returns id's entry, creating it.
+func (m *Manager) entryLocked(id identity.ID) *entry {
+	e := m.entries[id]
+	if e == nil {
+		e = &entry{id: id, result: make(chan struct{})}
+		m.entries[id] = e
+	}
+	return e
+}
+
+// Prefetch starts a background fetch for id unless it is cached or already being fetched
+// (a workload with that identity appeared on this node).
+func (m *Manager) Prefetch(id identity.ID) {
+	if id.IsZero() {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	e := m.entryLocked(id)
+	if e.cur == nil && e.fetching == nil && e.retryAt.IsZero() {
+		m.startFetchLocked(e)
+	}
+}
+
+// Forget drops id's certificate and stops its rotation (the last workload with that
+// identity went). A fetch in flight finishes for its waiters and is then discarded.
+func (m *Manager) Forget(id identity.ID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.entries[id]
+	if e == nil {
+		return
+	}
+	delete(m.entries, id)
+	e.forgotten = true
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+}
+
+// startFetchLocked starts a fetch for e unless one is running.
+func (m *Manager) startFetchLocked(e *entry) {
+	if m.closed || e.forgotten || e.fetching != nil {
+		return
+	}
+	if e.timer != nil {
+		e.timer.Stop()
+		e.timer = nil
+	}
+	e.gen++
+	e.retryAt = time.Time{}
+	e.fetching = make(chan struct{})
+	m.wg.Add(1)
+	go m.fetch(e)
+}
+
+// fetch runs one CSR for e, bounded by MaxInflight, and schedules the next one.
+func (m *Manager) fetch(e *entry) {
+	defer m.wg.Done()
+	var iss *ca.Issued
+	var err error
+	select {
+	case m.sem <- struct{}{}:
+		ctx, cancel := context.WithTimeout(m.ctx, fetchLimit)
+		start := time.Now()
+		iss, err = m.client.Fetch(ctx, e.id)
+		cancel()
+		<-m.sem
+		if err == nil {
+			if got, ierr := iss.Identity(); ierr != nil || got != e.id {
+				err = fmt.Errorf("certs: CA returned a certificate for %v, asked for %s", got, e.id)
+			}
+		}
+		if err == nil {
+			slog.Debug("certs: fetched", "identity", e.id, "took", time.Since(start), "notAfter", iss.NotAfter)
+		}
+	case <-m.ctx.Done():
+		err = errors.New("certs: manager closed")
+	}
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	if err == nil {
+		e.cur, e.err, e.backoff = newHeld(iss), nil, 0
+		life := iss.NotAfter.Sub(iss.NotBefore)
+		m.scheduleLocked(e, iss.NotBefore.Add(life/2).Sub(now), false)
+	} else {
+		e.err = err
+		if e.backoff == 0 {
+			e.backoff = backoffStart
+		} else {
+			e.backoff = min(2*e.backoff, backoffMax)
+		}
+		d := jitter(e.backoff)
+		if m.ctx.Err() == nil {
+			slog.Warn("certs: fetch failed", "identity", e.id, "err", err, "retryIn", d, "serving", e.cur.valid(now))
+		}
+		m.scheduleLocked(e, d, true)
+	}
+	close(e.fetching)
+	e.fetching = nil
+	close(e.result)
+	e.result = make(chan struct{})
+}
+
+// scheduleLocked arms e's timer to fetch again after d.
+func (m *Manager) scheduleLocked(e *entry, d time.Duration, retry bool) {
+	if m.closed || e.forgotten {
+		return
+	}
+	if d < 0 {
+		d = 0
+	}
+	if retry {
+		e.retryAt = time.Now().Add(d)
+	} else {
+		e.retryAt = time.Time{}
+	}
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	e.gen++
+	gen := e.gen
+	e.timer = time.AfterFunc(d, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if e.gen != gen {
+			return
+		}
+		e.retryAt = time.Time{}
+		m.startFetchLocked(e)
+	})
+}
+
+// jitter spreads d by ±20% so identities that failed together do not retry together.
+func jitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}

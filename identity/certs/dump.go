@@ -1,0 +1,70 @@
+package certs
+
+import (
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
+	"slices"
+	"strings"
+	"time"
+)
+
+// CertState is one identity's entry in the admin /config_dump "certificates" list.
+type CertState struct {
+	Identity  string     `json:"identity"`
+	State     string     `json:"state"` // Initializing | Available | "Unavailable: <err>"
+	CertChain []CertInfo `json:"certChain"`
+	RootCerts []CertInfo `json:"rootCerts"`
+}
+
+// CertInfo describes one certificate of a chain or bundle.
+type CertInfo struct {
+	PEM            string `json:"pem"` // base64 of the PEM text, as ztunnel prints it
+	SerialNumber   string `json:"serialNumber"`
+	ValidFrom      string `json:"validFrom"`      // RFC 3339
+	ExpirationTime string `json:"expirationTime"` // RFC 3339
+}
+
+// Dump returns every identity's state, sorted by identity.
+func (m *Manager) Dump() []CertState {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	out := make([]CertState, 0, len(m.entries))
+	for id, e := range m.entries {
+		s := CertState{Identity: id.String(), CertChain: []CertInfo{}, RootCerts: []CertInfo{}}
+		switch {
+		case e.cur.valid(now):
+			s.State = "Available"
+		case e.err != nil:
+			s.State = "Unavailable: " + e.err.Error()
+		case e.cur != nil:
+			s.State = "Unavailable: certificate expired"
+		default:
+			s.State = "Initializing"
+		}
+		if e.cur != nil {
+			for _, c := range e.cur.iss.Certificate.Certificate {
+				if xc, err := x509.ParseCertificate(c); err == nil {
+					s.CertChain = append(s.CertChain, info(xc))
+				}
+			}
+			for _, r := range e.cur.iss.Roots {
+				s.RootCerts = append(s.RootCerts, info(r))
+			}
+		}
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b CertState) int { return strings.Compare(a.Identity, b.Identity) })
+	return out
+}
+
+func info(c *x509.Certificate) CertInfo {
+	p := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+	return CertInfo{
+		PEM:            base64.StdEncoding.EncodeToString(p),
+		SerialNumber:   c.SerialNumber.String(),
+		ValidFrom:      c.NotBefore.UTC().Format(time.RFC3339),
+		ExpirationTime: c.NotAfter.UTC().Format(time.RFC3339),
+	}
+}

@@ -1,0 +1,170 @@
+package certs
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/gozt/gozt/identity"
+)
+
+// Key exchange: hybrid post-quantum first, X25519 so peers without ML-KEM (older Rust
+// ztunnels) still connect.
+var curves = []tls.CurveID{tls.X25519MLKEM768, tls.X25519}
+
+// ALPN is the only application protocol the mesh speaks over mTLS (HBONE is HTTP/2).
+const ALPN = "h2"
+
+// checkSuite enforces the AES-GCM-only rule: Go does not let TLS 1.3 suites be configured, so
+// the negotiated one is checked after the fact.
+func checkSuite(cs tls.ConnectionState) error {
+	switch cs.CipherSuite {
+	case tls.TLS_AES_128_GCM_SHA256, tls.TLS_AES_256_GCM_SHA384:
+		return nil
+	}
+	return fmt.Errorf("certs: negotiated cipher suite %s is not AES-GCM", tls.CipherSuiteName(cs.CipherSuite))
+}
+
+// verifyPeer checks that chain (leaf first) chains to h's bundle now and returns the leaf's
+// mesh identity.
+func verifyPeer(h *held, chain []*x509.Certificate) (identity.ID, error) {
+	if len(chain) == 0 {
+		return identity.ID{}, errors.New("certs: peer presented no certificate")
+	}
+	leaf := chain[0]
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{
+		Roots: h.pool, Intermediates: inter, CurrentTime: time.Now(),
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
+	}); err != nil {
+		return identity.ID{}, fmt.Errorf("certs: peer certificate %v (serial %s) rejected: %w", leaf.URIs, leaf.SerialNumber, err)
+	}
+	id, err := identity.FromCert(leaf)
+	if err != nil {
+		return identity.ID{}, fmt.Errorf("certs: peer certificate: %w", err)
+	}
+	return id, nil
+}
+
+// PeerIdentity returns the identity of a verified peer of a connection built with
+// ClientConfig or ServerConfig.
+func PeerIdentity(cs tls.ConnectionState) (identity.ID, error) {
+	if len(cs.PeerCertificates) == 0 {
+		return identity.ID{}, errors.New("certs: no peer certificate")
+	}
+	return identity.FromCert(cs.PeerCertificates[0])
+}
+
+// ClientConfig returns the config for dialing as src a server that must be one of expected:
+// TLS 1.3 only, AES-GCM, X25519MLKEM768 preferred with X25519 fallback, ALPN h2, no SNI (the
+// caller must leave ServerName empty), no session resumption. The client certificate is
+// looked up per handshake, so a long-lived pool picks up rotations by itself. The server's
+// chain is verified against src's bundle and its URI SAN must be one of expected. ctx bounds
+// the first fetch of src's certificate, which ClientConfig waits for.
+func (m *Manager) ClientConfig(ctx context.Context, src identity.ID, expected []identity.ID) (*tls.Config, error) {
+	if len(expected) == 0 {
+		return nil, errors.New("certs: client config with no expected server identity")
+	}
+	if _, err := m.get(ctx, src); err != nil {
+		return nil, err
+	}
+	expected = slices.Clone(expected)
+	return &tls.Config{
+		MinVersion:       tls.VersionTLS13,
+		MaxVersion:       tls.VersionTLS13,
+		CurvePreferences: curves,
+		NextProtos:       []string{ALPN},
+		// Verification is VerifyConnection's: chain to the mesh bundle and SPIFFE URI SAN,
+		// not a host name.
+		InsecureSkipVerify:     true,
+		SessionTicketsDisabled: true,
+		GetClientCertificate: func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			h, err := m.get(cri.Context(), src)
+			if err != nil {
+				return nil, err
+			}
+			return &h.iss.Certificate, nil
+		},
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if err := checkSuite(cs); err != nil {
+				return err
+			}
+			h, err := m.get(context.Background(), src)
+			if err != nil {
+				return err
+			}
+			id, err := verifyPeer(h, cs.PeerCertificates)
+			if err != nil {
+				return err
+			}
+			if !slices.Contains(expected, id) {
+				return fmt.Errorf("certs: server identity is %s, expected one of %v", id, expected)
+			}
+			return nil
+		},
+	}, nil
+}
+
+// ServerConfig returns the config for the mTLS listener. local maps a handshake to the
+// identity we serve as (the proxy decides, e.g. by destination address). The client must
+// present a certificate chaining to that identity's bundle whose identity is in the same
+// trust domain. Certificates are looked up per handshake.
+func (m *Manager) ServerConfig(local func(*tls.ClientHelloInfo) (identity.ID, error)) *tls.Config {
+	return &tls.Config{
+		MinVersion:             tls.VersionTLS13,
+		MaxVersion:             tls.VersionTLS13,
+		CurvePreferences:       curves,
+		NextProtos:             []string{ALPN},
+		SessionTicketsDisabled: true,
+		ClientAuth:             tls.RequireAnyClientCert,
+		GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			id, err := local(hello)
+			if err != nil {
+				return nil, fmt.Errorf("certs: no local identity for %v: %w", hello.Conn.LocalAddr(), err)
+			}
+			h, err := m.get(hello.Context(), id)
+			if err != nil {
+				return nil, err
+			}
+			return h.serverConfig(id), nil
+		},
+	}
+}
+
+// serverConfig is built once per issued certificate; handshakes then allocate nothing for it.
+func (h *held) serverConfig(id identity.ID) *tls.Config {
+	h.once.Do(func() {
+		h.server = &tls.Config{
+			MinVersion:             tls.VersionTLS13,
+			MaxVersion:             tls.VersionTLS13,
+			CurvePreferences:       curves,
+			NextProtos:             []string{ALPN},
+			SessionTicketsDisabled: true,
+			Certificates:           []tls.Certificate{h.iss.Certificate},
+			// RequireAny + VerifyConnection: the bundle check is ours (Go's would also demand
+			// ExtKeyUsageClientAuth and knows nothing of trust domains).
+			ClientAuth: tls.RequireAnyClientCert,
+			VerifyConnection: func(cs tls.ConnectionState) error {
+				if err := checkSuite(cs); err != nil {
+					return err
+				}
+				peer, err := verifyPeer(h, cs.PeerCertificates)
+				if err != nil {
+					return err
+				}
+				if peer.TrustDomain() != id.TrustDomain() {
+					return fmt.Errorf("certs: client %s is not in trust domain %q", peer, id.TrustDomain())
+				}
+				return nil
+			},
+		}
+	})
+	return h.server
+}
