@@ -1,0 +1,359 @@
+package state
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/gozt/gozt/identity"
+)
+
+// Resolution errors; Resolve wraps them with the service or workload at fault.
+var (
+	ErrNoHealthyEndpoint = errors.New("state: no healthy endpoint")
+	ErrNoServicePort     = errors.New("state: service has no such port")
+	ErrNoGateway         = errors.New("state: remote-network endpoint has no network gateway")
+	ErrWaypointNotFound  = errors.New("state: waypoint not found")
+	ErrNoAddress         = errors.New("state: workload has no address")
+)
+
+// Resolve decides where an outbound connection from src (nil: unknown source on the local
+// network) to dst goes, following REFERENCE §6: workload by IP, else service by VIP (with
+// visibility and namespace preference), waypoints (weighted), load balancing by routing
+// preference and capacity, network gateways, else passthrough.
+func (s *Store) Resolve(src *Workload, dst netip.AddrPort) (Route, error) {
+	network, srcNs := s.opts.Network, ""
+	if src != nil {
+		network, srcNs = src.Network, src.Namespace
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if w := s.byAddr[netKey{network, dst.Addr()}]; w != nil {
+		if w.Waypoint != nil && !s.isWaypointLocked(src, w.Waypoint) {
+			return s.waypointRouteLocked(src, network, w.Waypoint, nil, dst)
+		}
+		r, err := s.directRouteLocked(network, nil, w, dst.Port(), dst.Addr())
+		if err != nil {
+			return Route{}, err
+		}
+		r.Identities = []identity.ID{w.Identity()}
+		return r, nil
+	}
+	svc := s.serviceByVIPLocked(network, dst.Addr(), srcNs)
+	if svc == nil {
+		return Route{Kind: RoutePassthrough, Dial: dst}, nil
+	}
+	if wp := s.serviceWaypoint(svc); wp != nil && !s.isWaypointLocked(src, wp) {
+		return s.waypointRouteLocked(src, network, wp, svc, dst)
+	}
+	target, ok := svc.Ports[dst.Port()]
+	if !ok {
+		return Route{}, fmt.Errorf("%w: %s port %d", ErrNoServicePort, svc.Key(), dst.Port())
+	}
+	if lb := svc.LoadBalancing; lb != nil && lb.Mode == LBPassthrough {
+		return Route{Kind: RoutePassthrough, Service: svc, Dial: dst}, nil
+	}
+	w, port := s.pickEndpointLocked(src, network, svc, dst.Port(), target)
+	if w == nil {
+		return Route{}, fmt.Errorf("%w for %s port %d", ErrNoHealthyEndpoint, svc.Key(), dst.Port())
+	}
+	r, err := s.directRouteLocked(network, svc, w, port, dst.Addr())
+	if err != nil {
+		return Route{}, err
+	}
+	r.Identities = serviceIdentities(svc, w)
+	return r, nil
+}
+
+func serviceIdentities(svc *Service, w *Workload) []identity.ID {
+	ids := make([]identity.ID, 0, len(svc.SubjectAltNames)+1)
+	for _, san := range svc.SubjectAltNames {
+		if id, err := identity.Parse(san); err == nil {
+			ids = append(ids, id)
+		}
+	}
+	if id := w.Identity(); !id.IsZero() {
+		for _, x := range ids {
+			if x == id {
+				return ids
+			}
+		}
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// serviceWaypoint picks the service's waypoint: weighted among WeightedWaypoints, else Waypoint.
+func (s *Store) serviceWaypoint(svc *Service) *GatewayAddress {
+	if len(svc.WeightedWaypoints) == 0 {
+		return svc.Waypoint
+	}
+	var total uint64
+	for _, ww := range svc.WeightedWaypoints {
+		total += uint64(ww.Weight)
+	}
+	if total == 0 {
+		return &svc.WeightedWaypoints[s.randN(uint64(len(svc.WeightedWaypoints)))].Gateway
+	}
+	n := s.randN(total)
+	for i := range svc.WeightedWaypoints {
+		w := uint64(svc.WeightedWaypoints[i].Weight)
+		if n < w {
+			return &svc.WeightedWaypoints[i].Gateway
+		}
+		n -= w
+	}
+	return &svc.WeightedWaypoints[len(svc.WeightedWaypoints)-1].Gateway
+}
+
+// gatewayServiceKeyLocked returns the service key a gateway names (by hostname or VIP), or "".
+func (s *Store) gatewayServiceKeyLocked(g *GatewayAddress) string {
+	if g.Hostname != "" {
+		return g.Namespace + "/" + g.Hostname
+	}
+	if svc := s.pickService(s.byVIP[netKey{g.Network, g.Address}], ""); svc != nil {
+		return svc.Key()
+	}
+	return ""
+}
+
+// isWaypointLocked reports whether src is (an instance of) the waypoint g, so traffic it
+// sends on is not looped back to itself.
+func (s *Store) isWaypointLocked(src *Workload, g *GatewayAddress) bool {
+	if src == nil {
+		return false
+	}
+	if g.Address.IsValid() && src.Network == g.Network && src.HasAddress(g.Address) {
+		return true
+	}
+	if key := s.gatewayServiceKeyLocked(g); key != "" {
+		_, ok := src.Services[key]
+		return ok
+	}
+	return false
+}
+
+// gatewayWorkloadLocked resolves a gateway address to one workload: by IP, else through the
+// service it names (load balanced).
+func (s *Store) gatewayWorkloadLocked(src *Workload, network string, g *GatewayAddress) *Workload {
+	if g.Address.IsValid() {
+		if w := s.byAddr[netKey{g.Network, g.Address}]; w != nil {
+			return w
+		}
+	}
+	key := s.gatewayServiceKeyLocked(g)
+	svc := s.services[key]
+	if svc == nil {
+		return nil
+	}
+	w, _ := s.pickEndpointLocked(src, network, svc, 0, 0)
+	return w
+}
+
+func (s *Store) waypointRouteLocked(src *Workload, network string, g *GatewayAddress, svc *Service, dst netip.AddrPort) (Route, error) {
+	wp := s.gatewayWorkloadLocked(src, network, g)
+	if wp == nil {
+		return Route{}, fmt.Errorf("%w: %s", ErrWaypointNotFound, g)
+	}
+	ids := []identity.ID{wp.Identity()}
+	if wp.Network != network {
+		r, err := s.doubleHBONELocked(svc, wp, g.Port(), dst)
+		if err != nil {
+			return Route{}, err
+		}
+		r.Identities = ids
+		return r, nil
+	}
+	ip, ok := chooseIP(wp, g.Address)
+	if !ok {
+		return Route{}, fmt.Errorf("%w: waypoint %s", ErrNoAddress, wp.UID)
+	}
+	return Route{
+		Kind:       RouteWaypoint,
+		Workload:   wp,
+		Service:    svc,
+		Dial:       netip.AddrPortFrom(ip, g.Port()),
+		Authority:  dst.String(),
+		Identities: ids,
+	}, nil
+}
+
+// directRouteLocked builds the route to workload w's targetPort, prefer being the dialed IP.
+func (s *Store) directRouteLocked(network string, svc *Service, w *Workload, targetPort uint16, prefer netip.Addr) (Route, error) {
+	if w.Network != network {
+		return s.doubleHBONELocked(svc, w, targetPort, netip.AddrPortFrom(prefer, targetPort))
+	}
+	ip, ok := chooseIP(w, prefer)
+	if !ok {
+		return Route{}, fmt.Errorf("%w: %s", ErrNoAddress, w.UID)
+	}
+	if w.Protocol == TunnelHBONE {
+		return Route{
+			Kind:      RouteHBONE,
+			Workload:  w,
+			Service:   svc,
+			Dial:      netip.AddrPortFrom(ip, HBONEPort),
+			Authority: netip.AddrPortFrom(ip, targetPort).String(),
+		}, nil
+	}
+	return Route{Kind: RouteTCP, Workload: w, Service: svc, Dial: netip.AddrPortFrom(ip, targetPort)}, nil
+}
+
+// doubleHBONELocked routes to a workload on another network through its network gateway.
+func (s *Store) doubleHBONELocked(svc *Service, w *Workload, targetPort uint16, dst netip.AddrPort) (Route, error) {
+	g := w.NetworkGateway
+	if g == nil {
+		return Route{}, fmt.Errorf("%w: %s on network %q", ErrNoGateway, w.UID, w.Network)
+	}
+	gw := s.gatewayWorkloadLocked(nil, g.Network, g)
+	var gwIP netip.Addr
+	if gw != nil {
+		ip, ok := chooseIP(gw, g.Address)
+		if !ok {
+			return Route{}, fmt.Errorf("%w: gateway %s", ErrNoAddress, gw.UID)
+		}
+		gwIP = ip
+	} else if g.Address.IsValid() {
+		gwIP = g.Address // a gateway known only by address
+	} else {
+		return Route{}, fmt.Errorf("%w: gateway %s not found", ErrNoGateway, g)
+	}
+	authority := dst.String()
+	if ip, ok := chooseIP(w, dst.Addr()); ok {
+		authority = netip.AddrPortFrom(ip, targetPort).String()
+	}
+	return Route{
+		Kind:      RouteDoubleHBONE,
+		Workload:  w,
+		Service:   svc,
+		Dial:      netip.AddrPortFrom(gwIP, g.Port()),
+		Authority: authority,
+		Gateway:   gw,
+	}, nil
+}
+
+// chooseIP picks prefer if it is one of w's addresses, else the first of the same family,
+// else the first address.
+func chooseIP(w *Workload, prefer netip.Addr) (netip.Addr, bool) {
+	if len(w.Addresses) == 0 {
+		return netip.Addr{}, false
+	}
+	if prefer.IsValid() {
+		for _, a := range w.Addresses {
+			if a == prefer {
+				return a, true
+			}
+		}
+		for _, a := range w.Addresses {
+			if a.Is4() == prefer.Is4() {
+				return a, true
+			}
+		}
+	}
+	return w.Addresses[0], true
+}
+
+type candidate struct {
+	w    *Workload
+	port uint16
+	rank int
+}
+
+// rank counts the leading routing-preference scopes on which src and w agree.
+func rank(prefs []LBScope, src, w *Workload) int {
+	n := 0
+	for _, p := range prefs {
+		var ok bool
+		switch p {
+		case ScopeRegion:
+			ok = src.Locality.Region == w.Locality.Region
+		case ScopeZone:
+			ok = src.Locality.Region == w.Locality.Region && src.Locality.Zone == w.Locality.Zone
+		case ScopeSubzone:
+			ok = src.Locality == w.Locality
+		case ScopeNode:
+			ok = src.Node == w.Node
+		case ScopeCluster:
+			ok = src.ClusterID == w.ClusterID
+		case ScopeNetwork:
+			ok = src.Network == w.Network
+		default:
+			ok = true
+		}
+		if !ok {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// pickEndpointLocked load-balances over svc's endpoints for svcPort (0: any port) and returns
+// the workload and the target port. It applies the health policy, named-port and address
+// filters, FAILOVER/STRICT routing preference, then a random pick weighted by capacity.
+func (s *Store) pickEndpointLocked(src *Workload, network string, svc *Service, svcPort, target uint16) (*Workload, uint16) {
+	eps := s.endpoints[svc.Key()]
+	lb := svc.LoadBalancing
+	allowAll := lb != nil && lb.HealthPolicy == AllowAll
+	var buf [16]candidate
+	cands := buf[:0]
+	best := 0
+	for _, ep := range eps {
+		w := ep.Workload
+		if !w.Healthy && !allowAll {
+			continue
+		}
+		if len(w.Addresses) == 0 && (w.Network == network || w.NetworkGateway == nil) {
+			continue
+		}
+		port := target
+		if svcPort != 0 {
+			if p := ep.Ports[svcPort]; p != 0 {
+				port = p
+			} else if target == 0 {
+				if w.AppTunnel == nil {
+					continue // named port this endpoint does not define
+				}
+				port = svcPort
+			}
+		}
+		c := candidate{w: w, port: port}
+		if lb != nil && src != nil && (lb.Mode == LBFailover || lb.Mode == LBStrict) {
+			c.rank = rank(lb.RoutingPreference, src, w)
+			if lb.Mode == LBStrict && c.rank < len(lb.RoutingPreference) {
+				continue
+			}
+			if c.rank < best {
+				continue
+			}
+			best = max(best, c.rank)
+		}
+		cands = append(cands, c)
+	}
+	if len(cands) == 0 {
+		return nil, 0
+	}
+	var total uint64
+	n := 0
+	for _, c := range cands {
+		if c.rank == best {
+			cands[n] = c
+			n++
+			total += uint64(c.w.Capacity)
+		}
+	}
+	cands = cands[:n]
+	if total == 0 {
+		c := cands[s.randN(uint64(len(cands)))]
+		return c.w, c.port
+	}
+	r := s.randN(total)
+	for _, c := range cands {
+		if r < uint64(c.w.Capacity) {
+			return c.w, c.port
+		}
+		r -= uint64(c.w.Capacity)
+	}
+	c := cands[len(cands)-1]
+	return c.w, c.port
+}

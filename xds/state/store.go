@@ -1,0 +1,491 @@
+// Package state is the workload cache: workloads, services, endpoints and authorization
+// policies as plain Go values (netip.Addr, identity.ID; no protobuf types), their indexes
+// (network/IP, uid, namespace/name, node, hostname, VIP and CIDR VIP), outbound resolution and
+// load balancing (Store.Resolve) and the /config_dump view.
+//
+// It does not talk to the control plane or parse protos: package xds converts resources into
+// these types outside any lock and hands the Store one Batch per push. Values handed to the
+// Store are immutable afterwards; an update swaps the pointer, so readers can keep them.
+//
+// Concurrency: one sync.RWMutex. A push holds the write lock only while it updates the maps
+// for an already-converted batch (no decoding, no I/O, no allocation-heavy work beyond map
+// inserts); readers take the read lock for a few map lookups. An immutable snapshot swapped
+// atomically would make each incremental push copy every index (O(total) per push, ~100 MB
+// of churn per small update at 100k workloads), so the lock wins for ztunnel's pattern of
+// frequent small deltas.
+package state
+
+import (
+	"context"
+	"math/rand/v2"
+	"net/netip"
+	"sort"
+	"sync"
+
+	"github.com/gozt/gozt/identity"
+)
+
+// Options tunes a Store. The zero value is the default.
+type Options struct {
+	// Network is the local network, used when Resolve has no source workload.
+	Network string
+	// PreferredServiceNamespace breaks VIP/hostname ties (PREFERED_SERVICE_NAMESPACE).
+	PreferredServiceNamespace string
+}
+
+// Batch is one push, applied atomically by Store.Apply. Upserts replace by key (uid,
+// "ns/hostname", "ns/name"); removals name resources the same way.
+type Batch struct {
+	Workloads       []*Workload
+	Services        []*Service
+	Policies        []*Policy
+	RemoveAddresses []string // workload uids or service "namespace/hostname" keys
+	RemovePolicies  []string // "namespace/name"
+}
+
+// Empty reports whether the batch changes nothing.
+func (b *Batch) Empty() bool {
+	return len(b.Workloads)+len(b.Services)+len(b.Policies)+len(b.RemoveAddresses)+len(b.RemovePolicies) == 0
+}
+
+type netKey struct {
+	network string
+	ip      netip.Addr
+}
+
+type nsName struct{ ns, name string }
+
+type cidrVIP struct {
+	network string
+	prefix  netip.Prefix
+	svc     *Service
+}
+
+// Store is the workload cache. The zero value is not usable; call NewStore.
+type Store struct {
+	opts  Options
+	randN func(n uint64) uint64 // [0,n); replaced in tests
+
+	mu           sync.RWMutex
+	workloads    map[string]*Workload // by uid
+	byAddr       map[netKey]*Workload
+	byName       map[nsName]*Workload
+	byNode       map[string]map[string]*Workload
+	services     map[string]*Service // by "ns/hostname"
+	byHost       map[string][]*Service
+	byVIP        map[netKey][]*Service
+	cidrs        []cidrVIP
+	endpoints    map[string]map[string]Endpoint // service key -> uid -> endpoint
+	policies     map[string]*Policy
+	policiesByNs map[string]map[string]*Policy // scope global under "", namespace scope by ns
+	version      uint64                        // bumped on every applied batch
+
+	subMu sync.Mutex
+	subs  map[chan struct{}]struct{}
+}
+
+// NewStore returns an empty Store with default Options.
+func NewStore() *Store { return NewStoreWith(Options{}) }
+
+// NewStoreWith returns an empty Store.
+func NewStoreWith(opts Options) *Store {
+	return &Store{
+		opts:         opts,
+		randN:        rand.Uint64N,
+		workloads:    make(map[string]*Workload),
+		byAddr:       make(map[netKey]*Workload),
+		byName:       make(map[nsName]*Workload),
+		byNode:       make(map[string]map[string]*Workload),
+		services:     make(map[string]*Service),
+		byHost:       make(map[string][]*Service),
+		byVIP:        make(map[netKey][]*Service),
+		endpoints:    make(map[string]map[string]Endpoint),
+		policies:     make(map[string]*Policy),
+		policiesByNs: make(map[string]map[string]*Policy),
+		subs:         make(map[chan struct{}]struct{}),
+	}
+}
+
+// Apply applies one push atomically and notifies subscribers. The batch's values must not be
+// modified afterwards.
+func (s *Store) Apply(b *Batch) {
+	if b.Empty() {
+		return
+	}
+	// Work that needs no lock: identities.
+	for _, w := range b.Workloads {
+		w.id, _ = identity.New(w.TrustDomain, w.Namespace, w.ServiceAccount)
+	}
+	s.mu.Lock()
+	for _, name := range b.RemoveAddresses {
+		if w := s.workloads[name]; w != nil {
+			s.removeWorkloadLocked(w)
+		}
+		if svc := s.services[name]; svc != nil {
+			s.removeServiceLocked(svc)
+		}
+	}
+	for _, key := range b.RemovePolicies {
+		if p := s.policies[key]; p != nil {
+			s.removePolicyLocked(p)
+		}
+	}
+	for _, w := range b.Workloads {
+		if old := s.workloads[w.UID]; old != nil {
+			s.removeWorkloadLocked(old)
+		}
+		s.addWorkloadLocked(w)
+	}
+	for _, svc := range b.Services {
+		if old := s.services[svc.Key()]; old != nil {
+			s.removeServiceLocked(old)
+		}
+		s.addServiceLocked(svc)
+	}
+	for _, p := range b.Policies {
+		if old := s.policies[p.Key()]; old != nil {
+			s.removePolicyLocked(old)
+		}
+		s.addPolicyLocked(p)
+	}
+	s.version++
+	s.mu.Unlock()
+	s.notify()
+}
+
+func (s *Store) addWorkloadLocked(w *Workload) {
+	s.workloads[w.UID] = w
+	if w.NetworkMode != NetworkHostNetwork {
+		for _, a := range w.Addresses {
+			s.byAddr[netKey{w.Network, a}] = w
+		}
+	}
+	s.byName[nsName{w.Namespace, w.Name}] = w
+	if w.Node != "" {
+		m := s.byNode[w.Node]
+		if m == nil {
+			m = make(map[string]*Workload)
+			s.byNode[w.Node] = m
+		}
+		m[w.UID] = w
+	}
+	for svc, ports := range w.Services {
+		m := s.endpoints[svc]
+		if m == nil {
+			m = make(map[string]Endpoint)
+			s.endpoints[svc] = m
+		}
+		m[w.UID] = Endpoint{Workload: w, Ports: ports}
+	}
+}
+
+func (s *Store) removeWorkloadLocked(w *Workload) {
+	delete(s.workloads, w.UID)
+	for _, a := range w.Addresses {
+		k := netKey{w.Network, a}
+		if s.byAddr[k] == w {
+			delete(s.byAddr, k)
+		}
+	}
+	if k := (nsName{w.Namespace, w.Name}); s.byName[k] == w {
+		delete(s.byName, k)
+	}
+	if m := s.byNode[w.Node]; m != nil {
+		delete(m, w.UID)
+		if len(m) == 0 {
+			delete(s.byNode, w.Node)
+		}
+	}
+	for svc := range w.Services {
+		if m := s.endpoints[svc]; m != nil {
+			delete(m, w.UID)
+			if len(m) == 0 {
+				delete(s.endpoints, svc)
+			}
+		}
+	}
+}
+
+func (s *Store) addServiceLocked(svc *Service) {
+	s.services[svc.Key()] = svc
+	s.byHost[svc.Hostname] = append(s.byHost[svc.Hostname], svc)
+	for _, a := range svc.Addresses {
+		if a.Prefix.IsValid() && a.Prefix.Bits() != a.Prefix.Addr().BitLen() {
+			s.cidrs = append(s.cidrs, cidrVIP{a.Network, a.Prefix, svc})
+			continue
+		}
+		k := netKey{a.Network, a.Address}
+		s.byVIP[k] = append(s.byVIP[k], svc)
+	}
+}
+
+func removeSvc(list []*Service, svc *Service) []*Service {
+	for i, x := range list {
+		if x == svc {
+			// Copy so slices handed to earlier readers stay intact.
+			out := make([]*Service, 0, len(list)-1)
+			out = append(out, list[:i]...)
+			return append(out, list[i+1:]...)
+		}
+	}
+	return list
+}
+
+func (s *Store) removeServiceLocked(svc *Service) {
+	delete(s.services, svc.Key())
+	if l := removeSvc(s.byHost[svc.Hostname], svc); len(l) == 0 {
+		delete(s.byHost, svc.Hostname)
+	} else {
+		s.byHost[svc.Hostname] = l
+	}
+	for _, a := range svc.Addresses {
+		if a.Prefix.IsValid() && a.Prefix.Bits() != a.Prefix.Addr().BitLen() {
+			continue
+		}
+		k := netKey{a.Network, a.Address}
+		if l := removeSvc(s.byVIP[k], svc); len(l) == 0 {
+			delete(s.byVIP, k)
+		} else {
+			s.byVIP[k] = l
+		}
+	}
+	if len(s.cidrs) > 0 {
+		out := s.cidrs[:0:0]
+		for _, c := range s.cidrs {
+			if c.svc != svc {
+				out = append(out, c)
+			}
+		}
+		s.cidrs = out
+	}
+}
+
+func policyNs(p *Policy) string {
+	if p.Scope == ScopeGlobal {
+		return ""
+	}
+	return p.Namespace
+}
+
+func (s *Store) addPolicyLocked(p *Policy) {
+	s.policies[p.Key()] = p
+	if p.Scope == ScopeWorkloadSelector {
+		return
+	}
+	ns := policyNs(p)
+	m := s.policiesByNs[ns]
+	if m == nil {
+		m = make(map[string]*Policy)
+		s.policiesByNs[ns] = m
+	}
+	m[p.Key()] = p
+}
+
+func (s *Store) removePolicyLocked(p *Policy) {
+	delete(s.policies, p.Key())
+	if m := s.policiesByNs[policyNs(p)]; m != nil {
+		delete(m, p.Key())
+		if len(m) == 0 {
+			delete(s.policiesByNs, policyNs(p))
+		}
+	}
+}
+
+// WorkloadByIP returns the workload with address ip on network, or nil.
+func (s *Store) WorkloadByIP(network string, ip netip.Addr) *Workload {
+	s.mu.RLock()
+	w := s.byAddr[netKey{network, ip}]
+	s.mu.RUnlock()
+	return w
+}
+
+// WorkloadByUID returns the workload with that uid, or nil.
+func (s *Store) WorkloadByUID(uid string) *Workload {
+	s.mu.RLock()
+	w := s.workloads[uid]
+	s.mu.RUnlock()
+	return w
+}
+
+// FindWorkload returns a workload by namespace and name (dedicated mode's own workload), or nil.
+func (s *Store) FindWorkload(namespace, name string) *Workload {
+	s.mu.RLock()
+	w := s.byName[nsName{namespace, name}]
+	s.mu.RUnlock()
+	return w
+}
+
+// WorkloadsOnNode returns the workloads scheduled on node, sorted by uid.
+func (s *Store) WorkloadsOnNode(node string) []*Workload {
+	s.mu.RLock()
+	m := s.byNode[node]
+	out := make([]*Workload, 0, len(m))
+	for _, w := range m {
+		out = append(out, w)
+	}
+	s.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })
+	return out
+}
+
+// ServiceByKey returns the service named "namespace/hostname", or nil.
+func (s *Store) ServiceByKey(key string) *Service {
+	s.mu.RLock()
+	svc := s.services[key]
+	s.mu.RUnlock()
+	return svc
+}
+
+// ServiceByVIP returns the service a client in srcNamespace reaches at ip on network, or nil.
+// Exact VIPs win over CIDR VIPs; ties are broken as REFERENCE §6 says.
+func (s *Store) ServiceByVIP(network string, ip netip.Addr, srcNamespace string) *Service {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.serviceByVIPLocked(network, ip, srcNamespace)
+}
+
+func (s *Store) serviceByVIPLocked(network string, ip netip.Addr, srcNs string) *Service {
+	if svc := s.pickService(s.byVIP[netKey{network, ip}], srcNs); svc != nil {
+		return svc
+	}
+	var best *Service
+	bestBits := -1
+	for i := range s.cidrs {
+		c := &s.cidrs[i]
+		if c.network != network || !c.prefix.Contains(ip) || !c.svc.VisibleTo(srcNs) {
+			continue
+		}
+		b := c.prefix.Bits()
+		switch {
+		case b > bestBits:
+			best, bestBits = c.svc, b
+		case b == bestBits && s.better(c.svc, best, srcNs):
+			best = c.svc
+		}
+	}
+	return best
+}
+
+// better reports whether a beats b on the tie-break: client namespace, canonical, preferred
+// namespace.
+func (s *Store) better(a, b *Service, srcNs string) bool {
+	if (a.Namespace == srcNs) != (b.Namespace == srcNs) {
+		return a.Namespace == srcNs
+	}
+	if a.Canonical != b.Canonical {
+		return a.Canonical
+	}
+	p := s.opts.PreferredServiceNamespace
+	return p != "" && a.Namespace == p && b.Namespace != p
+}
+
+func (s *Store) pickService(list []*Service, srcNs string) *Service {
+	var best *Service
+	for _, svc := range list {
+		if !svc.VisibleTo(srcNs) {
+			continue
+		}
+		if best == nil || s.better(svc, best, srcNs) {
+			best = svc
+		}
+	}
+	return best
+}
+
+// ServiceByHostname returns the service with exactly this hostname visible to srcNamespace,
+// preferring the client's namespace, or nil.
+func (s *Store) ServiceByHostname(hostname, srcNamespace string) *Service {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.pickService(s.byHost[hostname], srcNamespace)
+}
+
+// Endpoints returns the service's endpoints sorted by workload uid.
+func (s *Store) Endpoints(serviceKey string) []Endpoint {
+	s.mu.RLock()
+	m := s.endpoints[serviceKey]
+	out := make([]Endpoint, 0, len(m))
+	for _, e := range m {
+		out = append(out, e)
+	}
+	s.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Workload.UID < out[j].Workload.UID })
+	return out
+}
+
+// Policy returns the policy with key "namespace/name", or nil.
+func (s *Store) Policy(key string) *Policy {
+	s.mu.RLock()
+	p := s.policies[key]
+	s.mu.RUnlock()
+	return p
+}
+
+// PoliciesFor returns the policies that apply to w: global, w's namespace, and the selector
+// policies w lists (unknown keys skipped), sorted by key within each group.
+func (s *Store) PoliciesFor(w *Workload) []*Policy {
+	s.mu.RLock()
+	g, n := s.policiesByNs[""], s.policiesByNs[w.Namespace]
+	out := make([]*Policy, 0, len(g)+len(n)+len(w.AuthorizationPolicies))
+	for _, p := range g {
+		out = append(out, p)
+	}
+	for _, p := range n {
+		out = append(out, p)
+	}
+	sortPolicies(out)
+	mark := len(out)
+	for _, key := range w.AuthorizationPolicies {
+		if p := s.policies[key]; p != nil && p.Scope == ScopeWorkloadSelector {
+			out = append(out, p)
+		}
+	}
+	s.mu.RUnlock()
+	sortPolicies(out[mark:])
+	return out
+}
+
+func sortPolicies(ps []*Policy) {
+	sort.Slice(ps, func(i, j int) bool { return ps[i].Key() < ps[j].Key() })
+}
+
+// Len returns the number of workloads, services and policies.
+func (s *Store) Len() (workloads, services, policies int) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.workloads), len(s.services), len(s.policies)
+}
+
+// Version counts applied batches; it changes whenever the state does.
+func (s *Store) Version() uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.version
+}
+
+// Subscribe returns a coalescing notification channel (buffer 1) that receives after each
+// applied change; it is closed when ctx ends.
+func (s *Store) Subscribe(ctx context.Context) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	s.subMu.Lock()
+	s.subs[ch] = struct{}{}
+	s.subMu.Unlock()
+	context.AfterFunc(ctx, func() {
+		s.subMu.Lock()
+		delete(s.subs, ch)
+		close(ch)
+		s.subMu.Unlock()
+	})
+	return ch
+}
+
+func (s *Store) notify() {
+	s.subMu.Lock()
+	for ch := range s.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	s.subMu.Unlock()
+}

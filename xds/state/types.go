@@ -1,0 +1,291 @@
+package state
+
+import (
+	"net/netip"
+	"strconv"
+
+	"github.com/gozt/gozt/identity"
+)
+
+// TunnelProtocol is how a workload accepts mesh traffic.
+type TunnelProtocol uint8
+
+const (
+	TunnelNone  TunnelProtocol = iota // plain TCP to podIP:port
+	TunnelHBONE                       // HTTP/2 CONNECT to podIP:15008
+)
+
+func (p TunnelProtocol) String() string {
+	if p == TunnelHBONE {
+		return "HBONE"
+	}
+	return "TCP"
+}
+
+// HBONEPort is the inbound HBONE port every mesh workload's node listens on.
+const HBONEPort = 15008
+
+// Default values applied when converting a workload record that leaves them empty.
+const (
+	DefaultTrustDomain    = identity.DefaultTrustDomain
+	DefaultServiceAccount = "default"
+	DefaultClusterID      = "Kubernetes"
+)
+
+// NetworkMode says whether a workload shares its node's network (and so its IPs).
+type NetworkMode uint8
+
+const (
+	NetworkStandard    NetworkMode = iota
+	NetworkHostNetwork             // not indexed by IP: the IP is the node's
+)
+
+// WorkloadType is the kind of controller owning the workload (informational).
+type WorkloadType uint8
+
+const (
+	WorkloadDeployment WorkloadType = iota
+	WorkloadCronJob
+	WorkloadPod
+	WorkloadJob
+)
+
+var workloadTypeNames = [...]string{"deployment", "cronjob", "pod", "job"}
+
+func (t WorkloadType) String() string {
+	if int(t) < len(workloadTypeNames) {
+		return workloadTypeNames[t]
+	}
+	return "unknown"
+}
+
+// AppTunnelProtocol is how a workload wants traffic delivered to its own in-pod proxy.
+type AppTunnelProtocol uint8
+
+const (
+	AppTunnelNone  AppTunnelProtocol = iota
+	AppTunnelProxy                   // PROXY protocol to the app tunnel port
+)
+
+// AppTunnel is a workload's application tunnel (e.g. a sandwiched waypoint).
+type AppTunnel struct {
+	Protocol AppTunnelProtocol
+	Port     uint16 // 0: 15088 in ztunnel
+}
+
+// Locality is the topology position used by routing preferences.
+type Locality struct {
+	Region, Zone, Subzone string
+}
+
+// GatewayAddress is a waypoint or network gateway: an address on a network or a
+// namespaced service hostname, plus the gateway's HBONE port.
+type GatewayAddress struct {
+	Network   string
+	Address   netip.Addr // valid when addressed by IP
+	Namespace string     // set when addressed by hostname
+	Hostname  string
+	HBONEPort uint16 // 0 means HBONEPort (15008)
+}
+
+// Port returns the gateway's HBONE port with the default applied.
+func (g *GatewayAddress) Port() uint16 {
+	if g.HBONEPort == 0 {
+		return HBONEPort
+	}
+	return g.HBONEPort
+}
+
+// String is "network/IP" or "namespace/hostname", the on-demand key form.
+func (g *GatewayAddress) String() string {
+	if g.Address.IsValid() {
+		return g.Network + "/" + g.Address.String()
+	}
+	return g.Namespace + "/" + g.Hostname
+}
+
+// Workload is one istio.workload.Workload. Values in a Store are immutable: an update
+// replaces the pointer, so readers may keep a *Workload without locking.
+type Workload struct {
+	UID, Name, Namespace, Node, Network, Hostname string
+	Addresses                                     []netip.Addr
+	Protocol                                      TunnelProtocol
+	TrustDomain, ServiceAccount                   string // defaults applied at conversion
+	Waypoint, NetworkGateway                      *GatewayAddress
+	CanonicalName, CanonicalRevision              string
+	WorkloadType                                  WorkloadType
+	WorkloadName, ClusterID                       string
+	NativeTunnel                                  bool
+	AppTunnel                                     *AppTunnel
+	// Services maps "ns/hostname" to service port -> target port (0: use the service's).
+	Services              map[string]map[uint16]uint16
+	AuthorizationPolicies []string // "ns/name" keys of selector policies
+	Healthy               bool
+	Locality              Locality
+	Capacity              uint32 // load-balancing weight; conversion defaults it to 1
+	NetworkMode           NetworkMode
+
+	id identity.ID // cached by the Store on insert
+}
+
+// Identity is spiffe://TrustDomain/ns/Namespace/sa/ServiceAccount; zero if invalid.
+func (w *Workload) Identity() identity.ID {
+	if !w.id.IsZero() {
+		return w.id
+	}
+	id, _ := identity.New(w.TrustDomain, w.Namespace, w.ServiceAccount)
+	return id
+}
+
+// HasAddress reports whether ip is one of the workload's addresses.
+func (w *Workload) HasAddress(ip netip.Addr) bool {
+	for _, a := range w.Addresses {
+		if a == ip {
+			return true
+		}
+	}
+	return false
+}
+
+// NetworkAddress is an address on a network; Prefix is valid only for CIDR VIPs.
+type NetworkAddress struct {
+	Network string
+	Address netip.Addr
+	Prefix  netip.Prefix
+}
+
+// String is "network/IP" or "network/CIDR".
+func (a NetworkAddress) String() string {
+	if a.Prefix.IsValid() {
+		return a.Network + "/" + a.Prefix.String()
+	}
+	return a.Network + "/" + a.Address.String()
+}
+
+// Visibility limits which namespaces can reach a service by VIP or hostname.
+type Visibility uint8
+
+const (
+	VisibilityPublic    Visibility = iota
+	VisibilityNamespace            // only clients in the service's namespace
+)
+
+// IPFamilies is the service's address family policy.
+type IPFamilies uint8
+
+const (
+	IPFamiliesAutomatic IPFamilies = iota
+	IPFamiliesIPv4Only
+	IPFamiliesIPv6Only
+	IPFamiliesDual
+)
+
+// LBScope is one routing-preference dimension.
+type LBScope uint8
+
+const (
+	ScopeUnspecified LBScope = iota
+	ScopeRegion
+	ScopeZone
+	ScopeSubzone
+	ScopeNode
+	ScopeCluster
+	ScopeNetwork
+)
+
+// LBMode is how endpoints are filtered by routing preference.
+type LBMode uint8
+
+const (
+	LBUnspecified LBMode = iota // random over all endpoints
+	LBStrict                    // only endpoints matching every preference
+	LBFailover                  // only endpoints of the best rank
+	LBPassthrough               // send to the original destination
+)
+
+// HealthPolicy says whether unhealthy endpoints may be picked.
+type HealthPolicy uint8
+
+const (
+	OnlyHealthy HealthPolicy = iota
+	AllowAll
+)
+
+// LoadBalancing is a service's istio.workload.LoadBalancing.
+type LoadBalancing struct {
+	RoutingPreference []LBScope
+	Mode              LBMode
+	HealthPolicy      HealthPolicy
+}
+
+// WeightedWaypoint is one entry of Service.WeightedWaypoints.
+type WeightedWaypoint struct {
+	Gateway GatewayAddress
+	Weight  uint32
+}
+
+// Service is one istio.workload.Service. Immutable once in a Store, like Workload.
+type Service struct {
+	Name, Namespace, Hostname string
+	Addresses                 []NetworkAddress
+	Ports                     map[uint16]uint16 // service port -> target port (0: named port)
+	SubjectAltNames           []string
+	Waypoint                  *GatewayAddress
+	WeightedWaypoints         []WeightedWaypoint
+	LoadBalancing             *LoadBalancing // nil: random over healthy endpoints
+	IPFamilies                IPFamilies
+	Canonical                 bool
+	IngressUseWaypoint        bool
+	Visibility                Visibility
+}
+
+// Key is the service's resource name, "namespace/hostname".
+func (s *Service) Key() string { return s.Namespace + "/" + s.Hostname }
+
+// VisibleTo reports whether a client in namespace ns may use the service.
+func (s *Service) VisibleTo(ns string) bool {
+	return s.Visibility == VisibilityPublic || s.Namespace == ns
+}
+
+// Endpoint is a workload serving a service, with its port map for that service.
+type Endpoint struct {
+	Workload *Workload
+	Ports    map[uint16]uint16
+}
+
+// RouteKind is the way an outbound connection reaches its destination.
+type RouteKind uint8
+
+const (
+	RouteHBONE       RouteKind = iota // HBONE directly to the destination pod's node
+	RouteWaypoint                     // HBONE to a waypoint, authority = original dst
+	RouteTCP                          // plain TCP to podIP:targetPort
+	RoutePassthrough                  // plain TCP to the original destination
+	RouteDoubleHBONE                  // HBONE inside HBONE through a network gateway
+)
+
+var routeKindNames = [...]string{"hbone", "waypoint", "tcp", "passthrough", "double-hbone"}
+
+func (k RouteKind) String() string {
+	if int(k) < len(routeKindNames) {
+		return routeKindNames[k]
+	}
+	return "RouteKind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Route is where an outbound connection goes.
+type Route struct {
+	Kind     RouteKind
+	Workload *Workload // destination workload or waypoint (nil for passthrough)
+	Service  *Service  // the service the dst address matched, if any
+	// Dial is the TCP target: pod or waypoint IP + HBONE port (HBONE kinds), podIP:targetPort
+	// (TCP), the gateway's IP:hbone port (double HBONE) or the original dst (passthrough).
+	Dial netip.AddrPort
+	// Authority is the CONNECT :authority for HBONE kinds: podIP:targetPort, or the original
+	// VIP:port when going via a waypoint. For double HBONE it is the inner authority
+	// (podIP:targetPort); the outer CONNECT to the gateway uses Service.Hostname:port.
+	Authority  string
+	Identities []identity.ID // expected peer identities (service SANs + destination identity)
+	// Gateway is the network gateway workload for RouteDoubleHBONE (nil otherwise).
+	Gateway *Workload
+}
