@@ -1,0 +1,315 @@
+// Package catest holds test parts for code that needs a CA: a signing root, and a real
+// istio.v1.auth.IstioCertificateService gRPC server on loopback that signs with it.
+//
+// It is for tests only; nothing in the binary imports it.
+package catest
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	pb "istio.io/api/security/v1alpha1"
+
+	"github.com/gozt/gozt/identity"
+	"github.com/gozt/gozt/identity/ca"
+)
+
+// Root is a self-signed ECDSA P-256 CA for tests.
+type Root struct {
+	Cert *x509.Certificate
+	Key  *ecdsa.PrivateKey
+}
+
+// NewRoot generates a root named name, valid from an hour ago for ten years.
+func NewRoot(tb testing.TB, name string) *Root {
+	tb.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: name},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(10 * 365 * 24 * time.Hour),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return &Root{Cert: cert, Key: key}
+}
+
+func serial() *big.Int {
+	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	return n
+}
+
+// PEM returns the root certificate as PEM.
+func (r *Root) PEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.Cert.Raw})
+}
+
+// sign issues a leaf for pub with the given URI SAN and validity.
+func (r *Root) sign(pub any, uri string, notBefore, notAfter time.Time) (*x509.Certificate, error) {
+	u, err := url.Parse(uri)
+	if err != nil {
+		return nil, err
+	}
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: serial(),
+		NotBefore:    notBefore,
+		NotAfter:     notAfter,
+		URIs:         []*url.URL{u},
+		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}, r.Cert, pub, r.Key)
+	if err != nil {
+		return nil, err
+	}
+	return x509.ParseCertificate(der)
+}
+
+// Issue returns a leaf for id with the given validity, its key, and this root as bundle.
+// Unlike a real CA it does not refuse odd validities: tests use it for expired leaves.
+func (r *Root) Issue(tb testing.TB, id identity.ID, notBefore, notAfter time.Time) *ca.Issued {
+	tb.Helper()
+	iss, err := r.IssueErr(id, notBefore, notAfter)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return iss
+}
+
+// IssueErr is Issue for use off the test goroutine.
+func (r *Root) IssueErr(id identity.ID, notBefore, notAfter time.Time) (*ca.Issued, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	leaf, err := r.sign(key.Public(), id.String(), notBefore, notAfter)
+	if err != nil {
+		return nil, err
+	}
+	return &ca.Issued{
+		Certificate: tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key, Leaf: leaf},
+		Roots:       []*x509.Certificate{r.Cert},
+		NotBefore:   leaf.NotBefore,
+		NotAfter:    leaf.NotAfter,
+	}, nil
+}
+
+// ServingCert returns a TLS server certificate for the given DNS names and IPs.
+func (r *Root) ServingCert(tb testing.TB, names ...string) tls.Certificate {
+	tb.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(),
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	for _, n := range names {
+		if ip := net.ParseIP(n); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, n)
+		}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, r.Cert, key.Public(), r.Key)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// ClientFunc adapts a function to ca.Client.
+type ClientFunc func(ctx context.Context, id identity.ID) (*ca.Issued, error)
+
+var _ ca.Client = ClientFunc(nil)
+
+// Fetch calls f.
+func (f ClientFunc) Fetch(ctx context.Context, id identity.ID) (*ca.Issued, error) { return f(ctx, id) }
+
+// Close does nothing.
+func (f ClientFunc) Close() error { return nil }
+
+// Request is what the Istio server saw in one CreateCertificate call.
+type Request struct {
+	CSR          *x509.CertificateRequest
+	TTL          time.Duration
+	Impersonated string // ImpersonatedIdentity metadata, "" if absent
+	MD           metadata.MD
+}
+
+// IstioServer is a real IstioCertificateService on a loopback port signing with a Root.
+type IstioServer struct {
+	pb.UnimplementedIstioCertificateServiceServer
+	Addr string // 127.0.0.1:port
+
+	root *Root
+	srv  *grpc.Server
+
+	mu        sync.Mutex
+	requests  []Request
+	fail      error
+	override  string // URI to sign instead of the CSR's
+	extra     []*x509.Certificate
+	tlsCert   *tls.Certificate
+	stopOnce  sync.Once
+	serveDone chan struct{}
+}
+
+// StartIstio starts the server; tlsCert nil means plaintext (reach it at http://Addr). It is
+// stopped when tb ends.
+func StartIstio(tb testing.TB, root *Root, tlsCert *tls.Certificate) *IstioServer {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s := &IstioServer{Addr: ln.Addr().String(), root: root, tlsCert: tlsCert, serveDone: make(chan struct{})}
+	var opts []grpc.ServerOption
+	if tlsCert != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				return s.tlsCert, nil
+			},
+		})))
+	}
+	s.srv = grpc.NewServer(opts...)
+	pb.RegisterIstioCertificateServiceServer(s.srv, s)
+	go func() {
+		defer close(s.serveDone)
+		s.srv.Serve(ln)
+	}()
+	tb.Cleanup(s.Stop)
+	return s
+}
+
+// Stop stops the server and waits for it; it is idempotent.
+func (s *IstioServer) Stop() {
+	s.stopOnce.Do(func() {
+		s.srv.Stop()
+		<-s.serveDone
+	})
+}
+
+// SetTLSCert replaces the serving certificate for new connections.
+func (s *IstioServer) SetTLSCert(c tls.Certificate) {
+	s.mu.Lock()
+	s.tlsCert = &c
+	s.mu.Unlock()
+}
+
+// SetFail makes every call fail with err (nil restores service).
+func (s *IstioServer) SetFail(err error) {
+	s.mu.Lock()
+	s.fail = err
+	s.mu.Unlock()
+}
+
+// SetOverride makes the server sign uri instead of the identity in the CSR ("" restores).
+func (s *IstioServer) SetOverride(uri string) {
+	s.mu.Lock()
+	s.override = uri
+	s.mu.Unlock()
+}
+
+// AddRoot appends an extra root to the last chain element, as istiod does during root rotation.
+func (s *IstioServer) AddRoot(c *x509.Certificate) {
+	s.mu.Lock()
+	s.extra = append(s.extra, c)
+	s.mu.Unlock()
+}
+
+// Requests returns the calls seen so far, failed ones included.
+func (s *IstioServer) Requests() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Request(nil), s.requests...)
+}
+
+// CreateCertificate signs the CSR for the validity asked (default 1h).
+func (s *IstioServer) CreateCertificate(ctx context.Context, req *pb.IstioCertificateRequest) (*pb.IstioCertificateResponse, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	r := Request{TTL: time.Duration(req.GetValidityDuration()) * time.Second, MD: md}
+	if v, ok := req.GetMetadata().GetFields()["ImpersonatedIdentity"]; ok {
+		r.Impersonated = v.GetStringValue()
+	}
+	b, _ := pem.Decode([]byte(req.GetCsr()))
+	if b != nil {
+		r.CSR, _ = x509.ParseCertificateRequest(b.Bytes)
+	}
+	s.mu.Lock()
+	s.requests = append(s.requests, r)
+	fail, override, extra := s.fail, s.override, append([]*x509.Certificate(nil), s.extra...)
+	s.mu.Unlock()
+	if fail != nil {
+		return nil, fail
+	}
+	if r.CSR == nil {
+		return nil, status.Error(codes.InvalidArgument, "bad csr")
+	}
+	if err := r.CSR.CheckSignature(); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "csr signature: %v", err)
+	}
+	if len(r.CSR.URIs) != 1 {
+		return nil, status.Errorf(codes.InvalidArgument, "csr has %d URI SANs", len(r.CSR.URIs))
+	}
+	uri := r.CSR.URIs[0].String()
+	if override != "" {
+		uri = override
+	}
+	ttl := r.TTL
+	if ttl <= 0 {
+		ttl = time.Hour
+	}
+	now := time.Now()
+	leaf, err := s.root.sign(r.CSR.PublicKey, uri, now, now.Add(ttl))
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	roots := s.root.PEM()
+	for _, c := range extra {
+		roots = append(roots, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	}
+	return &pb.IstioCertificateResponse{CertChain: []string{
+		string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Raw})),
+		string(roots),
+	}}, nil
+}
+
+// ErrUnavailable is a ready-made SetFail value.
+var ErrUnavailable = status.Error(codes.Unavailable, "catest: CA down")
