@@ -1,0 +1,243 @@
+package metrics
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Labels are the traffic labels of REFERENCE §8. Empty fields take Istio's defaults:
+// "unknown" for all, except RequestProtocol "tcp". ConnectionSecurityPolicy is "mutual_tls"
+// or "unknown". Principals are full "spiffe://..." URIs. response_flags is not here: it is
+// known only when the connection ends and is passed to Conn.Close.
+type Labels struct {
+	Reporter string // ReporterSource (outbound) or ReporterDest (inbound)
+
+	SourceWorkload, SourceCanonicalService, SourceCanonicalRevision, SourceWorkloadNamespace,
+	SourcePrincipal, SourceApp, SourceVersion, SourceCluster string
+
+	DestinationService, DestinationServiceNamespace, DestinationServiceName,
+	DestinationWorkload, DestinationCanonicalService, DestinationCanonicalRevision,
+	DestinationWorkloadNamespace, DestinationPrincipal, DestinationApp, DestinationVersion,
+	DestinationCluster string
+
+	RequestProtocol, ConnectionSecurityPolicy string
+}
+
+// withDefaults fills empty labels with Istio's defaults.
+func (l Labels) withDefaults() Labels {
+	for _, f := range []*string{
+		&l.Reporter,
+		&l.SourceWorkload, &l.SourceCanonicalService, &l.SourceCanonicalRevision, &l.SourceWorkloadNamespace,
+		&l.SourcePrincipal, &l.SourceApp, &l.SourceVersion, &l.SourceCluster,
+		&l.DestinationService, &l.DestinationServiceNamespace, &l.DestinationServiceName,
+		&l.DestinationWorkload, &l.DestinationCanonicalService, &l.DestinationCanonicalRevision,
+		&l.DestinationWorkloadNamespace, &l.DestinationPrincipal, &l.DestinationApp, &l.DestinationVersion,
+		&l.DestinationCluster, &l.ConnectionSecurityPolicy,
+	} {
+		if *f == "" {
+			*f = Unknown
+		}
+	}
+	if l.RequestProtocol == "" {
+		l.RequestProtocol = "tcp"
+	}
+	return l
+}
+
+// values returns the label values in trafficLabelNames order. It allocates; it runs only when
+// a series is first created.
+func (l *Labels) values(flag string) []string {
+	vs := []string{
+		l.Reporter,
+		l.SourceWorkload, l.SourceCanonicalService, l.SourceCanonicalRevision, l.SourceWorkloadNamespace,
+		l.SourcePrincipal, l.SourceApp, l.SourceVersion, l.SourceCluster,
+		l.DestinationService, l.DestinationServiceNamespace, l.DestinationServiceName,
+		l.DestinationWorkload, l.DestinationCanonicalService, l.DestinationCanonicalRevision,
+		l.DestinationWorkloadNamespace, l.DestinationPrincipal, l.DestinationApp,
+		l.DestinationVersion, l.DestinationCluster,
+		l.RequestProtocol, flag, l.ConnectionSecurityPolicy,
+	}
+	for i, v := range vs {
+		vs[i] = validUTF8(v)
+	}
+	return vs
+}
+
+// ConnLog holds the access-log fields that are not labels.
+type ConnLog struct {
+	SrcAddr   string // client address
+	DstAddr   string // L4 destination; on inbound the :15008 address
+	HBONEAddr string // CONNECT authority, if tunnelled
+	Direction string // "inbound" or "outbound"; empty derives it from Labels.Reporter
+}
+
+// seriesKey names one set of series: the traffic labels (defaults applied) and a response flag.
+type seriesKey struct {
+	Labels
+	flag string
+}
+
+// series are the resolved counters of one seriesKey, so that recording is a few atomic adds.
+// opened is set only without a flag, failed only with one.
+type series struct {
+	opened, closed, received, sent, failed prometheus.Counter
+	sockets                                prometheus.Gauge
+	isFailure                              bool
+}
+
+// lookup returns the series for k, creating them on first use.
+func (m *Metrics) lookup(k *seriesKey) *series {
+	m.mu.RLock()
+	s := m.series[*k]
+	m.mu.RUnlock()
+	if s != nil {
+		return s
+	}
+	// Create only the series this key can move, so that scrapes show no zero-valued
+	// opened{response_flags="DENY"} or failed{response_flags="-"} series.
+	vs := k.values(k.flag)
+	s = &series{
+		closed:    m.closed.WithLabelValues(vs...),
+		received:  m.received.WithLabelValues(vs...),
+		sent:      m.sent.WithLabelValues(vs...),
+		sockets:   m.socketsOpen.WithLabelValues(vs[0]),
+		isFailure: k.flag != NoFlag,
+	}
+	if s.isFailure {
+		s.failed = m.failed.WithLabelValues(vs...)
+	} else {
+		s.opened = m.opened.WithLabelValues(vs...)
+	}
+	m.mu.Lock()
+	if old := m.series[*k]; old != nil {
+		s = old
+	} else {
+		m.series[*k] = s
+	}
+	m.mu.Unlock()
+	return s
+}
+
+// Conn records one connection: Open resolves its series, Close records the result once.
+type Conn struct {
+	m      *Metrics
+	key    seriesKey // flag NoFlag
+	s      *series   // series for key
+	log    ConnLog
+	start  time.Time
+	closed atomic.Bool
+}
+
+// Open is called once when a connection starts. It resolves the series for l (one map
+// lookup), counts istio_tcp_connections_opened_total and istio_tcp_sockets_open, and logs
+// "connection opened" at DEBUG. A nil *Metrics returns a nil *Conn, whose Close does nothing.
+func (m *Metrics) Open(l Labels, log ConnLog) *Conn {
+	if m == nil {
+		return nil
+	}
+	c := &Conn{m: m, key: seriesKey{Labels: l.withDefaults(), flag: NoFlag}, log: log, start: time.Now()}
+	if c.log.Direction == "" {
+		c.log.Direction = "inbound"
+		if c.key.Reporter == ReporterSource {
+			c.log.Direction = "outbound"
+		}
+	}
+	c.s = m.lookup(&c.key)
+	c.s.opened.Inc()
+	c.s.sockets.Inc()
+	if ctx := context.Background(); m.log.Enabled(ctx, slog.LevelDebug) {
+		var buf [20]slog.Attr
+		m.log.LogAttrs(ctx, slog.LevelDebug, "connection opened", c.appendAttrs(buf[:0])...)
+	}
+	return c
+}
+
+// Close is called when the connection ends, with the bytes sent (server to client) and
+// received (client to server), a response flag ("" or "-" for none; FlagDeny, FlagConnect,
+// ...) and the error, if any. It counts istio_tcp_connections_closed_total, the byte counters
+// and, when a flag is set, istio_tcp_connections_failed_total, all under the labels plus that
+// flag; then it writes one "connection complete" access-log record, at ERROR when err or a
+// flag is set, else INFO. Only the first call counts.
+func (c *Conn) Close(sent, received int64, flag string, err error) {
+	if c == nil || !c.closed.CompareAndSwap(false, true) {
+		return
+	}
+	s := c.s
+	if flag != "" && flag != NoFlag {
+		k := c.key
+		k.flag = flag
+		s = c.m.lookup(&k)
+	}
+	c.s.sockets.Dec()
+	s.closed.Inc()
+	if sent > 0 {
+		s.sent.Add(float64(sent))
+	}
+	if received > 0 {
+		s.received.Add(float64(received))
+	}
+	if s.isFailure {
+		s.failed.Inc()
+	}
+
+	level := slog.LevelInfo
+	if err != nil || s.isFailure {
+		level = slog.LevelError
+	}
+	ctx := context.Background()
+	if !c.m.log.Enabled(ctx, level) {
+		return
+	}
+	// Istio's byte metrics are from the server's point of view; the access log reports them
+	// from the local application's: on outbound the local app is the client.
+	appSent, appRecv := sent, received
+	if c.key.Reporter == ReporterSource {
+		appSent, appRecv = received, sent
+	}
+	var buf [20]slog.Attr
+	attrs := c.appendAttrs(buf[:0])
+	attrs = append(attrs,
+		slog.Int64("bytes_sent", appSent),
+		slog.Int64("bytes_recv", appRecv),
+		slog.String("duration", strconv.FormatInt(time.Since(c.start).Milliseconds(), 10)+"ms"),
+	)
+	if err != nil {
+		attrs = append(attrs, slog.String("error", err.Error()))
+	}
+	c.m.log.LogAttrs(ctx, level, "connection complete", attrs...)
+}
+
+// appendAttrs adds ztunnel's access-log fields, leaving out unknown ones as ztunnel does.
+func (c *Conn) appendAttrs(a []slog.Attr) []slog.Attr {
+	l := &c.key.Labels
+	mtls := l.ConnectionSecurityPolicy == MutualTLS
+	a = appendKnown(a, "src.addr", c.log.SrcAddr)
+	a = appendKnown(a, "src.workload", l.SourceWorkload)
+	a = appendKnown(a, "src.namespace", l.SourceWorkloadNamespace)
+	if mtls {
+		a = appendKnown(a, "src.identity", l.SourcePrincipal)
+	}
+	a = appendKnown(a, "src.cluster", l.SourceCluster)
+	a = appendKnown(a, "dst.addr", c.log.DstAddr)
+	a = appendKnown(a, "dst.hbone_addr", c.log.HBONEAddr)
+	a = appendKnown(a, "dst.service", l.DestinationService)
+	a = appendKnown(a, "dst.workload", l.DestinationWorkload)
+	a = appendKnown(a, "dst.namespace", l.DestinationWorkloadNamespace)
+	if mtls {
+		a = appendKnown(a, "dst.identity", l.DestinationPrincipal)
+	}
+	a = appendKnown(a, "dst.cluster", l.DestinationCluster)
+	return append(a, slog.String("direction", c.log.Direction))
+}
+
+func appendKnown(a []slog.Attr, k, v string) []slog.Attr {
+	if v == "" || v == Unknown {
+		return a
+	}
+	return append(a, slog.String(k, v))
+}

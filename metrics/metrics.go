@@ -1,0 +1,179 @@
+// Package metrics owns ztunnel's Prometheus metric families (REFERENCE §8), the
+// once-per-connection result recorder that feeds them and writes the access log, and the
+// /metrics and /stats/prometheus handler.
+//
+// The registry is always injected, never global. Counters for a connection are resolved once
+// when it opens and recorded once when it closes; nothing here runs per read or write. The
+// package does not decide label values: the proxy fills Labels from its workload cache.
+package metrics
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Label values ztunnel uses when nothing better is known.
+const (
+	Unknown        = "unknown"
+	MutualTLS      = "mutual_tls"
+	NoFlag         = "-"
+	ReporterSource = "source"      // outbound: this node proxies the client
+	ReporterDest   = "destination" // inbound: this node proxies the server
+)
+
+// Response flags (response_flags label) ztunnel sets on failed connections.
+const (
+	FlagDeny               = "DENY"
+	FlagConnect            = "CONNECT"
+	FlagTLSFailure         = "TLS_FAILURE"
+	FlagH2HandshakeFailure = "H2_HANDSHAKE_FAILURE"
+	FlagNetworkPolicy      = "NETWORK_POLICY"
+	FlagIdentityError      = "IDENTITY_ERROR"
+	FlagCertRevoked        = "CERT_REVOKED"
+)
+
+// trafficLabelNames is the label order of every istio_tcp_* family, matching the field order
+// of Labels with response_flags inserted where Istio puts it.
+var trafficLabelNames = []string{
+	"reporter",
+	"source_workload", "source_canonical_service", "source_canonical_revision",
+	"source_workload_namespace", "source_principal", "source_app", "source_version", "source_cluster",
+	"destination_service", "destination_service_namespace", "destination_service_name",
+	"destination_workload", "destination_canonical_service", "destination_canonical_revision",
+	"destination_workload_namespace", "destination_principal", "destination_app",
+	"destination_version", "destination_cluster",
+	"request_protocol", "response_flags", "connection_security_policy",
+}
+
+var dnsLabelNames = []string{"request_query_type", "request_protocol", "source_canonical_service", "source_canonical_revision"}
+
+// Metrics holds the registered families. The exported vectors are for the packages that own
+// those events (DNS proxy, xDS client, in-pod workload manager); TCP traffic goes through
+// Open and Conn.Close.
+type Metrics struct {
+	log *slog.Logger
+	reg *prometheus.Registry
+
+	opened, closed, received, sent, failed *prometheus.CounterVec
+	socketsOpen                            *prometheus.GaugeVec
+
+	// OnDemandDNS counts on-demand DNS resolutions (labels: the source_* traffic labels
+	// and hostname).
+	OnDemandDNS *prometheus.CounterVec
+	// XDSConnectionTerminations is labelled reason = ConnectionError|Error|Reconnect|Complete.
+	XDSConnectionTerminations *prometheus.CounterVec
+	// XDSMessages and XDSMessageBytes are labelled url (the resource type URL).
+	XDSMessages, XDSMessageBytes *prometheus.CounterVec
+	// DNS proxy families, labelled request_query_type (lowercase), request_protocol (udp|tcp),
+	// source_canonical_service, source_canonical_revision.
+	DNSRequests, DNSUpstreamRequests, DNSUpstreamFailures *prometheus.CounterVec
+	DNSUpstreamDuration                                   *prometheus.HistogramVec
+	// In-pod (shared) mode workload manager.
+	ActiveProxies, PendingProxies  prometheus.Gauge
+	ProxiesStarted, ProxiesStopped prometheus.Counter
+
+	mu     sync.RWMutex
+	series map[seriesKey]*series // guarded by mu; grows like the registry's own series
+}
+
+// Option configures New.
+type Option func(*Metrics)
+
+// WithAccessLog sets the logger for access-log records ("connection opened" at DEBUG,
+// "connection complete" at INFO or ERROR). The default is slog.Default(); pass a logger
+// with a discarding handler to turn the access log off.
+func WithAccessLog(l *slog.Logger) Option {
+	return func(m *Metrics) {
+		if l != nil {
+			m.log = l
+		}
+	}
+}
+
+// New registers Istio's families on reg, including istio_build{component="ztunnel",tag=version}
+// and the process collector (process_open_fds, process_max_fds, ...). It panics if reg
+// already holds any of them, as registering twice is a programming error.
+func New(reg *prometheus.Registry, version string, opts ...Option) *Metrics {
+	m := &Metrics{log: slog.Default(), reg: reg, series: make(map[seriesKey]*series)}
+	for _, o := range opts {
+		o(m)
+	}
+	counter := func(name, help string, labels []string) *prometheus.CounterVec {
+		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+		reg.MustRegister(v)
+		return v
+	}
+	m.opened = counter("istio_tcp_connections_opened_total", "The total number of TCP connections opened", trafficLabelNames)
+	m.closed = counter("istio_tcp_connections_closed_total", "The total number of TCP connections closed", trafficLabelNames)
+	m.received = counter("istio_tcp_received_bytes_total", "The size of total bytes received during request in case of a TCP connection", trafficLabelNames)
+	m.sent = counter("istio_tcp_sent_bytes_total", "The size of total bytes sent during response in case of a TCP connection", trafficLabelNames)
+	m.failed = counter("istio_tcp_connections_failed_total", "The total number of TCP connections that failed to establish (unstable)", trafficLabelNames)
+	m.socketsOpen = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "istio_tcp_sockets_open", Help: "The current number of open TCP sockets (unstable)"}, []string{"reporter"})
+	reg.MustRegister(m.socketsOpen)
+
+	m.OnDemandDNS = counter("istio_on_demand_dns_total", "The total number of requests that used on-demand DNS (unstable)",
+		[]string{"source_workload", "source_canonical_service", "source_canonical_revision", "source_workload_namespace",
+			"source_principal", "source_app", "source_version", "source_cluster", "hostname"})
+	m.XDSConnectionTerminations = counter("istio_xds_connection_terminations_total", "The total number of completed connections to xds server (unstable)", []string{"reason"})
+	m.XDSMessages = counter("istio_xds_message_total", "Total number of messages received (unstable)", []string{"url"})
+	m.XDSMessageBytes = counter("istio_xds_message_bytes_total", "Total number of bytes received (unstable)", []string{"url"})
+	m.DNSRequests = counter("istio_dns_requests_total", "Total number of DNS requests (unstable)", dnsLabelNames)
+	m.DNSUpstreamRequests = counter("istio_dns_upstream_requests_total", "Total number of DNS requests forwarded to upstream (unstable)", dnsLabelNames)
+	m.DNSUpstreamFailures = counter("istio_dns_upstream_failures_total", "Total number of DNS failures forwarding to upstream (unstable)", dnsLabelNames)
+	m.DNSUpstreamDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "istio_dns_upstream_request_duration_seconds",
+		Help:    "Total time in seconds Istio takes to get DNS response from upstream (unstable)",
+		Buckets: []float64{0.0005, 0.001, 0.01, 0.1, 1, 5},
+	}, dnsLabelNames)
+	reg.MustRegister(m.DNSUpstreamDuration)
+
+	m.ActiveProxies = prometheus.NewGauge(prometheus.GaugeOpts{Name: "workload_manager_active_proxy_count", Help: "The total number current workloads with active proxies (unstable)"})
+	m.PendingProxies = prometheus.NewGauge(prometheus.GaugeOpts{Name: "workload_manager_pending_proxy_count", Help: "The total number current workloads with pending proxies (unstable)"})
+	m.ProxiesStarted = prometheus.NewCounter(prometheus.CounterOpts{Name: "workload_manager_proxies_started_total", Help: "The total number of proxies that were started (unstable)"})
+	m.ProxiesStopped = prometheus.NewCounter(prometheus.CounterOpts{Name: "workload_manager_proxies_stopped_total", Help: "The total number of proxies that were stopped (unstable)"})
+	reg.MustRegister(m.ActiveProxies, m.PendingProxies, m.ProxiesStarted, m.ProxiesStopped)
+
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "istio_build", Help: "Istio component build info"}, []string{"component", "tag"})
+	build.WithLabelValues("ztunnel", validUTF8(version)).Set(1)
+	reg.MustRegister(build)
+	reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Handler serves the registry at /metrics and /stats/prometheus (Istio's scrape path) in the
+// Prometheus text format, or OpenMetrics when the Accept header asks for it, gzip-compressed
+// when the client accepts it. Other paths get 404.
+func (m *Metrics) Handler() http.Handler {
+	h := promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
+		EnableOpenMetrics: true,
+		ErrorLog:          slogPrinter{m.log},
+	})
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", h)
+	mux.Handle("/stats/prometheus", h)
+	return mux
+}
+
+// slogPrinter adapts slog to promhttp's error logger.
+type slogPrinter struct{ l *slog.Logger }
+
+func (p slogPrinter) Println(v ...any) {
+	p.l.Error("metrics: serving scrape", "error", fmt.Sprint(v...))
+}
+
+// validUTF8 keeps a label value Prometheus accepts; values from the workload cache are
+// protobuf strings and already valid, so this only guards against misuse.
+func validUTF8(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
+}
