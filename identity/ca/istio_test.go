@@ -1,0 +1,272 @@
+package ca_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gozt/gozt/identity"
+	"github.com/gozt/gozt/identity/ca"
+	"github.com/gozt/gozt/identity/ca/catest"
+	"github.com/gozt/gozt/internal/leaktest"
+)
+
+var (
+	idA = identity.MustParse("spiffe://cluster.local/ns/a/sa/alice")
+	idB = identity.MustParse("spiffe://cluster.local/ns/b/sa/bob")
+)
+
+func newClient(t *testing.T, cfg ca.Config) ca.Client {
+	t.Helper()
+	c, err := ca.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func fetch(t *testing.T, c ca.Client, id identity.ID) (*ca.Issued, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return c.Fetch(ctx, id)
+}
+
+func TestIstioIssue(t *testing.T) {
+	leaktest.Check(t)
+	root := catest.NewRoot(t, "root")
+	srv := catest.StartIstio(t, root, nil)
+	tok := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tok, []byte("tok1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, ca.Config{
+		Provider: "istio", Address: "http://" + srv.Addr, TokenFile: tok, ClusterID: "c1",
+		Headers: map[string]string{"x-extra": "v"}, SecretTTL: 2 * time.Hour,
+	})
+	iss, err := fetch(t, c, idA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := iss.Identity(); got != idA {
+		t.Errorf("leaf identity = %v; want %v", got, idA)
+	}
+	if len(iss.Roots) != 1 || !iss.Roots[0].Equal(root.Cert) {
+		t.Errorf("roots = %d certs; want the test root", len(iss.Roots))
+	}
+	if life := iss.NotAfter.Sub(iss.NotBefore); life != 2*time.Hour {
+		t.Errorf("lifetime = %v; want 2h", life)
+	}
+	if _, ok := iss.Certificate.PrivateKey.(*ecdsa.PrivateKey); !ok {
+		t.Errorf("private key is %T; want ECDSA", iss.Certificate.PrivateKey)
+	}
+	reqs := srv.Requests()
+	if len(reqs) != 1 {
+		t.Fatalf("server saw %d requests; want 1", len(reqs))
+	}
+	r := reqs[0]
+	if got := r.MD.Get("authorization"); len(got) != 1 || got[0] != "Bearer tok1" {
+		t.Errorf("authorization = %q; want Bearer tok1", got)
+	}
+	if got := r.MD.Get("clusterid"); len(got) != 1 || got[0] != "c1" {
+		t.Errorf("clusterid = %q; want c1", got)
+	}
+	if got := r.MD.Get("x-extra"); len(got) != 1 || got[0] != "v" {
+		t.Errorf("x-extra = %q; want v", got)
+	}
+	if r.TTL != 2*time.Hour {
+		t.Errorf("requested validity = %v; want 2h", r.TTL)
+	}
+	if r.Impersonated != "" {
+		t.Errorf("ImpersonatedIdentity = %q without impersonation", r.Impersonated)
+	}
+	csr := r.CSR
+	if csr.Subject.CommonName != "" || len(csr.DNSNames) != 0 || len(csr.EmailAddresses) != 0 || len(csr.IPAddresses) != 0 ||
+		len(csr.URIs) != 1 || csr.URIs[0].String() != idA.String() {
+		t.Errorf("csr subject %q dns %v uris %v; want only URI %s", csr.Subject, csr.DNSNames, csr.URIs, idA)
+	}
+	if pk, ok := csr.PublicKey.(*ecdsa.PublicKey); !ok || pk.Curve != elliptic.P256() {
+		t.Errorf("csr key %T; want ECDSA P-256", csr.PublicKey)
+	}
+
+	// The token is re-read on every call (projected tokens rotate).
+	if err := os.WriteFile(tok, []byte("tok2"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fetch(t, c, idB); err != nil {
+		t.Fatal(err)
+	}
+	if got := srv.Requests()[1].MD.Get("authorization"); len(got) != 1 || got[0] != "Bearer tok2" {
+		t.Errorf("after token change authorization = %q; want Bearer tok2", got)
+	}
+
+	// A missing token file is an error naming the variable, not an unauthenticated call.
+	os.Remove(tok)
+	if _, err := fetch(t, c, idB); err == nil || !strings.Contains(err.Error(), "AUTH_TOKEN") {
+		t.Errorf("fetch without token file: err = %v; want AUTH_TOKEN error", err)
+	}
+}
+
+func TestIstioImpersonation(t *testing.T) {
+	leaktest.Check(t)
+	srv := catest.StartIstio(t, catest.NewRoot(t, "root"), nil)
+	c := newClient(t, ca.Config{Provider: "istio", Address: "http://" + srv.Addr, Impersonate: true})
+	if _, err := fetch(t, c, idB); err != nil {
+		t.Fatal(err)
+	}
+	r := srv.Requests()[0]
+	if r.Impersonated != idB.String() {
+		t.Errorf("ImpersonatedIdentity = %q; want %q", r.Impersonated, idB)
+	}
+	if got := r.MD.Get("clusterid"); len(got) != 1 || got[0] != "Kubernetes" {
+		t.Errorf("default clusterid = %q; want Kubernetes", got)
+	}
+	if got := r.MD.Get("authorization"); len(got) != 0 {
+		t.Errorf("authorization = %q with no token file", got)
+	}
+	if r.TTL != 24*time.Hour {
+		t.Errorf("default validity = %v; want 24h", r.TTL)
+	}
+}
+
+func TestIstioWrongIdentityRejected(t *testing.T) {
+	leaktest.Check(t)
+	srv := catest.StartIstio(t, catest.NewRoot(t, "root"), nil)
+	srv.SetOverride(idB.String())
+	c := newClient(t, ca.Config{Provider: "istio", Address: "http://" + srv.Addr})
+	_, err := fetch(t, c, idA)
+	if err == nil || !strings.Contains(err.Error(), "asked for "+idA.String()) {
+		t.Fatalf("err = %v; want leaf-is-for-other-identity error", err)
+	}
+}
+
+func TestIstioUnavailable(t *testing.T) {
+	leaktest.Check(t)
+	srv := catest.StartIstio(t, catest.NewRoot(t, "root"), nil)
+	srv.SetFail(catest.ErrUnavailable)
+	c := newClient(t, ca.Config{Provider: "istio", Address: "http://" + srv.Addr})
+	if _, err := fetch(t, c, idA); err == nil || !strings.Contains(err.Error(), "CA down") {
+		t.Fatalf("err = %v; want the server's error", err)
+	}
+	srv.SetFail(nil)
+	if _, err := fetch(t, c, idA); err != nil {
+		t.Fatalf("after recovery: %v", err)
+	}
+}
+
+func TestIstioSeveralRoots(t *testing.T) {
+	leaktest.Check(t)
+	root, next := catest.NewRoot(t, "root"), catest.NewRoot(t, "next")
+	srv := catest.StartIstio(t, root, nil)
+	srv.AddRoot(next.Cert)
+	c := newClient(t, ca.Config{Provider: "istio", Address: "http://" + srv.Addr})
+	iss, err := fetch(t, c, idA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(iss.Roots) != 2 || !iss.Roots[0].Equal(root.Cert) || !iss.Roots[1].Equal(next.Cert) {
+		t.Errorf("got %d roots; want both roots of the last chain element", len(iss.Roots))
+	}
+}
+
+// TestIstioRootRotation: the CA's serving certificate moves to a new root and CA_ROOT_CA is
+// rewritten; the same client keeps working without a restart.
+func TestIstioRootRotation(t *testing.T) {
+	leaktest.Check(t)
+	signer := catest.NewRoot(t, "signer")
+	oldRoot, newRoot := catest.NewRoot(t, "old"), catest.NewRoot(t, "new")
+	cert := oldRoot.ServingCert(t, "127.0.0.1")
+	srv := catest.StartIstio(t, signer, &cert)
+	rootFile := filepath.Join(t.TempDir(), "root-cert.pem")
+	if err := os.WriteFile(rootFile, oldRoot.PEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, ca.Config{Provider: "istio", Address: "https://" + srv.Addr, RootCA: rootFile})
+	if _, err := fetch(t, c, idA); err != nil {
+		t.Fatal(err)
+	}
+
+	srv.SetTLSCert(newRoot.ServingCert(t, "127.0.0.1"))
+	// A fresh client that still trusts only the old root is refused: the rotation is real.
+	stale := newClient(t, ca.Config{Provider: "istio", Address: "https://" + srv.Addr, RootCA: string(oldRoot.PEM())})
+	if _, err := fetch(t, stale, idA); err == nil || !strings.Contains(err.Error(), "unknown authority") {
+		t.Fatalf("stale root: err = %v; want unknown authority", err)
+	}
+	if err := os.WriteFile(rootFile, newRoot.PEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fetch(t, c, idB); err != nil {
+		t.Fatalf("after root rotation: %v", err)
+	}
+}
+
+func TestIstioAltHostname(t *testing.T) {
+	leaktest.Check(t)
+	root := catest.NewRoot(t, "root")
+	cert := root.ServingCert(t, "istiod.istio-system.svc")
+	srv := catest.StartIstio(t, root, &cert)
+	c := newClient(t, ca.Config{Provider: "istio", Address: srv.Addr, RootCA: string(root.PEM())})
+	if _, err := fetch(t, c, idA); err == nil || !strings.Contains(err.Error(), "127.0.0.1") {
+		t.Fatalf("without ALT_CA_HOSTNAME: err = %v; want name mismatch", err)
+	}
+	c = newClient(t, ca.Config{Provider: "istio", Address: srv.Addr, RootCA: string(root.PEM()), AltHostname: "istiod.istio-system.svc"})
+	if _, err := fetch(t, c, idA); err != nil {
+		t.Fatalf("with ALT_CA_HOSTNAME: %v", err)
+	}
+}
+
+func TestNewErrors(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  ca.Config
+		want string
+	}{
+		{ca.Config{Provider: "vault"}, "CA_PROVIDER"},
+		{ca.Config{Provider: "spiffe"}, "SPIFFE_ENDPOINT_SOCKET"},
+		{ca.Config{Provider: "builtin"}, "CA_DIR"},
+		{ca.Config{Provider: "istio", Address: "ftp://x:1", RootCA: "SYSTEM"}, "CA_ADDRESS"},
+		{ca.Config{Provider: "istio", Address: "https://x:1", RootCA: "/nonexistent/root.pem"}, "CA_ROOT_CA"},
+		{ca.Config{SecretTTL: -time.Second}, "SECRET_TTL"},
+	} {
+		c, err := ca.New(context.Background(), tc.cfg)
+		if err == nil {
+			c.Close()
+			t.Errorf("New(%+v) succeeded; want error naming %s", tc.cfg, tc.want)
+		} else if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%+v) = %v; want error naming %s", tc.cfg, err, tc.want)
+		}
+	}
+}
+
+func BenchmarkFetch(b *testing.B) {
+	root := catest.NewRoot(b, "root")
+	b.Run("builtin-baseline", func(b *testing.B) {
+		c, err := ca.NewBuiltin(b.TempDir(), time.Hour)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			if _, err := c.Fetch(context.Background(), idA); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("istio-grpc-loopback", func(b *testing.B) {
+		srv := catest.StartIstio(b, root, nil)
+		c, err := ca.New(context.Background(), ca.Config{Provider: "istio", Address: "http://" + srv.Addr})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		for b.Loop() {
+			if _, err := c.Fetch(context.Background(), idA); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
