@@ -85,6 +85,7 @@ type seriesKey struct {
 // series are the resolved counters of one seriesKey, so that recording is a few atomic adds.
 // opened is set only without a flag, failed only with one.
 type series struct {
+	key                                    seriesKey
 	opened, closed, received, sent, failed prometheus.Counter
 	sockets                                prometheus.Gauge
 	isFailure                              bool
@@ -102,6 +103,7 @@ func (m *Metrics) lookup(k *seriesKey) *series {
 	// opened{response_flags="DENY"} or failed{response_flags="-"} series.
 	vs := k.values(k.flag)
 	s = &series{
+		key:       *k,
 		closed:    m.closed.WithLabelValues(vs...),
 		received:  m.received.WithLabelValues(vs...),
 		sent:      m.sent.WithLabelValues(vs...),
@@ -126,8 +128,7 @@ func (m *Metrics) lookup(k *seriesKey) *series {
 // Conn records one connection: Open resolves its series, Close records the result once.
 type Conn struct {
 	m      *Metrics
-	key    seriesKey // flag NoFlag
-	s      *series   // series for key
+	s      *series // series for the labels without a flag; s.key holds the labels
 	log    ConnLog
 	start  time.Time
 	closed atomic.Bool
@@ -140,14 +141,14 @@ func (m *Metrics) Open(l Labels, log ConnLog) *Conn {
 	if m == nil {
 		return nil
 	}
-	c := &Conn{m: m, key: seriesKey{Labels: l.withDefaults(), flag: NoFlag}, log: log, start: time.Now()}
+	k := seriesKey{Labels: l.withDefaults(), flag: NoFlag}
+	c := &Conn{m: m, s: m.lookup(&k), log: log, start: time.Now()}
 	if c.log.Direction == "" {
 		c.log.Direction = "inbound"
-		if c.key.Reporter == ReporterSource {
+		if k.Reporter == ReporterSource {
 			c.log.Direction = "outbound"
 		}
 	}
-	c.s = m.lookup(&c.key)
 	c.s.opened.Inc()
 	c.s.sockets.Inc()
 	if ctx := context.Background(); m.log.Enabled(ctx, slog.LevelDebug) {
@@ -169,7 +170,7 @@ func (c *Conn) Close(sent, received int64, flag string, err error) {
 	}
 	s := c.s
 	if flag != "" && flag != NoFlag {
-		k := c.key
+		k := c.s.key
 		k.flag = flag
 		s = c.m.lookup(&k)
 	}
@@ -196,7 +197,7 @@ func (c *Conn) Close(sent, received int64, flag string, err error) {
 	// Istio's byte metrics are from the server's point of view; the access log reports them
 	// from the local application's: on outbound the local app is the client.
 	appSent, appRecv := sent, received
-	if c.key.Reporter == ReporterSource {
+	if c.s.key.Reporter == ReporterSource {
 		appSent, appRecv = received, sent
 	}
 	var buf [20]slog.Attr
@@ -214,7 +215,7 @@ func (c *Conn) Close(sent, received int64, flag string, err error) {
 
 // appendAttrs adds ztunnel's access-log fields, leaving out unknown ones as ztunnel does.
 func (c *Conn) appendAttrs(a []slog.Attr) []slog.Attr {
-	l := &c.key.Labels
+	l := &c.s.key.Labels
 	mtls := l.ConnectionSecurityPolicy == MutualTLS
 	a = appendKnown(a, "src.addr", c.log.SrcAddr)
 	a = appendKnown(a, "src.workload", l.SourceWorkload)
