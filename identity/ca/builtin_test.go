@@ -1,0 +1,134 @@
+package ca_test
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gozt/gozt/identity/ca"
+	"github.com/gozt/gozt/identity/ca/catest"
+)
+
+// TestBuiltinSharedDir: several instances starting at once on one directory end up with one
+// root, the key is private, and a restart reuses it.
+func TestBuiltinSharedDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "cacerts")
+	const n = 8
+	cas := make([]*ca.Builtin, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { cas[i], errs[i] = ca.NewBuiltin(dir, time.Hour) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("instance %d: %v", i, err)
+		}
+	}
+	root := cas[0].Roots()[0]
+	for i, c := range cas {
+		if r := c.Roots(); len(r) != 1 || !r[0].Equal(root) {
+			t.Errorf("instance %d has a different root", i)
+		}
+	}
+	st, err := os.Stat(filepath.Join(dir, ca.CAKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("%s mode = %v; want 0600", ca.CAKeyFile, st.Mode().Perm())
+	}
+	for _, f := range []string{ca.CACertFile, ca.RootCertFile, ca.CertChainFile} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("layout file: %v", err)
+		}
+	}
+	leftovers, _ := filepath.Glob(filepath.Join(dir, ".*"))
+	if len(leftovers) != 0 {
+		t.Errorf("temporary files left behind: %v", leftovers)
+	}
+
+	restarted, err := ca.NewBuiltin(dir, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !restarted.Roots()[0].Equal(root) {
+		t.Error("restart generated a new root")
+	}
+	// Leaves from one instance verify against the root another one loaded.
+	iss, err := cas[3].Fetch(context.Background(), idA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(restarted.Roots()[0])
+	if _, err := iss.Certificate.Leaf.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Errorf("leaf does not verify against the shared root: %v", err)
+	}
+	if life := iss.NotAfter.Sub(iss.NotBefore); life != time.Hour {
+		t.Errorf("leaf lifetime = %v; want SECRET_TTL 1h", life)
+	}
+	if got, _ := iss.Identity(); got != idA {
+		t.Errorf("leaf identity = %v; want %v", got, idA)
+	}
+}
+
+// TestBuiltinPluggedCerts reads Istio's cacerts layout with an intermediate CA: leaves carry
+// the intermediate and chain to the root in root-cert.pem.
+func TestBuiltinPluggedCerts(t *testing.T) {
+	root := catest.NewRoot(t, "root")
+	inter := catest.NewRoot(t, "intermediate") // key reused; certificate re-signed by root below
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "intermediate"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour * 48),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, root.Cert, inter.Key.Public(), root.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	interPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	keyDER, _ := x509.MarshalECPrivateKey(inter.Key)
+	dir := t.TempDir()
+	for name, data := range map[string][]byte{
+		ca.CACertFile:    interPEM,
+		ca.CAKeyFile:     pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+		ca.RootCertFile:  root.PEM(),
+		ca.CertChainFile: append(append([]byte{}, interPEM...), root.PEM()...),
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := ca.NewBuiltin(dir, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	iss, err := c.Fetch(context.Background(), idB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(iss.Certificate.Certificate); n != 2 {
+		t.Errorf("chain has %d certificates; want leaf + intermediate", n)
+	}
+	if len(iss.Roots) != 1 || !iss.Roots[0].Equal(root.Cert) {
+		t.Error("roots are not root-cert.pem")
+	}
+
+	// A key that does not match ca-cert.pem is refused with a message naming the files.
+	other := catest.NewRoot(t, "other")
+	keyDER, _ = x509.MarshalECPrivateKey(other.Key)
+	os.WriteFile(filepath.Join(dir, ca.CAKeyFile), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
+	if _, err := ca.NewBuiltin(dir, time.Hour); err == nil {
+		t.Error("mismatched ca-key.pem accepted")
+	}
+}
