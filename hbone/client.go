@@ -1,0 +1,277 @@
+package hbone
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+
+	"golang.org/x/net/http2"
+)
+
+// Pool is the HBONE client: CONNECT streams over pooled mTLS HTTP/2 connections, one set
+// of connections per Key.
+type Pool struct {
+	cfg       Config
+	tlsConfig func(ctx context.Context, k Key) (*tls.Config, error)
+	wg        sync.WaitGroup // connection goroutines
+
+	mu     sync.Mutex
+	keys   map[Key]*keyPool
+	closed bool
+}
+
+type keyPool struct {
+	conns   []*conn
+	dialing chan struct{} // non-nil while the key's one dial is in flight; closed when it ends
+}
+
+// NewPool returns a pool. tlsConfig is asked once per new connection for a client config
+// (client certificate, peer verification against k.Expected()); ALPN h2 is added if missing.
+func NewPool(cfg Config, tlsConfig func(ctx context.Context, k Key) (*tls.Config, error)) *Pool {
+	return &Pool{cfg: cfg.withDefaults(), tlsConfig: tlsConfig, keys: make(map[Key]*keyPool)}
+}
+
+// Dial opens one CONNECT stream to authority on a pooled connection for k and returns
+// once the peer answered 200. Any other status is a *StatusError.
+func (p *Pool) Dial(ctx context.Context, k Key, authority string, hdr http.Header) (*Stream, error) {
+	var err error
+	for range 3 { // a stream the peer never processed (GOAWAY, REFUSED_STREAM) is retried
+		var c *conn
+		c, err = p.get(ctx, k)
+		if err != nil {
+			return nil, err
+		}
+		var s *Stream
+		s, err = c.open(ctx, authority, hdr)
+		if err == nil {
+			return s, nil
+		}
+		if !errors.Is(err, errRefused) {
+			return nil, err
+		}
+	}
+	return nil, err
+}
+
+// get returns a connection for k with one stream slot reserved for the caller.
+func (p *Pool) get(ctx context.Context, k Key) (*conn, error) {
+	for {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil, errClosed
+		}
+		kp := p.keys[k]
+		if kp == nil {
+			kp = &keyPool{}
+			p.keys[k] = kp
+		}
+		for _, c := range kp.conns {
+			if c.tryReserve() {
+				p.mu.Unlock()
+				return c, nil
+			}
+		}
+		if ch := kp.dialing; ch != nil {
+			p.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, fmt.Errorf("hbone: waiting for a connection to %s: %w", k.Addr, ctx.Err())
+			}
+		}
+		ch := make(chan struct{})
+		kp.dialing = ch
+		p.mu.Unlock()
+
+		c, err := p.dial(ctx, k)
+
+		p.mu.Lock()
+		kp.dialing = nil
+		close(ch)
+		if err == nil && p.closed {
+			err = errClosed
+		}
+		if err != nil {
+			p.dropKeyLocked(k, kp)
+			p.mu.Unlock()
+			if c != nil {
+				c.closeWith(err)
+			}
+			return nil, err
+		}
+		kp.conns = append(kp.conns, c)
+		ok := c.tryReserve()
+		p.mu.Unlock()
+		if ok {
+			return c, nil
+		}
+	}
+}
+
+func (p *Pool) dropKeyLocked(k Key, kp *keyPool) {
+	if len(kp.conns) == 0 && kp.dialing == nil && p.keys[k] == kp {
+		delete(p.keys, k)
+	}
+}
+
+// remove takes c out of the pool (GOAWAY or closed); its streams carry on.
+func (p *Pool) remove(k Key, c *conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if kp := p.keys[k]; kp != nil {
+		kp.conns = slices.DeleteFunc(kp.conns, func(x *conn) bool { return x == c })
+		p.dropKeyLocked(k, kp)
+	}
+}
+
+func (p *Pool) dial(ctx context.Context, k Key) (*conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
+	defer cancel()
+	tc, err := p.tlsConfig(ctx, k)
+	if err != nil {
+		return nil, fmt.Errorf("hbone: tls config for %s: %w", k.Addr, err)
+	}
+	tc = tc.Clone()
+	if !slices.Contains(tc.NextProtos, http2.NextProtoTLS) {
+		tc.NextProtos = append(tc.NextProtos, http2.NextProtoTLS)
+	}
+	d := net.Dialer{Control: p.cfg.Control}
+	if k.SrcIP.IsValid() {
+		d.LocalAddr = &net.TCPAddr{IP: k.SrcIP.AsSlice()}
+	}
+	raw, err := d.DialContext(ctx, "tcp", k.Addr.String())
+	if err != nil {
+		return nil, dialErr(k, err, ctx)
+	}
+	bc := &bufConn{Conn: raw}
+	tlsc := tls.Client(bc, tc)
+	if err := tlsc.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, dialErr(k, fmt.Errorf("tls handshake: %w", err), ctx)
+	}
+	if tlsc.ConnectionState().NegotiatedProtocol != http2.NextProtoTLS {
+		raw.Close()
+		return nil, fmt.Errorf("hbone: dial %s: peer did not negotiate ALPN h2", k.Addr)
+	}
+	bc.buffering = true
+	c := newConn(p.cfg, false, tlsc, bc)
+	c.onClose = func(c *conn) { p.remove(k, c) }
+	if err := c.writePreface(); err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("hbone: dial %s: preface: %w", k.Addr, err)
+	}
+	p.wg.Add(2)
+	c.wg.Add(1)
+	go func() { defer p.wg.Done(); c.writeLoop() }()
+	go func() { defer p.wg.Done(); c.runClientReader() }()
+	if err := c.waitSettings(ctx); err != nil {
+		c.closeWith(err)
+		return nil, dialErr(k, fmt.Errorf("waiting for SETTINGS: %w", err), ctx)
+	}
+	return c, nil
+}
+
+func dialErr(k Key, err error, ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("hbone: dial %s: connection timed out, maybe a NetworkPolicy is blocking HBONE port 15008: %w", k.Addr, err)
+	}
+	return fmt.Errorf("hbone: dial %s: %w", k.Addr, err)
+}
+
+// runClientReader is a pooled connection's frame reader; the connection ends with it.
+func (c *conn) runClientReader() {
+	err := c.readLoop()
+	c.fail(err)
+	c.wg.Wait()
+}
+
+// tryReserve claims a stream slot if the connection can take another stream.
+func (c *conn) tryReserve() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.goaway {
+		return false
+	}
+	limit := min(c.cfg.MaxStreamsPerConn, int(min(c.peerMaxStreams, 1<<30)))
+	if c.active+c.reserved >= limit {
+		return false
+	}
+	c.reserved++
+	return true
+}
+
+// open sends the CONNECT request on a reserved slot and waits for the response.
+func (c *conn) open(ctx context.Context, authority string, hdr http.Header) (*Stream, error) {
+	c.lockWrite()
+	c.mu.Lock()
+	c.reserved--
+	if c.closed || c.goaway || c.nextID > 1<<31-1 {
+		c.goaway = true
+		if c.active == 0 && c.reserved == 0 {
+			c.queueLocked(ctrlOp{kind: opGoAwayEnd})
+		}
+		c.mu.Unlock()
+		c.unlockWrite()
+		return nil, errRefused
+	}
+	id := c.nextID
+	c.nextID += 2
+	s := c.newStreamLocked(id)
+	c.mu.Unlock()
+	err := c.writeHeadersLocked(id, false, 0, authority, hdr)
+	if ferr := c.unlockWrite(); err == nil {
+		err = ferr
+	}
+	if err != nil {
+		c.closeWith(err)
+		return nil, fmt.Errorf("hbone: CONNECT %s: %w", authority, err)
+	}
+	stop := context.AfterFunc(ctx, s.wake)
+	defer stop()
+	c.mu.Lock()
+	for !s.gotResp {
+		err := s.rerr
+		if err == nil {
+			err = c.err
+		}
+		if err == nil && ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		if err != nil {
+			c.mu.Unlock()
+			s.Close()
+			return nil, fmt.Errorf("hbone: CONNECT %s: %w", authority, err)
+		}
+		s.cond.Wait()
+	}
+	code := s.status
+	c.mu.Unlock()
+	if code != http.StatusOK {
+		s.Close()
+		return nil, &StatusError{Code: code}
+	}
+	return s, nil
+}
+
+// Close closes every connection and waits for their goroutines. Idempotent.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	var conns []*conn
+	for _, kp := range p.keys {
+		conns = append(conns, kp.conns...)
+	}
+	p.mu.Unlock()
+	for _, c := range conns {
+		c.closeWith(errClosed)
+	}
+	p.wg.Wait()
+	return nil
+}

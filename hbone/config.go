@@ -1,0 +1,108 @@
+package hbone
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gozt/gozt/identity"
+)
+
+// Config holds the HTTP/2 and pool knobs. The zero value means the defaults in brackets,
+// which are the Rust ztunnel's.
+type Config struct {
+	StreamWindow      uint32        // [4 MiB] initial stream flow-control window we advertise
+	ConnWindow        uint32        // [16 MiB] connection window we advertise
+	MaxFrameSize      uint32        // [1 MiB] SETTINGS_MAX_FRAME_SIZE we accept
+	MaxStreamsPerConn int           // [100] client: streams per pooled connection (min with peer's MAX_CONCURRENT_STREAMS)
+	ServerMaxStreams  uint32        // [200] server: SETTINGS_MAX_CONCURRENT_STREAMS advertised
+	PingInterval      time.Duration // [10s]
+	PingTimeout       time.Duration // [20s] no PING ack within this -> connection dropped
+	IdleTimeout       time.Duration // [5m] pooled connection with no streams leaves the pool
+	DialTimeout       time.Duration // [10s] TCP+TLS dial; timeout error says "maybe a NetworkPolicy is blocking HBONE port 15008"
+	// Control is applied to dialed sockets (SO_MARK etc.); optional.
+	Control func(network, address string, c syscall.RawConn) error
+}
+
+const (
+	maxWindow         = 1<<31 - 1
+	minFrameSize      = 16384
+	maxFrameSizeLimit = 1<<24 - 1
+	clientMaxHeaders  = 16 << 10
+	serverMaxHeaders  = 64 << 10
+)
+
+// withDefaults fills zero fields and clamps values to what RFC 9113 allows.
+func (c Config) withDefaults() Config {
+	if c.StreamWindow == 0 {
+		c.StreamWindow = 4 << 20
+	}
+	if c.ConnWindow == 0 {
+		c.ConnWindow = 16 << 20
+	}
+	c.StreamWindow = min(c.StreamWindow, maxWindow)
+	c.ConnWindow = min(max(c.ConnWindow, 65535), maxWindow)
+	if c.MaxFrameSize == 0 {
+		c.MaxFrameSize = 1 << 20
+	}
+	c.MaxFrameSize = min(max(c.MaxFrameSize, minFrameSize), maxFrameSizeLimit)
+	if c.MaxStreamsPerConn <= 0 {
+		c.MaxStreamsPerConn = 100
+	}
+	if c.ServerMaxStreams == 0 {
+		c.ServerMaxStreams = 200
+	}
+	if c.PingInterval <= 0 {
+		c.PingInterval = 10 * time.Second
+	}
+	if c.PingTimeout <= 0 {
+		c.PingTimeout = 20 * time.Second
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 5 * time.Minute
+	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = 10 * time.Second
+	}
+	return c
+}
+
+// Key identifies a pool of connections. It is comparable so it can key a map; two
+// requests share connections only when every field matches.
+type Key struct {
+	Src   identity.ID    // our identity: the client certificate presented
+	Dst   string         // canonical (sorted, deduplicated, comma-joined) expected peer IDs
+	Addr  netip.AddrPort // peer's HBONE address (usually port 15008)
+	SrcIP netip.Addr     // local address to bind, if valid
+}
+
+// NewKey builds a Key, canonicalising the expected identities so that the same set in any
+// order lands in the same pool.
+func NewKey(src identity.ID, expected []identity.ID, addr netip.AddrPort, srcIP netip.Addr) Key {
+	ids := make([]string, 0, len(expected))
+	for _, id := range expected {
+		if !id.IsZero() {
+			ids = append(ids, id.String())
+		}
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	return Key{Src: src, Dst: strings.Join(ids, ","), Addr: addr, SrcIP: srcIP}
+}
+
+// Expected returns the expected peer identities encoded in Dst.
+func (k Key) Expected() []identity.ID {
+	if k.Dst == "" {
+		return nil
+	}
+	parts := strings.Split(k.Dst, ",")
+	out := make([]identity.ID, 0, len(parts))
+	for _, p := range parts {
+		if id, err := identity.Parse(p); err == nil {
+			out = append(out, id)
+		}
+	}
+	return out
+}

@@ -1,0 +1,118 @@
+package hbone
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+
+	"github.com/gozt/gozt/hbone/internal/testcert"
+	"github.com/gozt/gozt/identity"
+)
+
+const (
+	clientID = "spiffe://cluster.local/ns/default/sa/client"
+	serverID = "spiffe://cluster.local/ns/default/sa/server"
+)
+
+var (
+	caOnce sync.Once
+	ca     *testcert.CA
+	srvTLS *tls.Config
+	cliTLS *tls.Config
+)
+
+func testCA() *testcert.CA {
+	caOnce.Do(func() {
+		ca = testcert.NewCA()
+		srvTLS = ca.ServerConfig(serverID)
+		cliTLS = ca.ClientConfig(clientID)
+	})
+	return ca
+}
+
+// env is a real loopback HBONE server and a client pool pointed at it.
+type env struct {
+	t    testing.TB
+	srv  *Server
+	ln   net.Listener
+	pool *Pool
+	key  Key
+	addr netip.AddrPort
+
+	mu    sync.Mutex
+	dials int // TLS connections the server accepted
+}
+
+func newEnv(t testing.TB, cfg Config, h Handler) *env {
+	t.Helper()
+	testCA()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, srv: NewServer(cfg, h), ln: ln}
+	e.addr = netip.MustParseAddrPort(ln.Addr().String())
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var cwg sync.WaitGroup
+		defer cwg.Wait()
+		for {
+			raw, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			e.mu.Lock()
+			e.dials++
+			e.mu.Unlock()
+			cwg.Add(1)
+			go func() {
+				defer cwg.Done()
+				e.srv.ServeTLS(ctx, raw, srvTLS)
+			}()
+		}
+	}()
+	e.pool = NewPool(cfg, func(ctx context.Context, k Key) (*tls.Config, error) { return cliTLS, nil })
+	e.key = NewKey(identity.MustParse(clientID), []identity.ID{identity.MustParse(serverID)}, e.addr, netip.Addr{})
+	t.Cleanup(func() {
+		e.pool.Close()
+		ln.Close()
+		e.srv.Close()
+		cancel()
+		wg.Wait()
+	})
+	return e
+}
+
+func (e *env) serverConns() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.dials
+}
+
+func (e *env) dial(t testing.TB, authority string) *Stream {
+	t.Helper()
+	s, err := e.pool.Dial(context.Background(), e.key, authority, nil)
+	if err != nil {
+		t.Fatalf("Dial: %v", err)
+	}
+	return s
+}
+
+// echo accepts and copies the stream back to itself, half-closing on EOF.
+func echo(r *Request) {
+	s, err := r.Accept(nil)
+	if err != nil {
+		return
+	}
+	defer s.Close()
+	io.Copy(s, s)
+	s.CloseWrite()
+	io.Copy(io.Discard, s)
+}

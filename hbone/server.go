@@ -1,0 +1,320 @@
+package hbone
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gozt/gozt/identity"
+	"golang.org/x/net/http2"
+)
+
+// Request is one CONNECT request handed to the Handler. The handler answers it exactly
+// once with Accept or Reject.
+type Request struct {
+	Authority             string      // validated host:port (IP or DNS name); bad ones got 400 before the handler
+	Header                http.Header // request headers (baggage, forwarded, traceparent, ...)
+	Peer                  identity.ID // from the verified TLS peer leaf (zero if none)
+	LocalAddr, RemoteAddr net.Addr    // of the underlying connection
+
+	s        *Stream
+	answered atomic.Bool
+}
+
+// Accept sends 200 with h and returns the stream.
+func (r *Request) Accept(h http.Header) (*Stream, error) {
+	if r.answered.Swap(true) {
+		return nil, errors.New("hbone: request already answered")
+	}
+	s := r.s
+	c := s.c
+	c.lockWrite()
+	c.mu.Lock()
+	cerr := c.err
+	c.mu.Unlock()
+	var err error
+	if cerr != nil {
+		err = cerr
+	} else if !s.rstWritten {
+		err = c.writeHeadersLocked(s.id, false, http.StatusOK, "", h)
+	}
+	if ferr := c.unlockWrite(); err == nil {
+		err = ferr
+	}
+	if err != nil {
+		c.closeWith(err)
+		return nil, fmt.Errorf("hbone: accept: %w", err)
+	}
+	return s, nil
+}
+
+// Reject answers with code and END_STREAM, then resets the request direction (NO_ERROR)
+// so the client stops sending.
+func (r *Request) Reject(code int) {
+	if r.answered.Swap(true) {
+		return
+	}
+	s := r.s
+	c := s.c
+	c.lockWrite()
+	var err error
+	if !s.rstWritten {
+		err = c.writeHeadersLocked(s.id, true, code, "", nil)
+	}
+	c.mu.Lock()
+	s.sentEnd = true
+	if !s.recvEnd && !s.done && err == nil {
+		s.rstWritten = true
+		err = c.fr.WriteRSTStream(s.id, http2.ErrCodeNo)
+	}
+	c.streamDoneLocked(s)
+	s.localClosed = true
+	s.rb.free()
+	c.mu.Unlock()
+	if ferr := c.unlockWrite(); err == nil {
+		err = ferr
+	}
+	if err != nil {
+		c.closeWith(err)
+	}
+}
+
+// Handler is called in its own goroutine per CONNECT stream; it must call Accept or
+// Reject (if it returns without either, the server answers 503).
+type Handler func(r *Request)
+
+// Server is the HBONE server side: it serves HTTP/2 on accepted (TLS) connections and
+// yields each CONNECT stream to the handler.
+type Server struct {
+	cfg Config
+	h   Handler
+	wg  sync.WaitGroup // Serve's per-connection goroutines
+
+	mu       sync.Mutex
+	conns    map[*conn]struct{}
+	raws     map[net.Conn]struct{} // accepted, not yet serving HTTP/2
+	lns      map[net.Listener]struct{}
+	shutdown bool
+	idle     chan struct{} // closed when the last conn leaves during Shutdown
+}
+
+// NewServer returns a server calling h for every valid CONNECT.
+func NewServer(cfg Config, h Handler) *Server {
+	return &Server{cfg: cfg.withDefaults(), h: h, conns: make(map[*conn]struct{}),
+		raws: make(map[net.Conn]struct{}), lns: make(map[net.Listener]struct{})}
+}
+
+// ServeTLS runs the TLS server handshake itself over raw (a TCP conn) so that outgoing
+// TLS records are coalesced into fewer writes; otherwise it is ServeConn.
+func (s *Server) ServeTLS(ctx context.Context, raw net.Conn, cfg *tls.Config) error {
+	bc := &bufConn{Conn: raw}
+	return s.serve(ctx, raw, tls.Server(bc, cfg), bc)
+}
+
+// ServeConn serves HTTP/2 on c until the connection ends. c is usually a *tls.Conn (the
+// handshake runs here); a plain conn is served as h2c with a zero peer identity.
+// A clean end (peer closed, Shutdown, Close) returns nil.
+func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
+	return s.serve(ctx, c, c, nil)
+}
+
+func (s *Server) serve(ctx context.Context, raw, nc net.Conn, bc *bufConn) error {
+	s.mu.Lock()
+	if s.shutdown {
+		s.mu.Unlock()
+		raw.Close()
+		return errClosed
+	}
+	s.raws[raw] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.raws, raw)
+		s.mu.Unlock()
+	}()
+	stop := context.AfterFunc(ctx, func() { raw.Close() })
+	defer stop()
+	raw.SetDeadline(time.Now().Add(s.cfg.DialTimeout))
+	if tc, ok := nc.(*tls.Conn); ok {
+		if err := tc.HandshakeContext(ctx); err != nil {
+			raw.Close()
+			return fmt.Errorf("hbone: tls handshake with %s: %w", raw.RemoteAddr(), err)
+		}
+		if p := tc.ConnectionState().NegotiatedProtocol; p != http2.NextProtoTLS {
+			raw.Close()
+			return fmt.Errorf("hbone: %s negotiated ALPN %q, want h2", raw.RemoteAddr(), p)
+		}
+	}
+	var preface [len(http2.ClientPreface)]byte
+	if _, err := io.ReadFull(nc, preface[:]); err != nil || string(preface[:]) != http2.ClientPreface {
+		raw.Close()
+		if err == nil {
+			err = errors.New("bad client preface")
+		}
+		return fmt.Errorf("hbone: preface from %s: %w", raw.RemoteAddr(), err)
+	}
+	raw.SetDeadline(time.Time{})
+	if bc != nil {
+		bc.buffering = true
+	}
+	c := newConn(s.cfg, true, nc, bc)
+	c.handler = s.h
+	s.mu.Lock()
+	if s.shutdown {
+		s.mu.Unlock()
+		raw.Close()
+		return errClosed
+	}
+	s.conns[c] = struct{}{}
+	s.mu.Unlock()
+	defer s.removeConn(c)
+	cstop := context.AfterFunc(ctx, func() { c.closeWith(ctx.Err()) })
+	defer cstop()
+	if err := c.writePreface(); err != nil {
+		c.closeWith(err)
+		return fmt.Errorf("hbone: settings to %s: %w", raw.RemoteAddr(), err)
+	}
+	c.wg.Add(1)
+	go c.writeLoop()
+	err := c.readLoop()
+	c.fail(err)
+	c.wg.Wait()
+	var ce connError
+	if errors.As(err, &ce) {
+		return err
+	}
+	return nil // the peer or we closed the connection
+}
+
+func (s *Server) removeConn(c *conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.conns, c)
+	if s.idle != nil && len(s.conns) == 0 && len(s.raws) <= 1 {
+		select {
+		case <-s.idle:
+		default:
+			close(s.idle)
+		}
+	}
+}
+
+// Serve accepts connections from ln (which yields TLS conns) and serves each in its own
+// goroutine. It returns when ln fails or ctx ends, after its connections have ended.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	s.mu.Lock()
+	if s.shutdown {
+		s.mu.Unlock()
+		return errClosed
+	}
+	s.lns[ln] = struct{}{}
+	s.mu.Unlock()
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			delete(s.lns, ln)
+			shut := s.shutdown
+			s.mu.Unlock()
+			if shut || ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("hbone: accept: %w", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.ServeConn(ctx, nc)
+		}()
+	}
+}
+
+// Shutdown stops accepting, sends GOAWAY on every connection, lets open streams finish
+// until ctx ends, then closes everything.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.shutdown = true
+	if s.idle == nil {
+		s.idle = make(chan struct{})
+	}
+	idle := s.idle
+	for ln := range s.lns {
+		ln.Close()
+	}
+	for raw := range s.raws {
+		if _, serving := s.connFor(raw); !serving {
+			raw.Close()
+		}
+	}
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	empty := len(s.conns) == 0
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.mu.Lock()
+		c.draining = true
+		c.goaway = true
+		c.queueLocked(ctrlOp{kind: opGoAway, val: uint32(http2.ErrCodeNo)})
+		if c.active == 0 {
+			c.queueLocked(ctrlOp{kind: opGoAwayEnd})
+		}
+		c.mu.Unlock()
+	}
+	if empty {
+		return nil
+	}
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		s.Close()
+		return ctx.Err()
+	}
+}
+
+// connFor reports whether raw already serves HTTP/2 (s.mu held).
+func (s *Server) connFor(raw net.Conn) (*conn, bool) {
+	for c := range s.conns {
+		if c.nc == raw {
+			return c, true
+		}
+		if tc, ok := c.nc.(*tls.Conn); ok && (tc.NetConn() == raw || c.bc != nil && c.bc.Conn == raw) {
+			return c, true
+		}
+	}
+	return nil, false
+}
+
+// Close closes every connection and listener now. Idempotent.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.shutdown = true
+	for ln := range s.lns {
+		ln.Close()
+	}
+	for raw := range s.raws {
+		raw.Close()
+	}
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.closeWith(errClosed)
+	}
+	return nil
+}

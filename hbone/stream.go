@@ -1,0 +1,453 @@
+package hbone
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+// Stream is one CONNECT stream; it behaves like a TCP connection: Read/Write, CloseWrite
+// for a half-close (END_STREAM), Close for an abort (RST_STREAM CANCEL), deadlines.
+type Stream struct {
+	c    *conn
+	id   uint32
+	cond sync.Cond // L = &c.mu; signalled on data, window, reset, deadline, close
+	wmu  sync.Mutex
+	rmu  sync.Mutex
+
+	// guarded by c.mu
+	rb          recvBuf
+	hdr         http.Header
+	status      int
+	gotResp     bool // client: response HEADERS arrived; server: always true
+	sendAvail   int64
+	recvAvail   int64
+	unacked     int64
+	recvEnd     bool // peer sent END_STREAM
+	sentEnd     bool // we sent (or are sending) END_STREAM
+	done        bool // no longer counted as open; removed from c.streams
+	localClosed bool
+	readBusy    bool // a WriteTo holds a slice of rb
+	waitConn    bool
+	rerr        error // what Read returns once the buffer is empty (nil: keep waiting)
+	werr        error
+	rdl, wdl    time.Time
+	rt, wt      *time.Timer
+
+	rstWritten bool // guarded by c.wmu
+}
+
+var (
+	_ net.Conn      = (*Stream)(nil)
+	_ io.ReaderFrom = (*Stream)(nil)
+	_ io.WriterTo   = (*Stream)(nil)
+)
+
+// peerResetLocked records the peer's RST_STREAM. NO_ERROR and CANCEL read as io.EOF.
+func (s *Stream) peerResetLocked(code http2.ErrCode) {
+	if code == http2.ErrCodeNo || code == http2.ErrCodeCancel {
+		s.rerr = io.EOF
+	} else if code == http2.ErrCodeRefusedStream && !s.gotResp {
+		s.rerr = fmt.Errorf("%w: %w", errRefused, &ResetError{Code: code})
+	} else {
+		s.rerr = &ResetError{Code: code}
+	}
+	s.werr = fmt.Errorf("hbone: write: stream reset by peer (%s): %w", code, syscall.EPIPE)
+	s.c.streamDoneLocked(s)
+	s.cond.Broadcast()
+}
+
+// readErrLocked is what a reader with an empty buffer gets, or nil to wait.
+func (s *Stream) readErrLocked() error {
+	if s.localClosed {
+		return net.ErrClosed
+	}
+	if s.recvEnd {
+		return io.EOF
+	}
+	if s.rerr != nil {
+		return s.rerr
+	}
+	if s.c.err != nil {
+		return s.c.err
+	}
+	if !s.rdl.IsZero() && !time.Now().Before(s.rdl) {
+		return os.ErrDeadlineExceeded
+	}
+	return nil
+}
+
+func (s *Stream) writeErrLocked() error {
+	switch {
+	case s.localClosed:
+		return net.ErrClosed
+	case s.werr != nil:
+		return s.werr
+	case s.sentEnd:
+		return errors.New("hbone: write after CloseWrite")
+	case s.c.err != nil:
+		return s.c.err
+	case !s.wdl.IsZero() && !time.Now().Before(s.wdl):
+		return os.ErrDeadlineExceeded
+	}
+	return nil
+}
+
+// Read reads data the peer sent; io.EOF after the peer's END_STREAM (or RST NO_ERROR/CANCEL).
+func (s *Stream) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	c := s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for s.rb.n == 0 {
+		if err := s.readErrLocked(); err != nil {
+			return 0, err
+		}
+		s.cond.Wait()
+	}
+	if s.localClosed {
+		return 0, net.ErrClosed
+	}
+	n := s.rb.read(p)
+	c.consumedLocked(s, n)
+	return n, nil
+}
+
+// WriteTo copies the stream's data to w until EOF without an intermediate buffer: the
+// received chunks are written to w directly.
+func (s *Stream) WriteTo(w io.Writer) (int64, error) {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	c := s.c
+	var total int64
+	c.mu.Lock()
+	for {
+		for s.rb.n == 0 {
+			if err := s.readErrLocked(); err != nil {
+				c.mu.Unlock()
+				if err == io.EOF {
+					err = nil
+				}
+				return total, err
+			}
+			s.cond.Wait()
+		}
+		if s.localClosed {
+			c.mu.Unlock()
+			return total, net.ErrClosed
+		}
+		b := s.rb.peek()
+		s.readBusy = true
+		c.mu.Unlock()
+		n, err := w.Write(b)
+		c.mu.Lock()
+		s.readBusy = false
+		if s.localClosed {
+			s.rb.free()
+			c.mu.Unlock()
+			return total + int64(n), net.ErrClosed
+		}
+		s.rb.advance(n)
+		c.consumedLocked(s, n)
+		total += int64(n)
+		if err != nil {
+			c.mu.Unlock()
+			return total, err
+		}
+	}
+}
+
+// Write sends p as DATA frames as the flow-control windows allow.
+func (s *Stream) Write(p []byte) (int, error) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return s.write(p)
+}
+
+func (s *Stream) write(p []byte) (int, error) {
+	c := s.c
+	total := 0
+	for len(p) > 0 {
+		c.mu.Lock()
+		var n int64
+		for {
+			if err := s.writeErrLocked(); err != nil {
+				c.mu.Unlock()
+				return total, err
+			}
+			n = min(int64(len(p)), int64(c.peerMaxFrame), s.sendAvail, c.sendConnAvail)
+			if n > 0 {
+				break
+			}
+			if c.sendConnAvail <= 0 {
+				s.waitConn = true
+				c.connWaiters++
+			}
+			s.cond.Wait()
+			if s.waitConn {
+				s.waitConn = false
+				c.connWaiters--
+			}
+		}
+		s.sendAvail -= n
+		c.sendConnAvail -= n
+		c.mu.Unlock()
+		c.lockWrite()
+		var err error
+		if !s.rstWritten {
+			err = c.fr.WriteData(s.id, false, p[:n])
+		}
+		if ferr := c.unlockWrite(); err == nil {
+			err = ferr
+		}
+		if err != nil {
+			c.closeWith(err)
+			return total, fmt.Errorf("hbone: write: %w", err)
+		}
+		total += int(n)
+		p = p[n:]
+	}
+	return total, nil
+}
+
+// ReadFrom copies r into the stream until r's EOF (it does not CloseWrite). Reads grow
+// from 16 KiB to 1 MiB as traffic is seen, so bulk data leaves as large DATA frames.
+func (s *Stream) ReadFrom(r io.Reader) (int64, error) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	var total int64
+	b16 := copyPool16K.Get().(*[16 << 10]byte)
+	defer copyPool16K.Put(b16)
+	var b256 *[256 << 10]byte
+	var b1m *[1 << 20]byte
+	defer func() {
+		if b256 != nil {
+			copyPool256K.Put(b256)
+		}
+		if b1m != nil {
+			copyPool1M.Put(b1m)
+		}
+	}()
+	buf := b16[:]
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			if _, werr := s.write(buf[:n]); werr != nil {
+				return total, werr
+			}
+			total += int64(n)
+			switch {
+			case b1m == nil && total >= 16<<20:
+				b1m = copyPool1M.Get().(*[1 << 20]byte)
+				buf = b1m[:]
+			case b256 == nil && b1m == nil && total >= 256<<10:
+				b256 = copyPool256K.Get().(*[256 << 10]byte)
+				buf = b256[:]
+			}
+		}
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+// CloseWrite sends END_STREAM; data from the peer keeps flowing.
+func (s *Stream) CloseWrite() error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	c := s.c
+	c.mu.Lock()
+	if s.sentEnd {
+		c.mu.Unlock()
+		return nil
+	}
+	if err := s.writeErrLocked(); err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	s.sentEnd = true
+	c.mu.Unlock()
+	c.lockWrite()
+	var err error
+	if !s.rstWritten {
+		err = c.fr.WriteData(s.id, true, nil)
+	}
+	if ferr := c.unlockWrite(); err == nil {
+		err = ferr
+	}
+	if err != nil {
+		c.closeWith(err)
+		return fmt.Errorf("hbone: close write: %w", err)
+	}
+	c.mu.Lock()
+	c.maybeDoneLocked(s)
+	c.mu.Unlock()
+	return nil
+}
+
+// Close ends the stream; if either direction has not finished it sends RST_STREAM(CANCEL).
+// Idempotent.
+func (s *Stream) Close() error {
+	c := s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s.localClosed {
+		return nil
+	}
+	s.localClosed = true
+	if !s.done {
+		c.queueLocked(ctrlOp{kind: opRST, id: s.id, val: uint32(http2.ErrCodeCancel), s: s})
+		c.streamDoneLocked(s)
+	}
+	if s.rb.n > 0 {
+		c.releaseConnLocked(int64(s.rb.n))
+	}
+	if !s.readBusy {
+		s.rb.free()
+	}
+	if s.rt != nil {
+		s.rt.Stop()
+	}
+	if s.wt != nil {
+		s.wt.Stop()
+	}
+	s.cond.Broadcast()
+	return nil
+}
+
+// Header is the response headers on the client side and the request headers on the
+// server side.
+func (s *Stream) Header() http.Header { return s.hdr }
+
+func (s *Stream) LocalAddr() net.Addr  { return s.c.nc.LocalAddr() }
+func (s *Stream) RemoteAddr() net.Addr { return s.c.nc.RemoteAddr() }
+
+func (s *Stream) SetDeadline(t time.Time) error {
+	s.SetReadDeadline(t)
+	return s.SetWriteDeadline(t)
+}
+
+// SetReadDeadline works like net.Conn's: a blocked Read returns os.ErrDeadlineExceeded.
+func (s *Stream) SetReadDeadline(t time.Time) error {
+	s.setDeadline(&s.rdl, &s.rt, t)
+	return nil
+}
+
+// SetWriteDeadline bounds waiting for flow-control window. A frame already being written
+// to the socket is bounded only by the connection's own health (PING timeout).
+func (s *Stream) SetWriteDeadline(t time.Time) error {
+	s.setDeadline(&s.wdl, &s.wt, t)
+	return nil
+}
+
+func (s *Stream) setDeadline(dl *time.Time, tm **time.Timer, t time.Time) {
+	c := s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	*dl = t
+	if *tm != nil {
+		(*tm).Stop()
+	}
+	if t.IsZero() {
+		return
+	}
+	d := time.Until(t)
+	if d <= 0 {
+		s.cond.Broadcast()
+		return
+	}
+	if *tm == nil {
+		*tm = time.AfterFunc(d, s.wake)
+	} else {
+		(*tm).Reset(d)
+	}
+}
+
+func (s *Stream) wake() {
+	s.c.mu.Lock()
+	s.cond.Broadcast()
+	s.c.mu.Unlock()
+}
+
+// recvBuf is a queue of pooled chunks holding received, unread data.
+type recvBuf struct {
+	chunks []*[chunkSize]byte
+	r, w   int // read offset in chunks[0], write offset in the last chunk
+	n      int
+}
+
+func (b *recvBuf) write(p []byte) {
+	for len(p) > 0 {
+		if len(b.chunks) == 0 || b.w == chunkSize {
+			b.chunks = append(b.chunks, getChunk())
+			b.w = 0
+		}
+		k := copy(b.chunks[len(b.chunks)-1][b.w:], p)
+		b.w += k
+		b.n += k
+		p = p[k:]
+	}
+}
+
+func (b *recvBuf) peek() []byte {
+	if b.n == 0 {
+		return nil
+	}
+	end := chunkSize
+	if len(b.chunks) == 1 {
+		end = b.w
+	}
+	return b.chunks[0][b.r:end]
+}
+
+func (b *recvBuf) advance(k int) {
+	b.r += k
+	b.n -= k
+	if len(b.chunks) == 1 && b.r == b.w {
+		putChunk(b.chunks[0])
+		b.chunks[0] = nil
+		b.chunks = b.chunks[:0]
+		b.r, b.w = 0, 0
+	} else if b.r == chunkSize {
+		putChunk(b.chunks[0])
+		copy(b.chunks, b.chunks[1:])
+		b.chunks[len(b.chunks)-1] = nil
+		b.chunks = b.chunks[:len(b.chunks)-1]
+		b.r = 0
+	}
+}
+
+func (b *recvBuf) read(p []byte) int {
+	total := 0
+	for len(p) > 0 && b.n > 0 {
+		k := copy(p, b.peek())
+		b.advance(k)
+		p = p[k:]
+		total += k
+	}
+	return total
+}
+
+func (b *recvBuf) free() {
+	for i, ch := range b.chunks {
+		putChunk(ch)
+		b.chunks[i] = nil
+	}
+	b.chunks = b.chunks[:0]
+	b.r, b.w, b.n = 0, 0, 0
+}
