@@ -1,0 +1,634 @@
+// Package xds is the control-plane side of the workload cache: a delta ADS client for Istio's
+// Address and Authorization resources, and a local YAML file source. Both decode resources
+// into xds/state values outside any lock and apply each push to the state.Store as one Batch.
+//
+// Wire overview: one gRPC bidi stream envoy.service.discovery.v3.AggregatedDiscoveryService/
+// DeltaAggregatedResources. The client opens it with one DeltaDiscoveryRequest per type URL
+// (node, type_url, wildcard or on-demand subscriptions, initial_resource_versions of the
+// resources it accepted), then answers every DeltaDiscoveryResponse with an ACK
+// {type_url, response_nonce}, or a NACK whose error_detail lists "name: reason" for each
+// rejected resource while the valid ones in the same push are still applied.
+//
+// It does not own certificates, the proxy, or the admin server; it only fills the Store.
+package xds
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	statuspb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/gozt/gozt/xds/state"
+	"github.com/gozt/gozt/xds/xdspb"
+	"github.com/gozt/gozt/xds/xdspb/securitypb"
+	"github.com/gozt/gozt/xds/xdspb/workloadpb"
+)
+
+// Defaults for Config's zero values.
+const (
+	DefaultRootCA    = "./var/run/secrets/istio/root-cert.pem"
+	DefaultClusterID = "Kubernetes"
+)
+
+// Timings ztunnel uses.
+const (
+	connectTimeout    = 5 * time.Second
+	keepaliveTime     = 30 * time.Second
+	keepaliveTimeout  = 10 * time.Second
+	maxRecvMsgSize    = 200 << 20
+	backoffInitial    = 10 * time.Millisecond
+	backoffMax        = 15 * time.Second
+	quickReconnect    = 10 * time.Millisecond
+	tcpKeepaliveIdle  = 300 * time.Second
+	tcpKeepaliveIntvl = 75 * time.Second
+	tcpKeepaliveCount = 9
+)
+
+// Config configures the delta ADS client. The zero value of each field is its documented default.
+type Config struct {
+	// Address is XDS_ADDRESS: "http://host:port" is plaintext (istiod's 15010); "https://" (the
+	// default scheme) is TLS verified with RootCA.
+	Address string
+	// RootCA is XDS_ROOT_CA: a file path (default DefaultRootCA), "SYSTEM" for the OS roots, or
+	// inline PEM.
+	RootCA string
+	// AltHostname, when set, is the server name verified instead of the address's host.
+	AltHostname string
+	// TokenFile holds a bearer token sent as "authorization: Bearer ..."; re-read each connect.
+	TokenFile string
+	// ClusterID is sent as the "clusterid" header (default DefaultClusterID).
+	ClusterID string
+	// Headers are extra gRPC metadata (XDS_HEADER_*).
+	Headers map[string]string
+	// NodeID is "ztunnel~IP~pod.ns~ns.svc.cluster.local"; istiod keys the proxy type off it.
+	NodeID string
+	// Metadata are the node metadata string fields (NAME, NAMESPACE, INSTANCE_IPS, ...).
+	Metadata map[string]string
+	// OnDemand subscribes to no addresses up front; Demand fetches them as needed.
+	OnDemand bool
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+type clientMetrics struct {
+	terminations *prometheus.CounterVec
+	messages     *prometheus.CounterVec
+	bytes        *prometheus.CounterVec
+}
+
+func newClientMetrics(reg prometheus.Registerer) (*clientMetrics, error) {
+	m := &clientMetrics{
+		terminations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "istio_xds_connection_terminations_total",
+			Help: "The total number of completed connections to xds server (unstable)",
+		}, []string{"reason"}),
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "istio_xds_message_total",
+			Help: "Total number of messages received (unstable)",
+		}, []string{"url"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "istio_xds_message_bytes_total",
+			Help: "Total number of bytes received (unstable)",
+		}, []string{"url"}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.terminations, m.messages, m.bytes} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("xds: register metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}
+
+// Termination reasons, the values of istio_xds_connection_terminations_total{reason}.
+const (
+	reasonConnectionError = "ConnectionError"
+	reasonError           = "Error"
+	reasonReconnect       = "Reconnect"
+	reasonComplete        = "Complete"
+)
+
+// Client is a delta ADS client feeding a state.Store. Create with NewClient, drive with Run.
+type Client struct {
+	cfg     Config
+	store   *state.Store
+	log     *slog.Logger
+	metrics *clientMetrics
+	creds   credentials.TransportCredentials
+	target  string
+
+	synced     chan struct{}
+	syncedOnce sync.Once
+
+	sendMu sync.Mutex // serialises Send on the current stream
+	stream grpc.BidiStreamingClient[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse]
+
+	mu       sync.Mutex
+	versions map[string]map[string]string // type URL -> accepted resource name -> version
+	demanded map[string]struct{}          // on-demand names subscribed so far
+	waiters  map[string][]chan struct{}   // on-demand names awaited
+	seen     map[string]bool              // type URLs with a handled response
+}
+
+// NewClient checks cfg and builds a client; it does not connect.
+func NewClient(cfg Config, store *state.Store, reg prometheus.Registerer) (*Client, error) {
+	if store == nil {
+		return nil, errors.New("xds: nil store")
+	}
+	if cfg.ClusterID == "" {
+		cfg.ClusterID = DefaultClusterID
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	creds, target, err := transport(cfg)
+	if err != nil {
+		return nil, err
+	}
+	m, err := newClientMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{
+		cfg: cfg, store: store, log: cfg.Logger.With("component", "xds"), metrics: m,
+		creds: creds, target: target,
+		synced:   make(chan struct{}),
+		versions: map[string]map[string]string{xdspb.AddressType: {}, xdspb.AuthorizationType: {}},
+		demanded: make(map[string]struct{}),
+		waiters:  make(map[string][]chan struct{}),
+		seen:     make(map[string]bool),
+	}, nil
+}
+
+// transport parses Address into gRPC transport credentials and a dial target.
+func transport(cfg Config) (credentials.TransportCredentials, string, error) {
+	addr := cfg.Address
+	if addr == "" {
+		return nil, "", errors.New("xds: empty address")
+	}
+	if !strings.Contains(addr, "://") {
+		addr = "https://" + addr
+	}
+	u, err := url.Parse(addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("xds: address %q: %w", cfg.Address, err)
+	}
+	host := u.Host
+	if _, _, err := net.SplitHostPort(host); err != nil {
+		if u.Scheme == "http" {
+			host = net.JoinHostPort(u.Hostname(), "80")
+		} else {
+			host = net.JoinHostPort(u.Hostname(), "443")
+		}
+	}
+	switch u.Scheme {
+	case "http":
+		return insecure.NewCredentials(), host, nil
+	case "https":
+	default:
+		return nil, "", fmt.Errorf("xds: address %q: unsupported scheme %q", cfg.Address, u.Scheme)
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: u.Hostname(), NextProtos: []string{"h2"}}
+	if cfg.AltHostname != "" {
+		tc.ServerName = cfg.AltHostname
+	}
+	roots, err := loadRoots(cfg.RootCA)
+	if err != nil {
+		return nil, "", err
+	}
+	tc.RootCAs = roots
+	return credentials.NewTLS(tc), host, nil
+}
+
+func loadRoots(rootCA string) (*x509.CertPool, error) {
+	if rootCA == "SYSTEM" {
+		return nil, nil // crypto/tls uses the system pool
+	}
+	pem := []byte(rootCA)
+	if !strings.Contains(rootCA, "-----BEGIN") {
+		path := rootCA
+		if path == "" {
+			path = DefaultRootCA
+		}
+		var err error
+		if pem, err = os.ReadFile(path); err != nil {
+			return nil, fmt.Errorf("xds: root CA: %w", err)
+		}
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, errors.New("xds: root CA: no certificates found")
+	}
+	return pool, nil
+}
+
+// Synced is closed once every non-on-demand type has had its first response handled.
+func (c *Client) Synced() <-chan struct{} { return c.synced }
+
+// Run connects, streams and reconnects with ztunnel's backoff until ctx ends; it then returns
+// nil. The Store keeps the last good state while disconnected.
+func (c *Client) Run(ctx context.Context) error {
+	backoff := backoffInitial
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	for {
+		gotResponse, err := c.runStream(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if gotResponse {
+			backoff = backoffInitial
+		}
+		reason, delay := classify(err, gotResponse, backoff)
+		if delay == backoff {
+			backoff = min(backoff*2, backoffMax)
+		}
+		c.metrics.terminations.WithLabelValues(reason).Inc()
+		c.log.Warn("xds stream ended", "reason", reason, "error", err, "retry_in", delay)
+		timer.Reset(delay)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+		}
+	}
+}
+
+// classify maps a stream's end to a termination reason and a retry delay (REFERENCE §3).
+func classify(err error, gotResponse bool, backoff time.Duration) (string, time.Duration) {
+	if err == nil || errors.Is(err, io.EOF) {
+		return reasonComplete, 0
+	}
+	var ce *connectError
+	if errors.As(err, &ce) {
+		return reasonConnectionError, backoff
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return reasonError, backoff
+	}
+	switch st.Code() {
+	case codes.Unknown, codes.Canceled, codes.DeadlineExceeded:
+		return reasonReconnect, quickReconnect
+	case codes.Unavailable:
+		if m := st.Message(); strings.Contains(m, "transport is closing") || strings.Contains(m, "received prior goaway") {
+			return reasonReconnect, quickReconnect
+		}
+		if !gotResponse {
+			return reasonConnectionError, backoff
+		}
+	}
+	return reasonError, backoff
+}
+
+type connectError struct{ err error }
+
+func (e *connectError) Error() string { return "xds: connect: " + e.err.Error() }
+func (e *connectError) Unwrap() error { return e.err }
+
+func (c *Client) dialOptions() []grpc.DialOption {
+	dialer := &net.Dialer{
+		Timeout: connectTimeout,
+		KeepAliveConfig: net.KeepAliveConfig{
+			Enable: true, Idle: tcpKeepaliveIdle, Interval: tcpKeepaliveIntvl, Count: tcpKeepaliveCount,
+		},
+	}
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(c.creds),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return dialer.DialContext(ctx, "tcp", addr)
+		}),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTimeout, PermitWithoutStream: true}),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsgSize)),
+		grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: connectTimeout}),
+	}
+}
+
+func (c *Client) outgoingMD(ctx context.Context) (context.Context, error) {
+	md := metadata.Pairs("clusterid", c.cfg.ClusterID)
+	for k, v := range c.cfg.Headers {
+		md.Append(strings.ToLower(k), v)
+	}
+	if c.cfg.TokenFile != "" {
+		tok, err := os.ReadFile(c.cfg.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("xds: token: %w", err)
+		}
+		if t := strings.TrimSpace(string(tok)); t != "" {
+			md.Set("authorization", "Bearer "+t)
+		}
+	}
+	return metadata.NewOutgoingContext(ctx, md), nil
+}
+
+func (c *Client) node() *corev3.Node {
+	n := &corev3.Node{Id: c.cfg.NodeID}
+	if len(c.cfg.Metadata) > 0 {
+		fields := make(map[string]*structpb.Value, len(c.cfg.Metadata))
+		for k, v := range c.cfg.Metadata {
+			fields[k] = structpb.NewStringValue(v)
+		}
+		n.Metadata = &structpb.Struct{Fields: fields}
+	}
+	return n
+}
+
+// initialRequests builds the first request of each type for a new stream.
+func (c *Client) initialRequests() []*discoveryv3.DeltaDiscoveryRequest {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var reqs []*discoveryv3.DeltaDiscoveryRequest
+	for _, typ := range []string{xdspb.AddressType, xdspb.AuthorizationType} {
+		r := &discoveryv3.DeltaDiscoveryRequest{Node: c.node(), TypeUrl: typ}
+		if typ == xdspb.AddressType && c.cfg.OnDemand {
+			// "Subscribe to nothing": the wildcard is explicitly removed, then each name we
+			// demanded before is asked for again.
+			r.ResourceNamesSubscribe = []string{"*"}
+			r.ResourceNamesUnsubscribe = []string{"*"}
+			for name := range c.demanded {
+				r.ResourceNamesSubscribe = append(r.ResourceNamesSubscribe, name)
+			}
+		}
+		if v := c.versions[typ]; len(v) > 0 {
+			r.InitialResourceVersions = make(map[string]string, len(v))
+			for k, ver := range v {
+				r.InitialResourceVersions[k] = ver
+			}
+		}
+		reqs = append(reqs, r)
+	}
+	return reqs
+}
+
+func (c *Client) send(req *discoveryv3.DeltaDiscoveryRequest) error {
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	if c.stream == nil {
+		return errors.New("xds: not connected")
+	}
+	return c.stream.Send(req)
+}
+
+// runStream runs one connection and stream until it fails or ctx ends.
+func (c *Client) runStream(ctx context.Context) (gotResponse bool, err error) {
+	cc, err := grpc.NewClient("passthrough:///"+c.target, c.dialOptions()...)
+	if err != nil {
+		return false, &connectError{err}
+	}
+	defer cc.Close()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sctx, err = c.outgoingMD(sctx)
+	if err != nil {
+		return false, &connectError{err}
+	}
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(sctx)
+	if err != nil {
+		return false, &connectError{err}
+	}
+	c.sendMu.Lock()
+	c.stream = stream
+	c.sendMu.Unlock()
+	defer func() {
+		c.sendMu.Lock()
+		c.stream = nil
+		c.sendMu.Unlock()
+	}()
+	for _, req := range c.initialRequests() {
+		if err := c.send(req); err != nil {
+			if _, rerr := stream.Recv(); rerr != nil {
+				err = rerr // the real reason
+			}
+			return false, err
+		}
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return gotResponse, err
+		}
+		gotResponse = true
+		ack := c.handle(resp)
+		if err := c.send(ack); err != nil {
+			return gotResponse, err
+		}
+		c.markSeen(resp.GetTypeUrl())
+	}
+}
+
+func (c *Client) markSeen(typ string) {
+	c.mu.Lock()
+	c.seen[typ] = true
+	done := c.seen[xdspb.AuthorizationType] && (c.cfg.OnDemand || c.seen[xdspb.AddressType])
+	c.mu.Unlock()
+	if done {
+		c.syncedOnce.Do(func() { close(c.synced) })
+	}
+}
+
+// decoded is the outcome of converting one push, built without any lock held.
+type decoded struct {
+	batch    state.Batch
+	accepted map[string]string // name -> version
+	names    []string          // names and aliases seen (for on-demand waiters)
+	errs     []string          // "name: reason"
+}
+
+// decodeResponse converts every resource of a response; bad ones are listed in errs.
+func decodeResponse(resp *discoveryv3.DeltaDiscoveryResponse) *decoded {
+	d := &decoded{accepted: make(map[string]string, len(resp.GetResources()))}
+	typ := resp.GetTypeUrl()
+	for _, r := range resp.GetResources() {
+		name := r.GetName()
+		d.names = append(d.names, name)
+		d.names = append(d.names, r.GetAliases()...)
+		if err := decodeResource(typ, r, &d.batch); err != nil {
+			d.errs = append(d.errs, name+": "+err.Error())
+			continue
+		}
+		d.accepted[name] = r.GetVersion()
+	}
+	switch typ {
+	case xdspb.AddressType:
+		d.batch.RemoveAddresses = resp.GetRemovedResources()
+	case xdspb.AuthorizationType:
+		d.batch.RemovePolicies = resp.GetRemovedResources()
+	}
+	d.names = append(d.names, resp.GetRemovedResources()...)
+	return d
+}
+
+func decodeResource(typ string, r *discoveryv3.Resource, b *state.Batch) error {
+	anyMsg := r.GetResource()
+	if anyMsg == nil {
+		return errors.New("missing resource body")
+	}
+	if anyMsg.GetTypeUrl() != typ {
+		return fmt.Errorf("resource type %q in a %q response", anyMsg.GetTypeUrl(), typ)
+	}
+	switch typ {
+	case xdspb.AddressType:
+		var a workloadpb.Address
+		if err := proto.Unmarshal(anyMsg.GetValue(), &a); err != nil {
+			return fmt.Errorf("decode: %w", err)
+		}
+		w, s, err := ConvertAddress(&a)
+		if err != nil {
+			return err
+		}
+		if w != nil {
+			if w.UID != r.GetName() {
+				return fmt.Errorf("workload uid %q differs from resource name", w.UID)
+			}
+			b.Workloads = append(b.Workloads, w)
+		} else {
+			if s.Key() != r.GetName() {
+				return fmt.Errorf("service key %q differs from resource name", s.Key())
+			}
+			b.Services = append(b.Services, s)
+		}
+	case xdspb.AuthorizationType:
+		var a securitypb.Authorization
+		if err := proto.Unmarshal(anyMsg.GetValue(), &a); err != nil {
+			return fmt.Errorf("decode: %w", err)
+		}
+		p, err := ConvertAuthorization(&a)
+		if err != nil {
+			return err
+		}
+		if p.Key() != r.GetName() {
+			return fmt.Errorf("policy key %q differs from resource name", p.Key())
+		}
+		b.Policies = append(b.Policies, p)
+	}
+	return nil
+}
+
+// handle applies one response and returns its ACK or NACK.
+func (c *Client) handle(resp *discoveryv3.DeltaDiscoveryResponse) *discoveryv3.DeltaDiscoveryRequest {
+	typ := resp.GetTypeUrl()
+	c.metrics.messages.WithLabelValues(typ).Inc()
+	c.metrics.bytes.WithLabelValues(typ).Add(float64(proto.Size(resp)))
+	ack := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: typ, ResponseNonce: resp.GetNonce()}
+	if typ != xdspb.AddressType && typ != xdspb.AuthorizationType {
+		c.log.Warn("xds: ignoring unknown type", "type_url", typ)
+		return ack // unknown types are still ACKed
+	}
+	d := decodeResponse(resp)
+	c.store.Apply(&d.batch)
+
+	c.mu.Lock()
+	vers := c.versions[typ]
+	for _, r := range resp.GetResources() {
+		if v, ok := d.accepted[r.GetName()]; ok {
+			vers[r.GetName()] = v
+		} else {
+			delete(vers, r.GetName()) // rejected: leave it out so the server resends it
+		}
+	}
+	for _, name := range resp.GetRemovedResources() {
+		delete(vers, name)
+	}
+	var wake []chan struct{}
+	if typ == xdspb.AddressType {
+		for _, n := range d.names {
+			wake = append(wake, c.waiters[n]...)
+			delete(c.waiters, n)
+		}
+		for key, ws := range c.waiters {
+			if c.satisfied(key) {
+				wake = append(wake, ws...)
+				delete(c.waiters, key)
+			}
+		}
+	}
+	c.mu.Unlock()
+	for _, ch := range wake {
+		close(ch)
+	}
+	if len(d.errs) > 0 {
+		msg := strings.Join(d.errs, "; ")
+		c.log.Warn("xds: rejecting resources", "type_url", typ, "error", msg)
+		ack.ErrorDetail = &statuspb.Status{Code: int32(codes.InvalidArgument), Message: msg}
+	}
+	return ack
+}
+
+// satisfied reports whether an on-demand key is now in the store.
+func (c *Client) satisfied(key string) bool {
+	if c.store.WorkloadByUID(key) != nil || c.store.ServiceByKey(key) != nil {
+		return true
+	}
+	if i := strings.IndexByte(key, '/'); i >= 0 {
+		if ip, err := netip.ParseAddr(key[i+1:]); err == nil {
+			return c.store.WorkloadByIP(key[:i], ip) != nil || c.store.ServiceByVIP(key[:i], ip, "") != nil
+		}
+	}
+	return false
+}
+
+// Demand subscribes to one address resource on demand and waits until the server sends or
+// removes it, or ctx ends. Keys are "network/IP", a workload uid or "namespace/hostname".
+// Without OnDemand it returns at once: everything is already subscribed.
+func (c *Client) Demand(ctx context.Context, key string) error {
+	if !c.cfg.OnDemand {
+		return nil
+	}
+	ch := make(chan struct{})
+	c.mu.Lock()
+	if c.satisfied(key) {
+		c.mu.Unlock()
+		return nil
+	}
+	c.waiters[key] = append(c.waiters[key], ch)
+	c.demanded[key] = struct{}{}
+	c.mu.Unlock()
+	// When disconnected the next stream's initial request carries the name.
+	if err := c.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: xdspb.AddressType, ResourceNamesSubscribe: []string{key}}); err != nil {
+		c.log.Debug("xds: on-demand request deferred", "key", key, "error", err)
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		c.mu.Lock()
+		ws := c.waiters[key]
+		for i, w := range ws {
+			if w == ch {
+				c.waiters[key] = append(ws[:i:i], ws[i+1:]...)
+				break
+			}
+		}
+		if len(c.waiters[key]) == 0 {
+			delete(c.waiters, key)
+		}
+		c.mu.Unlock()
+		return fmt.Errorf("xds: on-demand %q: %w", key, ctx.Err())
+	}
+}
