@@ -1,0 +1,370 @@
+package certs_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/gozt/gozt/identity"
+	"github.com/gozt/gozt/identity/ca"
+	"github.com/gozt/gozt/identity/ca/catest"
+	"github.com/gozt/gozt/identity/certs"
+	"github.com/gozt/gozt/internal/leaktest"
+)
+
+var (
+	idA = identity.MustParse("spiffe://cluster.local/ns/a/sa/alice")
+	idB = identity.MustParse("spiffe://cluster.local/ns/b/sa/bob")
+	idC = identity.MustParse("spiffe://cluster.local/ns/c/sa/carol")
+)
+
+var errDown = errors.New("gated: CA down")
+
+// gatedCA signs real leaves with a test root but can be switched off or held, and records
+// when it was asked.
+type gatedCA struct {
+	root *catest.Root
+	ttl  time.Duration
+
+	mu          sync.Mutex
+	calls       []time.Time
+	fail        error
+	hold        chan struct{} // non-nil: Fetch waits for it to close
+	inflight    int
+	maxInflight int
+}
+
+func newGated(t *testing.T, ttl time.Duration) *gatedCA {
+	return &gatedCA{root: catest.NewRoot(t, "root"), ttl: ttl}
+}
+
+func (g *gatedCA) Fetch(ctx context.Context, id identity.ID) (*ca.Issued, error) {
+	g.mu.Lock()
+	g.calls = append(g.calls, time.Now())
+	fail, hold := g.fail, g.hold
+	g.inflight++
+	g.maxInflight = max(g.maxInflight, g.inflight)
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		g.inflight--
+		g.mu.Unlock()
+	}()
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if fail != nil {
+		return nil, fail
+	}
+	now := time.Now()
+	return g.root.IssueErr(id, now, now.Add(g.ttl))
+}
+
+func (g *gatedCA) Close() error { return nil }
+
+func (g *gatedCA) set(fail error, hold chan struct{}) {
+	g.mu.Lock()
+	g.fail, g.hold = fail, hold
+	g.mu.Unlock()
+}
+
+func (g *gatedCA) callTimes() []time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]time.Time(nil), g.calls...)
+}
+
+func mustCert(t *testing.T, m *certs.Manager, id identity.ID) *ca.Issued {
+	t.Helper()
+	iss, err := m.Certificate(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return iss
+}
+
+func TestRefreshAtHalfLife(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGated(t, time.Hour)
+		m := certs.New(certs.Config{}, g)
+		defer m.Close()
+		start := time.Now()
+		first := mustCert(t, m, idA)
+
+		time.Sleep(30*time.Minute - time.Millisecond)
+		synctest.Wait()
+		if n := len(g.callTimes()); n != 1 {
+			t.Fatalf("%d fetches before half-life; want 1", n)
+		}
+		if got := mustCert(t, m, idA); got != first {
+			t.Error("cached certificate not served before half-life")
+		}
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		calls := g.callTimes()
+		if len(calls) != 2 || calls[1].Sub(start) != 30*time.Minute {
+			t.Fatalf("fetches at %v; want a second one at exactly 30m", calls)
+		}
+		second := mustCert(t, m, idA)
+		if second.Certificate.Leaf.SerialNumber.Cmp(first.Certificate.Leaf.SerialNumber) == 0 {
+			t.Error("rotation did not replace the certificate")
+		}
+		time.Sleep(30 * time.Minute)
+		synctest.Wait()
+		if n := len(g.callTimes()); n != 3 {
+			t.Errorf("%d fetches after a full hour; want 3 (every half-life)", n)
+		}
+	})
+}
+
+// TestBackoffWhileCADown: the refresh fails, retries back off 1s, 2s, 4s ... capped at 150s
+// with ±20% jitter, the old certificate serves until it expires, then callers get the CA's
+// error, and the next retry after the CA returns makes it Available again.
+func TestBackoffWhileCADown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGated(t, time.Hour)
+		m := certs.New(certs.Config{}, g)
+		defer m.Close()
+		start := time.Now()
+		old := mustCert(t, m, idA)
+		g.set(errDown, nil)
+
+		time.Sleep(time.Hour - time.Second)
+		synctest.Wait()
+		if got := mustCert(t, m, idA); got != old {
+			t.Error("unexpired certificate not served while the CA is down")
+		}
+		calls := g.callTimes()
+		if calls[1].Sub(start) != 30*time.Minute {
+			t.Errorf("first refresh at %v; want 30m", calls[1].Sub(start))
+		}
+		base := time.Second
+		capped := 0
+		for i := 2; i < len(calls); i++ {
+			d := calls[i].Sub(calls[i-1])
+			lo, hi := time.Duration(float64(base)*0.8), time.Duration(float64(base)*1.2)
+			if d < lo || d > hi {
+				t.Errorf("retry %d after %v; want %v±20%%", i-1, d, base)
+			}
+			if base == 150*time.Second {
+				capped++
+			}
+			base = min(2*base, 150*time.Second)
+		}
+		if capped < 5 {
+			t.Errorf("only %d retries at the 150s cap in 30m of outage (%d calls)", capped, len(calls))
+		}
+
+		time.Sleep(2 * time.Second) // past NotAfter
+		_, err := m.Certificate(context.Background(), idA)
+		if err == nil || !strings.Contains(err.Error(), errDown.Error()) {
+			t.Fatalf("expired and CA down: err = %v; want the CA's error", err)
+		}
+		if d := m.Dump(); len(d) != 1 || !strings.HasPrefix(d[0].State, "Unavailable: ") || !strings.Contains(d[0].State, errDown.Error()) {
+			t.Errorf("dump = %+v; want Unavailable with the CA error", d)
+		}
+
+		g.set(nil, nil)
+		time.Sleep(181 * time.Second) // longer than the longest jittered backoff
+		synctest.Wait()
+		if got := mustCert(t, m, idA); got.Certificate.Leaf.SerialNumber.Cmp(old.Certificate.Leaf.SerialNumber) == 0 {
+			t.Error("still the expired certificate after the CA came back")
+		}
+		if d := m.Dump(); d[0].State != "Available" {
+			t.Errorf("state = %q after recovery; want Available", d[0].State)
+		}
+	})
+}
+
+// TestFailFastWhileBackingOff: with no certificate and a retry far away, callers get the last
+// error at once instead of each asking the CA again.
+func TestFailFastWhileBackingOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGated(t, time.Hour)
+		g.set(errDown, nil)
+		m := certs.New(certs.Config{FetchTimeout: 10 * time.Second}, g)
+		defer m.Close()
+		for range 6 { // each waits for the next retry while it is under 10s away
+			if _, err := m.Certificate(context.Background(), idA); err == nil {
+				t.Fatal("certificate while the CA is down")
+			}
+		}
+		n := len(g.callTimes())
+		start := time.Now()
+		_, err := m.Certificate(context.Background(), idA)
+		if err == nil || !strings.Contains(err.Error(), "next try in") || time.Since(start) != 0 {
+			t.Errorf("err = %v after %v; want an immediate error naming the next try", err, time.Since(start))
+		}
+		if got := len(g.callTimes()); got != n {
+			t.Errorf("caller triggered a CA call while backing off (%d -> %d)", n, got)
+		}
+	})
+}
+
+func TestConcurrentCallersShareFetch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGated(t, time.Hour)
+		hold := make(chan struct{})
+		g.set(nil, hold)
+		m := certs.New(certs.Config{}, g)
+		defer m.Close()
+		got := make([]*ca.Issued, 10)
+		var wg sync.WaitGroup
+		for i := range got {
+			wg.Go(func() { got[i], _ = m.Certificate(context.Background(), idA) })
+		}
+		m.Prefetch(idA)
+		synctest.Wait()
+		if d := m.Dump(); len(d) != 1 || d[0].State != "Initializing" {
+			t.Errorf("dump while fetching = %+v; want one Initializing entry", d)
+		}
+		close(hold)
+		wg.Wait()
+		if n := len(g.callTimes()); n != 1 {
+			t.Errorf("%d CA calls for 10 concurrent callers; want 1", n)
+		}
+		for i, c := range got {
+			if c == nil || c != got[0] {
+				t.Errorf("caller %d got %p; want the shared %p", i, c, got[0])
+			}
+		}
+	})
+}
+
+func TestMaxInflight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGated(t, time.Hour)
+		hold := make(chan struct{})
+		g.set(nil, hold)
+		m := certs.New(certs.Config{MaxInflight: 3}, g)
+		defer m.Close()
+		for i := range 10 {
+			id, _ := identity.New("", "ns", string(rune('a'+i)))
+			m.Prefetch(id)
+		}
+		synctest.Wait()
+		if n := len(g.callTimes()); n != 3 {
+			t.Errorf("%d CSRs in flight; want MaxInflight 3", n)
+		}
+		close(hold)
+		synctest.Wait()
+		if n := len(g.callTimes()); n != 10 || g.maxInflight != 3 {
+			t.Errorf("%d fetches, at most %d at once; want 10 and 3", n, g.maxInflight)
+		}
+		d := m.Dump()
+		if len(d) != 10 {
+			t.Fatalf("dump has %d entries; want 10", len(d))
+		}
+		for _, s := range d {
+			if s.State != "Available" || len(s.CertChain) != 1 || len(s.RootCerts) != 1 {
+				t.Errorf("entry %+v; want Available with leaf and root", s)
+			}
+		}
+	})
+}
+
+func TestFetchTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGated(t, time.Hour)
+		g.set(nil, make(chan struct{})) // never answers
+		m := certs.New(certs.Config{FetchTimeout: 2 * time.Second}, g)
+		defer m.Close()
+		start := time.Now()
+		_, err := m.Certificate(context.Background(), idA)
+		if err == nil || !strings.Contains(err.Error(), "no certificate after 2s") || time.Since(start) != 2*time.Second {
+			t.Errorf("err = %v after %v; want timeout after 2s", err, time.Since(start))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if _, err := m.Certificate(ctx, idA); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("caller's context: err = %v; want deadline exceeded", err)
+		}
+	})
+}
+
+func TestForget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGated(t, time.Hour)
+		m := certs.New(certs.Config{}, g)
+		defer m.Close()
+		mustCert(t, m, idA)
+		mustCert(t, m, idB)
+		m.Forget(idA)
+		m.Forget(idC) // unknown: no-op
+		time.Sleep(31 * time.Minute)
+		synctest.Wait()
+		if n := len(g.callTimes()); n != 3 {
+			t.Errorf("%d fetches; want 3 (A once, B twice: A's rotation stopped)", n)
+		}
+		if d := m.Dump(); len(d) != 1 || d[0].Identity != idB.String() {
+			t.Errorf("dump = %+v; want only %s", d, idB)
+		}
+		mustCert(t, m, idA)
+		if n := len(g.callTimes()); n != 4 {
+			t.Errorf("%d fetches; want a fresh fetch for the forgotten identity", n)
+		}
+	})
+}
+
+func TestClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGated(t, time.Hour)
+		g.set(nil, make(chan struct{}))
+		m := certs.New(certs.Config{}, g)
+		m.Prefetch(idA) // blocked in the CA until Close cancels it
+		synctest.Wait()
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Certificate(context.Background(), idA); err == nil || !strings.Contains(err.Error(), "closed") {
+			t.Errorf("after Close: err = %v", err)
+		}
+	})
+}
+
+// TestIstioCADownKeepsServing runs the manager against the real gRPC CA in real time with a
+// 4s lifetime: the refresh at half-life fails, is retried, the old leaf keeps serving until
+// it expires, then callers see the CA's error.
+func TestIstioCADownKeepsServing(t *testing.T) {
+	leaktest.Check(t)
+	srv := catest.StartIstio(t, catest.NewRoot(t, "root"), nil)
+	c, err := ca.New(context.Background(), ca.Config{Provider: "istio", Address: "http://" + srv.Addr, SecretTTL: 4 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	m := certs.New(certs.Config{}, c)
+	defer m.Close()
+	old := mustCert(t, m, idA)
+	srv.SetFail(catest.ErrUnavailable)
+
+	waitRequests := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); len(srv.Requests()) < n; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("CA saw %d requests; want %d", len(srv.Requests()), n)
+			}
+		}
+	}
+	waitRequests(3) // refresh + first backoff retry
+	if time.Now().Before(old.NotAfter.Add(-200 * time.Millisecond)) {
+		if got := mustCert(t, m, idA); got != old {
+			t.Error("old certificate not served while the CA is down")
+		}
+	}
+	time.Sleep(time.Until(old.NotAfter) + 50*time.Millisecond)
+	if _, err := m.Certificate(context.Background(), idA); err == nil || !strings.Contains(err.Error(), "CA down") {
+		t.Errorf("after expiry: err = %v; want the CA's error", err)
+	}
+}
