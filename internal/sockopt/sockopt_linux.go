@@ -1,0 +1,122 @@
+//go:build linux
+
+package sockopt
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// ip6tSOOriginalDst is IP6T_SO_ORIGINAL_DST from linux/netfilter_ipv6/ip6_tables.h; it has
+// the same value as SO_ORIGINAL_DST but lives at level SOL_IPV6.
+const ip6tSOOriginalDst = 80
+
+// OriginalDst returns the destination a connection had before iptables REDIRECT changed it:
+// SO_ORIGINAL_DST (IPv4, also on a dual-stack socket) first, then IP6T_SO_ORIGINAL_DST.
+// IPv4 results are plain IPv4 addresses, never v4-mapped. It fails when neither option
+// answers (no conntrack entry, or not a redirected connection); the TPROXY fallback to the
+// local address is the caller's choice.
+func OriginalDst(c *net.TCPConn) (netip.AddrPort, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("sockopt: original destination: %w", err)
+	}
+	var ap netip.AddrPort
+	var err4, err6 error
+	cerr := rc.Control(func(fd uintptr) {
+		if ap, err4 = getOriginalDst(int(fd), unix.SOL_IP, unix.SO_ORIGINAL_DST); err4 == nil {
+			return
+		}
+		ap, err6 = getOriginalDst(int(fd), unix.SOL_IPV6, ip6tSOOriginalDst)
+	})
+	if cerr != nil {
+		return netip.AddrPort{}, fmt.Errorf("sockopt: original destination: %w", cerr)
+	}
+	if err4 != nil && err6 != nil {
+		return netip.AddrPort{}, fmt.Errorf("sockopt: original destination: SO_ORIGINAL_DST: %w; IP6T_SO_ORIGINAL_DST: %w", err4, err6)
+	}
+	return ap, nil
+}
+
+func getOriginalDst(fd, level, opt int) (netip.AddrPort, error) {
+	var sa unix.RawSockaddrAny
+	n := uint32(unsafe.Sizeof(sa))
+	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt),
+		uintptr(unsafe.Pointer(&sa)), uintptr(unsafe.Pointer(&n)), 0)
+	if e != 0 {
+		return netip.AddrPort{}, e
+	}
+	switch sa.Addr.Family {
+	case unix.AF_INET:
+		if n < unix.SizeofSockaddrInet4 {
+			break
+		}
+		sa4 := (*unix.RawSockaddrInet4)(unsafe.Pointer(&sa))
+		return netip.AddrPortFrom(netip.AddrFrom4(sa4.Addr), ntohs(sa4.Port)), nil
+	case unix.AF_INET6:
+		if n < unix.SizeofSockaddrInet6 {
+			break
+		}
+		sa6 := (*unix.RawSockaddrInet6)(unsafe.Pointer(&sa))
+		return netip.AddrPortFrom(netip.AddrFrom16(sa6.Addr).Unmap(), ntohs(sa6.Port)), nil
+	}
+	return netip.AddrPort{}, fmt.Errorf("unexpected address family %d (%d bytes)", sa.Addr.Family, n)
+}
+
+// ntohs converts the network-order port of a raw sockaddr.
+func ntohs(p uint16) uint16 {
+	b := (*[2]byte)(unsafe.Pointer(&p))
+	return uint16(b[0])<<8 | uint16(b[1])
+}
+
+// SetMark sets SO_MARK, which routing rules and iptables use to recognise ztunnel's own
+// traffic. It needs CAP_NET_ADMIN.
+func SetMark(c syscall.RawConn, mark uint32) error {
+	return setInts(c, "SO_MARK", opt{unix.SOL_SOCKET, unix.SO_MARK, int(mark)})
+}
+
+// SetTransparent lets the socket bind to, and accept for, non-local addresses (TPROXY and
+// spoofed-source dials): IP_TRANSPARENT and IP_FREEBIND, or their IPv6 forms when v6. It
+// needs CAP_NET_ADMIN.
+func SetTransparent(c syscall.RawConn, v6 bool) error {
+	if v6 {
+		return setInts(c, "IPV6_TRANSPARENT",
+			opt{unix.SOL_IPV6, unix.IPV6_TRANSPARENT, 1}, opt{unix.SOL_IPV6, unix.IPV6_FREEBIND, 1})
+	}
+	return setInts(c, "IP_TRANSPARENT",
+		opt{unix.SOL_IP, unix.IP_TRANSPARENT, 1}, opt{unix.SOL_IP, unix.IP_FREEBIND, 1})
+}
+
+// Control returns a net.Dialer / net.ListenConfig Control function that sets SO_MARK to mark
+// before connect or bind; mark 0 sets nothing.
+func Control(mark uint32) func(network, address string, c syscall.RawConn) error {
+	return func(_, _ string, c syscall.RawConn) error {
+		if mark == 0 {
+			return nil
+		}
+		return SetMark(c, mark)
+	}
+}
+
+type opt struct{ level, name, value int }
+
+func setInts(c syscall.RawConn, what string, opts ...opt) error {
+	var serr error
+	err := c.Control(func(fd uintptr) {
+		for _, o := range opts {
+			if serr = unix.SetsockoptInt(int(fd), o.level, o.name, o.value); serr != nil {
+				return
+			}
+		}
+	})
+	if err = errors.Join(err, serr); err != nil {
+		return fmt.Errorf("sockopt: set %s: %w", what, err)
+	}
+	return nil
+}

@@ -1,0 +1,38 @@
+//go:build !linux
+
+package sockopt
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+)
+
+// OriginalDst needs Linux netfilter; elsewhere it always fails (callers fall back to the
+// local address).
+func OriginalDst(c *net.TCPConn) (netip.AddrPort, error) {
+	return netip.AddrPort{}, fmt.Errorf("sockopt: original destination: %w", errors.ErrUnsupported)
+}
+
+// SetMark is Linux-only.
+func SetMark(c syscall.RawConn, mark uint32) error {
+	return fmt.Errorf("sockopt: set SO_MARK: %w", errors.ErrUnsupported)
+}
+
+// SetTransparent is Linux-only.
+func SetTransparent(c syscall.RawConn, v6 bool) error {
+	return fmt.Errorf("sockopt: set IP_TRANSPARENT: %w", errors.ErrUnsupported)
+}
+
+// Control returns a Control function that fails if a mark is asked for, and does nothing for
+// mark 0, so dialers without a mark work everywhere.
+func Control(mark uint32) func(network, address string, c syscall.RawConn) error {
+	return func(_, _ string, c syscall.RawConn) error {
+		if mark == 0 {
+			return nil
+		}
+		return SetMark(c, mark)
+	}
+}
