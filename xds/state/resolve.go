@@ -3,7 +3,9 @@ package state
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
+	"strconv"
 
 	"github.com/gozt/gozt/identity"
 )
@@ -32,7 +34,7 @@ func (s *Store) Resolve(src *Workload, dst netip.AddrPort) (Route, error) {
 		if w.Waypoint != nil && !s.isWaypointLocked(src, w.Waypoint) {
 			return s.waypointRouteLocked(src, network, w.Waypoint, nil, dst)
 		}
-		r, err := s.directRouteLocked(network, nil, w, dst.Port(), dst.Addr())
+		r, err := s.directRouteLocked(network, nil, w, dst.Port(), dst)
 		if err != nil {
 			return Route{}, err
 		}
@@ -57,7 +59,7 @@ func (s *Store) Resolve(src *Workload, dst netip.AddrPort) (Route, error) {
 	if w == nil {
 		return Route{}, fmt.Errorf("%w for %s port %d", ErrNoHealthyEndpoint, svc.Key(), dst.Port())
 	}
-	r, err := s.directRouteLocked(network, svc, w, port, dst.Addr())
+	r, err := s.directRouteLocked(network, svc, w, port, dst)
 	if err != nil {
 		return Route{}, err
 	}
@@ -158,6 +160,9 @@ func (s *Store) waypointRouteLocked(src *Workload, network string, g *GatewayAdd
 	ids := []identity.ID{wp.Identity()}
 	if wp.Network != network {
 		r, err := s.doubleHBONELocked(svc, wp, g.Port(), dst)
+		if err == nil {
+			r.Authority = dst.String() // the waypoint still sees the original destination
+		}
 		if err != nil {
 			return Route{}, err
 		}
@@ -179,9 +184,10 @@ func (s *Store) waypointRouteLocked(src *Workload, network string, g *GatewayAdd
 }
 
 // directRouteLocked builds the route to workload w's targetPort, prefer being the dialed IP.
-func (s *Store) directRouteLocked(network string, svc *Service, w *Workload, targetPort uint16, prefer netip.Addr) (Route, error) {
+func (s *Store) directRouteLocked(network string, svc *Service, w *Workload, targetPort uint16, dst netip.AddrPort) (Route, error) {
+	prefer := dst.Addr()
 	if w.Network != network {
-		return s.doubleHBONELocked(svc, w, targetPort, netip.AddrPortFrom(prefer, targetPort))
+		return s.doubleHBONELocked(svc, w, targetPort, dst)
 	}
 	ip, ok := chooseIP(w, prefer)
 	if !ok {
@@ -200,6 +206,8 @@ func (s *Store) directRouteLocked(network string, svc *Service, w *Workload, tar
 }
 
 // doubleHBONELocked routes to a workload on another network through its network gateway.
+// The inner authority is service-hostname:service-port when a service was addressed (the
+// remote gateway resolves it), else the workload's podIP:targetPort.
 func (s *Store) doubleHBONELocked(svc *Service, w *Workload, targetPort uint16, dst netip.AddrPort) (Route, error) {
 	g := w.NetworkGateway
 	if g == nil {
@@ -218,9 +226,13 @@ func (s *Store) doubleHBONELocked(svc *Service, w *Workload, targetPort uint16, 
 	} else {
 		return Route{}, fmt.Errorf("%w: gateway %s not found", ErrNoGateway, g)
 	}
-	authority := dst.String()
-	if ip, ok := chooseIP(w, dst.Addr()); ok {
+	var authority string
+	if svc != nil {
+		authority = net.JoinHostPort(svc.Hostname, strconv.Itoa(int(dst.Port())))
+	} else if ip, ok := chooseIP(w, dst.Addr()); ok {
 		authority = netip.AddrPortFrom(ip, targetPort).String()
+	} else {
+		return Route{}, fmt.Errorf("%w: %s", ErrNoAddress, w.UID)
 	}
 	return Route{
 		Kind:      RouteDoubleHBONE,

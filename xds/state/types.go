@@ -282,8 +282,9 @@ type Route struct {
 	// (TCP), the gateway's IP:hbone port (double HBONE) or the original dst (passthrough).
 	Dial netip.AddrPort
 	// Authority is the CONNECT :authority for HBONE kinds: podIP:targetPort, or the original
-	// VIP:port when going via a waypoint. For double HBONE it is the inner authority
-	// (podIP:targetPort); the outer CONNECT to the gateway uses Service.Hostname:port.
+	// VIP:port when going via a waypoint. For double HBONE it is the inner CONNECT's
+	// authority: service-hostname:service-port when a service was addressed, else
+	// podIP:targetPort; the outer CONNECT goes to the gateway at Dial.
 	Authority  string
 	Identities []identity.ID // expected peer identities (service SANs + destination identity)
 	// Gateway is the network gateway workload for RouteDoubleHBONE (nil otherwise).

@@ -1,0 +1,247 @@
+package state
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/gozt/gozt/identity"
+)
+
+const echoKey = "default/echo.default.svc"
+
+func echo(mods ...func(*Service)) *Service {
+	return svc("default", "echo.default.svc", "10.96.0.10", append([]func(*Service){func(s *Service) {
+		s.SubjectAltNames = []string{"spiffe://cluster.local/ns/default/sa/echo-san"}
+	}}, mods...)...)
+}
+
+func TestResolve(t *testing.T) {
+	client := wl("client", "10.0.0.1")
+	wpGW := &GatewayAddress{Address: ip("10.0.0.100"), HBONEPort: 15008}
+	type want struct {
+		kind      RouteKind
+		dial      string
+		authority string
+		workload  string // name, "" for nil
+		service   bool
+		err       error
+	}
+	for _, tc := range []struct {
+		name  string
+		src   *Workload
+		wls   []*Workload
+		svcs  []*Service
+		dst   string
+		randN func(uint64) uint64
+		want  want
+	}{
+		{name: "rule8 hbone workload", wls: []*Workload{wl("server", "10.0.0.2")}, dst: "10.0.0.2:8080",
+			want: want{kind: RouteHBONE, dial: "10.0.0.2:15008", authority: "10.0.0.2:8080", workload: "server"}},
+		{name: "rule8 tcp workload", wls: []*Workload{wl("server", "10.0.0.2", func(w *Workload) { w.Protocol = TunnelNone })}, dst: "10.0.0.2:8080",
+			want: want{kind: RouteTCP, dial: "10.0.0.2:8080", workload: "server"}},
+		{name: "rule9 unknown is passthrough", dst: "1.2.3.4:443",
+			want: want{kind: RoutePassthrough, dial: "1.2.3.4:443"}},
+		{name: "rule4 service endpoint", wls: []*Workload{wl("server", "10.0.0.2", inSvc(echoKey, map[uint16]uint16{80: 8080}))},
+			svcs: []*Service{echo()}, dst: "10.96.0.10:80",
+			want: want{kind: RouteHBONE, dial: "10.0.0.2:15008", authority: "10.0.0.2:8080", workload: "server", service: true}},
+		{name: "rule4 missing service port", wls: []*Workload{wl("server", "10.0.0.2", inSvc(echoKey, nil))},
+			svcs: []*Service{echo()}, dst: "10.96.0.10:81", want: want{err: ErrNoServicePort}},
+		{name: "rule9 no healthy endpoint", wls: []*Workload{wl("server", "10.0.0.2", inSvc(echoKey, nil), func(w *Workload) { w.Healthy = false })},
+			svcs: []*Service{echo()}, dst: "10.96.0.10:80", want: want{err: ErrNoHealthyEndpoint}},
+		{name: "rule4 allow_all health policy", wls: []*Workload{wl("server", "10.0.0.2", inSvc(echoKey, nil), func(w *Workload) { w.Healthy = false })},
+			svcs: []*Service{echo(func(s *Service) { s.LoadBalancing = &LoadBalancing{HealthPolicy: AllowAll} })}, dst: "10.96.0.10:80",
+			want: want{kind: RouteHBONE, dial: "10.0.0.2:15008", authority: "10.0.0.2:8080", workload: "server", service: true}},
+		{name: "rule4 passthrough mode", wls: []*Workload{wl("server", "10.0.0.2", inSvc(echoKey, nil))},
+			svcs: []*Service{echo(func(s *Service) { s.LoadBalancing = &LoadBalancing{Mode: LBPassthrough} })}, dst: "10.96.0.10:80",
+			want: want{kind: RoutePassthrough, dial: "10.96.0.10:80", service: true}},
+		{name: "rule4 named port drops endpoint without it",
+			wls: []*Workload{
+				wl("named", "10.0.0.2", inSvc(echoKey, map[uint16]uint16{80: 9090})),
+				wl("unnamed", "10.0.0.3", inSvc(echoKey, nil)),
+			},
+			svcs: []*Service{echo(func(s *Service) { s.Ports = map[uint16]uint16{80: 0} })}, dst: "10.96.0.10:80",
+			want: want{kind: RouteHBONE, dial: "10.0.0.2:15008", authority: "10.0.0.2:9090", workload: "named", service: true}},
+		{name: "rule5 app tunnel uses service port",
+			wls:  []*Workload{wl("tun", "10.0.0.2", inSvc(echoKey, nil), func(w *Workload) { w.AppTunnel = &AppTunnel{Protocol: AppTunnelProxy} })},
+			svcs: []*Service{echo(func(s *Service) { s.Ports = map[uint16]uint16{80: 0} })}, dst: "10.96.0.10:80",
+			want: want{kind: RouteHBONE, dial: "10.0.0.2:15008", authority: "10.0.0.2:80", workload: "tun", service: true}},
+		{name: "rule4 address-less same-network endpoint dropped",
+			wls:  []*Workload{wl("hostonly", "", inSvc(echoKey, nil), func(w *Workload) { w.Hostname = "vm.example" })},
+			svcs: []*Service{echo()}, dst: "10.96.0.10:80", want: want{err: ErrNoHealthyEndpoint}},
+		{name: "rule3 service waypoint", wls: []*Workload{wl("server", "10.0.0.2", inSvc(echoKey, nil)), wl("waypoint", "10.0.0.100")},
+			svcs: []*Service{echo(func(s *Service) { s.Waypoint = wpGW })}, dst: "10.96.0.10:80",
+			want: want{kind: RouteWaypoint, dial: "10.0.0.100:15008", authority: "10.96.0.10:80", workload: "waypoint", service: true}},
+		{name: "rule3 source is the waypoint", src: wl("waypoint", "10.0.0.100"),
+			wls:  []*Workload{wl("server", "10.0.0.2", inSvc(echoKey, nil)), wl("waypoint", "10.0.0.100")},
+			svcs: []*Service{echo(func(s *Service) { s.Waypoint = wpGW })}, dst: "10.96.0.10:80",
+			want: want{kind: RouteHBONE, dial: "10.0.0.2:15008", authority: "10.0.0.2:8080", workload: "server", service: true}},
+		{name: "rule3 waypoint by hostname, via its service",
+			wls: []*Workload{wl("server", "10.0.0.2", inSvc(echoKey, nil)),
+				wl("wp-pod", "10.0.0.101", inSvc("default/wp.default.svc", nil))},
+			svcs: []*Service{
+				echo(func(s *Service) {
+					s.Waypoint = &GatewayAddress{Namespace: "default", Hostname: "wp.default.svc", HBONEPort: 15009}
+				}),
+				svc("default", "wp.default.svc", "10.96.0.200"),
+			}, dst: "10.96.0.10:80",
+			want: want{kind: RouteWaypoint, dial: "10.0.0.101:15009", authority: "10.96.0.10:80", workload: "wp-pod", service: true}},
+		{name: "rule3 weighted waypoints pick by weight", randN: func(n uint64) uint64 { return 5 }, // weights 5,5: 5 falls in the second
+			wls: []*Workload{wl("server", "10.0.0.2", inSvc(echoKey, nil)), wl("wp1", "10.0.0.101"), wl("wp2", "10.0.0.102")},
+			svcs: []*Service{echo(func(s *Service) {
+				s.Waypoint = wpGW
+				s.WeightedWaypoints = []WeightedWaypoint{{GatewayAddress{Address: ip("10.0.0.101")}, 5}, {GatewayAddress{Address: ip("10.0.0.102")}, 5}}
+			})}, dst: "10.96.0.10:80",
+			want: want{kind: RouteWaypoint, dial: "10.0.0.102:15008", authority: "10.96.0.10:80", workload: "wp2", service: true}},
+		{name: "rule3 missing waypoint is an error", wls: []*Workload{wl("server", "10.0.0.2", inSvc(echoKey, nil))},
+			svcs: []*Service{echo(func(s *Service) { s.Waypoint = &GatewayAddress{Namespace: "x", Hostname: "nope"} })}, dst: "10.96.0.10:80",
+			want: want{err: ErrWaypointNotFound}},
+		{name: "rule7 workload waypoint", wls: []*Workload{wl("server", "10.0.0.2", func(w *Workload) { w.Waypoint = wpGW }), wl("waypoint", "10.0.0.100")},
+			dst:  "10.0.0.2:8080",
+			want: want{kind: RouteWaypoint, dial: "10.0.0.100:15008", authority: "10.0.0.2:8080", workload: "waypoint"}},
+		{name: "rule10 remote network via gateway",
+			wls: []*Workload{
+				wl("remote", "", inSvc(echoKey, nil), func(w *Workload) {
+					w.Network = "net2"
+					w.NetworkGateway = &GatewayAddress{Network: "net2", Address: ip("192.0.2.1"), HBONEPort: 15009}
+				}),
+			},
+			svcs: []*Service{echo()}, dst: "10.96.0.10:80",
+			want: want{kind: RouteDoubleHBONE, dial: "192.0.2.1:15009", authority: "echo.default.svc:80", workload: "remote", service: true}},
+		{name: "rule10 remote network without gateway",
+			wls:  []*Workload{wl("remote", "10.1.0.2", inSvc(echoKey, nil), func(w *Workload) { w.Network = "net2" })},
+			svcs: []*Service{echo()}, dst: "10.96.0.10:80", want: want{err: ErrNoGateway}},
+		{name: "rule6 dialed IP kept for dual-stack workload",
+			wls:  []*Workload{wl("dual", "10.0.0.2", func(w *Workload) { w.Addresses = ips("10.0.0.2", "fd00::2") })},
+			dst:  "[fd00::2]:8080",
+			want: want{kind: RouteHBONE, dial: "[fd00::2]:15008", authority: "[fd00::2]:8080", workload: "dual"}},
+		{name: "rule6 service picks same family",
+			wls:  []*Workload{wl("dual", "10.0.0.2", inSvc(echoKey, nil), func(w *Workload) { w.Addresses = ips("10.0.0.2", "fd00::2") })},
+			svcs: []*Service{echo(func(s *Service) { s.Addresses = append(s.Addresses, vip("", "fd00::10")) })}, dst: "[fd00::10]:80",
+			want: want{kind: RouteHBONE, dial: "[fd00::2]:15008", authority: "[fd00::2]:8080", workload: "dual", service: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewStore()
+			if tc.randN != nil {
+				s.randN = tc.randN
+			}
+			s.Apply(&Batch{Workloads: append(tc.wls, client), Services: tc.svcs})
+			src := tc.src
+			if src == nil {
+				src = client
+			}
+			r, err := s.Resolve(src, ap(tc.dst))
+			if tc.want.err != nil {
+				if !errors.Is(err, tc.want.err) {
+					t.Fatalf("err = %v; want %v", err, tc.want.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Resolve: %v", err)
+			}
+			if r.Kind != tc.want.kind || r.Dial.String() != tc.want.dial || r.Authority != tc.want.authority {
+				t.Errorf("got %v dial %v authority %q; want %v %v %q", r.Kind, r.Dial, r.Authority, tc.want.kind, tc.want.dial, tc.want.authority)
+			}
+			if name := ""; r.Workload != nil {
+				name = r.Workload.Name
+				if name != tc.want.workload {
+					t.Errorf("workload %q; want %q", name, tc.want.workload)
+				}
+			} else if tc.want.workload != "" {
+				t.Errorf("no workload; want %q", tc.want.workload)
+			}
+			if (r.Service != nil) != tc.want.service {
+				t.Errorf("service = %v; want set=%v", r.Service, tc.want.service)
+			}
+			if r.Workload != nil && r.Kind != RoutePassthrough {
+				found := false
+				for _, id := range r.Identities {
+					found = found || id == r.Workload.Identity()
+				}
+				if !found {
+					t.Errorf("identities %v lack the destination's %v", r.Identities, r.Workload.Identity())
+				}
+			}
+		})
+	}
+}
+
+func TestResolveIdentitiesIncludeSANs(t *testing.T) {
+	s := NewStore()
+	s.Apply(&Batch{Workloads: []*Workload{wl("server", "10.0.0.2", inSvc(echoKey, nil))}, Services: []*Service{echo()}})
+	r, err := s.Resolve(nil, ap("10.96.0.10:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []identity.ID{identity.MustParse("spiffe://cluster.local/ns/default/sa/echo-san"), identity.MustParse("spiffe://cluster.local/ns/default/sa/server")}
+	if len(r.Identities) != 2 || r.Identities[0] != want[0] || r.Identities[1] != want[1] {
+		t.Errorf("identities = %v; want %v", r.Identities, want)
+	}
+}
+
+func TestLoadBalancing(t *testing.T) {
+	loc := func(region, zone string) func(*Workload) {
+		return func(w *Workload) { w.Locality = Locality{Region: region, Zone: zone} }
+	}
+	client := wl("client", "10.0.0.1", loc("r1", "z1"))
+	same := wl("same", "10.0.0.2", inSvc(echoKey, nil), loc("r1", "z1"))
+	region := wl("region", "10.0.0.3", inSvc(echoKey, nil), loc("r1", "z2"))
+	far := wl("far", "10.0.0.4", inSvc(echoKey, nil), loc("r2", "z9"))
+	prefs := []LBScope{ScopeRegion, ScopeZone}
+	pick := func(t *testing.T, s *Store) map[string]int {
+		t.Helper()
+		seen := map[string]int{}
+		for range 200 {
+			r, err := s.Resolve(client, ap("10.96.0.10:80"))
+			if err != nil {
+				t.Fatalf("Resolve: %v", err)
+			}
+			seen[r.Workload.Name]++
+		}
+		return seen
+	}
+	t.Run("failover prefers best rank", func(t *testing.T) {
+		s := NewStore()
+		s.Apply(&Batch{Workloads: []*Workload{client, same, region, far}, Services: []*Service{echo(func(s *Service) {
+			s.LoadBalancing = &LoadBalancing{Mode: LBFailover, RoutingPreference: prefs}
+		})}})
+		if got := pick(t, s); got["same"] != 200 {
+			t.Errorf("picks %v; want only same", got)
+		}
+		s.Apply(&Batch{RemoveAddresses: []string{same.UID}})
+		if got := pick(t, s); got["region"] != 200 {
+			t.Errorf("after losing zone: picks %v; want only region", got)
+		}
+		s.Apply(&Batch{RemoveAddresses: []string{region.UID}})
+		if got := pick(t, s); got["far"] != 200 {
+			t.Errorf("after losing region: picks %v; want far", got)
+		}
+	})
+	t.Run("strict keeps only full matches", func(t *testing.T) {
+		s := NewStore()
+		s.Apply(&Batch{Workloads: []*Workload{client, region, far}, Services: []*Service{echo(func(s *Service) {
+			s.LoadBalancing = &LoadBalancing{Mode: LBStrict, RoutingPreference: prefs}
+		})}})
+		if _, err := s.Resolve(client, ap("10.96.0.10:80")); !errors.Is(err, ErrNoHealthyEndpoint) {
+			t.Errorf("err = %v; want ErrNoHealthyEndpoint", err)
+		}
+		s.Apply(&Batch{Workloads: []*Workload{same}})
+		if got := pick(t, s); got["same"] != 200 {
+			t.Errorf("picks %v; want only same", got)
+		}
+	})
+	t.Run("unspecified mode spreads by capacity", func(t *testing.T) {
+		s := NewStore()
+		big := wl("big", "10.0.0.5", inSvc(echoKey, nil), func(w *Workload) { w.Capacity = 3 })
+		s.Apply(&Batch{Workloads: []*Workload{client, same, big}, Services: []*Service{echo()}})
+		seen := map[string]int{}
+		for range 4000 {
+			r, _ := s.Resolve(client, ap("10.96.0.10:80"))
+			seen[r.Workload.Name]++
+		}
+		ratio := float64(seen["big"]) / float64(seen["same"])
+		if ratio < 2.4 || ratio > 3.8 {
+			t.Errorf("capacity 3:1 gave %v (ratio %.2f)", seen, ratio)
+		}
+	})
+}

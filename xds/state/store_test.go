@@ -1,0 +1,221 @@
+package state
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+	"testing/synctest"
+
+	"github.com/gozt/gozt/identity"
+)
+
+func ip(s string) netip.Addr     { return netip.MustParseAddr(s) }
+func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+func ips(s ...string) []netip.Addr {
+	a := make([]netip.Addr, len(s))
+	for i, x := range s {
+		a[i] = ip(x)
+	}
+	return a
+}
+func vip(network, s string) NetworkAddress { return NetworkAddress{Network: network, Address: ip(s)} }
+
+func wl(name string, addr string, mods ...func(*Workload)) *Workload {
+	w := &Workload{
+		UID: "Kubernetes//v1/Pod/default/" + name, Name: name, Namespace: "default",
+		TrustDomain: "cluster.local", ServiceAccount: name, Protocol: TunnelHBONE,
+		Healthy: true, Capacity: 1,
+	}
+	if addr != "" {
+		w.Addresses = ips(addr)
+	}
+	for _, m := range mods {
+		m(w)
+	}
+	return w
+}
+
+func inSvc(key string, ports map[uint16]uint16) func(*Workload) {
+	return func(w *Workload) {
+		if w.Services == nil {
+			w.Services = map[string]map[uint16]uint16{}
+		}
+		w.Services[key] = ports
+	}
+}
+
+func svc(ns, host string, addr string, mods ...func(*Service)) *Service {
+	s := &Service{Name: strings.Split(host, ".")[0], Namespace: ns, Hostname: host, Ports: map[uint16]uint16{80: 8080}}
+	if addr != "" {
+		s.Addresses = []NetworkAddress{vip("", addr)}
+	}
+	for _, m := range mods {
+		m(s)
+	}
+	return s
+}
+
+func TestIndexes(t *testing.T) {
+	s := NewStore()
+	a := wl("a", "10.0.0.1", func(w *Workload) { w.Node = "n1" })
+	b := wl("b", "10.0.0.2", func(w *Workload) { w.Node = "n1"; w.NetworkMode = NetworkHostNetwork })
+	c := wl("c", "10.0.0.3", func(w *Workload) { w.Node = "n2"; w.Network = "net2" })
+	s.Apply(&Batch{Workloads: []*Workload{a, b, c}})
+
+	if got := s.WorkloadByIP("", ip("10.0.0.1")); got != a {
+		t.Errorf("WorkloadByIP(10.0.0.1) = %v; want a", got)
+	}
+	if got := s.WorkloadByIP("", ip("10.0.0.2")); got != nil {
+		t.Errorf("host-network workload indexed by IP: %v", got.UID)
+	}
+	if got := s.WorkloadByIP("", ip("10.0.0.3")); got != nil {
+		t.Errorf("workload on net2 found on default network")
+	}
+	if got := s.WorkloadByIP("net2", ip("10.0.0.3")); got != c {
+		t.Errorf("WorkloadByIP(net2/10.0.0.3) = %v; want c", got)
+	}
+	if got := s.FindWorkload("default", "b"); got != b {
+		t.Errorf("FindWorkload(default/b) = %v", got)
+	}
+	if got := s.WorkloadsOnNode("n1"); len(got) != 2 || got[0] != a || got[1] != b {
+		t.Errorf("WorkloadsOnNode(n1) = %v", got)
+	}
+	if got := a.Identity(); got != identity.MustParse("spiffe://cluster.local/ns/default/sa/a") {
+		t.Errorf("Identity = %v", got)
+	}
+
+	// Update moves a's IP: the old one must disappear from the index.
+	a2 := wl("a", "10.0.0.9")
+	s.Apply(&Batch{Workloads: []*Workload{a2}})
+	if s.WorkloadByIP("", ip("10.0.0.1")) != nil || s.WorkloadByIP("", ip("10.0.0.9")) != a2 {
+		t.Errorf("update did not move the IP index")
+	}
+	if got := s.WorkloadsOnNode("n1"); len(got) != 1 {
+		t.Errorf("node index after update: %d workloads; want 1", len(got))
+	}
+	s.Apply(&Batch{RemoveAddresses: []string{a2.UID, "no/such"}})
+	if s.WorkloadByUID(a2.UID) != nil || s.WorkloadByIP("", ip("10.0.0.9")) != nil || s.FindWorkload("default", "a") != nil {
+		t.Errorf("removed workload still indexed")
+	}
+	if n, _, _ := s.Len(); n != 2 {
+		t.Errorf("Len = %d; want 2", n)
+	}
+}
+
+func TestServiceByVIP(t *testing.T) {
+	s := NewStoreWith(Options{PreferredServiceNamespace: "pref"})
+	pub := svc("other", "x.other.svc", "10.96.0.1")
+	mine := svc("client", "x.client.svc", "10.96.0.1")
+	private := svc("secret", "p.secret.svc", "10.96.0.2", func(s *Service) { s.Visibility = VisibilityNamespace })
+	canon := svc("a", "c.a.svc", "10.96.0.3", func(s *Service) { s.Canonical = true })
+	noncanon := svc("b", "c.b.svc", "10.96.0.3")
+	pref := svc("pref", "d.pref.svc", "10.96.0.4")
+	other := svc("zzz", "d.zzz.svc", "10.96.0.4")
+	wide := svc("default", "wide.svc", "", func(s *Service) {
+		s.Addresses = []NetworkAddress{{Address: ip("10.100.0.0"), Prefix: netip.MustParsePrefix("10.100.0.0/16")}}
+	})
+	narrow := svc("default", "narrow.svc", "", func(s *Service) {
+		s.Addresses = []NetworkAddress{{Address: ip("10.100.1.0"), Prefix: netip.MustParsePrefix("10.100.1.0/24")}}
+	})
+	s.Apply(&Batch{Services: []*Service{pub, mine, private, noncanon, canon, other, pref, wide, narrow}})
+	for _, tc := range []struct {
+		ip, ns string
+		want   *Service
+	}{
+		{"10.96.0.1", "client", mine},    // client namespace preferred
+		{"10.96.0.1", "other", pub},      // its own namespace
+		{"10.96.0.2", "client", nil},     // namespace-visible only
+		{"10.96.0.2", "secret", private}, // same namespace sees it
+		{"10.96.0.3", "x", canon},        // canonical wins
+		{"10.96.0.4", "x", pref},         // PREFERED_SERVICE_NAMESPACE
+		{"10.100.1.7", "x", narrow},      // longest CIDR
+		{"10.100.2.7", "x", wide},
+		{"10.101.0.1", "x", nil},
+	} {
+		if got := s.ServiceByVIP("", ip(tc.ip), tc.ns); got != tc.want {
+			t.Errorf("ServiceByVIP(%s, ns %s) = %v; want %v", tc.ip, tc.ns, got, tc.want)
+		}
+	}
+	if got := s.ServiceByHostname("p.secret.svc", "client"); got != nil {
+		t.Errorf("ServiceByHostname ignores visibility")
+	}
+	if got := s.ServiceByHostname("c.a.svc", "client"); got != canon {
+		t.Errorf("ServiceByHostname = %v", got)
+	}
+	s.Apply(&Batch{RemoveAddresses: []string{mine.Key(), narrow.Key()}})
+	if got := s.ServiceByVIP("", ip("10.96.0.1"), "client"); got != pub {
+		t.Errorf("after removal ServiceByVIP = %v; want pub", got)
+	}
+	if got := s.ServiceByVIP("", ip("10.100.1.7"), "x"); got != wide {
+		t.Errorf("after CIDR removal = %v; want wide", got)
+	}
+}
+
+func TestPoliciesFor(t *testing.T) {
+	s := NewStore()
+	g := &Policy{Name: "g", Namespace: "istio-system", Scope: ScopeGlobal}
+	n := &Policy{Name: "n", Namespace: "default", Scope: ScopeNamespace}
+	o := &Policy{Name: "o", Namespace: "other", Scope: ScopeNamespace}
+	sel := &Policy{Name: "sel", Namespace: "default", Scope: ScopeWorkloadSelector}
+	unsel := &Policy{Name: "unsel", Namespace: "default", Scope: ScopeWorkloadSelector}
+	s.Apply(&Batch{Policies: []*Policy{g, n, o, sel, unsel}})
+	w := wl("a", "10.0.0.1", func(w *Workload) { w.AuthorizationPolicies = []string{"default/sel", "default/missing"} })
+	got := s.PoliciesFor(w)
+	var keys []string
+	for _, p := range got {
+		keys = append(keys, p.Key())
+	}
+	if want := "default/n,istio-system/g,default/sel"; strings.Join(keys, ",") != want {
+		t.Errorf("PoliciesFor = %v; want %v", keys, want)
+	}
+	s.Apply(&Batch{RemovePolicies: []string{"default/n"}})
+	if got := s.PoliciesFor(w); len(got) != 2 {
+		t.Errorf("after removal %d policies; want 2", len(got))
+	}
+}
+
+func TestSubscribe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := NewStore()
+		ctx, cancel := context.WithCancel(t.Context())
+		ch := s.Subscribe(ctx)
+		s.Apply(&Batch{Workloads: []*Workload{wl("a", "10.0.0.1")}})
+		s.Apply(&Batch{Workloads: []*Workload{wl("b", "10.0.0.2")}})
+		s.Apply(&Batch{}) // empty: no notification
+		select {
+		case <-ch:
+		default:
+			t.Fatal("no notification after apply")
+		}
+		select {
+		case <-ch:
+			t.Fatal("notifications not coalesced")
+		default:
+		}
+		cancel()
+		synctest.Wait()
+		if _, ok := <-ch; ok {
+			t.Fatal("channel not closed after ctx end")
+		}
+		s.Apply(&Batch{Workloads: []*Workload{wl("c", "10.0.0.3")}}) // must not panic
+	})
+}
+
+func TestLookupAllocs(t *testing.T) {
+	s := NewStore()
+	s.Apply(&Batch{Workloads: []*Workload{wl("a", "10.0.0.1")}, Services: []*Service{svc("default", "e.svc", "10.96.0.1")}})
+	a, v := ip("10.0.0.1"), ip("10.96.0.1")
+	if n := testing.AllocsPerRun(100, func() { _ = s.WorkloadByIP("", a) }); n != 0 {
+		t.Errorf("WorkloadByIP allocs = %v; want 0", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = s.ServiceByVIP("", v, "default") }); n != 0 {
+		t.Errorf("ServiceByVIP allocs = %v; want 0", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = s.WorkloadByUID("Kubernetes//v1/Pod/default/a") }); n != 0 {
+		t.Errorf("WorkloadByUID allocs = %v; want 0", n)
+	}
+}
+
+var _ = errors.Is
