@@ -30,8 +30,8 @@ type conn struct {
 	cfg     Config
 	server  bool
 	handler Handler
-	nc      net.Conn  // what frames are read from and written to (usually *tls.Conn)
-	bc      *bufConn  // coalescing layer under TLS, nil when the caller built the TLS conn
+	nc      net.Conn // what frames are read from and written to (usually *tls.Conn)
+	bc      *bufConn // coalescing layer under TLS, nil when the caller built the TLS conn
 	peer    identity.ID
 	fr      *http2.Framer
 	onClose func(*conn) // pool bookkeeping; called once, without c.mu held
@@ -69,6 +69,7 @@ type conn struct {
 	draining       bool          // we sent (or queued) GOAWAY
 	closed         bool
 	err            error
+	cause          error // what closeWith was called with (nil: deliberate clean close)
 	idleSince      time.Time
 	pingOut        bool
 	pingSent       time.Time
@@ -223,7 +224,7 @@ func (c *conn) onTick() {
 	if c.pingOut && now.Sub(c.pingSent) >= c.cfg.PingTimeout {
 		c.mu.Unlock()
 		slog.Debug("hbone: dropping connection, no PING ack", "remote", c.nc.RemoteAddr(), "timeout", c.cfg.PingTimeout)
-		c.closeWith(fmt.Errorf("hbone: no PING ack within %v", c.cfg.PingTimeout))
+		c.closeWith(fmt.Errorf("%w (%v)", errPingTimeout, c.cfg.PingTimeout))
 		return
 	}
 	if !c.pingOut {
@@ -364,6 +365,7 @@ func (c *conn) closeWith(err error) {
 	}
 	c.closed = true
 	c.goaway = true
+	c.cause = err
 	if err == nil {
 		err = ErrConnClosed
 	} else if !errors.Is(err, ErrConnClosed) {
@@ -376,7 +378,11 @@ func (c *conn) closeWith(err error) {
 	c.ops = nil
 	c.mu.Unlock()
 	close(c.done)
-	c.nc.Close()
+	if c.bc != nil {
+		c.bc.Conn.Close() // not tls.Conn.Close: its close_notify would bypass wmu
+	} else {
+		c.nc.Close()
+	}
 	if c.onClose != nil {
 		c.onClose(c)
 	}

@@ -40,6 +40,8 @@ var (
 	// errRefused marks a stream the peer never processed (safe to retry).
 	errRefused = errors.New("hbone: stream refused")
 	errClosed  = errors.New("hbone: pool or server closed")
+	// errPingTimeout ends a connection whose peer stopped answering PINGs.
+	errPingTimeout = errors.New("hbone: no PING ack in time")
 )
 
 // connError is a connection-level protocol error: we send GOAWAY with Code and close.

@@ -44,7 +44,8 @@ type env struct {
 	addr netip.AddrPort
 
 	mu    sync.Mutex
-	dials int // TLS connections the server accepted
+	dials int        // TCP connections the server accepted
+	raws  []net.Conn // those connections, for abrupt-close tests
 }
 
 func newEnv(t testing.TB, cfg Config, h Handler) *env {
@@ -70,6 +71,7 @@ func newEnv(t testing.TB, cfg Config, h Handler) *env {
 			}
 			e.mu.Lock()
 			e.dials++
+			e.raws = append(e.raws, raw)
 			e.mu.Unlock()
 			cwg.Add(1)
 			go func() {
@@ -115,4 +117,19 @@ func echo(r *Request) {
 	io.Copy(s, s)
 	s.CloseWrite()
 	io.Copy(io.Discard, s)
+}
+
+var (
+	e0 netip.AddrPort
+	z0 netip.Addr
+)
+
+func mustID(s string) identity.ID { return identity.MustParse(s) }
+
+func ids(ss ...string) []identity.ID {
+	var out []identity.ID
+	for _, s := range ss {
+		out = append(out, identity.MustParse(s))
+	}
+	return out
 }

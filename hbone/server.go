@@ -186,9 +186,12 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, bc *bufConn) error
 	err := c.readLoop()
 	c.fail(err)
 	c.wg.Wait()
+	c.mu.Lock()
+	cause := c.cause
+	c.mu.Unlock()
 	var ce connError
-	if errors.As(err, &ce) {
-		return err
+	if errors.As(cause, &ce) || errors.Is(cause, errPingTimeout) {
+		return fmt.Errorf("hbone: serve %s: %w", raw.RemoteAddr(), cause)
 	}
 	return nil // the peer or we closed the connection
 }
