@@ -34,7 +34,9 @@ var scenarioFuncs = map[string]func(context.Context, *run) error{
 // table cannot disagree.
 type Result struct {
 	Scenario string          `json:"scenario"`
+	Case     string          `json:"case,omitempty"` // set by the suite: "throughput/1", "rr", ...
 	Path     string          `json:"path,omitempty"` // set by the suite: "direct", "ztunnel", a peer chain
+	Rep      int             `json:"rep,omitempty"`  // set by the suite: repetition, from 1
 	Target   string          `json:"target"`
 	Conns    int             `json:"conns"`
 	Payload  int             `json:"payload"`

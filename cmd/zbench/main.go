@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strconv"
@@ -139,5 +140,64 @@ func scenario(ctx context.Context, name string, args []string) error {
 }
 
 func suite(ctx context.Context, args []string) error {
-	return errors.New("suite: not yet")
+	fs := flag.NewFlagSet("suite", flag.ContinueOnError)
+	var cfg bench.SuiteConfig
+	fs.BoolVar(&cfg.Short, "short", false, "quick preset: 1 repetition of 1s runs, 300 idle connections (what make bench runs)")
+	fs.BoolVar(&cfg.Peers, "peers", false, "also measure the tunnel chains peers.sh starts (relay, stunnel, haproxy, nginx, ghostunnel)")
+	fs.StringVar(&cfg.PeersScript, "peers-script", "", "peers.sh to run (default <repo>/../shared/bench/peers.sh)")
+	fs.StringVar(&cfg.Repo, "repo", "", "repository root (default: found from the working directory)")
+	fs.StringVar(&cfg.Ztunnel, "ztunnel", "", "ztunnel binary to run (default: go build ./cmd/ztunnel)")
+	fs.BoolVar(&cfg.NoZtunnel, "no-ztunnel", false, "leave the ztunnel path out")
+	fs.StringVar(&cfg.EchoAddr, "echo", "", "echo server address (default 127.0.0.3:8080, the server workload's)")
+	fs.IntVar(&cfg.Reps, "reps", 0, "repetitions of every run; the table shows medians (default 3, short 1)")
+	fs.DurationVar(&cfg.Duration, "duration", 0, "length of each run (default 5s, short 1s)")
+	fs.IntVar(&cfg.IdleConns, "idle-conns", 0, "connections the idle case holds (default 1000, short 300)")
+	fs.StringVar(&cfg.WorkDir, "workdir", "", "keep logs, binaries and the CA here (default: a temporary directory, removed)")
+	jsonPath := fs.String("json", "", "also write the report as JSON to this file (- for stdout, instead of the table)")
+	svgPath := fs.String("svg", "", "also write a chart of the latency distributions to this SVG file")
+	verbose := fs.Bool("v", false, "show tool output (peers.sh) and per-run failures as they happen")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+		cfg.Progress = os.Stderr
+	}
+	cfg.Log = io.Discard
+	if *verbose {
+		cfg.Log = os.Stderr
+	}
+	rep, err := bench.RunSuite(ctx, cfg)
+	if rep == nil {
+		return err
+	}
+	if *jsonPath != "-" {
+		rep.WriteTable(os.Stdout)
+	}
+	if *jsonPath != "" {
+		if werr := writeFile(*jsonPath, rep.WriteJSON); werr != nil {
+			return errors.Join(err, werr)
+		}
+	}
+	if *svgPath != "" {
+		if werr := writeFile(*svgPath, rep.WriteSVG); werr != nil {
+			return errors.Join(err, werr)
+		}
+	}
+	return err
+}
+
+// writeFile writes with f to path, or to stdout when path is "-".
+func writeFile(path string, f func(io.Writer) error) error {
+	if path == "-" {
+		return f(os.Stdout)
+	}
+	out, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := f(out); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }

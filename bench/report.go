@@ -1,0 +1,248 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Report is everything one suite run measured.
+type Report struct {
+	Started  time.Time     `json:"started"`
+	Elapsed  time.Duration `json:"elapsed_ns"`
+	CPUs     int           `json:"cpus"`
+	Reps     int           `json:"reps"`
+	Duration time.Duration `json:"run_duration_ns"`
+	Paths    []string      `json:"paths"`
+	Cases    []string      `json:"cases"`
+	Notes    []string      `json:"notes,omitempty"`
+	Errors   []RunError    `json:"errors,omitempty"`
+	Runs     []*Result     `json:"runs"`
+}
+
+// RunError is a run that failed; the suite records it and goes on.
+type RunError struct {
+	Case string `json:"case"`
+	Path string `json:"path"`
+	Rep  int    `json:"rep"`
+	Err  string `json:"error"`
+}
+
+// A metric is one row of the table: a figure taken from each run of one case.
+type metric struct {
+	caseName string
+	label    string
+	higher   bool // whether a larger value is better
+	format   string
+	get      func(*Result) (float64, bool)
+}
+
+func latencyMetric(c, label string, p float64) metric {
+	return metric{c, label, false, "%.0f", func(r *Result) (float64, bool) {
+		if r.Latency == nil || r.Latency.Count() == 0 {
+			return 0, false
+		}
+		return float64(r.Latency.Percentile(p)) / 1e3, true
+	}}
+}
+
+func procMetric(c, label, format string, f func(*Result) float64) metric {
+	return metric{c, label, false, format, func(r *Result) (float64, bool) {
+		if len(r.Procs) == 0 {
+			return 0, false
+		}
+		return f(r), true
+	}}
+}
+
+var metrics = []metric{
+	{"throughput/1", "Gbit/s, 1 conn", true, "%.2f", func(r *Result) (float64, bool) { return r.Gbps(), true }},
+	procMetric("throughput/1", "proxy CPU s/GB", "%.2f", (*Result).CPUPerGB),
+	{"throughput/8", "Gbit/s, 8 conns", true, "%.2f", func(r *Result) (float64, bool) { return r.Gbps(), true }},
+	procMetric("throughput/8", "proxy CPU s/GB", "%.2f", (*Result).CPUPerGB),
+	latencyMetric("pingpong", "p50 µs", 50),
+	latencyMetric("pingpong", "p99 µs", 99),
+	latencyMetric("rr", "p50 µs", 50),
+	latencyMetric("rr", "p90 µs", 90),
+	latencyMetric("rr", "p99 µs", 99),
+	latencyMetric("rr", "p99.9 µs", 99.9),
+	procMetric("rr", "vCPU per 1000 rps", "%.3f", (*Result).VCPUPer1000RPS),
+	procMetric("rr", "peak RSS per proc MB", "%.1f", func(r *Result) float64 { return float64(r.PeakRSSPerProc()) / 1e6 }),
+	{"connrate", "conns/s", true, "%.0f", func(r *Result) (float64, bool) { return r.OpsPerSec(), true }},
+	latencyMetric("connrate", "setup p50 µs", 50),
+	procMetric("connrate", "proxy CPU ms/conn", "%.3f", func(r *Result) float64 { return r.CPUPerOp().Seconds() * 1e3 }),
+	procMetric("idle", "KiB per idle conn", "%.1f", func(r *Result) float64 { return r.BytesPerIdleConn() / 1024 }),
+}
+
+// Row is one metric's median per path, and its ratio to each baseline path.
+type Row struct {
+	Case   string                        `json:"case"`
+	Metric string                        `json:"metric"`
+	Higher bool                          `json:"higher_is_better"`
+	Values map[string]float64            `json:"values"`
+	Ratios map[string]map[string]float64 `json:"ratios,omitempty"` // baseline -> path -> value/baseline
+}
+
+// baselines are the paths every figure is also shown as a ratio to, when present: no proxy
+// at all, and a plain-TCP relay chain (the cost of two hops without crypto).
+var baselines = []string{"direct", "relay"}
+
+// Table returns the medians of every metric over the repetitions.
+func (rep *Report) Table() []Row {
+	var rows []Row
+	for _, m := range metrics {
+		row := Row{Case: m.caseName, Metric: m.label, Higher: m.higher, Values: map[string]float64{}}
+		for _, p := range rep.Paths {
+			var vals []float64
+			for _, r := range rep.Runs {
+				if r.Case == m.caseName && r.Path == p {
+					if v, ok := m.get(r); ok {
+						vals = append(vals, v)
+					}
+				}
+			}
+			if len(vals) > 0 {
+				row.Values[p] = median(vals)
+			}
+		}
+		if len(row.Values) == 0 {
+			continue
+		}
+		for _, b := range baselines {
+			base, ok := row.Values[b]
+			if !ok || base == 0 {
+				continue
+			}
+			if row.Ratios == nil {
+				row.Ratios = map[string]map[string]float64{}
+			}
+			row.Ratios[b] = map[string]float64{}
+			for p, v := range row.Values {
+				row.Ratios[b][p] = v / base
+			}
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// WriteTable prints the comparison table: one block per case, a row per figure with the
+// median for each path, and below it the figure as a ratio to each baseline present.
+func (rep *Report) WriteTable(w io.Writer) {
+	fmt.Fprintf(w, "zbench suite: %d path(s), %d rep(s) of %v per run, %d CPUs, %v in all; medians.\n",
+		len(rep.Paths), rep.Reps, rep.Duration, rep.CPUs, rep.Elapsed.Round(time.Second))
+	fmt.Fprintln(w, "CPU and memory are the proxy processes' own (both hops); ↑ higher is better, ↓ lower is better.")
+	fmt.Fprintln(w, "throughput echoes: Gbit/s and s/GB count the bytes returned (each also crossed the path once outbound).")
+	const labelW = 34
+	colW := 11
+	for _, p := range rep.Paths {
+		colW = max(colW, len(p)+2)
+	}
+	header := fmt.Sprintf("%-*s", labelW, "")
+	for _, p := range rep.Paths {
+		header += fmt.Sprintf("%*s", colW, p)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, header)
+	fmt.Fprintln(w, strings.Repeat("─", len([]rune(header))))
+	lastCase := ""
+	for _, row := range rep.Table() {
+		m := metricByLabel(row.Case, row.Metric)
+		caseLabel := ""
+		if row.Case != lastCase {
+			caseLabel = row.Case
+			if lastCase != "" {
+				fmt.Fprintln(w)
+			}
+			lastCase = row.Case
+		}
+		arrow := "↓"
+		if row.Higher {
+			arrow = "↑"
+		}
+		line := fmt.Sprintf("%-13s%-*s", caseLabel, labelW-13, row.Metric+" "+arrow)
+		for _, p := range rep.Paths {
+			cell := "–"
+			if v, ok := row.Values[p]; ok {
+				cell = fmt.Sprintf(m.format, v)
+			}
+			line += fmt.Sprintf("%*s", colW, cell)
+		}
+		fmt.Fprintln(w, line)
+		for _, b := range baselines {
+			ratios, ok := row.Ratios[b]
+			if !ok || len(row.Values) < 2 {
+				continue
+			}
+			line := fmt.Sprintf("%-13s%-*s", "", labelW-13, "  × "+b)
+			for _, p := range rep.Paths {
+				cell := ""
+				if v, ok := ratios[p]; ok && p != b {
+					cell = fmt.Sprintf("%.2f", v)
+				}
+				line += fmt.Sprintf("%*s", colW, cell)
+			}
+			fmt.Fprintln(w, line)
+		}
+	}
+	for _, e := range rep.Errors {
+		fmt.Fprintf(w, "\nfailed: %s via %s (rep %d): %s", e.Case, e.Path, e.Rep, e.Err)
+	}
+	if len(rep.Errors) > 0 {
+		fmt.Fprintln(w)
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+}
+
+func metricByLabel(c, label string) metric {
+	for _, m := range metrics {
+		if m.caseName == c && m.label == label {
+			return m
+		}
+	}
+	return metric{format: "%g"}
+}
+
+// WriteJSON writes the report: every run with its figures, and the table of medians.
+func (rep *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(struct {
+		*Report
+		Table []Row `json:"table"`
+	}{rep, sanitize(rep.Table())})
+}
+
+// sanitize drops non-finite values, which JSON cannot carry.
+func sanitize(rows []Row) []Row {
+	for _, r := range rows {
+		for p, v := range r.Values {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				delete(r.Values, p)
+			}
+		}
+		for _, m := range r.Ratios {
+			for p, v := range m {
+				if math.IsNaN(v) || math.IsInf(v, 0) {
+					delete(m, p)
+				}
+			}
+		}
+	}
+	return rows
+}

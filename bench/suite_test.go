@@ -1,0 +1,124 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gozt/gozt/internal/leaktest"
+)
+
+// smokeConfig is a suite run too short to measure anything, long enough to run every case.
+func smokeConfig(t *testing.T) SuiteConfig {
+	return SuiteConfig{
+		NoZtunnel: true,
+		EchoAddr:  "127.0.0.1:0",
+		Reps:      2,
+		Duration:  50 * time.Millisecond,
+		IdleConns: 10,
+		WorkDir:   t.TempDir(),
+	}
+}
+
+func TestSuiteSmokeDirect(t *testing.T) {
+	leaktest.Check(t)
+	var progress bytes.Buffer
+	cfg := smokeConfig(t)
+	cfg.Progress = &progress
+	rep, err := RunSuite(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Errors) > 0 {
+		t.Fatalf("failed runs: %+v", rep.Errors)
+	}
+	// Every case but idle (no proxy to measure on the direct path), twice.
+	if want := 2 * (len(cfg.cases()) - 1); len(rep.Runs) != want {
+		t.Errorf("%d runs; want %d", len(rep.Runs), want)
+	}
+	var table bytes.Buffer
+	rep.WriteTable(&table)
+	for _, want := range []string{"direct", "Gbit/s, 1 conn", "conns/s", "p99.9 µs"} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, table.String())
+		}
+	}
+	var js bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var decoded struct {
+		Runs  []map[string]any `json:"runs"`
+		Table []Row            `json:"table"`
+	}
+	if err := json.Unmarshal(js.Bytes(), &decoded); err != nil {
+		t.Fatalf("json: %v", err)
+	}
+	if len(decoded.Runs) != len(rep.Runs) || len(decoded.Table) == 0 || decoded.Table[0].Values["direct"] <= 0 {
+		t.Errorf("json has %d runs and table %+v", len(decoded.Runs), decoded.Table)
+	}
+	var svg bytes.Buffer
+	if err := rep.WriteSVG(&svg); err != nil {
+		t.Fatal(err)
+	}
+	if s := svg.String(); !strings.HasPrefix(s, "<svg") || strings.Count(s, "<polyline") != 3 {
+		t.Errorf("svg has %d lines; want 3 (pingpong, rr, connrate on direct)", strings.Count(s, "<polyline"))
+	}
+}
+
+func TestSuiteStopsOnCancel(t *testing.T) {
+	leaktest.Check(t)
+	cfg := smokeConfig(t)
+	cfg.Duration = time.Minute
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	start := time.Now()
+	rep, err := RunSuite(ctx, cfg)
+	if err == nil || rep == nil {
+		t.Fatalf("cancelled suite: report %v, err %v; want a partial report and an error", rep != nil, err)
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Errorf("cancelled suite took %v", d)
+	}
+}
+
+func TestSuiteSmokePeers(t *testing.T) {
+	leaktest.Check(t)
+	for _, tool := range []string{"bash", "ss", "openssl", "stunnel", "haproxy", "nginx", "go"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("peers smoke test needs %s (peers.sh would install it; tests do not)", tool)
+		}
+	}
+	repo, err := findRepo()
+	if err != nil {
+		t.Skip(err)
+	}
+	script := filepath.Join(repo, "..", "shared", "bench", "peers.sh")
+	if _, err := os.Stat(script); err != nil {
+		t.Skipf("no peers.sh at %s", script)
+	}
+	t.Setenv("GOPROXY", "off") // no network in tests: ghostunnel is skipped unless already built
+	cfg := smokeConfig(t)
+	cfg.Peers, cfg.PeersScript, cfg.Reps = true, script, 1
+	rep, err := RunSuite(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Paths) < 2 {
+		t.Fatalf("paths %v, notes %v; want direct and at least one chain", rep.Paths, rep.Notes)
+	}
+	if len(rep.Errors) > 0 {
+		t.Errorf("failed runs: %+v", rep.Errors)
+	}
+	for _, r := range rep.Runs {
+		if r.Path != "direct" && len(r.Procs) == 0 {
+			t.Errorf("%s via %s: no proxy processes measured", r.Case, r.Path)
+		}
+	}
+}

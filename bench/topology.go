@@ -1,0 +1,234 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// A path is one way from the client to the echo server, with the processes that make it.
+type path struct {
+	name   string
+	target Target
+	procs  []Proc
+}
+
+// child is a process the suite started, in its own process group so that stopping it also
+// stops anything it started.
+type child struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited
+	err  error         // Wait's result, valid after done
+}
+
+// startChild starts bin with args and extra environment, output to logPath.
+func startChild(name, logPath string, env []string, dir, bin string, args ...string) (*child, error) {
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %s log: %w", name, err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("bench: start %s: %w", name, err)
+	}
+	c := &child{name: name, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		c.err = cmd.Wait()
+		logf.Close()
+		close(c.done)
+	}()
+	return c, nil
+}
+
+func (c *child) pid() int { return c.cmd.Process.Pid }
+
+// stop asks the process group to terminate, then kills it if it has not exited in 3 s. It
+// returns after the process has been reaped and is safe to call more than once.
+func (c *child) stop() {
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	syscall.Kill(-c.pid(), syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(3 * time.Second):
+		syscall.Kill(-c.pid(), syscall.SIGKILL)
+		<-c.done
+	}
+}
+
+// findRepo returns the nearest directory at or above the working directory whose go.mod
+// declares this module.
+func findRepo() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("bench: %w", err)
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && bytes.Contains(b, []byte("module github.com/gozt/gozt\n")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("bench: not inside the gozt repository (set the repository root)")
+		}
+		dir = parent
+	}
+}
+
+// ztunnelNode is one node's fixed addresses and identity in the two-node topology.
+type ztunnelNode struct {
+	name, ip, workload string
+	socks5             bool
+}
+
+var ztunnelNodes = []ztunnelNode{
+	{name: "ztunnel-a", ip: "127.0.0.2", workload: "default/client/client", socks5: true},
+	{name: "ztunnel-b", ip: "127.0.0.3", workload: "default/server/server"},
+}
+
+func (n ztunnelNode) env(repo, work string) []string {
+	env := []string{
+		"PROXY_MODE=dedicated",
+		"PROXY_WORKLOAD_INFO=" + n.workload,
+		"LOCAL_XDS_PATH=" + filepath.Join(repo, "examples", "two-nodes.yaml"),
+		"CA_PROVIDER=builtin",
+		"CA_DIR=" + filepath.Join(work, "ca"),
+		"XDS_ADDRESS=",
+	}
+	for _, kv := range []struct{ k, port string }{
+		{"ADMIN_ADDR", "15000"}, {"STATS_ADDR", "15020"}, {"READINESS_ADDR", "15021"},
+		{"OUTBOUND_ADDR", "15001"}, {"INBOUND_PLAINTEXT_ADDR", "15006"}, {"INBOUND_ADDR", "15008"},
+		{"DNS_PROXY_ADDR", "15053"},
+	} {
+		env = append(env, kv.k+"="+n.ip+":"+kv.port)
+	}
+	if n.socks5 {
+		env = append(env, "SOCKS5_ADDR="+n.ip+":15080")
+	}
+	return env
+}
+
+// startZtunnel builds (unless given a binary) and starts the two ztunnel nodes, one after the
+// other so that the first creates the shared built-in CA, and waits until both are ready.
+// The client reaches the echo server through node A's SOCKS5 listener, HBONE to node B, and
+// node B's inbound.
+func startZtunnel(ctx context.Context, repo, bin, work, echoAddr string, track func(*child)) (*path, error) {
+	if bin == "" {
+		bin = filepath.Join(work, "ztunnel")
+		build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/ztunnel")
+		build.Dir = repo
+		if out, err := build.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("bench: build ztunnel: %w\n%s", err, out)
+		}
+	}
+	p := &path{name: "ztunnel", target: Target{Addr: echoAddr, SOCKS5: "127.0.0.2:15080"}}
+	for _, n := range ztunnelNodes {
+		c, err := startChild(n.name, filepath.Join(work, n.name+".log"), n.env(repo, work), repo, bin)
+		if err != nil {
+			return nil, err
+		}
+		track(c)
+		if err := waitReady(ctx, c, "http://"+n.ip+":15021/healthz/ready"); err != nil {
+			return nil, fmt.Errorf("%w (log: %s)", err, filepath.Join(work, n.name+".log"))
+		}
+		p.procs = append(p.procs, Proc{Name: n.name, PID: c.pid()})
+	}
+	return p, nil
+}
+
+// waitReady polls url until it answers 200, the process exits, or 30 s pass.
+func waitReady(ctx context.Context, c *child, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	client := &http.Client{Timeout: time.Second}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if resp, err := client.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-c.done:
+			return fmt.Errorf("bench: %s exited before it was ready: %v", c.name, c.err)
+		case <-ctx.Done():
+			return fmt.Errorf("bench: %s not ready at %s: %w", c.name, url, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// peers runs peers.sh: "up" starts its chains in front of the echo server; stop runs "down".
+type peers struct {
+	script, state string
+}
+
+// up starts the chains and returns one path per chain that came up. The chains' processes
+// are read from the script's pid file: "PID NAME-s" and "PID NAME-c" lines per chain.
+func (pr *peers) up(ctx context.Context, echoAddr string, log io.Writer) ([]*path, error) {
+	cmd := exec.CommandContext(ctx, "bash", pr.script, "up", echoAddr, pr.state)
+	cmd.Stderr = log
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("bench: %s up: %w", pr.script, err)
+	}
+	chains := make(map[string][]Proc)
+	if b, err := os.ReadFile(filepath.Join(pr.state, "pids")); err == nil {
+		for line := range strings.SplitSeq(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) != 2 {
+				continue
+			}
+			pid, err := strconv.Atoi(f[0])
+			if err != nil {
+				continue
+			}
+			chain := strings.TrimSuffix(strings.TrimSuffix(f[1], "-s"), "-c")
+			chains[chain] = append(chains[chain], Proc{Name: f[1], PID: pid})
+		}
+	}
+	var paths []*path
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 || !strings.Contains(f[1], ":") {
+			continue
+		}
+		paths = append(paths, &path{name: f[0], target: Target{Addr: f[1]}, procs: chains[f[0]]})
+	}
+	return paths, nil
+}
+
+// down stops what up started. It runs even after the suite's context is cancelled.
+func (pr *peers) down(log io.Writer) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", pr.script, "down", pr.state)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.Run()
+}
