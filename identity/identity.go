@@ -58,6 +58,10 @@ func New(trustDomain, namespace, serviceAccount string) (ID, error) {
 	if namespace == "" {
 		return ID{}, fmt.Errorf("%w: empty namespace", ErrNotMeshID)
 	}
+	// A '/' inside a part would shift the component boundaries and make String unparseable.
+	if strings.Contains(trustDomain, "/") || strings.Contains(namespace, "/") || strings.Contains(serviceAccount, "/") {
+		return ID{}, fmt.Errorf("%w: '/' in %q, %q or %q", ErrNotMeshID, trustDomain, namespace, serviceAccount)
+	}
 	uri := scheme + trustDomain + "/ns/" + namespace + "/sa/" + serviceAccount
 	if len(uri) > 2048 {
 		return ID{}, fmt.Errorf("identity: %d-byte identity is too long", len(uri))
@@ -115,6 +119,23 @@ func (id ID) Principal() string {
 		return ""
 	}
 	return id.uri[len(scheme):]
+}
+
+// MarshalText makes IDs print as their URI in JSON and YAML (the zero ID as "").
+func (id ID) MarshalText() ([]byte, error) { return []byte(id.uri), nil }
+
+// UnmarshalText parses a strict mesh identity; "" gives the zero ID.
+func (id *ID) UnmarshalText(b []byte) error {
+	if len(b) == 0 {
+		*id = ID{}
+		return nil
+	}
+	v, err := Parse(string(b))
+	if err != nil {
+		return err
+	}
+	*id = v
+	return nil
 }
 
 // FromCert returns the first URI SAN of cert that parses as a mesh identity.
