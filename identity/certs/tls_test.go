@@ -130,7 +130,7 @@ func TestHandshakeAccepted(t *testing.T) {
 
 func TestHandshakeX25519Fallback(t *testing.T) {
 	leaktest.Check(t)
-	m, g, sc := setup(t)
+	_, g, sc := setup(t)
 	now := time.Now()
 	iss := g.root.Issue(t, idA, now, now.Add(time.Hour))
 	old := &tls.Config{ // a peer without ML-KEM, like an older Rust ztunnel
@@ -144,7 +144,6 @@ func TestHandshakeX25519Fallback(t *testing.T) {
 	if r.server.CurveID != tls.X25519 {
 		t.Errorf("key exchange %v; want X25519", r.server.CurveID)
 	}
-	_ = m
 }
 
 func TestHandshakeRejected(t *testing.T) {
