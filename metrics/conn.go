@@ -218,7 +218,7 @@ func (c *Conn) appendAttrs(a []slog.Attr) []slog.Attr {
 	l := &c.s.key.Labels
 	mtls := l.ConnectionSecurityPolicy == MutualTLS
 	a = appendKnown(a, "src.addr", c.log.SrcAddr)
-	a = appendKnown(a, "src.workload", l.SourceWorkload)
+	a = appendKnown(a, "src.workload", orKnown(l.SourceWorkload, l.SourceCanonicalService))
 	a = appendKnown(a, "src.namespace", l.SourceWorkloadNamespace)
 	if mtls {
 		a = appendKnown(a, "src.identity", l.SourcePrincipal)
@@ -227,13 +227,22 @@ func (c *Conn) appendAttrs(a []slog.Attr) []slog.Attr {
 	a = appendKnown(a, "dst.addr", c.log.DstAddr)
 	a = appendKnown(a, "dst.hbone_addr", c.log.HBONEAddr)
 	a = appendKnown(a, "dst.service", l.DestinationService)
-	a = appendKnown(a, "dst.workload", l.DestinationWorkload)
+	a = appendKnown(a, "dst.workload", orKnown(l.DestinationWorkload, l.DestinationCanonicalService))
 	a = appendKnown(a, "dst.namespace", l.DestinationWorkloadNamespace)
 	if mtls {
 		a = appendKnown(a, "dst.identity", l.DestinationPrincipal)
 	}
 	a = appendKnown(a, "dst.cluster", l.DestinationCluster)
 	return append(a, slog.String("direction", c.log.Direction))
+}
+
+// orKnown returns v, or fallback when v is unknown: ztunnel logs the canonical service when
+// it does not know the workload name.
+func orKnown(v, fallback string) string {
+	if v == "" || v == Unknown {
+		return fallback
+	}
+	return v
 }
 
 func appendKnown(a []slog.Attr, k, v string) []slog.Attr {

@@ -499,3 +499,19 @@ func BenchmarkOpenClose(b *testing.B) {
 		}
 	})
 }
+
+func TestAccessLogWorkloadFallback(t *testing.T) {
+	m, rec := newTestMetrics(t, slog.LevelInfo)
+	m.Open(Labels{Reporter: ReporterDest, SourceCanonicalService: "sleep-svc", DestinationWorkload: "echo-7f9"}, ConnLog{}).Close(0, 0, "", nil)
+	recs := rec.records()
+	if len(recs) != 1 {
+		t.Fatalf("got %d records; want 1 (DEBUG open is filtered)", len(recs))
+	}
+	a := attrs(recs[0])
+	if a["src.workload"] != "sleep-svc" || a["dst.workload"] != "echo-7f9" {
+		t.Errorf("src.workload=%q dst.workload=%q; want sleep-svc, echo-7f9", a["src.workload"], a["dst.workload"])
+	}
+	if _, ok := a["src.identity"]; ok {
+		t.Errorf("src.identity logged without mTLS")
+	}
+}

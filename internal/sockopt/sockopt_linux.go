@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -119,4 +120,15 @@ func setInts(c syscall.RawConn, what string, opts ...opt) error {
 		return fmt.Errorf("sockopt: set %s: %w", what, err)
 	}
 	return nil
+}
+
+// SetUserTimeout sets TCP_USER_TIMEOUT, how long sent data may stay unacknowledged before
+// the connection is dropped; ztunnel uses keepalive time + retries*interval when
+// USER_TIMEOUT_ENABLED is set. Zero restores the system default.
+func SetUserTimeout(c *net.TCPConn, d time.Duration) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("sockopt: set TCP_USER_TIMEOUT: %w", err)
+	}
+	return setInts(rc, "TCP_USER_TIMEOUT", opt{unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(d.Milliseconds())})
 }

@@ -149,6 +149,17 @@ func TestSetKeepalive(t *testing.T) {
 	}
 }
 
+func TestSetUserTimeout(t *testing.T) {
+	_, s := loopbackPair(t, "tcp4", "127.0.0.1:0")
+	rc, _ := s.SyscallConn()
+	if err := SetUserTimeout(s, 1800*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := getInt(t, rc, unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT); got != 1800000 {
+		t.Errorf("TCP_USER_TIMEOUT = %d ms; want 1800000", got)
+	}
+}
+
 func TestRaiseFileLimit(t *testing.T) {
 	var orig unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &orig); err != nil {

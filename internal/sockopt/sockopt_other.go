@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"syscall"
+	"time"
 )
 
 // OriginalDst needs Linux netfilter; elsewhere it always fails (callers fall back to the
@@ -35,4 +36,9 @@ func Control(mark uint32) func(network, address string, c syscall.RawConn) error
 		}
 		return SetMark(c, mark)
 	}
+}
+
+// SetUserTimeout is Linux-only.
+func SetUserTimeout(c *net.TCPConn, d time.Duration) error {
+	return fmt.Errorf("sockopt: set TCP_USER_TIMEOUT: %w", errors.ErrUnsupported)
 }

@@ -7,6 +7,7 @@
 package rbac
 
 import (
+	"iter"
 	"net/netip"
 	"strings"
 	"sync"
@@ -87,6 +88,20 @@ func Check(policies []*state.Policy, c Conn) Decision {
 func Matches(p *state.Policy, c Conn) bool {
 	c = c.normalize()
 	return matches(p, &c)
+}
+
+// DryRunMatches yields the dry-run policies that match the connection, so the proxy can log
+// what they would have done (REFERENCE §5: dry-run policies are only logged). It is separate
+// from Check to keep Check's cost independent of dry-run policies.
+func DryRunMatches(policies []*state.Policy, c Conn) iter.Seq[*state.Policy] {
+	c = c.normalize()
+	return func(yield func(*state.Policy) bool) {
+		for _, p := range policies {
+			if p != nil && p.DryRun && matches(p, &c) && !yield(p) {
+				return
+			}
+		}
+	}
 }
 
 // normalize unmaps IPv4-mapped IPv6 addresses (a dual-stack listener reports IPv4 clients as

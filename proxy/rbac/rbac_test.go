@@ -226,6 +226,22 @@ func TestCheck(t *testing.T) {
 	}
 }
 
+func TestDryRunMatches(t *testing.T) {
+	hit := state.Match{DestinationPorts: []uint16{8080}}
+	miss := state.Match{DestinationPorts: []uint16{1}}
+	ps := []*state.Policy{dryRun(deny("d1", hit)), deny("d2", hit), dryRun(allow("a1", miss)), nil, dryRun(allow("a2", hit))}
+	var got []string
+	for p := range DryRunMatches(ps, mtlsConn) {
+		got = append(got, p.Key())
+	}
+	if want := []string{"ns/d1", "ns/a2"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("got %v; want %v", got, want)
+	}
+	for range DryRunMatches(ps, mtlsConn) {
+		break // stopping early must not panic
+	}
+}
+
 func TestDecisionString(t *testing.T) {
 	d := Check([]*state.Policy{deny("d", state.Match{DestinationPorts: []uint16{8080}})}, mtlsConn)
 	if got, want := d.String(), "explicitly denied by: ns/d"; got != want {
