@@ -41,7 +41,7 @@ const (
 type Manager struct {
 	cfg    Config
 	client ca.Client
-	sem    chan struct{} // MaxInflight tokens
+	slots  *slots // MaxInflight CSR slots, callers first
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -61,6 +61,7 @@ type entry struct {
 	retryAt   time.Time     // when timer fires after a failure (zero otherwise)
 	backoff   time.Duration // last backoff used; 0 after a success
 	result    chan struct{} // closed and replaced each time a fetch ends
+	wait      *waiter       // the running fetch's place in the CSR queue
 	gen       uint64        // bumped when the timer is re-armed; a stale timer callback does nothing
 	forgotten bool
 }
@@ -97,7 +98,7 @@ func New(cfg Config, c ca.Client) *Manager {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
-		cfg: cfg, client: c, sem: make(chan struct{}, cfg.MaxInflight),
+		cfg: cfg, client: c, slots: newSlots(cfg.MaxInflight),
 		ctx: ctx, cancel: cancel, entries: make(map[identity.ID]*entry),
 	}
 	if n, ok := c.(ca.Notifier); ok {
@@ -133,7 +134,7 @@ func (m *Manager) followSource(n ca.Notifier) {
 		}
 		m.mu.Lock()
 		for _, e := range m.entries {
-			m.startFetchLocked(e)
+			m.startFetchLocked(e, false)
 		}
 		m.mu.Unlock()
 	}
@@ -167,7 +168,7 @@ func (m *Manager) get(ctx context.Context, id identity.ID) (*held, error) {
 	}
 	if e.fetching == nil {
 		if e.retryAt.IsZero() {
-			m.startFetchLocked(e)
+			m.startFetchLocked(e, true)
 		} else if e.retryAt.After(now.Add(m.cfg.FetchTimeout)) {
 			// Backing off with no retry before the caller would give up: fail fast rather
 			// than let every new connection hammer a CA that is down.
@@ -175,6 +176,9 @@ func (m *Manager) get(ctx context.Context, id identity.ID) (*held, error) {
 			m.mu.Unlock()
 			return nil, err
 		}
+	}
+	if e.wait != nil {
+		m.slots.promote(e.wait)
 	}
 	ch := e.result
 	m.mu.Unlock()
@@ -224,7 +228,7 @@ func (m *Manager) Prefetch(id identity.ID) {
 	}
 	e := m.entryLocked(id)
 	if e.cur == nil && e.fetching == nil && e.retryAt.IsZero() {
-		m.startFetchLocked(e)
+		m.startFetchLocked(e, false)
 	}
 }
 
@@ -244,8 +248,8 @@ func (m *Manager) Forget(id identity.ID) {
 	}
 }
 
-// startFetchLocked starts a fetch for e unless one is running.
-func (m *Manager) startFetchLocked(e *entry) {
+// startFetchLocked starts a fetch for e unless one is running; urgent when a caller waits.
+func (m *Manager) startFetchLocked(e *entry, urgent bool) {
 	if m.closed || e.forgotten || e.fetching != nil {
 		return
 	}
@@ -256,22 +260,24 @@ func (m *Manager) startFetchLocked(e *entry) {
 	e.gen++
 	e.retryAt = time.Time{}
 	e.fetching = make(chan struct{})
+	e.wait = newWaiter(urgent)
 	m.wg.Add(1)
-	go m.fetch(e)
+	go m.fetch(e, e.wait)
 }
 
 // fetch runs one CSR for e, bounded by MaxInflight, and schedules the next one.
-func (m *Manager) fetch(e *entry) {
+func (m *Manager) fetch(e *entry, w *waiter) {
 	defer m.wg.Done()
 	var iss *ca.Issued
-	var err error
-	select {
-	case m.sem <- struct{}{}:
+	err := m.slots.acquire(m.ctx, w)
+	if err != nil {
+		err = errors.New("certs: manager closed")
+	} else {
 		ctx, cancel := context.WithTimeout(m.ctx, fetchLimit)
 		start := time.Now()
 		iss, err = m.client.Fetch(ctx, e.id)
 		cancel()
-		<-m.sem
+		m.slots.release()
 		if err == nil {
 			if got, ierr := iss.Identity(); ierr != nil || got != e.id {
 				err = fmt.Errorf("certs: CA returned a certificate for %v, asked for %s", got, e.id)
@@ -280,8 +286,6 @@ func (m *Manager) fetch(e *entry) {
 		if err == nil {
 			slog.Debug("certs: fetched", "identity", e.id, "took", time.Since(start), "notAfter", iss.NotAfter)
 		}
-	case <-m.ctx.Done():
-		err = errors.New("certs: manager closed")
 	}
 
 	m.mu.Lock()
@@ -306,6 +310,7 @@ func (m *Manager) fetch(e *entry) {
 	}
 	close(e.fetching)
 	e.fetching = nil
+	e.wait = nil
 	close(e.result)
 	e.result = make(chan struct{})
 }
@@ -335,7 +340,7 @@ func (m *Manager) scheduleLocked(e *entry, d time.Duration, retry bool) {
 			return
 		}
 		e.retryAt = time.Time{}
-		m.startFetchLocked(e)
+		m.startFetchLocked(e, false)
 	})
 }
 

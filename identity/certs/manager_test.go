@@ -3,6 +3,7 @@ package certs_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -32,6 +33,7 @@ type gatedCA struct {
 
 	mu          sync.Mutex
 	calls       []time.Time
+	ids         []identity.ID // identity of each call
 	fail        error
 	hold        chan struct{} // non-nil: Fetch waits for it to close
 	inflight    int
@@ -45,6 +47,7 @@ func newGated(t *testing.T, ttl time.Duration) *gatedCA {
 func (g *gatedCA) Fetch(ctx context.Context, id identity.ID) (*ca.Issued, error) {
 	g.mu.Lock()
 	g.calls = append(g.calls, time.Now())
+	g.ids = append(g.ids, id)
 	fail, hold := g.fail, g.hold
 	g.inflight++
 	g.maxInflight = max(g.maxInflight, g.inflight)
@@ -271,6 +274,39 @@ func TestMaxInflight(t *testing.T) {
 	})
 }
 
+// TestCallersBeforePrefetch: with one CSR slot busy and prefetches queued, a caller's fetch
+// goes next, and so does a queued prefetch that a caller starts waiting for.
+func TestCallersBeforePrefetch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGated(t, time.Hour)
+		hold := make(chan struct{})
+		g.set(nil, hold)
+		m := certs.New(certs.Config{MaxInflight: 1}, g)
+		defer m.Close()
+		var bg []identity.ID
+		for i := range 5 {
+			id, _ := identity.New("", "bg", string(rune('a'+i)))
+			bg = append(bg, id)
+			m.Prefetch(id)
+			synctest.Wait() // queue in a known order
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() { m.Certificate(context.Background(), idA) })
+		synctest.Wait()
+		wg.Go(func() { m.Certificate(context.Background(), bg[4]) }) // promote a queued prefetch
+		synctest.Wait()
+		close(hold)
+		wg.Wait()
+		synctest.Wait()
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		want := []identity.ID{bg[0], idA, bg[4], bg[1], bg[2], bg[3]}
+		if !slices.Equal(g.ids, want) {
+			t.Errorf("CSR order %v; want %v", g.ids, want)
+		}
+	})
+}
+
 func TestFetchTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := newGated(t, time.Hour)
@@ -318,8 +354,10 @@ func TestClose(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := newGated(t, time.Hour)
 		g.set(nil, make(chan struct{}))
-		m := certs.New(certs.Config{}, g)
+		m := certs.New(certs.Config{MaxInflight: 1}, g)
 		m.Prefetch(idA) // blocked in the CA until Close cancels it
+		m.Prefetch(idB) // queued for a CSR slot
+		m.Prefetch(idC)
 		synctest.Wait()
 		if err := m.Close(); err != nil {
 			t.Fatal(err)

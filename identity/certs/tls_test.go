@@ -251,8 +251,13 @@ func BenchmarkHandshake(b *testing.B) {
 	ci, si := g.root.Issue(b, idA, now, now.Add(time.Hour)), g.root.Issue(b, idB, now, now.Add(time.Hour))
 	pool := x509.NewCertPool()
 	pool.AddCert(g.root.Cert)
-	baseC := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{ci.Certificate}, RootCAs: pool,
-		InsecureSkipVerify: true, SessionTicketsDisabled: true, NextProtos: []string{"h2"}}
+	baseC := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{ci.Certificate},
+		InsecureSkipVerify: true, SessionTicketsDisabled: true, NextProtos: []string{"h2"},
+		// The same chain check crypto/tls would do, without a host name (there is none).
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: pool})
+			return err
+		}}
 	baseS := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{si.Certificate}, ClientCAs: pool,
 		ClientAuth: tls.RequireAndVerifyClientCert, SessionTicketsDisabled: true, NextProtos: []string{"h2"}}
 	for _, bc := range []struct {
