@@ -36,7 +36,8 @@ const (
 	fetchLimit   = time.Minute // one CSR round trip may not take longer
 )
 
-// Manager caches certificates per identity. Its rotation timers and fetches belong to it;
+// Manager caches certificates per identity. An identity stays (and keeps rotating) from its
+// first Certificate or Prefetch until Forget. Its rotation timers and fetches belong to it;
 // Close stops them.
 type Manager struct {
 	cfg    Config
@@ -62,6 +63,7 @@ type entry struct {
 	backoff   time.Duration // last backoff used; 0 after a success
 	result    chan struct{} // closed and replaced each time a fetch ends
 	wait      *waiter       // the running fetch's place in the CSR queue
+	again     bool          // the source changed during the running fetch: fetch once more
 	gen       uint64        // bumped when the timer is re-armed; a stale timer callback does nothing
 	forgotten bool
 }
@@ -134,6 +136,9 @@ func (m *Manager) followSource(n ca.Notifier) {
 		}
 		m.mu.Lock()
 		for _, e := range m.entries {
+			if e.fetching != nil {
+				e.again = true // it may have read the old state
+			}
 			m.startFetchLocked(e, false)
 		}
 		m.mu.Unlock()
@@ -143,9 +148,6 @@ func (m *Manager) followSource(n ca.Notifier) {
 // Certificate returns the certificate for id: the cached one while unexpired, otherwise the
 // result of a fetch that concurrent callers share, waited for at most FetchTimeout.
 func (m *Manager) Certificate(ctx context.Context, id identity.ID) (*ca.Issued, error) {
-	if id.IsZero() {
-		return nil, errors.New("certs: certificate for the zero identity")
-	}
 	h, err := m.get(ctx, id)
 	if err != nil {
 		return nil, err
@@ -154,6 +156,9 @@ func (m *Manager) Certificate(ctx context.Context, id identity.ID) (*ca.Issued, 
 }
 
 func (m *Manager) get(ctx context.Context, id identity.ID) (*held, error) {
+	if id.IsZero() {
+		return nil, errors.New("certs: certificate for the zero identity")
+	}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -313,6 +318,10 @@ func (m *Manager) fetch(e *entry, w *waiter) {
 	e.wait = nil
 	close(e.result)
 	e.result = make(chan struct{})
+	if e.again {
+		e.again = false
+		m.startFetchLocked(e, false)
+	}
 }
 
 // scheduleLocked arms e's timer to fetch again after d.
