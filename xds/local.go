@@ -448,6 +448,10 @@ func ParseLocal(name string, data []byte) (*state.Batch, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) { // empty file: empty config
+		var te *yaml.TypeError
+		if errors.As(err, &te) { // one line per problem, each "line N: ..."
+			return nil, fmt.Errorf("xds: %s: %s", name, strings.Join(te.Errors, "; "))
+		}
 		return nil, fmt.Errorf("xds: %s: %w", name, err)
 	}
 	var root yaml.Node
@@ -463,7 +467,7 @@ func ParseLocal(name string, data []byte) (*state.Batch, error) {
 				b.Workloads = append(b.Workloads, w)
 				continue
 			}
-			err = fmt.Errorf("%s: %w", wl(), err)
+			err = fmt.Errorf("%s: %s", wl(), strings.TrimPrefix(err.Error(), "xds: "))
 		}
 		return nil, fmt.Errorf("xds: %s: %w", name, err)
 	}
@@ -476,7 +480,7 @@ func ParseLocal(name string, data []byte) (*state.Batch, error) {
 				b.Services = append(b.Services, s)
 				continue
 			}
-			err = fmt.Errorf("%s: %w", sl(), err)
+			err = fmt.Errorf("%s: %s", sl(), strings.TrimPrefix(err.Error(), "xds: "))
 		}
 		return nil, fmt.Errorf("xds: %s: %w", name, err)
 	}
@@ -489,7 +493,7 @@ func ParseLocal(name string, data []byte) (*state.Batch, error) {
 				b.Policies = append(b.Policies, pol)
 				continue
 			}
-			err = fmt.Errorf("%s: %w", pl(), err)
+			err = fmt.Errorf("%s: %s", pl(), strings.TrimPrefix(err.Error(), "xds: "))
 		}
 		return nil, fmt.Errorf("xds: %s: %w", name, err)
 	}
