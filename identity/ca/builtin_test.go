@@ -6,9 +6,12 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -130,5 +133,41 @@ func TestBuiltinPluggedCerts(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, ca.CAKeyFile), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
 	if _, err := ca.NewBuiltin(dir, time.Hour); err == nil {
 		t.Error("mismatched ca-key.pem accepted")
+	}
+}
+
+// TestBuiltinSharedDirProcesses starts several processes (this test binary) on one empty
+// directory at once, as several nodes sharing a volume would; all must load the same root.
+func TestBuiltinSharedDirProcesses(t *testing.T) {
+	if dir := os.Getenv("GOZT_TEST_CA_DIR"); dir != "" {
+		c, err := ca.NewBuiltin(dir, time.Hour)
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("root=%s\n", c.Roots()[0].SerialNumber)
+		os.Exit(0)
+	}
+	dir := filepath.Join(t.TempDir(), "shared")
+	const n = 4
+	outs := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestBuiltinSharedDirProcesses$")
+			cmd.Env = append(os.Environ(), "GOZT_TEST_CA_DIR="+dir)
+			out, err := cmd.Output()
+			outs[i], errs[i] = strings.TrimSpace(string(out)), err
+		})
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil || !strings.HasPrefix(outs[i], "root=") {
+			t.Fatalf("process %d: %v: %q", i, errs[i], outs[i])
+		}
+		if outs[i] != outs[0] {
+			t.Errorf("process %d loaded %s; process 0 loaded %s", i, outs[i], outs[0])
+		}
 	}
 }
