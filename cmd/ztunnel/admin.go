@@ -1,0 +1,114 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"html"
+	"log/slog"
+	"net/http"
+	"net/http/pprof"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// readiness tracks the start-up tasks that must finish before the node reports ready.
+type readiness struct {
+	mu      sync.Mutex
+	pending map[string]bool
+}
+
+func newReadiness() *readiness { return &readiness{pending: map[string]bool{}} }
+
+// add registers a task; done clears it. A task that is never added is never waited for.
+func (r *readiness) add(task string) {
+	r.mu.Lock()
+	r.pending[task] = true
+	r.mu.Unlock()
+}
+
+func (r *readiness) done(task string) {
+	r.mu.Lock()
+	delete(r.pending, task)
+	r.mu.Unlock()
+}
+
+func (r *readiness) pendingTasks() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for t := range r.pending {
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (r *readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	if req.URL.Path != "/healthz/ready" {
+		http.NotFound(w, req)
+		return
+	}
+	if p := r.pendingTasks(); len(p) > 0 {
+		w.WriteHeader(http.StatusInternalServerError)
+		fmt.Fprintf(w, "not ready, pending: %s\n", strings.Join(p, ", "))
+		return
+	}
+	fmt.Fprint(w, "ready\n")
+}
+
+// adminHandler serves the admin port: an index, the config dump, log levels, shutdown and
+// pprof. dump returns the sections of /config_dump; quit starts a graceful shutdown.
+func adminHandler(level *slog.LevelVar, dump func() map[string]any, quit func()) http.Handler {
+	mux := http.NewServeMux()
+	endpoints := []struct{ path, help string }{
+		{"/config_dump", "workloads, services, policies, certificates, config and version as JSON"},
+		{"/logging", "POST ?level=debug|info|warn|error sets the log level"},
+		{"/quitquitquit", "POST starts a graceful shutdown"},
+		{"/debug/pprof/", "Go profiles"},
+	}
+	mux.HandleFunc("/{$}", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		fmt.Fprint(w, "<html><head><title>ztunnel admin</title></head><body><h1>ztunnel (gozt) admin</h1><ul>\n")
+		for _, e := range endpoints {
+			fmt.Fprintf(w, "<li><a href=%q>%s</a>: %s</li>\n", e.path, e.path, html.EscapeString(e.help))
+		}
+		fmt.Fprint(w, "</ul></body></html>\n")
+	})
+	mux.HandleFunc("/config_dump", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(dump()); err != nil {
+			slog.Warn("admin: config dump", "err", err)
+		}
+	})
+	mux.HandleFunc("/logging", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			fmt.Fprint(w, "usage: POST /logging?level=debug|info|warn|error\n")
+			return
+		}
+		if v := r.URL.Query().Get("level"); v != "" {
+			if err := level.UnmarshalText([]byte(v)); err != nil {
+				http.Error(w, fmt.Sprintf("bad level %q: want debug, info, warn or error", v), http.StatusBadRequest)
+				return
+			}
+		}
+		fmt.Fprintf(w, "current log level is %s\n", strings.ToLower(level.Level().String()))
+	})
+	mux.HandleFunc("/quitquitquit", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			http.Error(w, "use POST", http.StatusMethodNotAllowed)
+			return
+		}
+		fmt.Fprint(w, "shutdown now\n")
+		quit()
+	})
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
+}

@@ -1,0 +1,347 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// config is every setting of the binary, read once at start from the environment (Istio
+// ztunnel's variable names where one exists) and flags. main turns it into each package's
+// own Config; no package reads the environment itself.
+type config struct {
+	AdminAddr, StatsAddr, ReadinessAddr                         string
+	OutboundAddr, InboundPlaintextAddr, InboundAddr, Socks5Addr string
+	DNSProxyAddr                                                string
+	EnableSocks5                                                bool
+
+	ProxyMode         string // shared | dedicated
+	ProxyWorkloadInfo string // namespace/name/serviceaccount
+	NodeName          string
+	Network           string
+	ClusterID         string
+	ClusterDomain     string
+	TrustDomain       string
+	PodName           string
+	PodNamespace      string
+	InstanceIP        string
+
+	XDSAddress     string
+	XDSRootCA      string
+	AltXDSHostname string
+	AuthToken      string
+	XDSOnDemand    bool
+	LocalXDSPath   string
+
+	CAProvider    string
+	CAAddress     string
+	CARootCA      string
+	AltCAHostname string
+	CADir         string
+	SpiffeSocket  string
+	SecretTTL     time.Duration
+
+	PoolMaxStreams      int
+	PoolUnusedRelease   time.Duration
+	StreamWindow        uint32
+	ConnWindow          uint32
+	FrameSize           uint32
+	TerminationDeadline time.Duration
+	PacketMark          uint32
+	EnableOrigSrc       string // true | false | "" (best effort)
+	KeepaliveEnabled    bool
+	KeepaliveTime       time.Duration
+	KeepaliveInterval   time.Duration
+	KeepaliveRetries    int
+
+	LogLevel  string
+	LogFormat string
+
+	XDSHeaders map[string]string // XDS_HEADER_<NAME>
+	CAHeaders  map[string]string // CA_HEADER_<NAME>
+	ProxyMeta  map[string]string // ISTIO_META_<NAME>
+}
+
+// setting is one row of the configuration table: it drives parsing, --help and the README
+// table (a test checks the README against it, so they cannot drift).
+type setting struct {
+	env  string
+	def  string
+	form string // accepted forms, shown in errors and docs
+	help string
+	set  func(c *config, v string) error
+}
+
+func settings() []setting {
+	return []setting{
+		addr("ADMIN_ADDR", "localhost:15000", "admin server: /config_dump, /logging, /quitquitquit, /debug/pprof", func(c *config) *string { return &c.AdminAddr }),
+		addr("STATS_ADDR", "[::]:15020", "Prometheus metrics (/metrics, /stats/prometheus)", func(c *config) *string { return &c.StatsAddr }),
+		addr("READINESS_ADDR", "[::]:15021", "readiness (/healthz/ready)", func(c *config) *string { return &c.ReadinessAddr }),
+		addr("OUTBOUND_ADDR", "[::]:15001", "outbound capture (original destination from SO_ORIGINAL_DST)", func(c *config) *string { return &c.OutboundAddr }),
+		addr("INBOUND_PLAINTEXT_ADDR", "[::]:15006", "inbound plaintext capture", func(c *config) *string { return &c.InboundPlaintextAddr }),
+		addr("INBOUND_ADDR", "[::]:15008", "inbound HBONE (mTLS HTTP/2 CONNECT); peers always dial port 15008 of a pod IP", func(c *config) *string { return &c.InboundAddr }),
+		addr("SOCKS5_ADDR", "127.0.0.1:15080", "SOCKS5 outbound; on when UNSTABLE_ENABLE_SOCKS5=true or this is set", func(c *config) *string { return &c.Socks5Addr }),
+		addr("DNS_PROXY_ADDR", "localhost:15053", "DNS proxy (UDP and TCP)", func(c *config) *string { return &c.DNSProxyAddr }),
+		boolean("UNSTABLE_ENABLE_SOCKS5", "false", "start the SOCKS5 listener", func(c *config) *bool { return &c.EnableSocks5 }),
+
+		enum("PROXY_MODE", "shared", "shared: every workload on NODE_NAME; dedicated: the one workload of PROXY_WORKLOAD_INFO", []string{"shared", "dedicated"}, func(c *config) *string { return &c.ProxyMode }),
+		{env: "PROXY_WORKLOAD_INFO", form: "namespace/name/serviceaccount", help: "the workload a dedicated proxy serves (required when PROXY_MODE=dedicated)", set: func(c *config, v string) error {
+			if v != "" && (strings.Count(v, "/") != 2 || strings.Contains(v, "//") || strings.HasPrefix(v, "/") || strings.HasSuffix(v, "/")) {
+				return errors.New("want three non-empty parts")
+			}
+			c.ProxyWorkloadInfo = v
+			return nil
+		}},
+		str("NODE_NAME", "", "this node's name; workloads on it are served in shared mode", func(c *config) *string { return &c.NodeName }),
+		str("NETWORK", "", "this node's network", func(c *config) *string { return &c.Network }),
+		str("CLUSTER_ID", "Kubernetes", "cluster id sent to the control plane and CA", func(c *config) *string { return &c.ClusterID }),
+		str("CLUSTER_DOMAIN", "cluster.local", "Kubernetes cluster DNS domain", func(c *config) *string { return &c.ClusterDomain }),
+		str("TRUST_DOMAIN", "cluster.local", "trust domain of ztunnel's own identity", func(c *config) *string { return &c.TrustDomain }),
+		str("POD_NAME", "", "ztunnel's pod name (node id)", func(c *config) *string { return &c.PodName }),
+		str("POD_NAMESPACE", "", "ztunnel's namespace (node id)", func(c *config) *string { return &c.PodNamespace }),
+		str("INSTANCE_IP", "", "ztunnel's IP (node id)", func(c *config) *string { return &c.InstanceIP }),
+
+		str("XDS_ADDRESS", "", "xDS control plane (https://istiod.istio-system.svc:15012; http:// = plaintext); empty = no control plane", func(c *config) *string { return &c.XDSAddress }),
+		str("XDS_ROOT_CA", "./var/run/secrets/istio/root-cert.pem", "root for the xDS server's certificate: path, SYSTEM or inline PEM", func(c *config) *string { return &c.XDSRootCA }),
+		str("ALT_XDS_HOSTNAME", "", "extra accepted xDS server name", func(c *config) *string { return &c.AltXDSHostname }),
+		str("AUTH_TOKEN", "./var/run/secrets/tokens/istio-token", "bearer token file for xDS and the CA (re-read on every call; ignored if missing)", func(c *config) *string { return &c.AuthToken }),
+		boolean("XDS_ON_DEMAND", "false", "ask the control plane for addresses on demand", func(c *config) *bool { return &c.XDSOnDemand }),
+		str("LOCAL_XDS_PATH", "", "local YAML config (workloads, services, policies), reloaded on change", func(c *config) *string { return &c.LocalXDSPath }),
+
+		enum("CA_PROVIDER", "", "istio | spiffe | builtin; empty: spiffe if SPIFFE_ENDPOINT_SOCKET is set, builtin if LOCAL_XDS_PATH is set and CA_ADDRESS is not, else istio", []string{"", "istio", "spiffe", "builtin"}, func(c *config) *string { return &c.CAProvider }),
+		str("CA_ADDRESS", "", "Istio CA (IstioCertificateService) address; default https://localhost:15012 for the istio provider", func(c *config) *string { return &c.CAAddress }),
+		str("CA_ROOT_CA", "./var/run/secrets/istio/root-cert.pem", "root for the CA's certificate: path (watched), SYSTEM or inline PEM", func(c *config) *string { return &c.CARootCA }),
+		str("ALT_CA_HOSTNAME", "", "extra accepted CA server name", func(c *config) *string { return &c.AltCAHostname }),
+		str("CA_DIR", "./var/lib/gozt/ca", "built-in CA directory (Istio cacerts layout; a root is generated on first start)", func(c *config) *string { return &c.CADir }),
+		str("SPIFFE_ENDPOINT_SOCKET", "", "SPIFFE Workload API socket (unix:///path), for the spiffe provider", func(c *config) *string { return &c.SpiffeSocket }),
+		duration("SECRET_TTL", "24h", "requested workload certificate lifetime", func(c *config) *time.Duration { return &c.SecretTTL }),
+
+		integer("POOL_MAX_STREAMS_PER_CONNECTION", "100", "HBONE streams per pooled connection", func(c *config) *int { return &c.PoolMaxStreams }),
+		duration("POOL_UNUSED_RELEASE_TIMEOUT", "5m", "an HBONE connection with no streams for this long is closed", func(c *config) *time.Duration { return &c.PoolUnusedRelease }),
+		size("HTTP2_STREAM_WINDOW_SIZE", "4Mi", "HTTP/2 stream flow-control window", func(c *config) *uint32 { return &c.StreamWindow }),
+		size("HTTP2_CONNECTION_WINDOW_SIZE", "16Mi", "HTTP/2 connection flow-control window", func(c *config) *uint32 { return &c.ConnWindow }),
+		size("HTTP2_FRAME_SIZE", "1Mi", "HTTP/2 max frame size", func(c *config) *uint32 { return &c.FrameSize }),
+		duration("CONNECTION_TERMINATION_DEADLINE", "5s", "on shutdown, how long live connections may finish before they are closed", func(c *config) *time.Duration { return &c.TerminationDeadline }),
+		{env: "PACKET_MARK", def: "1337", form: "integer", help: "SO_MARK on every dialed socket so redirection rules skip it (0 = none)", set: func(c *config, v string) error {
+			n, err := strconv.ParseUint(v, 0, 32)
+			c.PacketMark = uint32(n)
+			return err
+		}},
+		enum("ENABLE_ORIG_SRC", "", "keep the client's source IP on inbound dials (IP_TRANSPARENT): true, false, or empty for best effort", []string{"", "true", "false"}, func(c *config) *string { return &c.EnableOrigSrc }),
+		boolean("KEEPALIVE_ENABLED", "true", "TCP keepalive on proxied sockets", func(c *config) *bool { return &c.KeepaliveEnabled }),
+		duration("KEEPALIVE_TIME", "180s", "TCP keepalive idle time", func(c *config) *time.Duration { return &c.KeepaliveTime }),
+		duration("KEEPALIVE_INTERVAL", "180s", "TCP keepalive probe interval", func(c *config) *time.Duration { return &c.KeepaliveInterval }),
+		integer("KEEPALIVE_RETRIES", "9", "TCP keepalive probes before the connection is dropped", func(c *config) *int { return &c.KeepaliveRetries }),
+
+		enum("LOG_LEVEL", "info", "log level (also settable at run time: POST /logging?level=)", []string{"debug", "info", "warn", "error"}, func(c *config) *string { return &c.LogLevel }),
+		enum("LOG_FORMAT", "plain", "log format", []string{"plain", "json"}, func(c *config) *string { return &c.LogFormat }),
+	}
+}
+
+// prefixed are the variable families collected by prefix.
+var prefixed = []struct {
+	prefix, help string
+	field        func(c *config) *map[string]string
+}{
+	{"XDS_HEADER_", "extra gRPC metadata sent to the xDS server (XDS_HEADER_X_FOO=v sends x-foo: v)", func(c *config) *map[string]string { return &c.XDSHeaders }},
+	{"CA_HEADER_", "extra gRPC metadata sent to the CA", func(c *config) *map[string]string { return &c.CAHeaders }},
+	{"ISTIO_META_", "proxy metadata sent in the xDS node metadata", func(c *config) *map[string]string { return &c.ProxyMeta }},
+}
+
+// loadConfig reads the environment (getenv) and then args (flags named after each variable,
+// lowercase with dashes: --admin-addr). It returns an error naming the variable at fault.
+func loadConfig(getenv func(string) (string, bool), environ []string, args []string) (*config, error) {
+	c := &config{}
+	values := map[string]string{}
+	explicit := map[string]bool{}
+	table := settings()
+	for _, s := range table {
+		values[s.env] = s.def
+		if v, ok := getenv(s.env); ok {
+			values[s.env], explicit[s.env] = v, true
+		}
+	}
+	fs := flag.NewFlagSet("ztunnel", flag.ContinueOnError)
+	fs.SetOutput(new(strings.Builder))
+	for _, s := range table {
+		name := s.env
+		fs.Func(flagName(name), s.help, func(v string) error { values[name], explicit[name] = v, true; return nil })
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("config: %w (see ztunnel --help)", err)
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("config: unexpected argument %q (see ztunnel --help)", fs.Arg(0))
+	}
+	for _, s := range table {
+		v := strings.TrimSpace(values[s.env])
+		if err := s.set(c, v); err != nil {
+			return nil, fmt.Errorf("config: %s=%q: %v; accepted: %s", s.env, v, err, s.form)
+		}
+	}
+	for _, p := range prefixed {
+		m := map[string]string{}
+		for _, kv := range environ {
+			k, v, _ := strings.Cut(kv, "=")
+			if name, ok := strings.CutPrefix(k, p.prefix); ok && name != "" {
+				m[name] = v
+			}
+		}
+		*p.field(c) = m
+	}
+	if !c.EnableSocks5 && !explicit["SOCKS5_ADDR"] {
+		c.Socks5Addr = "" // SOCKS5 is opt-in
+	}
+	if c.ProxyMode == "dedicated" && c.ProxyWorkloadInfo == "" {
+		return nil, errors.New("config: PROXY_WORKLOAD_INFO is required when PROXY_MODE=dedicated; accepted: namespace/name/serviceaccount")
+	}
+	return c, nil
+}
+
+func flagName(env string) string { return strings.ToLower(strings.ReplaceAll(env, "_", "-")) }
+
+func str(env, def, help string, f func(*config) *string) setting {
+	return setting{env: env, def: def, form: "any string", help: help, set: func(c *config, v string) error { *f(c) = v; return nil }}
+}
+
+// addr accepts host:port, or "off" to disable the listener.
+func addr(env, def, help string, f func(*config) *string) setting {
+	return setting{env: env, def: def, form: "host:port, [v6]:port, or off", help: help, set: func(c *config, v string) error {
+		if v == "off" || v == "" {
+			*f(c) = ""
+			return nil
+		}
+		_, port, err := net.SplitHostPort(v)
+		if err != nil {
+			return err
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || (n == 0 && port != "0") {
+			return fmt.Errorf("bad port %q", port)
+		}
+		*f(c) = v
+		return nil
+	}}
+}
+
+func boolean(env, def, help string, f func(*config) *bool) setting {
+	return setting{env: env, def: def, form: "true or false", help: help, set: func(c *config, v string) error {
+		b, err := strconv.ParseBool(v)
+		*f(c) = b
+		return err
+	}}
+}
+
+func integer(env, def, help string, f func(*config) *int) setting {
+	return setting{env: env, def: def, form: "a positive integer", help: help, set: func(c *config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err == nil && n <= 0 {
+			err = errors.New("must be positive")
+		}
+		*f(c) = n
+		return err
+	}}
+}
+
+func duration(env, def, help string, f func(*config) *time.Duration) setting {
+	return setting{env: env, def: def, form: "a Go duration such as 5s, 10m, 24h", help: help, set: func(c *config, v string) error {
+		d, err := time.ParseDuration(v)
+		if err == nil && d <= 0 {
+			err = errors.New("must be positive")
+		}
+		*f(c) = d
+		return err
+	}}
+}
+
+// size accepts bytes with an optional Ki/Mi suffix, as Kubernetes quantities write them.
+func size(env, def, help string, f func(*config) *uint32) setting {
+	return setting{env: env, def: def, form: "bytes, optionally with Ki or Mi (e.g. 4Mi), at most 2^31-1", help: help, set: func(c *config, v string) error {
+		mult := uint64(1)
+		num := v
+		if n, ok := strings.CutSuffix(v, "Mi"); ok {
+			num, mult = n, 1<<20
+		} else if n, ok := strings.CutSuffix(v, "Ki"); ok {
+			num, mult = n, 1<<10
+		}
+		n, err := strconv.ParseUint(num, 10, 32)
+		if err != nil {
+			return err
+		}
+		if n*mult == 0 || n*mult > 1<<31-1 {
+			return errors.New("out of range")
+		}
+		*f(c) = uint32(n * mult)
+		return nil
+	}}
+}
+
+func enum(env, def, help string, allowed []string, f func(*config) *string) setting {
+	var shown []string
+	for _, a := range allowed {
+		if a == "" {
+			a = `"" (unset)`
+		}
+		shown = append(shown, a)
+	}
+	return setting{env: env, def: def, form: strings.Join(shown, ", "), help: help, set: func(c *config, v string) error {
+		for _, a := range allowed {
+			if v == a {
+				*f(c) = v
+				return nil
+			}
+		}
+		return errors.New("unknown value")
+	}}
+}
+
+// usage is the --help text: every setting with its default and accepted forms.
+func usage() string {
+	var b strings.Builder
+	b.WriteString(`ztunnel: the per-node L4 secure tunnel proxy of an ambient mesh (gozt).
+
+Usage:
+  ztunnel [--flag=value ...]   run the proxy
+  ztunnel version              print the version
+  ztunnel --help               this text
+
+Every setting is an environment variable (Istio ztunnel's names where one exists) or the
+flag of the same name in lowercase with dashes (--admin-addr); a flag wins over the
+environment. Listener addresses accept "off".
+
+`)
+	for _, s := range settings() {
+		def := s.def
+		if def == "" {
+			def = `""`
+		}
+		fmt.Fprintf(&b, "  %s (--%s)\n      %s\n      default %s; accepted: %s\n", s.env, flagName(s.env), s.help, def, s.form)
+	}
+	for _, p := range prefixed {
+		fmt.Fprintf(&b, "  %s<NAME>\n      %s\n", p.prefix, p.help)
+	}
+	return b.String()
+}
+
+// markdownTable is the README's configuration table.
+func markdownTable() string {
+	var b strings.Builder
+	b.WriteString("| variable | default | meaning |\n| --- | --- | --- |\n")
+	for _, s := range settings() {
+		def := "`" + s.def + "`"
+		if s.def == "" {
+			def = "–"
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s |\n", s.env, def, strings.ReplaceAll(s.help, "|", `\|`))
+	}
+	for _, p := range prefixed {
+		fmt.Fprintf(&b, "| `%s<NAME>` | – | %s |\n", p.prefix, p.help)
+	}
+	return b.String()
+}
+
+func osGetenv(k string) (string, bool) { return os.LookupEnv(k) }

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestConfigDefaults(t *testing.T) {
+	c, err := loadConfig(env(nil), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, got, want string }{
+		{"AdminAddr", c.AdminAddr, "localhost:15000"},
+		{"StatsAddr", c.StatsAddr, "[::]:15020"},
+		{"ReadinessAddr", c.ReadinessAddr, "[::]:15021"},
+		{"OutboundAddr", c.OutboundAddr, "[::]:15001"},
+		{"InboundPlaintextAddr", c.InboundPlaintextAddr, "[::]:15006"},
+		{"InboundAddr", c.InboundAddr, "[::]:15008"},
+		{"Socks5Addr (off by default)", c.Socks5Addr, ""},
+		{"DNSProxyAddr", c.DNSProxyAddr, "localhost:15053"},
+		{"ProxyMode", c.ProxyMode, "shared"},
+		{"ClusterID", c.ClusterID, "Kubernetes"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s = %q; want %q", tc.name, tc.got, tc.want)
+		}
+	}
+	if c.StreamWindow != 4<<20 || c.ConnWindow != 16<<20 || c.FrameSize != 1<<20 {
+		t.Errorf("windows = %d/%d/%d; want 4Mi/16Mi/1Mi", c.StreamWindow, c.ConnWindow, c.FrameSize)
+	}
+	if c.PoolMaxStreams != 100 || c.PoolUnusedRelease != 5*time.Minute || c.TerminationDeadline != 5*time.Second {
+		t.Errorf("pool/drain defaults = %d %v %v", c.PoolMaxStreams, c.PoolUnusedRelease, c.TerminationDeadline)
+	}
+	if c.PacketMark != 1337 || c.SecretTTL != 24*time.Hour || !c.KeepaliveEnabled {
+		t.Errorf("mark/ttl/keepalive = %d %v %v", c.PacketMark, c.SecretTTL, c.KeepaliveEnabled)
+	}
+}
+
+func TestConfigOverrides(t *testing.T) {
+	c, err := loadConfig(env(map[string]string{
+		"ADMIN_ADDR":             "127.0.0.2:15000",
+		"UNSTABLE_ENABLE_SOCKS5": "true",
+		"HTTP2_FRAME_SIZE":       "64Ki",
+		"PROXY_MODE":             "dedicated",
+		"PROXY_WORKLOAD_INFO":    "default/local/default",
+		"OUTBOUND_ADDR":          "off",
+	}), []string{"XDS_HEADER_X_TEAM=blue", "CA_HEADER_FOO=bar", "PATH=/bin"}, []string{"--admin-addr=127.0.0.3:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.AdminAddr != "127.0.0.3:1" {
+		t.Errorf("flag should win over env: AdminAddr = %q", c.AdminAddr)
+	}
+	if c.Socks5Addr != "127.0.0.1:15080" {
+		t.Errorf("Socks5Addr = %q; want the default address once enabled", c.Socks5Addr)
+	}
+	if c.FrameSize != 64<<10 || c.OutboundAddr != "" {
+		t.Errorf("FrameSize = %d, OutboundAddr = %q", c.FrameSize, c.OutboundAddr)
+	}
+	if c.XDSHeaders["X_TEAM"] != "blue" || c.CAHeaders["FOO"] != "bar" || len(c.XDSHeaders) != 1 {
+		t.Errorf("headers = %v %v", c.XDSHeaders, c.CAHeaders)
+	}
+	// SOCKS5_ADDR alone turns SOCKS5 on.
+	c, err = loadConfig(env(map[string]string{"SOCKS5_ADDR": "127.0.0.5:1080"}), nil, nil)
+	if err != nil || c.Socks5Addr != "127.0.0.5:1080" {
+		t.Errorf("SOCKS5_ADDR alone: %q, %v", c.Socks5Addr, err)
+	}
+}
+
+// Bad config refuses to start with a message naming the variable and the accepted forms.
+func TestConfigErrorsNameTheVariable(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		args []string
+		want []string
+	}{
+		{env: map[string]string{"ADMIN_ADDR": "nope"}, want: []string{"ADMIN_ADDR", "host:port"}},
+		{env: map[string]string{"INBOUND_ADDR": "1.2.3.4:99999"}, want: []string{"INBOUND_ADDR", "bad port"}},
+		{env: map[string]string{"PROXY_MODE": "sidecar"}, want: []string{"PROXY_MODE", "shared, dedicated"}},
+		{env: map[string]string{"SECRET_TTL": "tomorrow"}, want: []string{"SECRET_TTL", "duration"}},
+		{env: map[string]string{"SECRET_TTL": "-1h"}, want: []string{"SECRET_TTL", "positive"}},
+		{env: map[string]string{"HTTP2_STREAM_WINDOW_SIZE": "4Gi"}, want: []string{"HTTP2_STREAM_WINDOW_SIZE", "Ki or Mi"}},
+		{env: map[string]string{"HTTP2_STREAM_WINDOW_SIZE": "4096Mi"}, want: []string{"HTTP2_STREAM_WINDOW_SIZE", "out of range"}},
+		{env: map[string]string{"POOL_MAX_STREAMS_PER_CONNECTION": "0"}, want: []string{"POOL_MAX_STREAMS_PER_CONNECTION", "positive"}},
+		{env: map[string]string{"UNSTABLE_ENABLE_SOCKS5": "yes please"}, want: []string{"UNSTABLE_ENABLE_SOCKS5", "true or false"}},
+		{env: map[string]string{"PROXY_MODE": "dedicated"}, want: []string{"PROXY_WORKLOAD_INFO", "namespace/name/serviceaccount"}},
+		{env: map[string]string{"PROXY_WORKLOAD_INFO": "a//b"}, want: []string{"PROXY_WORKLOAD_INFO", "three"}},
+		{args: []string{"--no-such-flag"}, want: []string{"no-such-flag", "--help"}},
+		{args: []string{"stray"}, want: []string{"stray"}},
+	} {
+		_, err := loadConfig(env(tc.env), nil, tc.args)
+		if err == nil {
+			t.Errorf("%v %v: no error", tc.env, tc.args)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%v %v: error %q does not mention %q", tc.env, tc.args, err, w)
+			}
+		}
+	}
+}
+
+// The README's configuration table is generated from the settings table; this keeps them
+// from drifting. Regenerate with: go run ./cmd/ztunnel config-table
+func TestReadmeConfigTable(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), markdownTable()) {
+		t.Fatal("README.md's configuration table is stale: replace it with the output of `go run ./cmd/ztunnel config-table`")
+	}
+}
+
+func TestHelpDocumentsEverySetting(t *testing.T) {
+	h := usage()
+	for _, s := range settings() {
+		if !strings.Contains(h, s.env) || !strings.Contains(h, "--"+flagName(s.env)) {
+			t.Errorf("--help does not document %s", s.env)
+		}
+	}
+}

@@ -1,0 +1,77 @@
+// Command ztunnel is gozt's node proxy: it reads its configuration, starts the data-plane
+// listeners, the control-plane and CA clients, and the admin, stats and readiness servers,
+// and drains on SIGTERM.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	os.Exit(mainExit(os.Args[1:]))
+}
+
+func mainExit(args []string) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "version", "--version", "-version":
+			fmt.Println(versionString())
+			return 0
+		case "help", "--help", "-help", "-h":
+			fmt.Print(usage())
+			return 0
+		case "config-table":
+			fmt.Print(markdownTable())
+			return 0
+		}
+	}
+	cfg, err := loadConfig(osGetenv, os.Environ(), args)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ztunnel:", err)
+		return 2
+	}
+	logLevel := new(slog.LevelVar)
+	slog.SetDefault(newLogger(cfg, logLevel))
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, cfg, logLevel, nil); err != nil {
+		slog.Error("ztunnel stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func newLogger(cfg *config, level *slog.LevelVar) *slog.Logger {
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+func versionString() string {
+	rev := "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				rev = s.Value
+			}
+		}
+		return fmt.Sprintf("ztunnel (gozt) %s revision %s %s", version, rev, bi.GoVersion)
+	}
+	return "ztunnel (gozt) " + version
+}
+
+var errShutdown = errors.New("shutdown requested")

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gozt/gozt/internal/leaktest"
+)
+
+// testConfig is a node with every listener on an ephemeral loopback port.
+func testConfig(t *testing.T, extra map[string]string) *config {
+	t.Helper()
+	m := map[string]string{
+		"ADMIN_ADDR": "127.0.0.1:0", "STATS_ADDR": "127.0.0.1:0", "READINESS_ADDR": "127.0.0.1:0",
+		"OUTBOUND_ADDR": "off", "INBOUND_PLAINTEXT_ADDR": "off", "INBOUND_ADDR": "off", "DNS_PROXY_ADDR": "off",
+		"CONNECTION_TERMINATION_DEADLINE": "2s",
+	}
+	for k, v := range extra {
+		m[k] = v
+	}
+	c, err := loadConfig(env(m), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// startNode runs a node until the test ends and returns it once its listeners are bound.
+func startNode(t *testing.T, cfg *config) (*node, <-chan error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	started := make(chan *node, 1)
+	done := make(chan error, 1)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		done <- run(ctx, cfg, new(slog.LevelVar), func(n *node) { started <- n })
+	}()
+	t.Cleanup(func() { cancel(); <-stopped })
+	select {
+	case n := <-started:
+		return n, done
+	case err := <-done:
+		t.Fatalf("node did not start: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("node did not start in 20s")
+	}
+	return nil, nil
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestAdminReadinessStats(t *testing.T) {
+	leaktest.Check(t)
+	http.DefaultClient.Transport = &http.Transport{DisableKeepAlives: true}
+	n, done := startNode(t, testConfig(t, nil))
+	admin := "http://" + n.addrs["ADMIN_ADDR"].String()
+
+	if code, body := get(t, admin+"/"); code != 200 || !strings.Contains(body, "/config_dump") {
+		t.Errorf("admin index: %d %q", code, body)
+	}
+	if code, body := get(t, admin+"/config_dump"); code != 200 || !strings.Contains(body, `"version"`) {
+		t.Errorf("config_dump: %d %q", code, body)
+	}
+	if code, _ := get(t, admin+"/logging"); code != http.StatusMethodNotAllowed {
+		t.Errorf("GET /logging = %d; want 405", code)
+	}
+	resp, err := http.Post(admin+"/logging?level=debug", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), "debug") || n.logLevel.Level() != slog.LevelDebug {
+		t.Errorf("POST /logging?level=debug: %q, level now %v", b, n.logLevel.Level())
+	}
+
+	ready := "http://" + n.addrs["READINESS_ADDR"].String() + "/healthz/ready"
+	if code, body := get(t, ready); code != 200 || body != "ready\n" {
+		t.Errorf("ready: %d %q", code, body)
+	}
+	n.ready.add("state manager")
+	if code, body := get(t, ready); code != 500 || !strings.Contains(body, "pending: state manager") {
+		t.Errorf("not ready: %d %q", code, body)
+	}
+	n.ready.done("state manager")
+
+	if code, _ := get(t, "http://"+n.addrs["STATS_ADDR"].String()+"/stats/prometheus"); code != 200 {
+		t.Errorf("stats: %d", code)
+	}
+
+	resp, err = http.Post(admin+"/quitquitquit", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run after quitquitquit: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("node did not stop after /quitquitquit")
+	}
+}

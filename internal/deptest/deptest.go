@@ -1,0 +1,123 @@
+// Package deptest enforces the import rules of docs/ARCHITECTURE.md: imports point down,
+// never up. Its test lists every package of the module with `go list -deps` and fails on any
+// import the table below forbids.
+package deptest
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Module is the module path the rules are written against.
+const Module = "github.com/gozt/gozt"
+
+// Rule forbids imports for one package (and, with Subtree, the packages below it).
+type Rule struct {
+	Pkg     string   // module-relative, e.g. "hbone"
+	Subtree bool     // also applies to Pkg/...
+	Forbid  []string // module-relative packages; "..." suffix = subtree; "*" = the whole module
+	Allow   []string // exceptions to Forbid (module-relative)
+	Direct  []string // standard packages Pkg itself must not import directly (e.g. I/O)
+	Why     string
+}
+
+// Rules is the table from docs/ARCHITECTURE.md.
+var Rules = []Rule{
+	{Pkg: "identity", Forbid: []string{"*"}, Why: "leaf: SPIFFE ID value types everything uses"},
+	{Pkg: "xds/xdspb", Forbid: []string{"*"}, Why: "generated protobuf code is a leaf"},
+	{Pkg: "xds/state", Forbid: []string{"xds", "xds/xdspb", "proxy...", "hbone..."}, Direct: []string{"google.golang.org/protobuf/..."}, Why: "the cache holds plain Go types; protos are converted in xds"},
+	{Pkg: "hbone", Subtree: true, Forbid: []string{"xds...", "proxy...", "identity/certs"}, Why: "the wire protocol knows nothing of workloads or where certificates come from"},
+	{Pkg: "proxy", Forbid: []string{"xds", "identity/certs...", "identity/ca..."}, Why: "the data plane gets state and certificates through interfaces, not from their sources"},
+	{Pkg: "proxy/rbac", Forbid: []string{"*"}, Allow: []string{"identity", "xds/state"}, Direct: []string{"net", "net/http", "os", "io", "log/slog"}, Why: "pure authorization: no I/O"},
+	{Pkg: "xds", Forbid: []string{"proxy...", "hbone...", "identity/certs..."}, Why: "the control-plane client feeds the cache, nothing else"},
+	{Pkg: "identity/ca", Subtree: true, Forbid: []string{"proxy...", "xds...", "hbone..."}, Why: "CA clients know nothing of the data plane"},
+	{Pkg: "identity/certs", Forbid: []string{"proxy...", "xds...", "hbone..."}, Why: "the certificate manager knows nothing of the data plane"},
+	{Pkg: "metrics", Forbid: []string{"*"}, Allow: []string{"identity"}, Why: "a leaf every layer may record into"},
+	{Pkg: "dns", Forbid: []string{"proxy...", "hbone...", "xds"}, Why: "the DNS proxy reads the cache only"},
+	{Pkg: "internal", Subtree: true, Forbid: []string{"cmd...", "proxy...", "hbone...", "xds...", "identity/ca...", "identity/certs...", "metrics", "bench..."}, Why: "small shared pieces sit below everything"},
+	{Pkg: "*", Forbid: []string{"cmd...", "bench..."}, Why: "nothing imports a command or the load generator"},
+}
+
+// Package is one node of the import graph: its module-relative path and what it imports,
+// directly and transitively (full import paths).
+type Package struct {
+	Path    string
+	Imports []string
+	Deps    []string
+}
+
+// Check returns one line per violation, sorted.
+func Check(pkgs []Package, rules []Rule) []string {
+	var out []string
+	for _, p := range pkgs {
+		for _, r := range rules {
+			if !r.applies(p.Path) {
+				continue
+			}
+			for _, d := range p.Deps {
+				rel, inModule := relative(d)
+				if !inModule || rel == p.Path || (r.Pkg == "*" && strings.HasPrefix(p.Path, "cmd")) {
+					continue
+				}
+				if r.forbids(rel) {
+					out = append(out, fmt.Sprintf("%s imports %s (%s)", p.Path, rel, r.Why))
+				}
+			}
+			for _, imp := range p.Imports {
+				for _, f := range r.Direct {
+					if match(f, imp) {
+						out = append(out, fmt.Sprintf("%s imports %s directly (%s)", p.Path, imp, r.Why))
+					}
+				}
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (r Rule) applies(pkg string) bool {
+	if strings.HasSuffix(pkg, "_test") {
+		return false
+	}
+	switch {
+	case r.Pkg == "*":
+		return !strings.HasPrefix(pkg, "bench") && !strings.HasPrefix(pkg, "cmd")
+	case r.Subtree:
+		return pkg == r.Pkg || strings.HasPrefix(pkg, r.Pkg+"/")
+	default:
+		return pkg == r.Pkg
+	}
+}
+
+func (r Rule) forbids(dep string) bool {
+	for _, a := range r.Allow {
+		if dep == a {
+			return false
+		}
+	}
+	for _, f := range r.Forbid {
+		if f == "*" || match(f, dep) {
+			return true
+		}
+	}
+	return false
+}
+
+// match reports whether path matches pattern, where a trailing "..." matches the package and
+// everything below it.
+func match(pattern, path string) bool {
+	if base, ok := strings.CutSuffix(pattern, "..."); ok {
+		return path == base || strings.HasPrefix(path, base+"/")
+	}
+	return path == pattern
+}
+
+func relative(importPath string) (string, bool) {
+	if importPath == Module {
+		return "", true
+	}
+	rel, ok := strings.CutPrefix(importPath, Module+"/")
+	return rel, ok
+}

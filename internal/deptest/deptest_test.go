@@ -1,0 +1,74 @@
+package deptest
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestImportRules checks the real module against the table.
+func TestImportRules(t *testing.T) {
+	cmd := exec.Command("go", "list", "-deps=false", "-json=ImportPath,Imports,Deps", Module+"/...")
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("go list: %v\n%s", err, ee.Stderr)
+		}
+		t.Fatalf("go list: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	var pkgs []Package
+	for {
+		var p struct {
+			ImportPath    string
+			Imports, Deps []string
+		}
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := relative(p.ImportPath)
+		pkgs = append(pkgs, Package{Path: rel, Imports: p.Imports, Deps: p.Deps})
+	}
+	if len(pkgs) < 3 {
+		t.Fatalf("go list found only %d packages; the test is not looking at the module", len(pkgs))
+	}
+	for _, v := range Check(pkgs, Rules) {
+		t.Error(v)
+	}
+}
+
+// TestCheckCatchesViolations shows each kind of forbidden import is reported.
+func TestCheckCatchesViolations(t *testing.T) {
+	m := func(rel string) string { return Module + "/" + rel }
+	pkgs := []Package{
+		{Path: "hbone", Deps: []string{m("identity"), m("xds/state"), "golang.org/x/net/http2"}},
+		{Path: "identity", Deps: []string{m("metrics")}},
+		{Path: "proxy/rbac", Imports: []string{"net"}, Deps: []string{m("identity"), m("xds/state"), "net"}},
+		{Path: "proxy", Deps: []string{m("xds/state"), m("hbone"), m("identity/certs")}},
+		{Path: "xds", Deps: []string{m("cmd/ztunnel")}},
+		{Path: "metrics", Deps: []string{m("identity")}},            // allowed
+		{Path: "cmd/ztunnel", Deps: []string{m("proxy"), m("xds")}}, // allowed
+	}
+	got := Check(pkgs, Rules)
+	want := []string{
+		"hbone imports xds/state",
+		"identity imports metrics",
+		"proxy imports identity/certs",
+		"proxy/rbac imports net directly",
+		"xds imports cmd/ztunnel",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d violations; want %d:\n%s", len(got), len(want), strings.Join(got, "\n"))
+	}
+	for i := range want {
+		if !strings.HasPrefix(got[i], want[i]) {
+			t.Errorf("violation %d = %q; want prefix %q", i, got[i], want[i])
+		}
+	}
+}
