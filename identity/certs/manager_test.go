@@ -408,3 +408,29 @@ func TestIstioCADownKeepsServing(t *testing.T) {
 		t.Errorf("after expiry: err = %v; want the CA's error", err)
 	}
 }
+
+// TestCachedAllocs: the per-connection lookup of a cached certificate allocates nothing.
+func TestCachedAllocs(t *testing.T) {
+	m := certs.New(certs.Config{}, newGated(t, time.Hour))
+	defer m.Close()
+	mustCert(t, m, idA)
+	ctx := context.Background()
+	if n := testing.AllocsPerRun(1000, func() { m.Certificate(ctx, idA) }); n != 0 {
+		t.Errorf("cached Certificate allocates %v times; want 0", n)
+	}
+}
+
+func BenchmarkCertificateCached(b *testing.B) {
+	m := certs.New(certs.Config{}, &gatedCA{root: catest.NewRoot(b, "root"), ttl: time.Hour})
+	defer m.Close()
+	ctx := context.Background()
+	if _, err := m.Certificate(ctx, idA); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			m.Certificate(ctx, idA)
+		}
+	})
+}

@@ -3,8 +3,6 @@ package certs_test
 import (
 	"context"
 	"crypto/x509"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -47,21 +45,6 @@ func TestWorkloadAPIUpdate(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("pushed SVID not picked up")
-		}
-	}
-}
-
-// TestImports: identity packages sit below the data plane and must not import it.
-func TestImports(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", "github.com/gozt/gozt/identity/certs", "github.com/gozt/gozt/identity/ca").Output()
-	if err != nil {
-		t.Skipf("go list unavailable: %v", err)
-	}
-	for _, p := range strings.Fields(string(out)) {
-		for _, bad := range []string{"/proxy", "/xds", "/hbone", "/metrics", "/dns"} {
-			if strings.HasPrefix(p, "github.com/gozt/gozt") && strings.Contains(p, bad) {
-				t.Errorf("identity packages import %s", p)
-			}
 		}
 	}
 }
