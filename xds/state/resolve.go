@@ -265,12 +265,6 @@ func chooseIP(w *Workload, prefer netip.Addr) (netip.Addr, bool) {
 	return w.Addresses[0], true
 }
 
-type candidate struct {
-	w    *Workload
-	port uint16
-	rank int
-}
-
 // rank counts the leading routing-preference scopes on which src and w agree.
 func rank(prefs []LBScope, src, w *Workload) int {
 	n := 0
@@ -303,69 +297,79 @@ func rank(prefs []LBScope, src, w *Workload) int {
 // pickEndpointLocked load-balances over svc's endpoints for svcPort (0: any port) and returns
 // the workload and the target port. It applies the health policy, named-port and address
 // filters, FAILOVER/STRICT routing preference, then a random pick weighted by capacity.
+// Two passes over the endpoint map and no allocation: the first finds the best rank and the
+// total weight, the second walks to the drawn weight (map order does not bias a uniform draw).
 func (s *Store) pickEndpointLocked(src *Workload, network string, svc *Service, svcPort, target uint16) (*Workload, uint16) {
 	eps := s.endpoints[svc.Key()]
-	lb := svc.LoadBalancing
-	allowAll := lb != nil && lb.HealthPolicy == AllowAll
-	var buf [16]candidate
-	cands := buf[:0]
-	best := 0
+	best, n := -1, 0
+	var total uint64
 	for _, ep := range eps {
-		w := ep.Workload
-		if !w.Healthy && !allowAll {
-			continue
+		_, r, ok := s.eligible(src, network, svc, ep, svcPort, target)
+		switch {
+		case !ok || r < best:
+		case r > best:
+			best, n, total = r, 1, uint64(ep.Workload.Capacity)
+		default:
+			n++
+			total += uint64(ep.Workload.Capacity)
 		}
-		if len(w.Addresses) == 0 && (w.Network == network || w.NetworkGateway == nil) {
-			continue
-		}
-		port := target
-		if svcPort != 0 {
-			if p := ep.Ports[svcPort]; p != 0 {
-				port = p
-			} else if target == 0 {
-				if w.AppTunnel == nil {
-					continue // named port this endpoint does not define
-				}
-				port = svcPort
-			}
-		}
-		c := candidate{w: w, port: port}
-		if lb != nil && src != nil && (lb.Mode == LBFailover || lb.Mode == LBStrict) {
-			c.rank = rank(lb.RoutingPreference, src, w)
-			if lb.Mode == LBStrict && c.rank < len(lb.RoutingPreference) {
-				continue
-			}
-			if c.rank < best {
-				continue
-			}
-			best = max(best, c.rank)
-		}
-		cands = append(cands, c)
 	}
-	if len(cands) == 0 {
+	if n == 0 {
 		return nil, 0
 	}
-	var total uint64
-	n := 0
-	for _, c := range cands {
-		if c.rank == best {
-			cands[n] = c
-			n++
-			total += uint64(c.w.Capacity)
+	draw, byCount := uint64(0), total == 0
+	if byCount {
+		draw = s.randN(uint64(n))
+	} else {
+		draw = s.randN(total)
+	}
+	var last *Workload
+	var lastPort uint16
+	for _, ep := range eps {
+		port, r, ok := s.eligible(src, network, svc, ep, svcPort, target)
+		if !ok || r != best {
+			continue
+		}
+		w := uint64(ep.Workload.Capacity)
+		if byCount {
+			w = 1
+		}
+		if draw < w {
+			return ep.Workload, port
+		}
+		draw -= w
+		last, lastPort = ep.Workload, port
+	}
+	return last, lastPort
+}
+
+// eligible filters one endpoint and returns its target port and routing-preference rank.
+func (s *Store) eligible(src *Workload, network string, svc *Service, ep Endpoint, svcPort, target uint16) (uint16, int, bool) {
+	w := ep.Workload
+	lb := svc.LoadBalancing
+	if !w.Healthy && (lb == nil || lb.HealthPolicy != AllowAll) {
+		return 0, 0, false
+	}
+	if len(w.Addresses) == 0 && (w.Network == network || w.NetworkGateway == nil) {
+		return 0, 0, false
+	}
+	port := target
+	if svcPort != 0 {
+		if p := ep.Ports[svcPort]; p != 0 {
+			port = p
+		} else if target == 0 {
+			if w.AppTunnel == nil {
+				return 0, 0, false // named port this endpoint does not define
+			}
+			port = svcPort
 		}
 	}
-	cands = cands[:n]
-	if total == 0 {
-		c := cands[s.randN(uint64(len(cands)))]
-		return c.w, c.port
+	if lb == nil || src == nil || (lb.Mode != LBFailover && lb.Mode != LBStrict) {
+		return port, 0, true
 	}
-	r := s.randN(total)
-	for _, c := range cands {
-		if r < uint64(c.w.Capacity) {
-			return c.w, c.port
-		}
-		r -= uint64(c.w.Capacity)
+	r := rank(lb.RoutingPreference, src, w)
+	if lb.Mode == LBStrict && r < len(lb.RoutingPreference) {
+		return 0, 0, false
 	}
-	c := cands[len(cands)-1]
-	return c.w, c.port
+	return port, r, true
 }
