@@ -105,7 +105,7 @@ func DryRunMatches(policies []*state.Policy, c Conn) iter.Seq[*state.Policy] {
 }
 
 // normalize unmaps IPv4-mapped IPv6 addresses (a dual-stack listener reports IPv4 clients as
-// ::ffff:a.b.c.d) so that IPv4 CIDRs match them. ztunnel does the same when it accepts.
+// ::ffff:a.b.c.d) so that IPv4 CIDRs match them.
 func (c Conn) normalize() Conn {
 	c.SrcIP = c.SrcIP.Unmap()
 	c.DstIP = c.DstIP.Unmap()
@@ -139,7 +139,7 @@ func clauseMatches(cl *state.Clause, c *Conn) bool {
 	}
 	for i := range cl.Matches {
 		m := &cl.Matches[i]
-		if !isEmpty(m) && matchMatches(m, c) {
+		if matchMatches(m, c) && !isEmpty(m) { // isEmpty last: most Matches fail a field first
 			return true
 		}
 	}

@@ -309,5 +309,14 @@ func BenchmarkCheck(b *testing.B) {
 				}
 			}
 		})
+		// Baseline: the naive closure-based oracle of fuzz_test.go on the same policies.
+		b.Run(fmt.Sprintf("baseline-oracle/deny=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if !oracle(ps, mtlsConn).Allow {
+					b.Fatal("denied")
+				}
+			}
+		})
 	}
 }
