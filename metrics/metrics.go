@@ -154,7 +154,7 @@ func New(reg *prometheus.Registry, version string, opts ...Option) *Metrics {
 func (m *Metrics) Handler() http.Handler {
 	h := promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
 		EnableOpenMetrics: true,
-		ErrorLog:          slogPrinter{m.log},
+		ErrorLog:          slogPrinter{slog.Default()}, // not the access log
 	})
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", h)
