@@ -469,7 +469,7 @@ func decodeResponse(resp *discoveryv3.DeltaDiscoveryResponse) *decoded {
 		d.names = append(d.names, name)
 		d.names = append(d.names, r.GetAliases()...)
 		if err := decodeResource(typ, r, &d.batch); err != nil {
-			d.errs = append(d.errs, name+": "+err.Error())
+			d.errs = append(d.errs, name+": "+strings.TrimPrefix(err.Error(), "xds: "))
 			continue
 		}
 		d.accepted[name] = r.GetVersion()
