@@ -31,6 +31,13 @@ type Client interface {
 	Close() error
 }
 
+// Notifier is implemented by clients whose source pushes new certificates (the Workload
+// API); identity/certs re-fetches every identity when Changed's channel closes.
+type Notifier interface {
+	// Changed returns a channel closed at the next update.
+	Changed() <-chan struct{}
+}
+
 // Issued is a leaf with its chain and trust roots.
 type Issued struct {
 	Certificate tls.Certificate     // leaf first, then intermediates; PrivateKey set; Leaf parsed

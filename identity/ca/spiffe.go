@@ -32,13 +32,6 @@ type spiffeClient struct {
 
 var _ Notifier = (*spiffeClient)(nil)
 
-// Notifier is implemented by clients whose source pushes new certificates (the Workload
-// API); identity/certs re-fetches every identity when Changed's channel closes.
-type Notifier interface {
-	// Changed returns a channel closed at the next update.
-	Changed() <-chan struct{}
-}
-
 func newSpiffe(ctx context.Context, socket string) (*spiffeClient, error) {
 	addr := socket
 	if !strings.Contains(addr, "://") {
