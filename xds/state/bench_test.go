@@ -2,6 +2,7 @@ package state
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"runtime"
 	"strconv"
@@ -69,8 +70,8 @@ func BenchmarkLookup(b *testing.B) {
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
-			i++
-			if s.WorkloadByIP("", netip.AddrFrom4([4]byte{10, byte(i >> 16 & 1), byte(i >> 8), byte(i)})) == nil {
+			i = (i + 7919) % 100_000
+			if s.WorkloadByIP("", netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})) == nil {
 				b.Fatal("miss")
 			}
 		}
@@ -136,4 +137,34 @@ func BenchmarkMemory(b *testing.B) {
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(1<<20), "MiB/10k-workloads")
 		runtime.KeepAlive(s)
 	}
+}
+
+// BenchmarkSnapshotCloneCost is the floor of the alternative design (ARCHITECTURE.md open
+// question 2): an immutable snapshot swapped atomically must copy at least the IP, uid and
+// name indexes on every push. Compare with BenchmarkApplyIncremental (same 100k store).
+func BenchmarkSnapshotCloneCost(b *testing.B) {
+	s := NewStore()
+	s.Apply(genBatch(100_000))
+	b.ReportAllocs()
+	for b.Loop() {
+		s.mu.RLock()
+		a, w, n := maps.Clone(s.byAddr), maps.Clone(s.workloads), maps.Clone(s.byName)
+		s.mu.RUnlock()
+		runtime.KeepAlive(a)
+		runtime.KeepAlive(w)
+		runtime.KeepAlive(n)
+	}
+}
+
+// BenchmarkLookupParallel is the RunParallel baseline for ByIP-parallel-during-pushes.
+func BenchmarkLookupParallel(b *testing.B) {
+	s := NewStore()
+	s.Apply(genBatch(100_000))
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			i++
+			s.WorkloadByIP("", netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}))
+		}
+	})
 }
