@@ -2,7 +2,6 @@ package ca
 
 import (
 	"context"
-	"crypto"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -50,8 +49,8 @@ func newSpiffe(ctx context.Context, socket string) (*spiffeClient, error) {
 // watch runs the Workload API stream until Close; go-spiffe reconnects with backoff.
 func (c *spiffeClient) watch(ctx context.Context) {
 	defer close(c.done)
-	err := c.api.WatchX509Context(ctx, c)
-	if err != nil && ctx.Err() == nil {
+	// It returns only when ctx ends or the stream fails for good.
+	if err := c.api.WatchX509Context(ctx, c); ctx.Err() == nil {
 		slog.Warn("ca: workload API watch ended", "err", err)
 	}
 }
@@ -107,8 +106,8 @@ func fromX509Context(id identity.ID, x *workloadapi.X509Context) (*Issued, error
 			have = append(have, s.ID.String())
 			continue
 		}
-		signer, ok := s.PrivateKey.(crypto.Signer)
-		if !ok || len(s.Certificates) == 0 {
+		signer := s.PrivateKey
+		if signer == nil || len(s.Certificates) == 0 {
 			return nil, fmt.Errorf("ca: workload API SVID for %s has no usable key", id)
 		}
 		// The SVID's own trust domain first, then federated bundles.
