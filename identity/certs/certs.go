@@ -27,6 +27,7 @@ import (
 type Config struct {
 	FetchTimeout time.Duration // [10s] how long Certificate waits for a first fetch
 	MaxInflight  int           // [8] CSRs in flight at once
+	PQCOnly      bool          // COMPLIANCE_POLICY=pqc: key exchange X25519MLKEM768 only, no X25519 fallback
 }
 
 // Backoff bounds for a failing fetch: start, factor 2, ±20% jitter, cap.

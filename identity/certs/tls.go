@@ -14,7 +14,17 @@ import (
 
 // Key exchange: hybrid post-quantum first, X25519 so peers without ML-KEM (older Rust
 // ztunnels) still connect.
-var curves = []tls.CurveID{tls.X25519MLKEM768, tls.X25519}
+var (
+	curves    = []tls.CurveID{tls.X25519MLKEM768, tls.X25519}
+	pqcCurves = []tls.CurveID{tls.X25519MLKEM768} // COMPLIANCE_POLICY=pqc
+)
+
+func (m *Manager) curves() []tls.CurveID {
+	if m.cfg.PQCOnly {
+		return pqcCurves
+	}
+	return curves
+}
 
 // ALPN is the only application protocol the mesh speaks over mTLS (HBONE is HTTP/2).
 const ALPN = "h2"
@@ -79,7 +89,7 @@ func (m *Manager) ClientConfig(ctx context.Context, src identity.ID, expected []
 	return &tls.Config{
 		MinVersion:       tls.VersionTLS13,
 		MaxVersion:       tls.VersionTLS13,
-		CurvePreferences: curves,
+		CurvePreferences: m.curves(),
 		NextProtos:       []string{ALPN},
 		// Verification is VerifyConnection's: chain to the mesh bundle and SPIFFE URI SAN,
 		// not a host name.
@@ -120,7 +130,7 @@ func (m *Manager) ServerConfig(local func(*tls.ClientHelloInfo) (identity.ID, er
 	return &tls.Config{
 		MinVersion:             tls.VersionTLS13,
 		MaxVersion:             tls.VersionTLS13,
-		CurvePreferences:       curves,
+		CurvePreferences:       m.curves(),
 		NextProtos:             []string{ALPN},
 		SessionTicketsDisabled: true,
 		ClientAuth:             tls.RequireAnyClientCert,
@@ -133,13 +143,13 @@ func (m *Manager) ServerConfig(local func(*tls.ClientHelloInfo) (identity.ID, er
 			if err != nil {
 				return nil, err
 			}
-			return h.serverConfig(id), nil
+			return h.serverConfig(id, m.curves()), nil
 		},
 	}
 }
 
 // serverConfig is built once per issued certificate; handshakes then allocate nothing for it.
-func (h *held) serverConfig(id identity.ID) *tls.Config {
+func (h *held) serverConfig(id identity.ID, curves []tls.CurveID) *tls.Config {
 	h.once.Do(func() {
 		h.server = &tls.Config{
 			MinVersion:             tls.VersionTLS13,

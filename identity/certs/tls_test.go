@@ -146,6 +146,24 @@ func TestHandshakeX25519Fallback(t *testing.T) {
 	}
 }
 
+func TestHandshakePQCOnly(t *testing.T) {
+	leaktest.Check(t)
+	g := newGated(t, time.Hour)
+	m := certs.New(certs.Config{PQCOnly: true}, g)
+	defer m.Close()
+	sc := m.ServerConfig(func(*tls.ClientHelloInfo) (identity.ID, error) { return idB, nil })
+	if r := handshake(t, clientCfg(t, m, idA, idB), sc); r.clientErr != nil || r.serverErr != nil || r.server.CurveID != tls.X25519MLKEM768 {
+		t.Fatalf("pqc handshake: %v %v %v", r.clientErr, r.serverErr, r.server.CurveID)
+	}
+	now := time.Now()
+	old := &tls.Config{
+		MinVersion: tls.VersionTLS13, CurvePreferences: []tls.CurveID{tls.X25519},
+		Certificates: []tls.Certificate{g.root.Issue(t, idA, now, now.Add(time.Hour)).Certificate}, InsecureSkipVerify: true,
+	}
+	r := handshake(t, old, sc)
+	wantErr(t, "server", r.serverErr, "no key exchanges supported")
+}
+
 func TestHandshakeRejected(t *testing.T) {
 	leaktest.Check(t)
 	m, g, sc := setup(t)
