@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strconv"
 	"testing"
+	"time"
 )
 
 // genBatch builds n workloads spread over n/100 services (100 endpoints each), like a
@@ -148,7 +149,7 @@ func BenchmarkSnapshotCloneCost(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		s.mu.RLock()
-		a, w, n := maps.Clone(s.byAddr), maps.Clone(s.workloads), maps.Clone(s.byName)
+		a, w, n := maps.Clone(s.idx.byAddr), maps.Clone(s.idx.workloads), maps.Clone(s.idx.byName)
 		s.mu.RUnlock()
 		runtime.KeepAlive(a)
 		runtime.KeepAlive(w)
@@ -167,4 +168,39 @@ func BenchmarkLookupParallel(b *testing.B) {
 			s.WorkloadByIP("", netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)}))
 		}
 	})
+}
+
+// BenchmarkReaderWaitDuringPush reports the longest a WorkloadByIP call took while a 100k
+// push was applied in another goroutine, with the swap path and with everything in place.
+func BenchmarkReaderWaitDuringPush(b *testing.B) {
+	batch := genBatch(100_000)
+	for _, mode := range []struct {
+		name string
+		big  int
+	}{{"swap", bigBatch}, {"in-place", 1 << 30}} {
+		b.Run(mode.name, func(b *testing.B) {
+			defer func(old int) { bigBatch = old }(bigBatch)
+			bigBatch = mode.big
+			for b.Loop() {
+				s := NewStore()
+				s.Apply(genBatch(1000))
+				done := make(chan struct{})
+				go func() { defer close(done); s.Apply(batch) }()
+				var worst time.Duration
+				a := netip.AddrFrom4([4]byte{10, 0, 0, 5})
+			loop:
+				for {
+					select {
+					case <-done:
+						break loop
+					default:
+					}
+					t0 := time.Now()
+					s.WorkloadByIP("", a)
+					worst = max(worst, time.Since(t0))
+				}
+				b.ReportMetric(float64(worst.Microseconds()), "max-wait-µs")
+			}
+		})
+	}
 }

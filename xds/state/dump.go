@@ -144,22 +144,22 @@ func (s *Store) Dump() any {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	d := &Dump{
-		Workloads: make([]WorkloadDump, 0, len(s.workloads)),
-		Services:  make([]ServiceDump, 0, len(s.services)),
-		Policies:  make([]PolicyDump, 0, len(s.policies)),
+		Workloads: make([]WorkloadDump, 0, len(s.idx.workloads)),
+		Services:  make([]ServiceDump, 0, len(s.idx.services)),
+		Policies:  make([]PolicyDump, 0, len(s.idx.policies)),
 	}
-	for _, w := range s.workloads {
+	for _, w := range s.idx.workloads {
 		d.Workloads = append(d.Workloads, workloadDump(w))
 	}
 	sort.Slice(d.Workloads, func(i, j int) bool { return d.Workloads[i].UID < d.Workloads[j].UID })
-	for key, svc := range s.services {
+	for key, svc := range s.idx.services {
 		d.Services = append(d.Services, s.serviceDumpLocked(key, svc))
 	}
 	sort.Slice(d.Services, func(i, j int) bool {
 		a, b := d.Services[i], d.Services[j]
 		return a.Hostname < b.Hostname || a.Hostname == b.Hostname && a.Namespace < b.Namespace
 	})
-	for _, p := range s.policies {
+	for _, p := range s.idx.policies {
 		d.Policies = append(d.Policies, policyDump(p))
 	}
 	sort.Slice(d.Policies, func(i, j int) bool {
@@ -241,7 +241,7 @@ func (s *Store) serviceDumpLocked(key string, svc *Service) ServiceDump {
 		}
 		sd.LoadBalancer = ld
 	}
-	for uid, ep := range s.endpoints[key] {
+	for uid, ep := range s.idx.endpoints[key] {
 		sd.Endpoints[uid] = EndpointDump{
 			WorkloadUID: uid, Service: key, Port: portsDump(ep.Ports), Status: statusString(ep.Workload.Healthy),
 		}

@@ -30,7 +30,7 @@ func (s *Store) Resolve(src *Workload, dst netip.AddrPort) (Route, error) {
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if w := s.byAddr[netKey{network, dst.Addr()}]; w != nil {
+	if w := s.idx.byAddr[netKey{network, dst.Addr()}]; w != nil {
 		if w.Waypoint != nil && !s.isWaypointLocked(src, w.Waypoint) {
 			return s.waypointRouteLocked(src, network, w.Waypoint, nil, dst)
 		}
@@ -113,7 +113,7 @@ func (s *Store) gatewayServiceKeyLocked(g *GatewayAddress) string {
 	if g.Hostname != "" {
 		return g.Namespace + "/" + g.Hostname
 	}
-	if svc := s.pickService(s.byVIP[netKey{g.Network, g.Address}], ""); svc != nil {
+	if svc := s.pickService(s.idx.byVIP[netKey{g.Network, g.Address}], ""); svc != nil {
 		return svc.Key()
 	}
 	return ""
@@ -139,12 +139,12 @@ func (s *Store) isWaypointLocked(src *Workload, g *GatewayAddress) bool {
 // service it names (load balanced).
 func (s *Store) gatewayWorkloadLocked(src *Workload, network string, g *GatewayAddress) *Workload {
 	if g.Address.IsValid() {
-		if w := s.byAddr[netKey{g.Network, g.Address}]; w != nil {
+		if w := s.idx.byAddr[netKey{g.Network, g.Address}]; w != nil {
 			return w
 		}
 	}
 	key := s.gatewayServiceKeyLocked(g)
-	svc := s.services[key]
+	svc := s.idx.services[key]
 	if svc == nil {
 		return nil
 	}
@@ -300,7 +300,7 @@ func rank(prefs []LBScope, src, w *Workload) int {
 // Two passes over the endpoint map and no allocation: the first finds the best rank and the
 // total weight, the second walks to the drawn weight (map order does not bias a uniform draw).
 func (s *Store) pickEndpointLocked(src *Workload, network string, svc *Service, svcPort, target uint16) (*Workload, uint16) {
-	eps := s.endpoints[svc.Key()]
+	eps := s.idx.endpoints[svc.Key()]
 	best, n := -1, 0
 	var total uint64
 	for _, ep := range eps {

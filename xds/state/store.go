@@ -17,8 +17,10 @@ package state
 
 import (
 	"context"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"sort"
 	"sync"
 
@@ -61,12 +63,9 @@ type cidrVIP struct {
 	svc     *Service
 }
 
-// Store is the workload cache. The zero value is not usable; call NewStore.
-type Store struct {
-	opts  Options
-	randN func(n uint64) uint64 // [0,n); replaced in tests
-
-	mu           sync.RWMutex
+// index holds every lookup structure. Small pushes mutate the live index under the write
+// lock; large ones build a copy off-lock and swap it in (see Apply).
+type index struct {
 	workloads    map[string]*Workload // by uid
 	byAddr       map[netKey]*Workload
 	byName       map[nsName]*Workload
@@ -78,20 +77,10 @@ type Store struct {
 	endpoints    map[string]map[string]Endpoint // service key -> uid -> endpoint
 	policies     map[string]*Policy
 	policiesByNs map[string]map[string]*Policy // scope global under "", namespace scope by ns
-	version      uint64                        // bumped on every applied batch
-
-	subMu sync.Mutex
-	subs  map[chan struct{}]struct{}
 }
 
-// NewStore returns an empty Store with default Options.
-func NewStore() *Store { return NewStoreWith(Options{}) }
-
-// NewStoreWith returns an empty Store.
-func NewStoreWith(opts Options) *Store {
-	return &Store{
-		opts:         opts,
-		randN:        rand.Uint64N,
+func newIndex() *index {
+	return &index{
 		workloads:    make(map[string]*Workload),
 		byAddr:       make(map[netKey]*Workload),
 		byName:       make(map[nsName]*Workload),
@@ -102,12 +91,61 @@ func NewStoreWith(opts Options) *Store {
 		endpoints:    make(map[string]map[string]Endpoint),
 		policies:     make(map[string]*Policy),
 		policiesByNs: make(map[string]map[string]*Policy),
-		subs:         make(map[chan struct{}]struct{}),
 	}
 }
 
+// clone deep-copies the maps a push mutates. Slices in byHost/byVIP are shared: writers
+// only append past a reader's length or replace the slice (removeSvc copies).
+func (x *index) clone() *index {
+	c := &index{
+		workloads: maps.Clone(x.workloads), byAddr: maps.Clone(x.byAddr), byName: maps.Clone(x.byName),
+		byNode: make(map[string]map[string]*Workload, len(x.byNode)), services: maps.Clone(x.services),
+		byHost: maps.Clone(x.byHost), byVIP: maps.Clone(x.byVIP), cidrs: slices.Clip(x.cidrs),
+		endpoints: make(map[string]map[string]Endpoint, len(x.endpoints)), policies: maps.Clone(x.policies),
+		policiesByNs: make(map[string]map[string]*Policy, len(x.policiesByNs)),
+	}
+	for k, m := range x.byNode {
+		c.byNode[k] = maps.Clone(m)
+	}
+	for k, m := range x.endpoints {
+		c.endpoints[k] = maps.Clone(m)
+	}
+	for k, m := range x.policiesByNs {
+		c.policiesByNs[k] = maps.Clone(m)
+	}
+	return c
+}
+
+// Store is the workload cache. The zero value is not usable; call NewStore.
+type Store struct {
+	opts  Options
+	randN func(n uint64) uint64 // [0,n); replaced in tests
+
+	pushMu sync.Mutex // serialises writers; held across a whole Apply
+
+	mu      sync.RWMutex // guards idx (the pointer and, for small pushes, its maps)
+	idx     *index
+	version uint64 // bumped on every applied batch
+
+	subMu sync.Mutex
+	subs  map[chan struct{}]struct{}
+}
+
+// bigBatch is the push size from which Apply builds a new index off-lock and swaps it in,
+// so readers never wait behind a large push; smaller pushes are applied in place (a few
+// microseconds under the write lock) because copying a 100k index costs ~25 ms.
+var bigBatch = 512 // a var so the benchmark can compare both paths
+
+// NewStore returns an empty Store with default Options.
+func NewStore() *Store { return NewStoreWith(Options{}) }
+
+// NewStoreWith returns an empty Store.
+func NewStoreWith(opts Options) *Store {
+	return &Store{opts: opts, randN: rand.Uint64N, idx: newIndex(), subs: make(map[chan struct{}]struct{})}
+}
+
 // Apply applies one push atomically and notifies subscribers. The batch's values must not be
-// modified afterwards.
+// modified afterwards. Readers wait at most for a small in-place update or a pointer swap.
 func (s *Store) Apply(b *Batch) {
 	if b.Empty() {
 		return
@@ -116,106 +154,124 @@ func (s *Store) Apply(b *Batch) {
 	for _, w := range b.Workloads {
 		w.id, _ = identity.New(w.TrustDomain, w.Namespace, w.ServiceAccount)
 	}
-	s.mu.Lock()
-	for _, name := range b.RemoveAddresses {
-		if w := s.workloads[name]; w != nil {
-			s.removeWorkloadLocked(w)
-		}
-		if svc := s.services[name]; svc != nil {
-			s.removeServiceLocked(svc)
-		}
+	s.pushMu.Lock()
+	defer s.pushMu.Unlock()
+	size := len(b.Workloads) + len(b.Services) + len(b.Policies) + len(b.RemoveAddresses) + len(b.RemovePolicies)
+	if size >= bigBatch {
+		// Only writers mutate idx and pushMu excludes the others, so reading it here
+		// without mu races with nothing; readers keep using the old index meanwhile.
+		x := s.idx.clone()
+		x.apply(b)
+		s.mu.Lock()
+		s.idx = x
+		s.version++
+		s.mu.Unlock()
+	} else {
+		s.mu.Lock()
+		s.idx.apply(b)
+		s.version++
+		s.mu.Unlock()
 	}
-	for _, key := range b.RemovePolicies {
-		if p := s.policies[key]; p != nil {
-			s.removePolicyLocked(p)
-		}
-	}
-	for _, w := range b.Workloads {
-		if old := s.workloads[w.UID]; old != nil {
-			s.removeWorkloadLocked(old)
-		}
-		s.addWorkloadLocked(w)
-	}
-	for _, svc := range b.Services {
-		if old := s.services[svc.Key()]; old != nil {
-			s.removeServiceLocked(old)
-		}
-		s.addServiceLocked(svc)
-	}
-	for _, p := range b.Policies {
-		if old := s.policies[p.Key()]; old != nil {
-			s.removePolicyLocked(old)
-		}
-		s.addPolicyLocked(p)
-	}
-	s.version++
-	s.mu.Unlock()
 	s.notify()
 }
 
-func (s *Store) addWorkloadLocked(w *Workload) {
-	s.workloads[w.UID] = w
-	if w.NetworkMode != NetworkHostNetwork {
-		for _, a := range w.Addresses {
-			s.byAddr[netKey{w.Network, a}] = w
+func (x *index) apply(b *Batch) {
+	for _, name := range b.RemoveAddresses {
+		if w := x.workloads[name]; w != nil {
+			x.removeWorkloadLocked(w)
+		}
+		if svc := x.services[name]; svc != nil {
+			x.removeServiceLocked(svc)
 		}
 	}
-	s.byName[nsName{w.Namespace, w.Name}] = w
+	for _, key := range b.RemovePolicies {
+		if p := x.policies[key]; p != nil {
+			x.removePolicyLocked(p)
+		}
+	}
+	for _, w := range b.Workloads {
+		if old := x.workloads[w.UID]; old != nil {
+			x.removeWorkloadLocked(old)
+		}
+		x.addWorkloadLocked(w)
+	}
+	for _, svc := range b.Services {
+		if old := x.services[svc.Key()]; old != nil {
+			x.removeServiceLocked(old)
+		}
+		x.addServiceLocked(svc)
+	}
+	for _, p := range b.Policies {
+		if old := x.policies[p.Key()]; old != nil {
+			x.removePolicyLocked(old)
+		}
+		x.addPolicyLocked(p)
+	}
+}
+
+func (x *index) addWorkloadLocked(w *Workload) {
+	x.workloads[w.UID] = w
+	if w.NetworkMode != NetworkHostNetwork {
+		for _, a := range w.Addresses {
+			x.byAddr[netKey{w.Network, a}] = w
+		}
+	}
+	x.byName[nsName{w.Namespace, w.Name}] = w
 	if w.Node != "" {
-		m := s.byNode[w.Node]
+		m := x.byNode[w.Node]
 		if m == nil {
 			m = make(map[string]*Workload)
-			s.byNode[w.Node] = m
+			x.byNode[w.Node] = m
 		}
 		m[w.UID] = w
 	}
 	for svc, ports := range w.Services {
-		m := s.endpoints[svc]
+		m := x.endpoints[svc]
 		if m == nil {
 			m = make(map[string]Endpoint)
-			s.endpoints[svc] = m
+			x.endpoints[svc] = m
 		}
 		m[w.UID] = Endpoint{Workload: w, Ports: ports}
 	}
 }
 
-func (s *Store) removeWorkloadLocked(w *Workload) {
-	delete(s.workloads, w.UID)
+func (x *index) removeWorkloadLocked(w *Workload) {
+	delete(x.workloads, w.UID)
 	for _, a := range w.Addresses {
 		k := netKey{w.Network, a}
-		if s.byAddr[k] == w {
-			delete(s.byAddr, k)
+		if x.byAddr[k] == w {
+			delete(x.byAddr, k)
 		}
 	}
-	if k := (nsName{w.Namespace, w.Name}); s.byName[k] == w {
-		delete(s.byName, k)
+	if k := (nsName{w.Namespace, w.Name}); x.byName[k] == w {
+		delete(x.byName, k)
 	}
-	if m := s.byNode[w.Node]; m != nil {
+	if m := x.byNode[w.Node]; m != nil {
 		delete(m, w.UID)
 		if len(m) == 0 {
-			delete(s.byNode, w.Node)
+			delete(x.byNode, w.Node)
 		}
 	}
 	for svc := range w.Services {
-		if m := s.endpoints[svc]; m != nil {
+		if m := x.endpoints[svc]; m != nil {
 			delete(m, w.UID)
 			if len(m) == 0 {
-				delete(s.endpoints, svc)
+				delete(x.endpoints, svc)
 			}
 		}
 	}
 }
 
-func (s *Store) addServiceLocked(svc *Service) {
-	s.services[svc.Key()] = svc
-	s.byHost[svc.Hostname] = append(s.byHost[svc.Hostname], svc)
+func (x *index) addServiceLocked(svc *Service) {
+	x.services[svc.Key()] = svc
+	x.byHost[svc.Hostname] = append(x.byHost[svc.Hostname], svc)
 	for _, a := range svc.Addresses {
 		if a.Prefix.IsValid() && a.Prefix.Bits() != a.Prefix.Addr().BitLen() {
-			s.cidrs = append(s.cidrs, cidrVIP{a.Network, a.Prefix, svc})
+			x.cidrs = append(x.cidrs, cidrVIP{a.Network, a.Prefix, svc})
 			continue
 		}
 		k := netKey{a.Network, a.Address}
-		s.byVIP[k] = append(s.byVIP[k], svc)
+		x.byVIP[k] = append(x.byVIP[k], svc)
 	}
 }
 
@@ -231,32 +287,32 @@ func removeSvc(list []*Service, svc *Service) []*Service {
 	return list
 }
 
-func (s *Store) removeServiceLocked(svc *Service) {
-	delete(s.services, svc.Key())
-	if l := removeSvc(s.byHost[svc.Hostname], svc); len(l) == 0 {
-		delete(s.byHost, svc.Hostname)
+func (x *index) removeServiceLocked(svc *Service) {
+	delete(x.services, svc.Key())
+	if l := removeSvc(x.byHost[svc.Hostname], svc); len(l) == 0 {
+		delete(x.byHost, svc.Hostname)
 	} else {
-		s.byHost[svc.Hostname] = l
+		x.byHost[svc.Hostname] = l
 	}
 	for _, a := range svc.Addresses {
 		if a.Prefix.IsValid() && a.Prefix.Bits() != a.Prefix.Addr().BitLen() {
 			continue
 		}
 		k := netKey{a.Network, a.Address}
-		if l := removeSvc(s.byVIP[k], svc); len(l) == 0 {
-			delete(s.byVIP, k)
+		if l := removeSvc(x.byVIP[k], svc); len(l) == 0 {
+			delete(x.byVIP, k)
 		} else {
-			s.byVIP[k] = l
+			x.byVIP[k] = l
 		}
 	}
-	if len(s.cidrs) > 0 {
-		out := s.cidrs[:0:0]
-		for _, c := range s.cidrs {
+	if len(x.cidrs) > 0 {
+		out := x.cidrs[:0:0]
+		for _, c := range x.cidrs {
 			if c.svc != svc {
 				out = append(out, c)
 			}
 		}
-		s.cidrs = out
+		x.cidrs = out
 	}
 }
 
@@ -267,26 +323,26 @@ func policyNs(p *Policy) string {
 	return p.Namespace
 }
 
-func (s *Store) addPolicyLocked(p *Policy) {
-	s.policies[p.Key()] = p
+func (x *index) addPolicyLocked(p *Policy) {
+	x.policies[p.Key()] = p
 	if p.Scope == ScopeWorkloadSelector {
 		return
 	}
 	ns := policyNs(p)
-	m := s.policiesByNs[ns]
+	m := x.policiesByNs[ns]
 	if m == nil {
 		m = make(map[string]*Policy)
-		s.policiesByNs[ns] = m
+		x.policiesByNs[ns] = m
 	}
 	m[p.Key()] = p
 }
 
-func (s *Store) removePolicyLocked(p *Policy) {
-	delete(s.policies, p.Key())
-	if m := s.policiesByNs[policyNs(p)]; m != nil {
+func (x *index) removePolicyLocked(p *Policy) {
+	delete(x.policies, p.Key())
+	if m := x.policiesByNs[policyNs(p)]; m != nil {
 		delete(m, p.Key())
 		if len(m) == 0 {
-			delete(s.policiesByNs, policyNs(p))
+			delete(x.policiesByNs, policyNs(p))
 		}
 	}
 }
@@ -294,7 +350,7 @@ func (s *Store) removePolicyLocked(p *Policy) {
 // WorkloadByIP returns the workload with address ip on network, or nil.
 func (s *Store) WorkloadByIP(network string, ip netip.Addr) *Workload {
 	s.mu.RLock()
-	w := s.byAddr[netKey{network, ip}]
+	w := s.idx.byAddr[netKey{network, ip}]
 	s.mu.RUnlock()
 	return w
 }
@@ -302,7 +358,7 @@ func (s *Store) WorkloadByIP(network string, ip netip.Addr) *Workload {
 // WorkloadByUID returns the workload with that uid, or nil.
 func (s *Store) WorkloadByUID(uid string) *Workload {
 	s.mu.RLock()
-	w := s.workloads[uid]
+	w := s.idx.workloads[uid]
 	s.mu.RUnlock()
 	return w
 }
@@ -310,7 +366,7 @@ func (s *Store) WorkloadByUID(uid string) *Workload {
 // FindWorkload returns a workload by namespace and name (dedicated mode's own workload), or nil.
 func (s *Store) FindWorkload(namespace, name string) *Workload {
 	s.mu.RLock()
-	w := s.byName[nsName{namespace, name}]
+	w := s.idx.byName[nsName{namespace, name}]
 	s.mu.RUnlock()
 	return w
 }
@@ -318,7 +374,7 @@ func (s *Store) FindWorkload(namespace, name string) *Workload {
 // WorkloadsOnNode returns the workloads scheduled on node, sorted by uid.
 func (s *Store) WorkloadsOnNode(node string) []*Workload {
 	s.mu.RLock()
-	m := s.byNode[node]
+	m := s.idx.byNode[node]
 	out := make([]*Workload, 0, len(m))
 	for _, w := range m {
 		out = append(out, w)
@@ -331,7 +387,7 @@ func (s *Store) WorkloadsOnNode(node string) []*Workload {
 // ServiceByKey returns the service named "namespace/hostname", or nil.
 func (s *Store) ServiceByKey(key string) *Service {
 	s.mu.RLock()
-	svc := s.services[key]
+	svc := s.idx.services[key]
 	s.mu.RUnlock()
 	return svc
 }
@@ -345,13 +401,13 @@ func (s *Store) ServiceByVIP(network string, ip netip.Addr, srcNamespace string)
 }
 
 func (s *Store) serviceByVIPLocked(network string, ip netip.Addr, srcNs string) *Service {
-	if svc := s.pickService(s.byVIP[netKey{network, ip}], srcNs); svc != nil {
+	if svc := s.pickService(s.idx.byVIP[netKey{network, ip}], srcNs); svc != nil {
 		return svc
 	}
 	var best *Service
 	bestBits := -1
-	for i := range s.cidrs {
-		c := &s.cidrs[i]
+	for i := range s.idx.cidrs {
+		c := &s.idx.cidrs[i]
 		if c.network != network || !c.prefix.Contains(ip) || !c.svc.VisibleTo(srcNs) {
 			continue
 		}
@@ -397,13 +453,13 @@ func (s *Store) pickService(list []*Service, srcNs string) *Service {
 func (s *Store) ServiceByHostname(hostname, srcNamespace string) *Service {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.pickService(s.byHost[hostname], srcNamespace)
+	return s.pickService(s.idx.byHost[hostname], srcNamespace)
 }
 
 // Endpoints returns the service's endpoints sorted by workload uid.
 func (s *Store) Endpoints(serviceKey string) []Endpoint {
 	s.mu.RLock()
-	m := s.endpoints[serviceKey]
+	m := s.idx.endpoints[serviceKey]
 	out := make([]Endpoint, 0, len(m))
 	for _, e := range m {
 		out = append(out, e)
@@ -416,7 +472,7 @@ func (s *Store) Endpoints(serviceKey string) []Endpoint {
 // Policy returns the policy with key "namespace/name", or nil.
 func (s *Store) Policy(key string) *Policy {
 	s.mu.RLock()
-	p := s.policies[key]
+	p := s.idx.policies[key]
 	s.mu.RUnlock()
 	return p
 }
@@ -425,7 +481,7 @@ func (s *Store) Policy(key string) *Policy {
 // policies w lists (unknown keys skipped), sorted by key within each group.
 func (s *Store) PoliciesFor(w *Workload) []*Policy {
 	s.mu.RLock()
-	g, n := s.policiesByNs[""], s.policiesByNs[w.Namespace]
+	g, n := s.idx.policiesByNs[""], s.idx.policiesByNs[w.Namespace]
 	out := make([]*Policy, 0, len(g)+len(n)+len(w.AuthorizationPolicies))
 	for _, p := range g {
 		out = append(out, p)
@@ -436,7 +492,7 @@ func (s *Store) PoliciesFor(w *Workload) []*Policy {
 	sortPolicies(out)
 	mark := len(out)
 	for _, key := range w.AuthorizationPolicies {
-		if p := s.policies[key]; p != nil && p.Scope == ScopeWorkloadSelector {
+		if p := s.idx.policies[key]; p != nil && p.Scope == ScopeWorkloadSelector {
 			out = append(out, p)
 		}
 	}
@@ -453,7 +509,7 @@ func sortPolicies(ps []*Policy) {
 func (s *Store) Len() (workloads, services, policies int) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return len(s.workloads), len(s.services), len(s.policies)
+	return len(s.idx.workloads), len(s.idx.services), len(s.idx.policies)
 }
 
 // Version counts applied batches; it changes whenever the state does.

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 
@@ -219,3 +221,62 @@ func TestLookupAllocs(t *testing.T) {
 }
 
 var _ = errors.Is
+
+func TestBigBatchSwapWithConcurrentReaders(t *testing.T) {
+	s := NewStore()
+	mk := func(gen, n int) *Batch {
+		b := &Batch{}
+		for i := range n {
+			a := netip.AddrFrom4([4]byte{10, 0, byte(i >> 8), byte(i)})
+			b.Workloads = append(b.Workloads, wl("w"+strconv.Itoa(i), a.String(), inSvc(echoKey, nil), func(w *Workload) { w.Node = "n" + strconv.Itoa(gen) }))
+		}
+		// Services sharing a VIP and a hostname exercise the shared slices of the index.
+		for i := range 4 {
+			b.Services = append(b.Services, svc("ns"+strconv.Itoa(i), "echo.default.svc", "10.96.0.10"))
+		}
+		b.Services = append(b.Services, echo())
+		return b
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				s.WorkloadByIP("", ip("10.0.0.7"))
+				s.ServiceByVIP("", ip("10.96.0.10"), "ns2")
+				s.ServiceByHostname("echo.default.svc", "ns1")
+				s.WorkloadsOnNode("n1")
+				_, _ = s.Resolve(nil, ap("10.96.0.10:80"))
+				_ = s.Dump()
+			}
+		}()
+	}
+	for gen := range 4 {
+		s.Apply(mk(gen, bigBatch+100)) // big: swapped in
+		s.Apply(&Batch{Workloads: []*Workload{wl("small", "10.9.0.1")}, RemoveAddresses: []string{"Kubernetes//v1/Pod/default/w3"}})
+	}
+	close(stop)
+	wg.Wait()
+	if n := len(s.WorkloadsOnNode("n3")); n != bigBatch+100-1 {
+		t.Errorf("node n3 has %d workloads; want %d", n, bigBatch+99)
+	}
+	if len(s.WorkloadsOnNode("n0")) != 0 {
+		t.Error("old node index survived the swap")
+	}
+	if got := s.ServiceByVIP("", ip("10.96.0.10"), "ns2"); got == nil || got.Namespace != "ns2" {
+		t.Errorf("ServiceByVIP after swaps = %v", got)
+	}
+	if eps := s.Endpoints(echoKey); len(eps) != bigBatch+99 {
+		t.Errorf("%d endpoints; want %d", len(eps), bigBatch+99)
+	}
+	if s.WorkloadByIP("", ip("10.0.0.3")) != nil || s.WorkloadByUID("Kubernetes//v1/Pod/default/small") == nil {
+		t.Error("small push after a swap not applied")
+	}
+}
