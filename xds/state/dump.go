@@ -106,8 +106,8 @@ type PolicyDump struct {
 type MatchDump struct {
 	Namespaces          []any    `json:"namespaces,omitempty"`
 	NotNamespaces       []any    `json:"notNamespaces,omitempty"`
-	ServiceAccounts     []string `json:"serviceAccounts,omitempty"`
-	NotServiceAccounts  []string `json:"notServiceAccounts,omitempty"`
+	ServiceAccounts     []SADump `json:"serviceAccounts,omitempty"`
+	NotServiceAccounts  []SADump `json:"notServiceAccounts,omitempty"`
 	Principals          []any    `json:"principals,omitempty"`
 	NotPrincipals       []any    `json:"notPrincipals,omitempty"`
 	SourceIPs           []string `json:"sourceIps,omitempty"`
@@ -280,13 +280,19 @@ func prefixesDump(ps []netip.Prefix) []string {
 	return out
 }
 
-func saDump(ms []ServiceAccountMatch) []string {
+// SADump is a service-account match in the dump, in the local file's shape.
+type SADump struct {
+	Namespace      string `json:"namespace"`
+	ServiceAccount string `json:"serviceAccount"`
+}
+
+func saDump(ms []ServiceAccountMatch) []SADump {
 	if len(ms) == 0 {
 		return nil
 	}
-	out := make([]string, len(ms))
+	out := make([]SADump, len(ms))
 	for i, m := range ms {
-		out[i] = m.Namespace + "/" + m.ServiceAccount
+		out[i] = SADump(m)
 	}
 	return out
 }

@@ -7,12 +7,12 @@
 // these types outside any lock and hands the Store one Batch per push. Values handed to the
 // Store are immutable afterwards; an update swaps the pointer, so readers can keep them.
 //
-// Concurrency: one sync.RWMutex. A push holds the write lock only while it updates the maps
-// for an already-converted batch (no decoding, no I/O, no allocation-heavy work beyond map
-// inserts); readers take the read lock for a few map lookups. An immutable snapshot swapped
-// atomically would make each incremental push copy every index (O(total) per push, ~100 MB
-// of churn per small update at 100k workloads), so the lock wins for ztunnel's pattern of
-// frequent small deltas.
+// Concurrency: readers take a sync.RWMutex read lock for a few map lookups. Writers are
+// serialised; a small push (under 512 resources, the usual delta) updates the index in place
+// under the write lock for a few microseconds; a large one (initial sync, resync) is applied
+// to a copy of the index built without the lock and swapped in, so readers wait at most for
+// a pointer swap. A pure immutable snapshot would copy every index on each small delta
+// (~25 ms and 17 MB at 100k workloads, against ~6 µs in place); see bench_test.go.
 package state
 
 import (

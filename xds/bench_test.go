@@ -1,0 +1,58 @@
+package xds
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"testing"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/gozt/gozt/xds/state"
+	"github.com/gozt/gozt/xds/xdspb"
+	"github.com/gozt/gozt/xds/xdspb/workloadpb"
+)
+
+// genPush builds an Address response of n workloads as istiod would send them.
+func genPush(b *testing.B, n int) *discoveryv3.DeltaDiscoveryResponse {
+	resp := &discoveryv3.DeltaDiscoveryResponse{TypeUrl: xdspb.AddressType, Nonce: "n"}
+	for i := range n {
+		uid := "Kubernetes//v1/Pod/ns" + strconv.Itoa(i%50) + "/pod-" + strconv.Itoa(i)
+		w := &workloadpb.Workload{
+			Uid: uid, Name: "pod-" + strconv.Itoa(i), Namespace: "ns" + strconv.Itoa(i%50),
+			Addresses:      [][]byte{netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}).AsSlice()},
+			TunnelProtocol: workloadpb.TunnelProtocol_HBONE, ServiceAccount: "sa" + strconv.Itoa(i%1000),
+			Node: "node-" + strconv.Itoa(i%500), CanonicalName: "app" + strconv.Itoa(i%1000), CanonicalRevision: "v1",
+			Services: map[string]*workloadpb.PortList{"ns/svc" + strconv.Itoa(i%1000) + ".svc.cluster.local": {Ports: []*workloadpb.Port{{ServicePort: 80, TargetPort: 8080}}}},
+		}
+		v, err := proto.Marshal(&workloadpb.Address{Type: &workloadpb.Address_Workload{Workload: w}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		resp.Resources = append(resp.Resources, &discoveryv3.Resource{Name: uid, Version: "1", Resource: &anypb.Any{TypeUrl: xdspb.AddressType, Value: v}})
+	}
+	return resp
+}
+
+// BenchmarkHandlePush is a whole initial push through the client: decode, convert (no lock)
+// and apply to an empty store.
+func BenchmarkHandlePush(b *testing.B) {
+	for _, n := range []int{10_000, 100_000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			resp := genPush(b, n)
+			b.ReportAllocs()
+			for b.Loop() {
+				c, err := NewClient(Config{Address: "http://127.0.0.1:1"}, state.NewStore(), nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if ack := c.handle(resp); ack.GetErrorDetail() != nil {
+					b.Fatal(ack.GetErrorDetail())
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/workload")
+		})
+	}
+}
