@@ -49,6 +49,7 @@ type adsServer struct {
 	streams chan grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse]
 	md      chan metadata.MD
 	done    chan struct{}
+	end     chan struct{} // a send ends the current stream cleanly (status OK)
 }
 
 func startADS(t *testing.T, addr string, opts ...grpc.ServerOption) *adsServer {
@@ -70,6 +71,7 @@ func startADS(t *testing.T, addr string, opts ...grpc.ServerOption) *adsServer {
 		streams: make(chan grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse], 10),
 		md:      make(chan metadata.MD, 10),
 		done:    make(chan struct{}),
+		end:     make(chan struct{}),
 	}
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(s.grpc, s)
 	go func() { defer close(s.done); _ = s.grpc.Serve(ln) }()
@@ -83,13 +85,22 @@ func (s *adsServer) DeltaAggregatedResources(st grpc.BidiStreamingServer[discove
 	md, _ := metadata.FromIncomingContext(st.Context())
 	s.md <- md
 	s.streams <- st
-	for {
-		req, err := st.Recv()
-		if err != nil {
-			return nil
+	recvDone := make(chan struct{})
+	go func() { // owned by this handler: Recv fails once the handler returns
+		defer close(recvDone)
+		for {
+			req, err := st.Recv()
+			if err != nil {
+				return
+			}
+			s.reqs <- req
 		}
-		s.reqs <- req
+	}()
+	select {
+	case <-recvDone:
+	case <-s.end:
 	}
+	return nil
 }
 
 func (s *adsServer) stream(t *testing.T) grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse] {
@@ -483,4 +494,31 @@ func counterValue(c prometheus.Counter) float64 {
 		panic(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+func TestClientReconnectAfterCleanEnd(t *testing.T) {
+	leaktest.Check(t)
+	srv := startADS(t, "127.0.0.1:0")
+	c, err := NewClient(Config{Address: "http://" + srv.addr, OnDemand: true}, state.NewStore(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, c)
+	st := srv.stream(t)
+	srv.initial(t)
+	go func() { _ = c.Demand(context.Background(), "default/echo.svc") }()
+	srv.req(t) // the on-demand subscription
+	push(t, st, xdspb.AddressType, "d1", []*discoveryv3.Resource{svcRes(t, "echo.svc", "10.96.0.1")})
+	expectAck(t, srv, xdspb.AddressType, "d1")
+
+	srv.end <- struct{}{} // status OK: ztunnel reconnects at once
+	srv.stream(t)
+	init := srv.initial(t)
+	r := init[xdspb.AddressType]
+	if !slices.Contains(r.GetResourceNamesSubscribe(), "default/echo.svc") || r.GetInitialResourceVersions()["default/echo.svc"] != "v-default/echo.svc" {
+		t.Errorf("reconnect request = %v; want the demanded name resubscribed with its version", r)
+	}
+	if got := counterValue(c.metrics.terminations.WithLabelValues(reasonComplete)); got != 1 {
+		t.Errorf("terminations{Complete} = %v; want 1", got)
+	}
 }
