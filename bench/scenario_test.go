@@ -31,6 +31,10 @@ func TestScenariosDirect(t *testing.T) {
 			if res.Bytes <= 0 || res.Ops <= 0 || res.Elapsed <= 0 {
 				t.Errorf("bytes %d ops %d elapsed %v; want all > 0", res.Bytes, res.Ops, res.Elapsed)
 			}
+			// Runs end when their work does, not at a drain timeout (that was a bug once).
+			if res.Elapsed > tc.opts.Duration+drainGrace/2 {
+				t.Errorf("run took %v for %v of load", res.Elapsed, tc.opts.Duration)
+			}
 			switch tc.scenario {
 			case "rr":
 				if want := int64(100); res.Ops != want || res.Missed != 0 {

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"time"
 )
 
@@ -137,9 +139,17 @@ func RunSuite(ctx context.Context, cfg SuiteConfig) (*Report, error) {
 		}
 	}
 	if cfg.Peers {
+		// The peers get their own echo listener named "localhost:PORT": ghostunnel refuses
+		// any other backend address without --unsafe-target.
+		pecho, err := Listen("127.0.0.1:0", ServerConfig{Mode: ModeEcho})
+		if err != nil {
+			return nil, err
+		}
+		defer pecho.Close()
+		backend := "localhost:" + strconv.Itoa(pecho.Addr().(*net.TCPAddr).Port)
 		pr := &peers{script: cfg.PeersScript, state: filepath.Join(work, "peers")}
 		defer pr.down(cfg.Log)
-		ps, err := pr.up(ctx, echoAddr, cfg.Log)
+		ps, err := pr.up(ctx, backend, cfg.Log)
 		if err != nil {
 			note("peers left out: %v", err)
 		}

@@ -77,11 +77,16 @@ func closeOnCancel(ctx context.Context, c net.Conn) func() bool {
 	return context.AfterFunc(ctx, func() { c.Close() })
 }
 
-// echoStream writes the pattern until deadline, half-closes, and checks the echo until it
-// has every byte back. It returns the bytes read back and checked.
+// echoStream writes the pattern until deadline and checks the echo until it has every byte
+// back. It does not half-close: not every path passes half-close on (nginx's stream proxy
+// closes both ways by default), and bulk throughput should not depend on it.
+// It returns the bytes read back and checked.
 func echoStream(ctx context.Context, c net.Conn, deadline time.Time, chunk int) (int64, error) {
 	defer closeOnCancel(ctx, c)()
 	sent := make(chan int64, 1)
+	// got is written only by the reader below; the writer reads it once, after publishing
+	// sent, so either the reader finds sent on the channel or the writer finds got complete.
+	var got atomic.Int64
 	var werr error
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -95,23 +100,24 @@ func echoStream(ctx context.Context, c net.Conn, deadline time.Time, chunk int) 
 			}
 		}
 		sent <- off
-		if werr == nil {
-			closeWrite(c)
+		if got.Load() >= off {
+			// The reader has everything and may be blocked reading more: wake it.
+			c.SetReadDeadline(time.Now())
+		} else {
+			// Give the echo of the last bytes a bounded time to come back.
+			c.SetReadDeadline(time.Now().Add(drainGrace))
 		}
-		// Give the echo of the last bytes a bounded time to come back.
-		c.SetReadDeadline(time.Now().Add(drainGrace))
 	})
-	var got int64
 	want := int64(-1)
 	buf := make([]byte, maxChunk)
 	var rerr error
-	for want < 0 || got < want {
+	for want < 0 || got.Load() < want {
 		n, err := c.Read(buf)
-		if cerr := checkPattern(got, buf[:n]); cerr != nil {
+		if cerr := checkPattern(got.Load(), buf[:n]); cerr != nil {
 			rerr = cerr
 			break
 		}
-		got += int64(n)
+		got.Add(int64(n))
 		if want < 0 {
 			select {
 			case want = <-sent:
@@ -122,8 +128,8 @@ func echoStream(ctx context.Context, c net.Conn, deadline time.Time, chunk int) 
 			if want < 0 {
 				want = <-sent // the writer stops soon: the read side is gone
 			}
-			if got < want {
-				rerr = fmt.Errorf("echo returned %d of %d bytes: %w", got, want, err)
+			if got.Load() < want {
+				rerr = fmt.Errorf("echo returned %d of %d bytes: %w", got.Load(), want, err)
 			}
 			break
 		}
@@ -135,10 +141,10 @@ func echoStream(ctx context.Context, c net.Conn, deadline time.Time, chunk int) 
 	if want < 0 {
 		want = <-sent
 	}
-	if rerr == nil && got > want {
-		rerr = fmt.Errorf("%w: echo returned %d bytes, %d sent", ErrCorrupt, got, want)
+	if rerr == nil && got.Load() > want {
+		rerr = fmt.Errorf("%w: echo returned %d bytes, %d sent", ErrCorrupt, got.Load(), want)
 	}
-	return got, errors.Join(rerr, werr)
+	return got.Load(), errors.Join(rerr, werr)
 }
 
 // upStream writes the pattern to a sink until deadline, half-closes, and reads the sink's
