@@ -150,9 +150,11 @@ func (s *Store) Apply(b *Batch) {
 	if b.Empty() {
 		return
 	}
-	// Work that needs no lock: identities.
+	// Work that needs no lock: identities. Skipped for a value already cached (re-applied).
 	for _, w := range b.Workloads {
-		w.id, _ = identity.New(w.TrustDomain, w.Namespace, w.ServiceAccount)
+		if w.id.IsZero() {
+			w.id, _ = identity.New(w.TrustDomain, w.Namespace, w.ServiceAccount)
+		}
 	}
 	s.pushMu.Lock()
 	defer s.pushMu.Unlock()
