@@ -5,7 +5,7 @@
 // versions:
 // 	protoc-gen-go v1.36.12
 // 	protoc        v3.21.12
-// source: authorization.proto
+// source: xds/xdspb/authorization.proto
 
 package securitypb
 
@@ -59,11 +59,11 @@ func (x Scope) String() string {
 }
 
 func (Scope) Descriptor() protoreflect.EnumDescriptor {
-	return file_authorization_proto_enumTypes[0].Descriptor()
+	return file_xds_xdspb_authorization_proto_enumTypes[0].Descriptor()
 }
 
 func (Scope) Type() protoreflect.EnumType {
-	return &file_authorization_proto_enumTypes[0]
+	return &file_xds_xdspb_authorization_proto_enumTypes[0]
 }
 
 func (x Scope) Number() protoreflect.EnumNumber {
@@ -72,7 +72,7 @@ func (x Scope) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Scope.Descriptor instead.
 func (Scope) EnumDescriptor() ([]byte, []int) {
-	return file_authorization_proto_rawDescGZIP(), []int{0}
+	return file_xds_xdspb_authorization_proto_rawDescGZIP(), []int{0}
 }
 
 type Action int32
@@ -105,11 +105,11 @@ func (x Action) String() string {
 }
 
 func (Action) Descriptor() protoreflect.EnumDescriptor {
-	return file_authorization_proto_enumTypes[1].Descriptor()
+	return file_xds_xdspb_authorization_proto_enumTypes[1].Descriptor()
 }
 
 func (Action) Type() protoreflect.EnumType {
-	return &file_authorization_proto_enumTypes[1]
+	return &file_xds_xdspb_authorization_proto_enumTypes[1]
 }
 
 func (x Action) Number() protoreflect.EnumNumber {
@@ -118,7 +118,7 @@ func (x Action) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Action.Descriptor instead.
 func (Action) EnumDescriptor() ([]byte, []int) {
-	return file_authorization_proto_rawDescGZIP(), []int{1}
+	return file_xds_xdspb_authorization_proto_rawDescGZIP(), []int{1}
 }
 
 // Authorization is the resource sent for type.googleapis.com/istio.security.Authorization.
@@ -137,7 +137,7 @@ type Authorization struct {
 
 func (x *Authorization) Reset() {
 	*x = Authorization{}
-	mi := &file_authorization_proto_msgTypes[0]
+	mi := &file_xds_xdspb_authorization_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -149,7 +149,7 @@ func (x *Authorization) String() string {
 func (*Authorization) ProtoMessage() {}
 
 func (x *Authorization) ProtoReflect() protoreflect.Message {
-	mi := &file_authorization_proto_msgTypes[0]
+	mi := &file_xds_xdspb_authorization_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -162,7 +162,7 @@ func (x *Authorization) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Authorization.ProtoReflect.Descriptor instead.
 func (*Authorization) Descriptor() ([]byte, []int) {
-	return file_authorization_proto_rawDescGZIP(), []int{0}
+	return file_xds_xdspb_authorization_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *Authorization) GetName() string {
@@ -224,7 +224,7 @@ type Extension struct {
 
 func (x *Extension) Reset() {
 	*x = Extension{}
-	mi := &file_authorization_proto_msgTypes[1]
+	mi := &file_xds_xdspb_authorization_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -236,7 +236,7 @@ func (x *Extension) String() string {
 func (*Extension) ProtoMessage() {}
 
 func (x *Extension) ProtoReflect() protoreflect.Message {
-	mi := &file_authorization_proto_msgTypes[1]
+	mi := &file_xds_xdspb_authorization_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -249,7 +249,7 @@ func (x *Extension) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Extension.ProtoReflect.Descriptor instead.
 func (*Extension) Descriptor() ([]byte, []int) {
-	return file_authorization_proto_rawDescGZIP(), []int{1}
+	return file_xds_xdspb_authorization_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *Extension) GetName() string {
@@ -276,7 +276,7 @@ type Group struct {
 
 func (x *Group) Reset() {
 	*x = Group{}
-	mi := &file_authorization_proto_msgTypes[2]
+	mi := &file_xds_xdspb_authorization_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -288,7 +288,7 @@ func (x *Group) String() string {
 func (*Group) ProtoMessage() {}
 
 func (x *Group) ProtoReflect() protoreflect.Message {
-	mi := &file_authorization_proto_msgTypes[2]
+	mi := &file_xds_xdspb_authorization_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -301,7 +301,7 @@ func (x *Group) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Group.ProtoReflect.Descriptor instead.
 func (*Group) Descriptor() ([]byte, []int) {
-	return file_authorization_proto_rawDescGZIP(), []int{2}
+	return file_xds_xdspb_authorization_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Group) GetRules() []*Rules {
@@ -321,7 +321,7 @@ type Rules struct {
 
 func (x *Rules) Reset() {
 	*x = Rules{}
-	mi := &file_authorization_proto_msgTypes[3]
+	mi := &file_xds_xdspb_authorization_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -333,7 +333,7 @@ func (x *Rules) String() string {
 func (*Rules) ProtoMessage() {}
 
 func (x *Rules) ProtoReflect() protoreflect.Message {
-	mi := &file_authorization_proto_msgTypes[3]
+	mi := &file_xds_xdspb_authorization_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -346,7 +346,7 @@ func (x *Rules) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rules.ProtoReflect.Descriptor instead.
 func (*Rules) Descriptor() ([]byte, []int) {
-	return file_authorization_proto_rawDescGZIP(), []int{3}
+	return file_xds_xdspb_authorization_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Rules) GetMatches() []*Match {
@@ -377,7 +377,7 @@ type Match struct {
 
 func (x *Match) Reset() {
 	*x = Match{}
-	mi := &file_authorization_proto_msgTypes[4]
+	mi := &file_xds_xdspb_authorization_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -389,7 +389,7 @@ func (x *Match) String() string {
 func (*Match) ProtoMessage() {}
 
 func (x *Match) ProtoReflect() protoreflect.Message {
-	mi := &file_authorization_proto_msgTypes[4]
+	mi := &file_xds_xdspb_authorization_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -402,7 +402,7 @@ func (x *Match) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Match.ProtoReflect.Descriptor instead.
 func (*Match) Descriptor() ([]byte, []int) {
-	return file_authorization_proto_rawDescGZIP(), []int{4}
+	return file_xds_xdspb_authorization_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Match) GetNamespaces() []*StringMatch {
@@ -506,7 +506,7 @@ type Address struct {
 
 func (x *Address) Reset() {
 	*x = Address{}
-	mi := &file_authorization_proto_msgTypes[5]
+	mi := &file_xds_xdspb_authorization_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -518,7 +518,7 @@ func (x *Address) String() string {
 func (*Address) ProtoMessage() {}
 
 func (x *Address) ProtoReflect() protoreflect.Message {
-	mi := &file_authorization_proto_msgTypes[5]
+	mi := &file_xds_xdspb_authorization_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -531,7 +531,7 @@ func (x *Address) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Address.ProtoReflect.Descriptor instead.
 func (*Address) Descriptor() ([]byte, []int) {
-	return file_authorization_proto_rawDescGZIP(), []int{5}
+	return file_xds_xdspb_authorization_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Address) GetAddress() []byte {
@@ -558,7 +558,7 @@ type ServiceAccountMatch struct {
 
 func (x *ServiceAccountMatch) Reset() {
 	*x = ServiceAccountMatch{}
-	mi := &file_authorization_proto_msgTypes[6]
+	mi := &file_xds_xdspb_authorization_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +570,7 @@ func (x *ServiceAccountMatch) String() string {
 func (*ServiceAccountMatch) ProtoMessage() {}
 
 func (x *ServiceAccountMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_authorization_proto_msgTypes[6]
+	mi := &file_xds_xdspb_authorization_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +583,7 @@ func (x *ServiceAccountMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceAccountMatch.ProtoReflect.Descriptor instead.
 func (*ServiceAccountMatch) Descriptor() ([]byte, []int) {
-	return file_authorization_proto_rawDescGZIP(), []int{6}
+	return file_xds_xdspb_authorization_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ServiceAccountMatch) GetNamespace() string {
@@ -615,7 +615,7 @@ type StringMatch struct {
 
 func (x *StringMatch) Reset() {
 	*x = StringMatch{}
-	mi := &file_authorization_proto_msgTypes[7]
+	mi := &file_xds_xdspb_authorization_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -627,7 +627,7 @@ func (x *StringMatch) String() string {
 func (*StringMatch) ProtoMessage() {}
 
 func (x *StringMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_authorization_proto_msgTypes[7]
+	mi := &file_xds_xdspb_authorization_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -640,7 +640,7 @@ func (x *StringMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StringMatch.ProtoReflect.Descriptor instead.
 func (*StringMatch) Descriptor() ([]byte, []int) {
-	return file_authorization_proto_rawDescGZIP(), []int{7}
+	return file_xds_xdspb_authorization_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StringMatch) GetMatchType() isStringMatch_MatchType {
@@ -714,11 +714,11 @@ func (*StringMatch_Suffix) isStringMatch_MatchType() {}
 
 func (*StringMatch_Presence) isStringMatch_MatchType() {}
 
-var File_authorization_proto protoreflect.FileDescriptor
+var File_xds_xdspb_authorization_proto protoreflect.FileDescriptor
 
-const file_authorization_proto_rawDesc = "" +
+const file_xds_xdspb_authorization_proto_rawDesc = "" +
 	"\n" +
-	"\x13authorization.proto\x12\x0eistio.security\x1a\x19google/protobuf/any.proto\x1a\x1bgoogle/protobuf/empty.proto\"\x9f\x02\n" +
+	"\x1dxds/xdspb/authorization.proto\x12\x0eistio.security\x1a\x19google/protobuf/any.proto\x1a\x1bgoogle/protobuf/empty.proto\"\x9f\x02\n" +
 	"\rAuthorization\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12+\n" +
@@ -781,20 +781,20 @@ const file_authorization_proto_rawDesc = "" +
 	"\x04DENY\x10\x01B+Z)github.com/gozt/gozt/xds/xdspb/securitypbb\x06proto3"
 
 var (
-	file_authorization_proto_rawDescOnce sync.Once
-	file_authorization_proto_rawDescData []byte
+	file_xds_xdspb_authorization_proto_rawDescOnce sync.Once
+	file_xds_xdspb_authorization_proto_rawDescData []byte
 )
 
-func file_authorization_proto_rawDescGZIP() []byte {
-	file_authorization_proto_rawDescOnce.Do(func() {
-		file_authorization_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_authorization_proto_rawDesc), len(file_authorization_proto_rawDesc)))
+func file_xds_xdspb_authorization_proto_rawDescGZIP() []byte {
+	file_xds_xdspb_authorization_proto_rawDescOnce.Do(func() {
+		file_xds_xdspb_authorization_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_xds_xdspb_authorization_proto_rawDesc), len(file_xds_xdspb_authorization_proto_rawDesc)))
 	})
-	return file_authorization_proto_rawDescData
+	return file_xds_xdspb_authorization_proto_rawDescData
 }
 
-var file_authorization_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_authorization_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
-var file_authorization_proto_goTypes = []any{
+var file_xds_xdspb_authorization_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_xds_xdspb_authorization_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_xds_xdspb_authorization_proto_goTypes = []any{
 	(Scope)(0),                  // 0: istio.security.Scope
 	(Action)(0),                 // 1: istio.security.Action
 	(*Authorization)(nil),       // 2: istio.security.Authorization
@@ -808,7 +808,7 @@ var file_authorization_proto_goTypes = []any{
 	(*anypb.Any)(nil),           // 10: google.protobuf.Any
 	(*emptypb.Empty)(nil),       // 11: google.protobuf.Empty
 }
-var file_authorization_proto_depIdxs = []int32{
+var file_xds_xdspb_authorization_proto_depIdxs = []int32{
 	0,  // 0: istio.security.Authorization.scope:type_name -> istio.security.Scope
 	1,  // 1: istio.security.Authorization.action:type_name -> istio.security.Action
 	4,  // 2: istio.security.Authorization.rules:type_name -> istio.security.Group
@@ -835,12 +835,12 @@ var file_authorization_proto_depIdxs = []int32{
 	0,  // [0:19] is the sub-list for field type_name
 }
 
-func init() { file_authorization_proto_init() }
-func file_authorization_proto_init() {
-	if File_authorization_proto != nil {
+func init() { file_xds_xdspb_authorization_proto_init() }
+func file_xds_xdspb_authorization_proto_init() {
+	if File_xds_xdspb_authorization_proto != nil {
 		return
 	}
-	file_authorization_proto_msgTypes[7].OneofWrappers = []any{
+	file_xds_xdspb_authorization_proto_msgTypes[7].OneofWrappers = []any{
 		(*StringMatch_Exact)(nil),
 		(*StringMatch_Prefix)(nil),
 		(*StringMatch_Suffix)(nil),
@@ -850,18 +850,18 @@ func file_authorization_proto_init() {
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
-			RawDescriptor: unsafe.Slice(unsafe.StringData(file_authorization_proto_rawDesc), len(file_authorization_proto_rawDesc)),
+			RawDescriptor: unsafe.Slice(unsafe.StringData(file_xds_xdspb_authorization_proto_rawDesc), len(file_xds_xdspb_authorization_proto_rawDesc)),
 			NumEnums:      2,
 			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
-		GoTypes:           file_authorization_proto_goTypes,
-		DependencyIndexes: file_authorization_proto_depIdxs,
-		EnumInfos:         file_authorization_proto_enumTypes,
-		MessageInfos:      file_authorization_proto_msgTypes,
+		GoTypes:           file_xds_xdspb_authorization_proto_goTypes,
+		DependencyIndexes: file_xds_xdspb_authorization_proto_depIdxs,
+		EnumInfos:         file_xds_xdspb_authorization_proto_enumTypes,
+		MessageInfos:      file_xds_xdspb_authorization_proto_msgTypes,
 	}.Build()
-	File_authorization_proto = out.File
-	file_authorization_proto_goTypes = nil
-	file_authorization_proto_depIdxs = nil
+	File_xds_xdspb_authorization_proto = out.File
+	file_xds_xdspb_authorization_proto_goTypes = nil
+	file_xds_xdspb_authorization_proto_depIdxs = nil
 }

@@ -5,7 +5,7 @@
 // versions:
 // 	protoc-gen-go v1.36.12
 // 	protoc        v3.21.12
-// source: workload.proto
+// source: xds/xdspb/workload.proto
 
 package workloadpb
 
@@ -62,11 +62,11 @@ func (x IPFamilies) String() string {
 }
 
 func (IPFamilies) Descriptor() protoreflect.EnumDescriptor {
-	return file_workload_proto_enumTypes[0].Descriptor()
+	return file_xds_xdspb_workload_proto_enumTypes[0].Descriptor()
 }
 
 func (IPFamilies) Type() protoreflect.EnumType {
-	return &file_workload_proto_enumTypes[0]
+	return &file_xds_xdspb_workload_proto_enumTypes[0]
 }
 
 func (x IPFamilies) Number() protoreflect.EnumNumber {
@@ -75,7 +75,7 @@ func (x IPFamilies) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use IPFamilies.Descriptor instead.
 func (IPFamilies) EnumDescriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{0}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{0}
 }
 
 type NetworkMode int32
@@ -108,11 +108,11 @@ func (x NetworkMode) String() string {
 }
 
 func (NetworkMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_workload_proto_enumTypes[1].Descriptor()
+	return file_xds_xdspb_workload_proto_enumTypes[1].Descriptor()
 }
 
 func (NetworkMode) Type() protoreflect.EnumType {
-	return &file_workload_proto_enumTypes[1]
+	return &file_xds_xdspb_workload_proto_enumTypes[1]
 }
 
 func (x NetworkMode) Number() protoreflect.EnumNumber {
@@ -121,7 +121,7 @@ func (x NetworkMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use NetworkMode.Descriptor instead.
 func (NetworkMode) EnumDescriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{1}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{1}
 }
 
 type WorkloadStatus int32
@@ -154,11 +154,11 @@ func (x WorkloadStatus) String() string {
 }
 
 func (WorkloadStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_workload_proto_enumTypes[2].Descriptor()
+	return file_xds_xdspb_workload_proto_enumTypes[2].Descriptor()
 }
 
 func (WorkloadStatus) Type() protoreflect.EnumType {
-	return &file_workload_proto_enumTypes[2]
+	return &file_xds_xdspb_workload_proto_enumTypes[2]
 }
 
 func (x WorkloadStatus) Number() protoreflect.EnumNumber {
@@ -167,7 +167,7 @@ func (x WorkloadStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WorkloadStatus.Descriptor instead.
 func (WorkloadStatus) EnumDescriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{2}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{2}
 }
 
 type WorkloadType int32
@@ -206,11 +206,11 @@ func (x WorkloadType) String() string {
 }
 
 func (WorkloadType) Descriptor() protoreflect.EnumDescriptor {
-	return file_workload_proto_enumTypes[3].Descriptor()
+	return file_xds_xdspb_workload_proto_enumTypes[3].Descriptor()
 }
 
 func (WorkloadType) Type() protoreflect.EnumType {
-	return &file_workload_proto_enumTypes[3]
+	return &file_xds_xdspb_workload_proto_enumTypes[3]
 }
 
 func (x WorkloadType) Number() protoreflect.EnumNumber {
@@ -219,7 +219,7 @@ func (x WorkloadType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WorkloadType.Descriptor instead.
 func (WorkloadType) EnumDescriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{3}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{3}
 }
 
 type AppProtocol int32
@@ -264,11 +264,11 @@ func (x AppProtocol) String() string {
 }
 
 func (AppProtocol) Descriptor() protoreflect.EnumDescriptor {
-	return file_workload_proto_enumTypes[4].Descriptor()
+	return file_xds_xdspb_workload_proto_enumTypes[4].Descriptor()
 }
 
 func (AppProtocol) Type() protoreflect.EnumType {
-	return &file_workload_proto_enumTypes[4]
+	return &file_xds_xdspb_workload_proto_enumTypes[4]
 }
 
 func (x AppProtocol) Number() protoreflect.EnumNumber {
@@ -277,7 +277,7 @@ func (x AppProtocol) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use AppProtocol.Descriptor instead.
 func (AppProtocol) EnumDescriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{4}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{4}
 }
 
 type TunnelProtocol int32
@@ -313,11 +313,11 @@ func (x TunnelProtocol) String() string {
 }
 
 func (TunnelProtocol) Descriptor() protoreflect.EnumDescriptor {
-	return file_workload_proto_enumTypes[5].Descriptor()
+	return file_xds_xdspb_workload_proto_enumTypes[5].Descriptor()
 }
 
 func (TunnelProtocol) Type() protoreflect.EnumType {
-	return &file_workload_proto_enumTypes[5]
+	return &file_xds_xdspb_workload_proto_enumTypes[5]
 }
 
 func (x TunnelProtocol) Number() protoreflect.EnumNumber {
@@ -326,7 +326,7 @@ func (x TunnelProtocol) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TunnelProtocol.Descriptor instead.
 func (TunnelProtocol) EnumDescriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{5}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{5}
 }
 
 type Service_Visibility int32
@@ -359,11 +359,11 @@ func (x Service_Visibility) String() string {
 }
 
 func (Service_Visibility) Descriptor() protoreflect.EnumDescriptor {
-	return file_workload_proto_enumTypes[6].Descriptor()
+	return file_xds_xdspb_workload_proto_enumTypes[6].Descriptor()
 }
 
 func (Service_Visibility) Type() protoreflect.EnumType {
-	return &file_workload_proto_enumTypes[6]
+	return &file_xds_xdspb_workload_proto_enumTypes[6]
 }
 
 func (x Service_Visibility) Number() protoreflect.EnumNumber {
@@ -372,7 +372,7 @@ func (x Service_Visibility) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Service_Visibility.Descriptor instead.
 func (Service_Visibility) EnumDescriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{1, 0}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{1, 0}
 }
 
 type LoadBalancing_Scope int32
@@ -420,11 +420,11 @@ func (x LoadBalancing_Scope) String() string {
 }
 
 func (LoadBalancing_Scope) Descriptor() protoreflect.EnumDescriptor {
-	return file_workload_proto_enumTypes[7].Descriptor()
+	return file_xds_xdspb_workload_proto_enumTypes[7].Descriptor()
 }
 
 func (LoadBalancing_Scope) Type() protoreflect.EnumType {
-	return &file_workload_proto_enumTypes[7]
+	return &file_xds_xdspb_workload_proto_enumTypes[7]
 }
 
 func (x LoadBalancing_Scope) Number() protoreflect.EnumNumber {
@@ -433,7 +433,7 @@ func (x LoadBalancing_Scope) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LoadBalancing_Scope.Descriptor instead.
 func (LoadBalancing_Scope) EnumDescriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{2, 0}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{2, 0}
 }
 
 type LoadBalancing_Mode int32
@@ -472,11 +472,11 @@ func (x LoadBalancing_Mode) String() string {
 }
 
 func (LoadBalancing_Mode) Descriptor() protoreflect.EnumDescriptor {
-	return file_workload_proto_enumTypes[8].Descriptor()
+	return file_xds_xdspb_workload_proto_enumTypes[8].Descriptor()
 }
 
 func (LoadBalancing_Mode) Type() protoreflect.EnumType {
-	return &file_workload_proto_enumTypes[8]
+	return &file_xds_xdspb_workload_proto_enumTypes[8]
 }
 
 func (x LoadBalancing_Mode) Number() protoreflect.EnumNumber {
@@ -485,7 +485,7 @@ func (x LoadBalancing_Mode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LoadBalancing_Mode.Descriptor instead.
 func (LoadBalancing_Mode) EnumDescriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{2, 1}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{2, 1}
 }
 
 type LoadBalancing_HealthPolicy int32
@@ -518,11 +518,11 @@ func (x LoadBalancing_HealthPolicy) String() string {
 }
 
 func (LoadBalancing_HealthPolicy) Descriptor() protoreflect.EnumDescriptor {
-	return file_workload_proto_enumTypes[9].Descriptor()
+	return file_xds_xdspb_workload_proto_enumTypes[9].Descriptor()
 }
 
 func (LoadBalancing_HealthPolicy) Type() protoreflect.EnumType {
-	return &file_workload_proto_enumTypes[9]
+	return &file_xds_xdspb_workload_proto_enumTypes[9]
 }
 
 func (x LoadBalancing_HealthPolicy) Number() protoreflect.EnumNumber {
@@ -531,7 +531,7 @@ func (x LoadBalancing_HealthPolicy) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LoadBalancing_HealthPolicy.Descriptor instead.
 func (LoadBalancing_HealthPolicy) EnumDescriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{2, 2}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{2, 2}
 }
 
 type ApplicationTunnel_Protocol int32
@@ -564,11 +564,11 @@ func (x ApplicationTunnel_Protocol) String() string {
 }
 
 func (ApplicationTunnel_Protocol) Descriptor() protoreflect.EnumDescriptor {
-	return file_workload_proto_enumTypes[10].Descriptor()
+	return file_xds_xdspb_workload_proto_enumTypes[10].Descriptor()
 }
 
 func (ApplicationTunnel_Protocol) Type() protoreflect.EnumType {
-	return &file_workload_proto_enumTypes[10]
+	return &file_xds_xdspb_workload_proto_enumTypes[10]
 }
 
 func (x ApplicationTunnel_Protocol) Number() protoreflect.EnumNumber {
@@ -577,7 +577,7 @@ func (x ApplicationTunnel_Protocol) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ApplicationTunnel_Protocol.Descriptor instead.
 func (ApplicationTunnel_Protocol) EnumDescriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{7, 0}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{7, 0}
 }
 
 // Address is the resource sent for type.googleapis.com/istio.workload.Address.
@@ -594,7 +594,7 @@ type Address struct {
 
 func (x *Address) Reset() {
 	*x = Address{}
-	mi := &file_workload_proto_msgTypes[0]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -606,7 +606,7 @@ func (x *Address) String() string {
 func (*Address) ProtoMessage() {}
 
 func (x *Address) ProtoReflect() protoreflect.Message {
-	mi := &file_workload_proto_msgTypes[0]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -619,7 +619,7 @@ func (x *Address) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Address.ProtoReflect.Descriptor instead.
 func (*Address) Descriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{0}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *Address) GetType() isAddress_Type {
@@ -685,7 +685,7 @@ type Service struct {
 
 func (x *Service) Reset() {
 	*x = Service{}
-	mi := &file_workload_proto_msgTypes[1]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -697,7 +697,7 @@ func (x *Service) String() string {
 func (*Service) ProtoMessage() {}
 
 func (x *Service) ProtoReflect() protoreflect.Message {
-	mi := &file_workload_proto_msgTypes[1]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -710,7 +710,7 @@ func (x *Service) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Service.ProtoReflect.Descriptor instead.
 func (*Service) Descriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{1}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *Service) GetName() string {
@@ -822,7 +822,7 @@ type LoadBalancing struct {
 
 func (x *LoadBalancing) Reset() {
 	*x = LoadBalancing{}
-	mi := &file_workload_proto_msgTypes[2]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -834,7 +834,7 @@ func (x *LoadBalancing) String() string {
 func (*LoadBalancing) ProtoMessage() {}
 
 func (x *LoadBalancing) ProtoReflect() protoreflect.Message {
-	mi := &file_workload_proto_msgTypes[2]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -847,7 +847,7 @@ func (x *LoadBalancing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadBalancing.ProtoReflect.Descriptor instead.
 func (*LoadBalancing) Descriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{2}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *LoadBalancing) GetRoutingPreference() []LoadBalancing_Scope {
@@ -905,7 +905,7 @@ type Workload struct {
 
 func (x *Workload) Reset() {
 	*x = Workload{}
-	mi := &file_workload_proto_msgTypes[3]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +917,7 @@ func (x *Workload) String() string {
 func (*Workload) ProtoMessage() {}
 
 func (x *Workload) ProtoReflect() protoreflect.Message {
-	mi := &file_workload_proto_msgTypes[3]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +930,7 @@ func (x *Workload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workload.ProtoReflect.Descriptor instead.
 func (*Workload) Descriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{3}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Workload) GetUid() string {
@@ -1126,7 +1126,7 @@ type Locality struct {
 
 func (x *Locality) Reset() {
 	*x = Locality{}
-	mi := &file_workload_proto_msgTypes[4]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1138,7 @@ func (x *Locality) String() string {
 func (*Locality) ProtoMessage() {}
 
 func (x *Locality) ProtoReflect() protoreflect.Message {
-	mi := &file_workload_proto_msgTypes[4]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1151,7 @@ func (x *Locality) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Locality.ProtoReflect.Descriptor instead.
 func (*Locality) Descriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{4}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Locality) GetRegion() string {
@@ -1184,7 +1184,7 @@ type PortList struct {
 
 func (x *PortList) Reset() {
 	*x = PortList{}
-	mi := &file_workload_proto_msgTypes[5]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1196,7 +1196,7 @@ func (x *PortList) String() string {
 func (*PortList) ProtoMessage() {}
 
 func (x *PortList) ProtoReflect() protoreflect.Message {
-	mi := &file_workload_proto_msgTypes[5]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1209,7 +1209,7 @@ func (x *PortList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortList.ProtoReflect.Descriptor instead.
 func (*PortList) Descriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{5}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PortList) GetPorts() []*Port {
@@ -1230,7 +1230,7 @@ type Port struct {
 
 func (x *Port) Reset() {
 	*x = Port{}
-	mi := &file_workload_proto_msgTypes[6]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1242,7 +1242,7 @@ func (x *Port) String() string {
 func (*Port) ProtoMessage() {}
 
 func (x *Port) ProtoReflect() protoreflect.Message {
-	mi := &file_workload_proto_msgTypes[6]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1255,7 +1255,7 @@ func (x *Port) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Port.ProtoReflect.Descriptor instead.
 func (*Port) Descriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{6}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Port) GetServicePort() uint32 {
@@ -1289,7 +1289,7 @@ type ApplicationTunnel struct {
 
 func (x *ApplicationTunnel) Reset() {
 	*x = ApplicationTunnel{}
-	mi := &file_workload_proto_msgTypes[7]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +1301,7 @@ func (x *ApplicationTunnel) String() string {
 func (*ApplicationTunnel) ProtoMessage() {}
 
 func (x *ApplicationTunnel) ProtoReflect() protoreflect.Message {
-	mi := &file_workload_proto_msgTypes[7]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +1314,7 @@ func (x *ApplicationTunnel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplicationTunnel.ProtoReflect.Descriptor instead.
 func (*ApplicationTunnel) Descriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{7}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ApplicationTunnel) GetProtocol() ApplicationTunnel_Protocol {
@@ -1345,7 +1345,7 @@ type GatewayAddress struct {
 
 func (x *GatewayAddress) Reset() {
 	*x = GatewayAddress{}
-	mi := &file_workload_proto_msgTypes[8]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1357,7 +1357,7 @@ func (x *GatewayAddress) String() string {
 func (*GatewayAddress) ProtoMessage() {}
 
 func (x *GatewayAddress) ProtoReflect() protoreflect.Message {
-	mi := &file_workload_proto_msgTypes[8]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1370,7 +1370,7 @@ func (x *GatewayAddress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayAddress.ProtoReflect.Descriptor instead.
 func (*GatewayAddress) Descriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{8}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GatewayAddress) GetDestination() isGatewayAddress_Destination {
@@ -1431,7 +1431,7 @@ type WeightedWaypoint struct {
 
 func (x *WeightedWaypoint) Reset() {
 	*x = WeightedWaypoint{}
-	mi := &file_workload_proto_msgTypes[9]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1443,7 +1443,7 @@ func (x *WeightedWaypoint) String() string {
 func (*WeightedWaypoint) ProtoMessage() {}
 
 func (x *WeightedWaypoint) ProtoReflect() protoreflect.Message {
-	mi := &file_workload_proto_msgTypes[9]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1456,7 +1456,7 @@ func (x *WeightedWaypoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WeightedWaypoint.ProtoReflect.Descriptor instead.
 func (*WeightedWaypoint) Descriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{9}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WeightedWaypoint) GetDestination() *GatewayAddress {
@@ -1483,7 +1483,7 @@ type NamespacedHostname struct {
 
 func (x *NamespacedHostname) Reset() {
 	*x = NamespacedHostname{}
-	mi := &file_workload_proto_msgTypes[10]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1495,7 +1495,7 @@ func (x *NamespacedHostname) String() string {
 func (*NamespacedHostname) ProtoMessage() {}
 
 func (x *NamespacedHostname) ProtoReflect() protoreflect.Message {
-	mi := &file_workload_proto_msgTypes[10]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1508,7 +1508,7 @@ func (x *NamespacedHostname) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NamespacedHostname.ProtoReflect.Descriptor instead.
 func (*NamespacedHostname) Descriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{10}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NamespacedHostname) GetNamespace() string {
@@ -1536,7 +1536,7 @@ type NetworkAddress struct {
 
 func (x *NetworkAddress) Reset() {
 	*x = NetworkAddress{}
-	mi := &file_workload_proto_msgTypes[11]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +1548,7 @@ func (x *NetworkAddress) String() string {
 func (*NetworkAddress) ProtoMessage() {}
 
 func (x *NetworkAddress) ProtoReflect() protoreflect.Message {
-	mi := &file_workload_proto_msgTypes[11]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +1561,7 @@ func (x *NetworkAddress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkAddress.ProtoReflect.Descriptor instead.
 func (*NetworkAddress) Descriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{11}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NetworkAddress) GetNetwork() string {
@@ -1595,7 +1595,7 @@ type Extension struct {
 
 func (x *Extension) Reset() {
 	*x = Extension{}
-	mi := &file_workload_proto_msgTypes[12]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1607,7 +1607,7 @@ func (x *Extension) String() string {
 func (*Extension) ProtoMessage() {}
 
 func (x *Extension) ProtoReflect() protoreflect.Message {
-	mi := &file_workload_proto_msgTypes[12]
+	mi := &file_xds_xdspb_workload_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1620,7 +1620,7 @@ func (x *Extension) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Extension.ProtoReflect.Descriptor instead.
 func (*Extension) Descriptor() ([]byte, []int) {
-	return file_workload_proto_rawDescGZIP(), []int{12}
+	return file_xds_xdspb_workload_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Extension) GetName() string {
@@ -1637,11 +1637,11 @@ func (x *Extension) GetConfig() *anypb.Any {
 	return nil
 }
 
-var File_workload_proto protoreflect.FileDescriptor
+var File_xds_xdspb_workload_proto protoreflect.FileDescriptor
 
-const file_workload_proto_rawDesc = "" +
+const file_xds_xdspb_workload_proto_rawDesc = "" +
 	"\n" +
-	"\x0eworkload.proto\x12\x0eistio.workload\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/wrappers.proto\"~\n" +
+	"\x18xds/xdspb/workload.proto\x12\x0eistio.workload\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/wrappers.proto\"~\n" +
 	"\aAddress\x126\n" +
 	"\bworkload\x18\x01 \x01(\v2\x18.istio.workload.WorkloadH\x00R\bworkload\x123\n" +
 	"\aservice\x18\x02 \x01(\v2\x17.istio.workload.ServiceH\x00R\aserviceB\x06\n" +
@@ -1797,20 +1797,20 @@ const file_workload_proto_rawDesc = "" +
 	"\x11LEGACY_ISTIO_MTLS\x10\x02B+Z)github.com/gozt/gozt/xds/xdspb/workloadpbb\x06proto3"
 
 var (
-	file_workload_proto_rawDescOnce sync.Once
-	file_workload_proto_rawDescData []byte
+	file_xds_xdspb_workload_proto_rawDescOnce sync.Once
+	file_xds_xdspb_workload_proto_rawDescData []byte
 )
 
-func file_workload_proto_rawDescGZIP() []byte {
-	file_workload_proto_rawDescOnce.Do(func() {
-		file_workload_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_workload_proto_rawDesc), len(file_workload_proto_rawDesc)))
+func file_xds_xdspb_workload_proto_rawDescGZIP() []byte {
+	file_xds_xdspb_workload_proto_rawDescOnce.Do(func() {
+		file_xds_xdspb_workload_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_xds_xdspb_workload_proto_rawDesc), len(file_xds_xdspb_workload_proto_rawDesc)))
 	})
-	return file_workload_proto_rawDescData
+	return file_xds_xdspb_workload_proto_rawDescData
 }
 
-var file_workload_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_workload_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
-var file_workload_proto_goTypes = []any{
+var file_xds_xdspb_workload_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
+var file_xds_xdspb_workload_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_xds_xdspb_workload_proto_goTypes = []any{
 	(IPFamilies)(0),                 // 0: istio.workload.IPFamilies
 	(NetworkMode)(0),                // 1: istio.workload.NetworkMode
 	(WorkloadStatus)(0),             // 2: istio.workload.WorkloadStatus
@@ -1839,7 +1839,7 @@ var file_workload_proto_goTypes = []any{
 	(*wrapperspb.UInt32Value)(nil),  // 25: google.protobuf.UInt32Value
 	(*anypb.Any)(nil),               // 26: google.protobuf.Any
 }
-var file_workload_proto_depIdxs = []int32{
+var file_xds_xdspb_workload_proto_depIdxs = []int32{
 	14, // 0: istio.workload.Address.workload:type_name -> istio.workload.Workload
 	12, // 1: istio.workload.Address.service:type_name -> istio.workload.Service
 	22, // 2: istio.workload.Service.addresses:type_name -> istio.workload.NetworkAddress
@@ -1879,36 +1879,36 @@ var file_workload_proto_depIdxs = []int32{
 	0,  // [0:32] is the sub-list for field type_name
 }
 
-func init() { file_workload_proto_init() }
-func file_workload_proto_init() {
-	if File_workload_proto != nil {
+func init() { file_xds_xdspb_workload_proto_init() }
+func file_xds_xdspb_workload_proto_init() {
+	if File_xds_xdspb_workload_proto != nil {
 		return
 	}
-	file_workload_proto_msgTypes[0].OneofWrappers = []any{
+	file_xds_xdspb_workload_proto_msgTypes[0].OneofWrappers = []any{
 		(*Address_Workload)(nil),
 		(*Address_Service)(nil),
 	}
-	file_workload_proto_msgTypes[8].OneofWrappers = []any{
+	file_xds_xdspb_workload_proto_msgTypes[8].OneofWrappers = []any{
 		(*GatewayAddress_Hostname)(nil),
 		(*GatewayAddress_Address)(nil),
 	}
-	file_workload_proto_msgTypes[11].OneofWrappers = []any{}
+	file_xds_xdspb_workload_proto_msgTypes[11].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
-			RawDescriptor: unsafe.Slice(unsafe.StringData(file_workload_proto_rawDesc), len(file_workload_proto_rawDesc)),
+			RawDescriptor: unsafe.Slice(unsafe.StringData(file_xds_xdspb_workload_proto_rawDesc), len(file_xds_xdspb_workload_proto_rawDesc)),
 			NumEnums:      11,
 			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
-		GoTypes:           file_workload_proto_goTypes,
-		DependencyIndexes: file_workload_proto_depIdxs,
-		EnumInfos:         file_workload_proto_enumTypes,
-		MessageInfos:      file_workload_proto_msgTypes,
+		GoTypes:           file_xds_xdspb_workload_proto_goTypes,
+		DependencyIndexes: file_xds_xdspb_workload_proto_depIdxs,
+		EnumInfos:         file_xds_xdspb_workload_proto_enumTypes,
+		MessageInfos:      file_xds_xdspb_workload_proto_msgTypes,
 	}.Build()
-	File_workload_proto = out.File
-	file_workload_proto_goTypes = nil
-	file_workload_proto_depIdxs = nil
+	File_xds_xdspb_workload_proto = out.File
+	file_xds_xdspb_workload_proto_goTypes = nil
+	file_xds_xdspb_workload_proto_depIdxs = nil
 }
