@@ -7,11 +7,21 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/gozt/gozt/hbone"
+	"github.com/gozt/gozt/identity"
+	"github.com/gozt/gozt/identity/ca"
+	"github.com/gozt/gozt/identity/certs"
+	"github.com/gozt/gozt/internal/sockopt"
+	"github.com/gozt/gozt/metrics"
+	"github.com/gozt/gozt/proxy"
+	"github.com/gozt/gozt/xds"
+	"github.com/gozt/gozt/xds/state"
 )
 
 // node is one running ztunnel: what run starts, in one place, so tests can start several in
@@ -21,6 +31,10 @@ type node struct {
 	logLevel *slog.LevelVar
 	ready    *readiness
 	registry *prometheus.Registry
+	metrics  *metrics.Metrics
+	store    *state.Store
+	certs    *certs.Manager
+	proxy    *proxy.Proxy
 
 	quitOnce sync.Once
 	quit     chan struct{} // closed by POST /quitquitquit
@@ -28,9 +42,21 @@ type node struct {
 	addrs map[string]net.Addr // bound listener addresses by setting name, e.g. "ADMIN_ADDR"
 }
 
-// run starts a node and blocks until ctx ends or /quitquitquit is called, then drains.
-// started, if not nil, is called once every listener is bound.
+// Readiness tasks.
+const (
+	taskState = "state manager"
+	taskCerts = "certificates"
+)
+
+// run starts a node and blocks until ctx ends or /quitquitquit is called, then drains:
+// listeners stop, HBONE peers get GOAWAY, live connections have CONNECTION_TERMINATION_DEADLINE
+// to finish. started, if not nil, is called once every listener is bound.
 func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func(*node)) error {
+	if limit, err := sockopt.RaiseFileLimit(); err != nil {
+		slog.Warn("could not raise the open-file limit", "err", err)
+	} else {
+		slog.Debug("open-file limit", "soft", limit)
+	}
 	n := &node{
 		cfg:      cfg,
 		logLevel: logLevel,
@@ -38,55 +64,62 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 		registry: prometheus.NewRegistry(),
 		quit:     make(chan struct{}),
 		addrs:    map[string]net.Addr{},
+		store:    state.NewStoreWith(state.Options{Network: cfg.Network}),
 	}
-	var servers []*http.Server
+	n.metrics = metrics.New(n.registry, version, metrics.WithAccessLog(slog.Default().With("scope", "access")))
+
+	// Background work (config sources, certificate prefetch) runs on bg until the node stops.
+	bg, stopBG := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	serve := func(name, addr string, h http.Handler) error {
-		if addr == "" {
-			return nil
-		}
-		ln, err := net.Listen("tcp", addr)
-		if err != nil {
-			return fmt.Errorf("listen %s=%s: %w", name, addr, err)
-		}
-		n.addrs[name] = ln.Addr()
-		srv := &http.Server{Handler: h, ReadHeaderTimeout: 2 * time.Second}
-		servers = append(servers, srv)
+	defer stopBG()
+	goBG := func(name string, fn func(context.Context) error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				slog.Error("http server", "listener", name, "err", err)
+			if err := fn(bg); err != nil && bg.Err() == nil {
+				slog.Error("stopped", "component", name, "err", err)
 			}
 		}()
-		return nil
-	}
-	closeServers := func() {
-		for _, s := range servers {
-			s.Close()
-		}
 	}
 
-	admin := adminHandler(logLevel, n.configDump, n.requestQuit)
-	stats := promhttp.HandlerFor(n.registry, promhttp.HandlerOpts{EnableOpenMetrics: true})
-	statsMux := http.NewServeMux()
-	statsMux.Handle("/metrics", stats)
-	statsMux.Handle("/stats/prometheus", stats)
-	for _, l := range []struct {
-		name, addr string
-		h          http.Handler
-	}{
-		{"ADMIN_ADDR", cfg.AdminAddr, admin},
-		{"STATS_ADDR", cfg.StatsAddr, statsMux},
-		{"READINESS_ADDR", cfg.ReadinessAddr, n.ready},
-	} {
-		if err := serve(l.name, l.addr, l.h); err != nil {
-			closeServers()
+	if err := n.startConfigSources(goBG); err != nil {
+		return err
+	}
+	caClient, err := ca.New(ctx, caConfig(cfg))
+	if err != nil {
+		return err
+	}
+	defer caClient.Close()
+	n.certs = certs.New(certs.Config{}, caClient)
+	defer n.certs.Close()
+
+	n.proxy = proxy.New(proxyConfig(cfg), n.store, n.certs, n.metrics)
+	if cfg.enableProxy() {
+		if err := n.proxy.Listen(); err != nil {
 			return err
 		}
+		for name, a := range n.proxy.Addrs() {
+			n.addrs[proxyListenerEnv[name]] = a
+		}
+		n.ready.add(taskCerts)
+		goBG("certificate prefetch", n.prefetchCertificates)
 	}
-	slog.Info("ztunnel started", "version", version, "admin", n.addrs["ADMIN_ADDR"], "mode", cfg.ProxyMode)
+
+	servers, err := n.startHTTP()
+	if err != nil {
+		n.proxy.Shutdown(context.Background())
+		return err
+	}
+	proxyCtx, stopProxy := context.WithCancel(context.Background())
+	defer stopProxy()
+	proxyDone := make(chan struct{})
+	go func() {
+		defer close(proxyDone)
+		n.proxy.Serve(proxyCtx)
+	}()
+
+	slog.Info("ztunnel started", "version", version, "mode", cfg.ProxyMode, "listeners", n.listenerSummary())
 	if started != nil {
 		started(n)
 	}
@@ -98,19 +131,269 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 	slog.Info("draining", "deadline", cfg.TerminationDeadline)
 	drainCtx, cancel := context.WithTimeout(context.Background(), cfg.TerminationDeadline)
 	defer cancel()
+	err = n.proxy.Shutdown(drainCtx)
+	stopProxy()
+	<-proxyDone
 	for _, s := range servers {
 		_ = s.Shutdown(drainCtx)
+		s.Close()
 	}
-	closeServers()
+	stopBG()
+	wg.Wait()
 	slog.Info("ztunnel stopped")
+	return err
+}
+
+// startConfigSources loads the local file (synchronously: a bad file stops the start) and
+// starts the xDS client.
+func (n *node) startConfigSources(goBG func(string, func(context.Context) error)) error {
+	cfg := n.cfg
+	if cfg.LocalXDSPath == "" && cfg.XDSAddress == "" {
+		return errors.New("config: no workload source: set LOCAL_XDS_PATH (a local YAML file) or XDS_ADDRESS (a control plane)")
+	}
+	if cfg.LocalXDSPath != "" {
+		local, err := xds.LoadLocal(cfg.LocalXDSPath, n.store)
+		if err != nil {
+			return fmt.Errorf("LOCAL_XDS_PATH: %w", err)
+		}
+		goBG("local config", local.Run)
+	}
+	if cfg.XDSAddress != "" {
+		client, err := xds.NewClient(xdsConfig(cfg), n.store, n.registry)
+		if err != nil {
+			return fmt.Errorf("XDS_ADDRESS: %w", err)
+		}
+		n.ready.add(taskState)
+		goBG("xds", client.Run)
+		goBG("xds readiness", func(ctx context.Context) error {
+			select {
+			case <-client.Synced():
+				n.ready.done(taskState)
+			case <-ctx.Done():
+			}
+			return nil
+		})
+	}
 	return nil
+}
+
+// startHTTP binds the admin, stats and readiness servers.
+func (n *node) startHTTP() ([]*http.Server, error) {
+	var servers []*http.Server
+	for _, l := range []struct {
+		name, addr string
+		h          http.Handler
+	}{
+		{"ADMIN_ADDR", n.cfg.AdminAddr, adminHandler(n.logLevel, n.configDump, n.requestQuit)},
+		{"STATS_ADDR", n.cfg.StatsAddr, n.metrics.Handler()},
+		{"READINESS_ADDR", n.cfg.ReadinessAddr, n.ready},
+	} {
+		if l.addr == "" {
+			continue
+		}
+		ln, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			for _, s := range servers {
+				s.Close()
+			}
+			return nil, fmt.Errorf("listen %s=%s: %w", l.name, l.addr, err)
+		}
+		n.addrs[l.name] = ln.Addr()
+		srv := &http.Server{Handler: l.h, ReadHeaderTimeout: 2 * time.Second}
+		servers = append(servers, srv)
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				slog.Error("http server", "listener", l.name, "err", err)
+			}
+		}()
+	}
+	return servers, nil
+}
+
+// prefetchCertificates keeps a certificate ready for every workload this node serves:
+// fetched when the workload appears, forgotten when the last one with that identity goes.
+// The node is ready once the current set has been fetched; failures are retried every 5s.
+func (n *node) prefetchCertificates(ctx context.Context) error {
+	have := map[identity.ID]bool{}
+	changes := n.store.Subscribe(ctx)
+	for {
+		var retry <-chan time.Time
+		if n.syncCertificates(ctx, have) {
+			n.ready.done(taskCerts)
+		} else {
+			retry = time.After(5 * time.Second)
+		}
+		select {
+		case _, open := <-changes:
+			if !open {
+				return nil
+			}
+		case <-retry:
+		}
+	}
+}
+
+// syncCertificates prefetches new identities, forgets gone ones and reports whether every
+// wanted certificate is available.
+func (n *node) syncCertificates(ctx context.Context, have map[identity.ID]bool) bool {
+	want := map[identity.ID]bool{}
+	for _, w := range n.localWorkloads() {
+		if w.Protocol == state.TunnelHBONE || w.NativeTunnel {
+			want[w.Identity()] = true
+		}
+	}
+	for id := range have {
+		if !want[id] {
+			n.certs.Forget(id)
+			delete(have, id)
+		}
+	}
+	// A dedicated proxy is not ready until its workload is known.
+	ok := len(want) > 0 || n.cfg.ProxyMode == "shared"
+	for id := range want {
+		if !have[id] {
+			n.certs.Prefetch(id)
+			have[id] = true
+		}
+		fetchCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		if _, err := n.certs.Certificate(fetchCtx, id); err != nil {
+			slog.Warn("certificate not ready", "identity", id, "err", err)
+			ok = false
+		}
+		cancel()
+	}
+	return ok
+}
+
+// localWorkloads are the workloads this node proxies.
+func (n *node) localWorkloads() []*state.Workload {
+	if n.cfg.ProxyMode == "dedicated" {
+		ref := workloadRef(n.cfg.ProxyWorkloadInfo)
+		if w := n.store.FindWorkload(ref.Namespace, ref.Name); w != nil {
+			return []*state.Workload{w}
+		}
+		return nil
+	}
+	return n.store.WorkloadsOnNode(n.cfg.NodeName)
 }
 
 func (n *node) requestQuit() { n.quitOnce.Do(func() { close(n.quit) }) }
 
-func (n *node) configDump() map[string]any {
-	return map[string]any{
-		"version": map[string]string{"version": version, "buildInfo": versionString()},
-		"config":  n.cfg,
+func (n *node) listenerSummary() string {
+	var parts []string
+	for name, a := range n.addrs {
+		parts = append(parts, strings.ToLower(strings.TrimSuffix(name, "_ADDR"))+"="+a.String())
 	}
+	return strings.Join(parts, " ")
+}
+
+func (n *node) configDump() map[string]any {
+	d := map[string]any{
+		"version":      map[string]string{"version": version, "buildInfo": versionString()},
+		"config":       n.cfg,
+		"certificates": n.certs.Dump(),
+	}
+	if sd, ok := n.store.Dump().(*state.Dump); ok {
+		d["workloads"], d["services"], d["policies"] = sd.Workloads, sd.Services, sd.Policies
+	}
+	return d
+}
+
+// proxyListenerEnv maps proxy listener names to their settings.
+var proxyListenerEnv = map[string]string{
+	proxy.ListenerOutbound:         "OUTBOUND_ADDR",
+	proxy.ListenerInboundPlaintext: "INBOUND_PLAINTEXT_ADDR",
+	proxy.ListenerInbound:          "INBOUND_ADDR",
+	proxy.ListenerSocks5:           "SOCKS5_ADDR",
+}
+
+func (c *config) enableProxy() bool {
+	return c.OutboundAddr != "" || c.InboundPlaintextAddr != "" || c.InboundAddr != "" || c.Socks5Addr != ""
+}
+
+func workloadRef(info string) proxy.WorkloadRef {
+	parts := strings.SplitN(info, "/", 3)
+	for len(parts) < 3 {
+		parts = append(parts, "")
+	}
+	return proxy.WorkloadRef{Namespace: parts[0], Name: parts[1], ServiceAccount: parts[2]}
+}
+
+func proxyConfig(c *config) proxy.Config {
+	return proxy.Config{
+		Mode:                 proxy.Mode(c.ProxyMode),
+		Workload:             workloadRef(c.ProxyWorkloadInfo),
+		Node:                 c.NodeName,
+		Network:              c.Network,
+		OutboundAddr:         c.OutboundAddr,
+		InboundPlaintextAddr: c.InboundPlaintextAddr,
+		InboundAddr:          c.InboundAddr,
+		Socks5Addr:           c.Socks5Addr,
+		HBONE: hbone.Config{
+			StreamWindow:      c.StreamWindow,
+			ConnWindow:        c.ConnWindow,
+			MaxFrameSize:      c.FrameSize,
+			MaxStreamsPerConn: c.PoolMaxStreams,
+			IdleTimeout:       c.PoolUnusedRelease,
+		},
+		PacketMark:        c.PacketMark,
+		KeepaliveDisabled: !c.KeepaliveEnabled,
+		KeepaliveTime:     c.KeepaliveTime,
+		KeepaliveInterval: c.KeepaliveInterval,
+		KeepaliveRetries:  c.KeepaliveRetries,
+	}
+}
+
+func caConfig(c *config) ca.Config {
+	return ca.Config{
+		Provider:     c.CAProvider,
+		Address:      c.CAAddress,
+		RootCA:       c.CARootCA,
+		AltHostname:  c.AltCAHostname,
+		TokenFile:    c.AuthToken,
+		ClusterID:    c.ClusterID,
+		Headers:      headerNames(c.CAHeaders),
+		SecretTTL:    c.SecretTTL,
+		Impersonate:  c.ProxyMode == "shared",
+		Dir:          c.CADir,
+		SpiffeSocket: c.SpiffeSocket,
+		LocalXDS:     c.LocalXDSPath != "",
+	}
+}
+
+func xdsConfig(c *config) xds.Config {
+	meta := map[string]string{
+		"NAME":         c.PodName,
+		"NAMESPACE":    c.PodNamespace,
+		"INSTANCE_IPS": c.InstanceIP,
+		"NODE_NAME":    c.NodeName,
+		"CLUSTER_ID":   c.ClusterID,
+	}
+	for k, v := range c.ProxyMeta {
+		meta[k] = v
+	}
+	ip := c.InstanceIP
+	if ip == "" {
+		ip = "1.1.1.1"
+	}
+	return xds.Config{
+		Address:     c.XDSAddress,
+		RootCA:      c.XDSRootCA,
+		AltHostname: c.AltXDSHostname,
+		TokenFile:   c.AuthToken,
+		ClusterID:   c.ClusterID,
+		Headers:     headerNames(c.XDSHeaders),
+		NodeID:      fmt.Sprintf("ztunnel~%s~%s.%s~%s.svc.cluster.local", ip, c.PodName, c.PodNamespace, c.PodNamespace),
+		Metadata:    meta,
+		OnDemand:    c.XDSOnDemand,
+	}
+}
+
+// headerNames turns XDS_HEADER_X_FOO style suffixes into header names (x-foo).
+func headerNames(m map[string]string) map[string]string {
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[strings.ToLower(strings.ReplaceAll(k, "_", "-"))] = v
+	}
+	return out
 }

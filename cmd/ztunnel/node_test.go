@@ -19,6 +19,9 @@ func testConfig(t *testing.T, extra map[string]string) *config {
 		"ADMIN_ADDR": "127.0.0.1:0", "STATS_ADDR": "127.0.0.1:0", "READINESS_ADDR": "127.0.0.1:0",
 		"OUTBOUND_ADDR": "off", "INBOUND_PLAINTEXT_ADDR": "off", "INBOUND_ADDR": "off", "DNS_PROXY_ADDR": "off",
 		"CONNECTION_TERMINATION_DEADLINE": "2s",
+		"LOCAL_XDS_PATH":                  "../../examples/localhost.yaml",
+		"CA_PROVIDER":                     "builtin",
+		"CA_DIR":                          t.TempDir(),
 	}
 	for k, v := range extra {
 		m[k] = v

@@ -1,0 +1,111 @@
+package proxy
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"net/http"
+	"net/netip"
+	"strings"
+
+	"github.com/gozt/gozt/metrics"
+	"github.com/gozt/gozt/xds/state"
+)
+
+// hboneHeaders are the request headers of an outbound CONNECT: baggage describing the
+// source workload, forwarded naming the client, and a fresh traceparent.
+func hboneHeaders(src *state.Workload, client netip.AddrPort, svc *state.Service) http.Header {
+	h := make(http.Header, 3)
+	if b := baggage(src); b != "" {
+		h["Baggage"] = []string{b}
+	}
+	fwd := `for="` + client.String() + `"`
+	if svc != nil {
+		fwd += ";host=" + svc.Hostname
+	}
+	h["Forwarded"] = []string{fwd}
+	h["Traceparent"] = []string{traceparent()}
+	return h
+}
+
+// baggage is the W3C baggage ztunnel sends: only non-empty keys.
+func baggage(w *state.Workload) string {
+	if w == nil {
+		return ""
+	}
+	var b strings.Builder
+	add := func(k, v string) {
+		if v == "" {
+			return
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(k)
+		b.WriteByte('=')
+		b.WriteString(v)
+	}
+	add("k8s.cluster.name", w.ClusterID)
+	add("k8s.namespace.name", w.Namespace)
+	add("k8s."+strings.ToLower(w.WorkloadType.String())+".name", w.WorkloadName)
+	add("service.name", w.CanonicalName)
+	add("service.version", w.CanonicalRevision)
+	add("cloud.region", w.Locality.Region)
+	add("cloud.availability_zone", w.Locality.Zone)
+	return b.String()
+}
+
+// parseBaggage reads the keys of a peer's baggage header that feed metric labels.
+func parseBaggage(h string) map[string]string {
+	out := map[string]string{}
+	for _, kv := range strings.Split(h, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if ok {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func traceparent() string {
+	var b [24]byte
+	_, _ = rand.Read(b[:])
+	return "00-" + hex.EncodeToString(b[:16]) + "-" + hex.EncodeToString(b[16:]) + "-00"
+}
+
+// workloadLabels fills one side of the traffic labels from a workload.
+func sourceLabels(l *metrics.Labels, w *state.Workload) {
+	if w == nil {
+		return
+	}
+	l.SourceWorkload = orUnknown(w.WorkloadName, w.Name)
+	l.SourceWorkloadNamespace = w.Namespace
+	l.SourceCanonicalService = orUnknown(w.CanonicalName, w.Name)
+	l.SourceCanonicalRevision = w.CanonicalRevision
+	l.SourceApp = l.SourceCanonicalService
+	l.SourceVersion = w.CanonicalRevision
+	l.SourceCluster = w.ClusterID
+}
+
+func destLabels(l *metrics.Labels, w *state.Workload, svc *state.Service) {
+	if w != nil {
+		l.DestinationWorkload = orUnknown(w.WorkloadName, w.Name)
+		l.DestinationWorkloadNamespace = w.Namespace
+		l.DestinationCanonicalService = orUnknown(w.CanonicalName, w.Name)
+		l.DestinationCanonicalRevision = w.CanonicalRevision
+		l.DestinationApp = l.DestinationCanonicalService
+		l.DestinationVersion = w.CanonicalRevision
+		l.DestinationCluster = w.ClusterID
+	}
+	if svc != nil {
+		l.DestinationService = svc.Hostname
+		l.DestinationServiceName = svc.Name
+		l.DestinationServiceNamespace = svc.Namespace
+	}
+}
+
+func orUnknown(v, fallback string) string {
+	if v != "" {
+		return v
+	}
+	return fallback
+}

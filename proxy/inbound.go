@@ -1,0 +1,307 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/gozt/gozt/hbone"
+	"github.com/gozt/gozt/identity"
+	"github.com/gozt/gozt/internal/sockopt"
+	"github.com/gozt/gozt/metrics"
+	"github.com/gozt/gozt/proxy/rbac"
+	"github.com/gozt/gozt/xds/state"
+)
+
+// origDstConn presents a redirected connection with the address the client dialed as its
+// local address, so TLS certificate selection and HBONE destination checks see the pod,
+// not the listener.
+type origDstConn struct {
+	*net.TCPConn
+	dst net.Addr
+}
+
+func (c *origDstConn) LocalAddr() net.Addr { return c.dst }
+
+// withOrigDst wraps c when iptables REDIRECT changed its destination.
+func withOrigDst(c *net.TCPConn) net.Conn {
+	dst, err := sockopt.OriginalDst(c)
+	if err != nil || dst == addrPortOf(c.LocalAddr()) {
+		return c
+	}
+	return &origDstConn{TCPConn: c, dst: net.TCPAddrFromAddrPort(dst)}
+}
+
+// serveInboundTLS serves one connection accepted on 15008: mTLS, then HTTP/2 CONNECT
+// streams, each handled by serveHBONE.
+func (p *Proxy) serveInboundTLS(ctx context.Context, c *net.TCPConn) {
+	tc := &tracked{}
+	defer p.conns.add(tc)()
+	tc.closeWith(c)
+	if err := p.server.ServeTLS(ctx, withOrigDst(c), p.serverTLS); err != nil && !cleanEnd(err) {
+		p.log.Debug("proxy: inbound hbone connection", "peer", c.RemoteAddr(), "err", err)
+	}
+}
+
+// inboundError is an HBONE request failure with the status it answers and its flag.
+type inboundError struct {
+	code int
+	flag string
+	err  error
+}
+
+func (e *inboundError) Error() string { return e.err.Error() }
+
+func reject(code int, flag, format string, args ...any) *inboundError {
+	return &inboundError{code: code, flag: flag, err: fmt.Errorf(format, args...)}
+}
+
+// inboundTarget is where an inbound request goes, once validated.
+type inboundTarget struct {
+	dst     *state.Workload
+	svc     *state.Service
+	addr    netip.AddrPort // the workload address and target port the client asked for
+	dial    netip.AddrPort // what is dialed (differs for an application tunnel)
+	tunnel  bool           // prefix the upstream with a PROXY v2 header
+	connDst netip.Addr     // the address the HBONE connection itself was sent to
+}
+
+// serveHBONE answers one CONNECT stream: validate, authorize, dial, then 200 and copy.
+// Status codes as ztunnel: 400 bad target, 401 denied, 503 unknown or unreachable.
+func (p *Proxy) serveHBONE(r *hbone.Request) {
+	ctx := context.Background()
+	client := addrPortOf(r.RemoteAddr)
+	labels := metrics.Labels{
+		Reporter:                 metrics.ReporterDest,
+		SourcePrincipal:          r.Peer.String(),
+		ConnectionSecurityPolicy: metrics.MutualTLS,
+	}
+	log := metrics.ConnLog{SrcAddr: client.String(), DstAddr: r.LocalAddr.String(), HBONEAddr: r.Authority, Direction: "inbound"}
+	p.inboundSourceLabels(&labels, r.Peer, client.Addr(), r.Header.Get("Baggage"))
+
+	t, ierr := p.inboundTarget(ctx, r.Authority, addrPortOf(r.LocalAddr).Addr())
+	if ierr == nil {
+		destLabels(&labels, t.dst, t.svc)
+		labels.DestinationPrincipal = t.dst.Identity().String()
+		ierr = p.authorize(t, r.Peer, client.Addr())
+	}
+	if ierr != nil {
+		r.Reject(ierr.code)
+		p.metrics.Open(labels, log).Close(0, 0, ierr.flag, ierr.err)
+		return
+	}
+	up, err := p.dialInbound(ctx, t, client, r.Peer)
+	if err != nil {
+		r.Reject(http.StatusServiceUnavailable)
+		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, err)
+		return
+	}
+	defer up.Close()
+	var resp http.Header
+	if b := baggage(t.dst); b != "" {
+		resp = http.Header{"Baggage": []string{b}}
+	}
+	s, err := r.Accept(resp)
+	if err != nil {
+		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, err)
+		return
+	}
+	defer s.Close()
+	p.proxyInbound(s, up, t, rbac.Conn{Peer: r.Peer, SrcIP: client.Addr(), DstIP: t.addr.Addr(), DstPort: t.addr.Port()}, labels, log)
+}
+
+// proxyInbound copies an accepted inbound connection and records it; it stays registered
+// for policy re-checks while it lives.
+func (p *Proxy) proxyInbound(client halfCloser, up *net.TCPConn, t *inboundTarget, attrs rbac.Conn, labels metrics.Labels, log metrics.ConnLog) {
+	tc := &tracked{dst: t.dst, attrs: attrs}
+	defer p.conns.add(tc)()
+	tc.closeWith(client, up)
+	rec := p.metrics.Open(labels, log)
+	received, sent, err := copyBoth(client, up)
+	flag := ""
+	if tc.denied.Load() {
+		flag, err = metrics.FlagDeny, errors.New("connection closed due to policy change")
+	}
+	rec.Close(sent, received, flag, err)
+}
+
+// inboundTarget validates an HBONE authority against the connection it came on.
+func (p *Proxy) inboundTarget(ctx context.Context, authority string, connDst netip.Addr) (*inboundTarget, *inboundError) {
+	local, err := p.localWorkload(ctx, connDst)
+	if err != nil {
+		return nil, reject(http.StatusServiceUnavailable, metrics.FlagConnect, "%w", err)
+	}
+	t := &inboundTarget{connDst: connDst}
+	host, portStr, err := net.SplitHostPort(authority)
+	if err != nil {
+		return nil, reject(http.StatusBadRequest, metrics.FlagConnect, "proxy: bad authority %q: %v", authority, err)
+	}
+	port64, err := strconv.ParseUint(portStr, 10, 16)
+	if err != nil {
+		return nil, reject(http.StatusBadRequest, metrics.FlagConnect, "proxy: bad port in authority %q", authority)
+	}
+	port := uint16(port64)
+	if ip, err := netip.ParseAddr(host); err == nil {
+		ip = ip.Unmap()
+		t.addr = netip.AddrPortFrom(ip, port)
+		if ip != connDst && local.AppTunnel == nil && !p.isWaypointFor(local, ip) {
+			return nil, reject(http.StatusBadRequest, metrics.FlagConnect, "proxy: HBONE target %v is not the address the connection was sent to (%v)", ip, connDst)
+		}
+		t.dst = local
+		if !local.HasAddress(ip) {
+			if w := p.store.WorkloadByIP(p.cfg.Network, ip); w != nil {
+				t.dst = w
+			}
+		}
+	} else {
+		// hostname:port: a service by hostname, preferring the local workload's namespace.
+		svc := p.store.ServiceByHostname(strings.TrimSuffix(host, "."), local.Namespace)
+		if svc == nil {
+			return nil, reject(http.StatusServiceUnavailable, metrics.FlagConnect, "proxy: unknown service %q", host)
+		}
+		target, ok := svc.Ports[port]
+		if !ok {
+			return nil, reject(http.StatusServiceUnavailable, metrics.FlagConnect, "proxy: service %s has no port %d", host, port)
+		}
+		if tp := local.Services[svc.Key()][port]; tp != 0 {
+			target = tp
+		}
+		if target == 0 {
+			target = port
+		}
+		t.svc, t.dst = svc, local
+		t.addr = netip.AddrPortFrom(connDst, target)
+		if len(local.Addresses) > 0 && !local.HasAddress(connDst) {
+			t.addr = netip.AddrPortFrom(local.Addresses[0], target)
+		}
+	}
+	if ztunnelPorts[t.addr.Port()] {
+		return nil, reject(http.StatusServiceUnavailable, metrics.FlagConnect, "proxy: target port %d is one of ztunnel's own", t.addr.Port())
+	}
+	t.dial = t.addr
+	if at := t.dst.AppTunnel; at != nil && at.Protocol == state.AppTunnelProxy && at.Port != 0 {
+		t.dial = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), at.Port)
+		t.tunnel = true
+	}
+	if t.svc == nil {
+		t.svc = p.serviceFor(t.dst, t.addr.Port())
+	}
+	return t, nil
+}
+
+// isWaypointFor reports whether local is the waypoint of the workload or service at ip
+// (a "sandwiched" waypoint receives traffic addressed to what it fronts).
+func (p *Proxy) isWaypointFor(local *state.Workload, ip netip.Addr) bool {
+	matches := func(g *state.GatewayAddress) bool {
+		return g != nil && g.Address.IsValid() && local.HasAddress(g.Address)
+	}
+	if w := p.store.WorkloadByIP(p.cfg.Network, ip); w != nil && matches(w.Waypoint) {
+		return true
+	}
+	if s := p.store.ServiceByVIP(p.cfg.Network, ip, local.Namespace); s != nil && matches(s.Waypoint) {
+		return true
+	}
+	return false
+}
+
+// serviceFor guesses the service a workload was reached through, for metric labels.
+func (p *Proxy) serviceFor(w *state.Workload, port uint16) *state.Service {
+	for key, ports := range w.Services {
+		for svcPort, target := range ports {
+			if target == port || svcPort == port {
+				return p.store.ServiceByKey(key)
+			}
+		}
+	}
+	return nil
+}
+
+// authorize applies the destination workload's policies.
+func (p *Proxy) authorize(t *inboundTarget, peer identity.ID, src netip.Addr) *inboundError {
+	d := rbac.Check(p.store.PoliciesFor(t.dst), rbac.Conn{Peer: peer, SrcIP: src, DstIP: t.addr.Addr(), DstPort: t.addr.Port()})
+	if d.Allow {
+		return nil
+	}
+	return reject(http.StatusUnauthorized, metrics.FlagDeny, "proxy: %s", d.String())
+}
+
+// dialInbound connects to the destination workload, with a PROXY v2 header naming the
+// client and its identity when the workload has an application tunnel.
+func (p *Proxy) dialInbound(ctx context.Context, t *inboundTarget, client netip.AddrPort, peer identity.ID) (*net.TCPConn, error) {
+	up, err := p.dialTCP(ctx, t.dial)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: dial %v: %w", t.dial, err)
+	}
+	if t.tunnel {
+		if _, err := up.Write(proxyV2Header(client, t.addr, peer)); err != nil {
+			up.Close()
+			return nil, fmt.Errorf("proxy: PROXY header to %v: %w", t.dial, err)
+		}
+	}
+	return up, nil
+}
+
+// inboundSourceLabels fills the source labels from the client's workload when the cache
+// knows it and its identity is the peer's, else from the peer's baggage.
+func (p *Proxy) inboundSourceLabels(l *metrics.Labels, peer identity.ID, client netip.Addr, bag string) {
+	if !peer.IsZero() {
+		l.SourceWorkloadNamespace = peer.Namespace()
+	}
+	if w := p.store.WorkloadByIP(p.cfg.Network, client); w != nil && w.Identity() == peer {
+		sourceLabels(l, w)
+		return
+	}
+	if bag == "" {
+		return
+	}
+	b := parseBaggage(bag)
+	l.SourceCluster = b["k8s.cluster.name"]
+	if ns := b["k8s.namespace.name"]; ns != "" {
+		l.SourceWorkloadNamespace = ns
+	}
+	for _, kind := range []string{"deployment", "pod", "job", "cronjob"} {
+		if v := b["k8s."+kind+".name"]; v != "" {
+			l.SourceWorkload = v
+		}
+	}
+	l.SourceCanonicalService = b["service.name"]
+	l.SourceCanonicalRevision = b["service.version"]
+	l.SourceApp, l.SourceVersion = l.SourceCanonicalService, l.SourceCanonicalRevision
+}
+
+// servePlaintext handles a connection captured on 15006: policy with no peer identity,
+// then plain TCP to the workload.
+func (p *Proxy) servePlaintext(ctx context.Context, c *net.TCPConn) {
+	defer c.Close()
+	dst, err := sockopt.OriginalDst(c)
+	if err != nil {
+		dst = addrPortOf(c.LocalAddr())
+	}
+	client := addrPortOf(c.RemoteAddr())
+	labels := metrics.Labels{Reporter: metrics.ReporterDest}
+	log := metrics.ConnLog{SrcAddr: client.String(), DstAddr: dst.String(), Direction: "inbound"}
+	if w := p.store.WorkloadByIP(p.cfg.Network, client.Addr()); w != nil {
+		sourceLabels(&labels, w)
+	}
+	t, ierr := p.inboundTarget(ctx, dst.String(), dst.Addr())
+	if ierr == nil {
+		destLabels(&labels, t.dst, t.svc)
+		ierr = p.authorize(t, identity.ID{}, client.Addr())
+	}
+	if ierr != nil {
+		p.metrics.Open(labels, log).Close(0, 0, ierr.flag, ierr.err)
+		return
+	}
+	up, err := p.dialInbound(ctx, t, client, identity.ID{})
+	if err != nil {
+		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, err)
+		return
+	}
+	defer up.Close()
+	p.proxyInbound(c, up, t, rbac.Conn{SrcIP: client.Addr(), DstIP: t.addr.Addr(), DstPort: t.addr.Port()}, labels, log)
+}

@@ -1,0 +1,143 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/gozt/gozt/hbone"
+	"github.com/gozt/gozt/internal/sockopt"
+	"github.com/gozt/gozt/metrics"
+	"github.com/gozt/gozt/xds/state"
+)
+
+// ztunnelPorts are ztunnel's own listener ports: a connection to one of them on a local
+// address would loop through this proxy.
+var ztunnelPorts = map[uint16]bool{15001: true, 15006: true, 15008: true, 15080: true}
+
+// errSelfCall refuses outbound connections to ztunnel's own ports.
+var errSelfCall = errors.New("proxy: refusing a connection to ztunnel's own port (self-call loop)")
+
+// serveOutbound handles a connection captured on 15001: its original destination comes
+// from SO_ORIGINAL_DST, or is the local address when redirected with TPROXY.
+func (p *Proxy) serveOutbound(ctx context.Context, c *net.TCPConn) {
+	defer c.Close()
+	dst, err := sockopt.OriginalDst(c)
+	if err != nil {
+		dst = addrPortOf(c.LocalAddr())
+	}
+	client := addrPortOf(c.RemoteAddr())
+	src, err := p.sourceWorkload(ctx, client.Addr())
+	if err != nil {
+		p.log.Warn("proxy: outbound: unknown source workload; connection dropped", "src", client, "dst", dst, "err", err)
+		return
+	}
+	if err := p.outbound(ctx, c, src, client, dst, nil); err != nil {
+		p.log.Debug("proxy: outbound", "src", client, "dst", dst, "err", err)
+	}
+}
+
+// sourceWorkload is the local workload an outbound connection comes from.
+func (p *Proxy) sourceWorkload(ctx context.Context, clientIP netip.Addr) (*state.Workload, error) {
+	if p.cfg.Mode == Dedicated {
+		return p.localWorkload(ctx, netip.Addr{})
+	}
+	return p.localWorkload(ctx, clientIP)
+}
+
+// outbound proxies client to dst for the source workload src. ready, if not nil, is called
+// once the upstream is connected (err nil) or failed, before any byte is copied: SOCKS5
+// answers its client there. It closes nothing but what it opened.
+func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Workload, clientAddr, dst netip.AddrPort, ready func(error)) error {
+	if ready == nil {
+		ready = func(error) {}
+	}
+	labels := metrics.Labels{Reporter: metrics.ReporterSource, SourcePrincipal: src.Identity().String()}
+	sourceLabels(&labels, src)
+	log := metrics.ConnLog{SrcAddr: clientAddr.String(), DstAddr: dst.String(), Direction: "outbound"}
+
+	if ztunnelPorts[dst.Port()] && p.isLocalAddr(dst.Addr()) {
+		ready(errSelfCall)
+		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, errSelfCall)
+		return errSelfCall
+	}
+	route, err := p.store.Resolve(src, dst)
+	if err != nil {
+		ready(err)
+		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, err)
+		return err
+	}
+	destLabels(&labels, route.Workload, route.Service)
+
+	tc := &tracked{}
+	defer p.conns.add(tc)()
+	tc.closeWith(client)
+	var upstream halfCloser
+	switch route.Kind {
+	case state.RouteHBONE, state.RouteWaypoint:
+		labels.ConnectionSecurityPolicy = metrics.MutualTLS
+		if route.Workload != nil {
+			labels.DestinationPrincipal = route.Workload.Identity().String()
+		}
+		log.DstAddr, log.HBONEAddr = route.Dial.String(), route.Authority
+		key := hbone.NewKey(src.Identity(), route.Identities, route.Dial, netip.Addr{})
+		s, err := p.pool.Dial(ctx, key, route.Authority, hboneHeaders(src, clientAddr, route.Service))
+		if err != nil {
+			ready(err)
+			p.metrics.Open(labels, log).Close(0, 0, connectFlag(err), err)
+			return fmt.Errorf("proxy: hbone to %v (%s): %w", route.Dial, route.Authority, err)
+		}
+		upstream = s
+	case state.RouteTCP, state.RoutePassthrough:
+		log.DstAddr = route.Dial.String()
+		s, err := p.dialTCP(ctx, route.Dial)
+		if err != nil {
+			ready(err)
+			p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, err)
+			return fmt.Errorf("proxy: dial %v: %w", route.Dial, err)
+		}
+		upstream = s
+	case state.RouteDoubleHBONE:
+		err := fmt.Errorf("proxy: %v is on another network: double HBONE through a network gateway is not supported yet", dst)
+		ready(err)
+		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, err)
+		return err
+	default:
+		err := fmt.Errorf("proxy: unknown route kind %v", route.Kind)
+		ready(err)
+		return err
+	}
+	defer upstream.Close()
+	tc.closeWith(upstream)
+	ready(nil)
+
+	rec := p.metrics.Open(labels, log)
+	received, sent, err := copyBoth(client, upstream)
+	rec.Close(sent, received, "", err)
+	return err
+}
+
+// connectFlag is the response flag of a failed HBONE dial.
+func connectFlag(err error) string {
+	var se *hbone.StatusError
+	if errors.As(err, &se) && se.Code == 401 {
+		return metrics.FlagDeny
+	}
+	return metrics.FlagConnect
+}
+
+// isLocalAddr reports whether ip is an address of this host (loopback, unspecified or one
+// of this node's listener addresses).
+func (p *Proxy) isLocalAddr(ip netip.Addr) bool {
+	if ip.IsLoopback() || ip.IsUnspecified() {
+		return true
+	}
+	for _, ln := range p.listeners {
+		if addrPortOf(ln.Addr()).Addr() == ip {
+			return true
+		}
+	}
+	return false
+}

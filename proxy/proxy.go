@@ -1,0 +1,347 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/gozt/gozt/hbone"
+	"github.com/gozt/gozt/identity"
+	"github.com/gozt/gozt/internal/sockopt"
+	"github.com/gozt/gozt/metrics"
+	"github.com/gozt/gozt/xds/state"
+)
+
+// CertSource gives the data plane its TLS configurations. identity/certs.Manager
+// implements it; the proxy never sees a CA.
+type CertSource interface {
+	// ClientConfig is for an outbound HBONE connection presenting src and expecting the
+	// server to be one of expected.
+	ClientConfig(ctx context.Context, src identity.ID, expected []identity.ID) (*tls.Config, error)
+	// ServerConfig is for the HBONE listener; local names the identity to serve a handshake as.
+	ServerConfig(local func(*tls.ClientHelloInfo) (identity.ID, error)) *tls.Config
+}
+
+// Mode says which workloads a node proxies.
+type Mode string
+
+const (
+	// Shared serves every workload on Config.Node; an outbound connection's source workload
+	// is the local workload with the connection's source IP.
+	Shared Mode = "shared"
+	// Dedicated serves the one workload named by Config.Workload.
+	Dedicated Mode = "dedicated"
+)
+
+// WorkloadRef names a workload: PROXY_WORKLOAD_INFO.
+type WorkloadRef struct{ Namespace, Name, ServiceAccount string }
+
+// Config is the data plane's configuration. The zero value of each field is its default
+// (listeners with an empty address are not started).
+type Config struct {
+	Mode     Mode        // [Shared]
+	Workload WorkloadRef // the workload of a Dedicated proxy
+	Node     string      // NODE_NAME, for Shared
+	Network  string      // the local network
+
+	OutboundAddr         string // 15001
+	InboundPlaintextAddr string // 15006
+	InboundAddr          string // 15008
+	Socks5Addr           string // 15080
+
+	HBONE hbone.Config
+
+	PacketMark        uint32        // SO_MARK on dialed sockets (0 = none)
+	DialTimeout       time.Duration // [10s] plain TCP dials
+	KeepaliveDisabled bool
+	KeepaliveTime     time.Duration // [180s]
+	KeepaliveInterval time.Duration // [180s]
+	KeepaliveRetries  int           // [9]
+	WorkloadWait      time.Duration // [5s] how long to wait for an unknown local workload to appear
+	Logger            *slog.Logger  // [slog.Default()]
+}
+
+func (c *Config) setDefaults() {
+	if c.Mode == "" {
+		c.Mode = Shared
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 10 * time.Second
+	}
+	if c.KeepaliveTime == 0 {
+		c.KeepaliveTime = 180 * time.Second
+	}
+	if c.KeepaliveInterval == 0 {
+		c.KeepaliveInterval = 180 * time.Second
+	}
+	if c.KeepaliveRetries == 0 {
+		c.KeepaliveRetries = 9
+	}
+	if c.WorkloadWait == 0 {
+		c.WorkloadWait = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.HBONE.Control == nil && c.PacketMark != 0 {
+		c.HBONE.Control = sockopt.Control(c.PacketMark)
+	}
+}
+
+// Listener names, as in Addrs.
+const (
+	ListenerOutbound         = "outbound"
+	ListenerInboundPlaintext = "inbound_plaintext"
+	ListenerInbound          = "inbound"
+	ListenerSocks5           = "socks5"
+)
+
+// Proxy is a running data plane. Create it with New, bind with Listen, run with Serve, stop
+// with Shutdown.
+type Proxy struct {
+	cfg     Config
+	store   *state.Store
+	certs   CertSource
+	metrics *metrics.Metrics
+	log     *slog.Logger
+
+	pool      *hbone.Pool
+	server    *hbone.Server
+	serverTLS *tls.Config
+	dialer    net.Dialer
+
+	listeners map[string]net.Listener
+	conns     tracker
+}
+
+// New builds a proxy; nothing is bound yet.
+func New(cfg Config, store *state.Store, certs CertSource, m *metrics.Metrics) *Proxy {
+	cfg.setDefaults()
+	p := &Proxy{
+		cfg:       cfg,
+		store:     store,
+		certs:     certs,
+		metrics:   m,
+		log:       cfg.Logger,
+		listeners: map[string]net.Listener{},
+	}
+	p.conns.init()
+	p.dialer = net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: -1}
+	if cfg.PacketMark != 0 {
+		p.dialer.Control = sockopt.Control(cfg.PacketMark)
+	}
+	p.pool = hbone.NewPool(cfg.HBONE, func(ctx context.Context, k hbone.Key) (*tls.Config, error) {
+		return certs.ClientConfig(ctx, k.Src, k.Expected())
+	})
+	p.server = hbone.NewServer(cfg.HBONE, p.serveHBONE)
+	p.serverTLS = certs.ServerConfig(p.localIdentity)
+	return p
+}
+
+// Listen binds every configured listener. On error nothing stays bound and the error names
+// the listener.
+func (p *Proxy) Listen() error {
+	for _, l := range []struct{ name, addr string }{
+		{ListenerOutbound, p.cfg.OutboundAddr},
+		{ListenerInboundPlaintext, p.cfg.InboundPlaintextAddr},
+		{ListenerInbound, p.cfg.InboundAddr},
+		{ListenerSocks5, p.cfg.Socks5Addr},
+	} {
+		if l.addr == "" {
+			continue
+		}
+		ln, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			for _, open := range p.listeners {
+				open.Close()
+			}
+			clear(p.listeners)
+			return fmt.Errorf("proxy: listen %s on %s: %w", l.name, l.addr, err)
+		}
+		p.listeners[l.name] = ln
+	}
+	return nil
+}
+
+// Addrs returns the bound address of each listener by name (ListenerOutbound, ...).
+func (p *Proxy) Addrs() map[string]net.Addr {
+	out := map[string]net.Addr{}
+	for name, ln := range p.listeners {
+		out[name] = ln.Addr()
+	}
+	return out
+}
+
+// Serve runs the accept loops and the policy watcher until ctx ends or Shutdown is called.
+// It returns after every accept loop has stopped; connections may still be draining.
+func (p *Proxy) Serve(ctx context.Context) {
+	var wg sync.WaitGroup
+	handlers := map[string]func(context.Context, *net.TCPConn){
+		ListenerOutbound:         p.serveOutbound,
+		ListenerInboundPlaintext: p.servePlaintext,
+		ListenerInbound:          p.serveInboundTLS,
+		ListenerSocks5:           p.serveSocks5,
+	}
+	for name, ln := range p.listeners {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.acceptLoop(ctx, name, ln, handlers[name])
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		p.watchPolicies(ctx)
+	}()
+	wg.Wait()
+}
+
+// acceptLoop hands each accepted connection to handle in a tracked goroutine.
+func (p *Proxy) acceptLoop(ctx context.Context, name string, ln net.Listener, handle func(context.Context, *net.TCPConn)) {
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	var delay time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) || ctx.Err() != nil {
+				return
+			}
+			// Out of file descriptors and the like: back off rather than spin.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			p.log.Warn("proxy: accept", "listener", name, "err", err, "retry_in", delay)
+			time.Sleep(delay)
+			continue
+		}
+		delay = 0
+		tc := c.(*net.TCPConn)
+		p.tuneSocket(tc)
+		if !p.conns.goTracked(func() { handle(ctx, tc) }) {
+			tc.Close() // draining
+		}
+	}
+}
+
+// tuneSocket applies ztunnel's socket options: TCP_NODELAY (Go's default) and keepalive.
+func (p *Proxy) tuneSocket(c *net.TCPConn) {
+	if p.cfg.KeepaliveDisabled {
+		return
+	}
+	if err := sockopt.SetKeepalive(c, p.cfg.KeepaliveTime, p.cfg.KeepaliveInterval, p.cfg.KeepaliveRetries); err != nil {
+		p.log.Debug("proxy: keepalive", "err", err)
+	}
+}
+
+// dialTCP dials a plain TCP leg (marked, with keepalive) and returns it as *net.TCPConn so
+// the copy can splice.
+func (p *Proxy) dialTCP(ctx context.Context, dst netip.AddrPort) (*net.TCPConn, error) {
+	c, err := p.dialer.DialContext(ctx, "tcp", dst.String())
+	if err != nil {
+		return nil, err
+	}
+	tc := c.(*net.TCPConn)
+	p.tuneSocket(tc)
+	return tc, nil
+}
+
+// Shutdown drains: listeners stop accepting, HBONE peers get GOAWAY, live connections may
+// finish until ctx ends, then the rest are closed. It returns once every connection
+// goroutine has exited.
+func (p *Proxy) Shutdown(ctx context.Context) error {
+	for _, ln := range p.listeners {
+		ln.Close()
+	}
+	p.conns.stopAccepting()
+	serverDone := make(chan error, 1)
+	go func() { serverDone <- p.server.Shutdown(ctx) }()
+	drained := p.conns.wait(ctx)
+	if !drained {
+		p.log.Info("proxy: drain deadline reached; closing live connections", "open", p.conns.count())
+		p.conns.closeAll()
+		p.conns.wait(context.Background())
+	}
+	err := <-serverDone
+	p.server.Close()
+	p.pool.Close()
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		err = nil // forced close is the documented outcome of a missed deadline
+	}
+	return err
+}
+
+// localIdentity is the identity the HBONE listener serves a handshake as: the workload the
+// connection was addressed to.
+func (p *Proxy) localIdentity(hello *tls.ClientHelloInfo) (identity.ID, error) {
+	dst := addrPortOf(hello.Conn.LocalAddr())
+	w, err := p.localWorkload(context.Background(), dst.Addr())
+	if err != nil {
+		return identity.ID{}, err
+	}
+	return w.Identity(), nil
+}
+
+// localWorkload returns the workload this node serves at ip, waiting briefly for the
+// control plane when it is not known yet (a new pod's first connection can race its xDS
+// push).
+func (p *Proxy) localWorkload(ctx context.Context, ip netip.Addr) (*state.Workload, error) {
+	find := func() *state.Workload {
+		if p.cfg.Mode == Dedicated {
+			w := p.store.FindWorkload(p.cfg.Workload.Namespace, p.cfg.Workload.Name)
+			if w == nil || (ip.IsValid() && !w.HasAddress(ip) && !ip.IsLoopback() && !ip.IsUnspecified()) {
+				return nil
+			}
+			return w
+		}
+		w := p.store.WorkloadByIP(p.cfg.Network, ip)
+		if w == nil || (p.cfg.Node != "" && w.Node != p.cfg.Node) {
+			return nil
+		}
+		return w
+	}
+	if w := find(); w != nil {
+		return w, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.WorkloadWait)
+	defer cancel()
+	changes := p.store.Subscribe(ctx)
+	for {
+		if w := find(); w != nil {
+			return w, nil
+		}
+		select {
+		case _, ok := <-changes:
+			if !ok {
+				return nil, p.unknownLocal(ip)
+			}
+		case <-ctx.Done():
+			return nil, p.unknownLocal(ip)
+		}
+	}
+}
+
+func (p *Proxy) unknownLocal(ip netip.Addr) error {
+	if p.cfg.Mode == Dedicated {
+		return fmt.Errorf("proxy: workload %s/%s (PROXY_WORKLOAD_INFO) is not known to this node at %v", p.cfg.Workload.Namespace, p.cfg.Workload.Name, ip)
+	}
+	return fmt.Errorf("proxy: no workload of node %q at %v", p.cfg.Node, ip)
+}
+
+func addrPortOf(a net.Addr) netip.AddrPort {
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		ap := a.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	case interface{ AddrPort() netip.AddrPort }:
+		ap := a.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	ap, _ := netip.ParseAddrPort(a.String())
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}

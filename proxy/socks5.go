@@ -1,0 +1,204 @@
+package proxy
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/gozt/gozt/hbone"
+	"github.com/gozt/gozt/xds/state"
+)
+
+// SOCKS5 (RFC 1928) constants: no-auth CONNECT only.
+const (
+	socksVersion      = 5
+	socksNoAuth       = 0
+	socksNoAcceptable = 0xFF
+	socksConnect      = 1
+	atypIPv4          = 1
+	atypDomain        = 3
+	atypIPv6          = 4
+
+	repSucceeded          = 0
+	repGeneralFailure     = 1
+	repNotAllowed         = 2
+	repHostUnreachable    = 4
+	repConnectionRefused  = 5
+	repCommandUnsupported = 7
+	repAddressUnsupported = 8
+)
+
+// socksHandshakeTimeout bounds how long a client may take to send its request.
+const socksHandshakeTimeout = 10 * time.Second
+
+// serveSocks5 handles one SOCKS5 client: a no-auth CONNECT to an IPv4, IPv6 or domain
+// address, then the same outbound flow as captured traffic. Domain names resolve through
+// the workload cache (service hostnames) first, then the system resolver.
+func (p *Proxy) serveSocks5(ctx context.Context, c *net.TCPConn) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(socksHandshakeTimeout))
+	client := addrPortOf(c.RemoteAddr())
+	src, err := p.sourceWorkload(ctx, client.Addr())
+	if err != nil {
+		p.log.Warn("proxy: socks5: unknown source workload", "src", client, "err", err)
+		_ = readSocksRequestAndReply(c, repNotAllowed)
+		return
+	}
+	host, port, code, err := readSocksRequest(c)
+	if err != nil {
+		if code != 0 {
+			writeSocksReply(c, code)
+		}
+		p.log.Debug("proxy: socks5 request", "src", client, "err", err)
+		return
+	}
+	dst, err := p.resolveHost(ctx, src, host, port)
+	if err != nil {
+		writeSocksReply(c, repHostUnreachable)
+		p.log.Debug("proxy: socks5 resolve", "host", host, "err", err)
+		return
+	}
+	_ = c.SetDeadline(time.Time{})
+	ready := func(err error) {
+		if err == nil {
+			writeSocksReply(c, repSucceeded)
+			return
+		}
+		writeSocksReply(c, socksCode(err))
+	}
+	if err := p.outbound(ctx, c, src, client, dst, ready); err != nil {
+		p.log.Debug("proxy: socks5 outbound", "src", client, "dst", dst, "err", err)
+	}
+}
+
+// resolveHost turns a SOCKS5 destination into an address: an IP as is; a mesh service
+// hostname to its VIP on this network; anything else through the system resolver.
+func (p *Proxy) resolveHost(ctx context.Context, src *state.Workload, host string, port uint16) (netip.AddrPort, error) {
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return netip.AddrPortFrom(ip.Unmap(), port), nil
+	}
+	name := strings.TrimSuffix(host, ".")
+	if svc := p.store.ServiceByHostname(name, src.Namespace); svc != nil {
+		for _, a := range svc.Addresses {
+			if a.Network == p.cfg.Network && a.Address.IsValid() {
+				return netip.AddrPortFrom(a.Address, port), nil
+			}
+		}
+	}
+	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", name)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	if len(ips) == 0 {
+		return netip.AddrPort{}, fmt.Errorf("proxy: socks5: %s has no addresses", name)
+	}
+	return netip.AddrPortFrom(ips[0].Unmap(), port), nil
+}
+
+// socksCode maps an upstream failure to a SOCKS5 reply code.
+func socksCode(err error) byte {
+	var se *hbone.StatusError
+	switch {
+	case errors.Is(err, errSelfCall):
+		return repNotAllowed
+	case errors.As(err, &se) && se.Code == 401:
+		return repNotAllowed
+	case errors.As(err, &se):
+		return repConnectionRefused
+	case errors.Is(err, state.ErrNoHealthyEndpoint):
+		return repHostUnreachable
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return repConnectionRefused
+	}
+	return repGeneralFailure
+}
+
+// readSocksRequest reads the greeting and the CONNECT request. On a protocol error it
+// returns the reply code to send (0 when the client is gone).
+func readSocksRequest(c net.Conn) (host string, port uint16, code byte, err error) {
+	var hdr [2]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return "", 0, 0, err
+	}
+	if hdr[0] != socksVersion {
+		return "", 0, 0, fmt.Errorf("proxy: socks5: version %d", hdr[0])
+	}
+	methods := make([]byte, hdr[1])
+	if _, err := io.ReadFull(c, methods); err != nil {
+		return "", 0, 0, err
+	}
+	noAuth := false
+	for _, m := range methods {
+		noAuth = noAuth || m == socksNoAuth
+	}
+	if !noAuth {
+		c.Write([]byte{socksVersion, socksNoAcceptable})
+		return "", 0, 0, errors.New("proxy: socks5: client offers no no-auth method")
+	}
+	if _, err := c.Write([]byte{socksVersion, socksNoAuth}); err != nil {
+		return "", 0, 0, err
+	}
+	var req [4]byte
+	if _, err := io.ReadFull(c, req[:]); err != nil {
+		return "", 0, 0, err
+	}
+	if req[0] != socksVersion {
+		return "", 0, repGeneralFailure, fmt.Errorf("proxy: socks5: request version %d", req[0])
+	}
+	if req[1] != socksConnect {
+		return "", 0, repCommandUnsupported, fmt.Errorf("proxy: socks5: command %d not supported (CONNECT only)", req[1])
+	}
+	switch req[3] {
+	case atypIPv4:
+		var a [4]byte
+		if _, err := io.ReadFull(c, a[:]); err != nil {
+			return "", 0, 0, err
+		}
+		host = netip.AddrFrom4(a).String()
+	case atypIPv6:
+		var a [16]byte
+		if _, err := io.ReadFull(c, a[:]); err != nil {
+			return "", 0, 0, err
+		}
+		host = netip.AddrFrom16(a).String()
+	case atypDomain:
+		var n [1]byte
+		if _, err := io.ReadFull(c, n[:]); err != nil {
+			return "", 0, 0, err
+		}
+		name := make([]byte, n[0])
+		if _, err := io.ReadFull(c, name); err != nil {
+			return "", 0, 0, err
+		}
+		host = string(name)
+	default:
+		return "", 0, repAddressUnsupported, fmt.Errorf("proxy: socks5: address type %d", req[3])
+	}
+	var pb [2]byte
+	if _, err := io.ReadFull(c, pb[:]); err != nil {
+		return "", 0, 0, err
+	}
+	return host, binary.BigEndian.Uint16(pb[:]), 0, nil
+}
+
+// readSocksRequestAndReply consumes a request only to refuse it with code.
+func readSocksRequestAndReply(c net.Conn, code byte) error {
+	_, _, _, err := readSocksRequest(c)
+	if err == nil {
+		writeSocksReply(c, code)
+	}
+	return err
+}
+
+// writeSocksReply answers with code and an unspecified bound address.
+func writeSocksReply(c net.Conn, code byte) {
+	_, _ = c.Write([]byte{socksVersion, code, 0, atypIPv4, 0, 0, 0, 0, 0, 0})
+}

@@ -1,0 +1,151 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"sync"
+	"sync/atomic"
+
+	"github.com/gozt/gozt/proxy/rbac"
+	"github.com/gozt/gozt/xds/state"
+)
+
+// tracker owns every connection goroutine, for drain (wait, then force-close) and for
+// re-checking live inbound connections when policies change.
+type tracker struct {
+	mu       sync.Mutex
+	draining bool
+	live     map[*tracked]struct{}
+	wg       sync.WaitGroup
+}
+
+// tracked is one proxied connection's closable parts and, for inbound ones, what policy
+// sees of it.
+type tracked struct {
+	mu      sync.Mutex
+	closers []io.Closer
+	closed  bool
+
+	// inbound only: re-evaluated on policy change.
+	dst    *state.Workload
+	attrs  rbac.Conn
+	denied atomic.Bool // closed by a policy change
+}
+
+func (t *tracker) init() {
+	t.live = map[*tracked]struct{}{}
+}
+
+// goTracked runs fn in a goroutine the tracker waits for; false if draining.
+func (t *tracker) goTracked(fn func()) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.draining {
+		return false
+	}
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		fn()
+	}()
+	return true
+}
+
+// add registers a live connection; the returned func unregisters it.
+func (t *tracker) add(c *tracked) (remove func()) {
+	t.mu.Lock()
+	t.live[c] = struct{}{}
+	t.mu.Unlock()
+	return func() {
+		t.mu.Lock()
+		delete(t.live, c)
+		t.mu.Unlock()
+	}
+}
+
+// closeWith adds closers that closeAll (drain deadline, policy) will close. If the
+// connection was already closed they are closed at once.
+func (c *tracked) closeWith(cs ...io.Closer) {
+	c.mu.Lock()
+	closed := c.closed
+	if !closed {
+		c.closers = append(c.closers, cs...)
+	}
+	c.mu.Unlock()
+	if closed {
+		for _, x := range cs {
+			x.Close()
+		}
+	}
+}
+
+func (c *tracked) close() {
+	c.mu.Lock()
+	cs := c.closers
+	c.closers, c.closed = nil, true
+	c.mu.Unlock()
+	for _, x := range cs {
+		x.Close()
+	}
+}
+
+func (t *tracker) stopAccepting() {
+	t.mu.Lock()
+	t.draining = true
+	t.mu.Unlock()
+}
+
+// wait waits for every tracked goroutine to return, or ctx; it reports which.
+func (t *tracker) wait(ctx context.Context) bool {
+	done := make(chan struct{})
+	go func() {
+		t.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (t *tracker) snapshot() []*tracked {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]*tracked, 0, len(t.live))
+	for c := range t.live {
+		out = append(out, c)
+	}
+	return out
+}
+
+func (t *tracker) count() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.live)
+}
+
+func (t *tracker) closeAll() {
+	for _, c := range t.snapshot() {
+		c.close()
+	}
+}
+
+// watchPolicies re-evaluates live inbound connections after every state change and closes
+// the ones policy now denies, as ztunnel does.
+func (p *Proxy) watchPolicies(ctx context.Context) {
+	for range p.store.Subscribe(ctx) {
+		for _, c := range p.conns.snapshot() {
+			if c.dst == nil {
+				continue
+			}
+			d := rbac.Check(p.store.PoliciesFor(c.dst), c.attrs)
+			if !d.Allow {
+				p.log.Info("proxy: connection closed due to policy change", "src", c.attrs.SrcIP, "dst", c.attrs.DstIP, "policy", d.Policy, "reason", d.Reason)
+				c.denied.Store(true)
+				c.close()
+			}
+		}
+	}
+}
