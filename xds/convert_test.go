@@ -135,7 +135,7 @@ func TestConvertService(t *testing.T) {
 				Mode:              workloadpb.LoadBalancing_FAILOVER, HealthPolicy: workloadpb.LoadBalancing_ALLOW_ALL,
 			}
 		}, func(s *state.Service) bool {
-			return reflect.DeepEqual(*s.LoadBalancing, state.LoadBalancing{RoutingPreference: []state.LBScope{state.ScopeRegion, state.ScopeNetwork}, Mode: state.LBFailover, HealthPolicy: state.AllowAll})
+			return reflect.DeepEqual(*s.LoadBalancing, state.LoadBalancing{RoutingPreference: []state.LBScope{state.LBScopeRegion, state.LBScopeNetwork}, Mode: state.LBFailover, HealthPolicy: state.AllowAll})
 		}, ""},
 		{"unknown lb mode", func(p *workloadpb.Service) { p.LoadBalancing = &workloadpb.LoadBalancing{Mode: 9} }, nil, "unknown mode 9"},
 		{"weighted waypoints", func(p *workloadpb.Service) {

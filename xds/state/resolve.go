@@ -271,17 +271,17 @@ func rank(prefs []LBScope, src, w *Workload) int {
 	for _, p := range prefs {
 		var ok bool
 		switch p {
-		case ScopeRegion:
+		case LBScopeRegion:
 			ok = src.Locality.Region == w.Locality.Region
-		case ScopeZone:
+		case LBScopeZone:
 			ok = src.Locality.Region == w.Locality.Region && src.Locality.Zone == w.Locality.Zone
-		case ScopeSubzone:
+		case LBScopeSubzone:
 			ok = src.Locality == w.Locality
-		case ScopeNode:
+		case LBScopeNode:
 			ok = src.Node == w.Node
-		case ScopeCluster:
+		case LBScopeCluster:
 			ok = src.ClusterID == w.ClusterID
-		case ScopeNetwork:
+		case LBScopeNetwork:
 			ok = src.Network == w.Network
 		default:
 			ok = true

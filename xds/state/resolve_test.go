@@ -187,7 +187,7 @@ func TestLoadBalancing(t *testing.T) {
 	same := wl("same", "10.0.0.2", inSvc(echoKey, nil), loc("r1", "z1"))
 	region := wl("region", "10.0.0.3", inSvc(echoKey, nil), loc("r1", "z2"))
 	far := wl("far", "10.0.0.4", inSvc(echoKey, nil), loc("r2", "z9"))
-	prefs := []LBScope{ScopeRegion, ScopeZone}
+	prefs := []LBScope{LBScopeRegion, LBScopeZone}
 	pick := func(t *testing.T, s *Store) map[string]int {
 		t.Helper()
 		seen := map[string]int{}

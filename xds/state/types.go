@@ -184,13 +184,13 @@ const (
 type LBScope uint8
 
 const (
-	ScopeUnspecified LBScope = iota
-	ScopeRegion
-	ScopeZone
-	ScopeSubzone
-	ScopeNode
-	ScopeCluster
-	ScopeNetwork
+	LBScopeUnspecified LBScope = iota
+	LBScopeRegion
+	LBScopeZone
+	LBScopeSubzone
+	LBScopeNode
+	LBScopeCluster
+	LBScopeNetwork
 )
 
 // LBMode is how endpoints are filtered by routing preference.
