@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -73,5 +72,3 @@ func versionString() string {
 	}
 	return "ztunnel (gozt) " + version
 }
-
-var errShutdown = errors.New("shutdown requested")

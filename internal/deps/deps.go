@@ -4,6 +4,7 @@ package deps
 
 import (
 	_ "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	_ "github.com/miekg/dns"
 	_ "github.com/prometheus/client_golang/prometheus"
 	_ "github.com/spiffe/go-spiffe/v2/workloadapi"
 	_ "go.yaml.in/yaml/v3"
@@ -12,5 +13,4 @@ import (
 	_ "google.golang.org/grpc"
 	_ "google.golang.org/protobuf/proto"
 	_ "istio.io/api/security/v1alpha1"
-	_ "github.com/miekg/dns"
 )
