@@ -107,6 +107,7 @@ func RunSuite(ctx context.Context, cfg SuiteConfig) (*Report, error) {
 	rep := &Report{
 		Started: time.Now(), CPUs: runtime.NumCPU(), Reps: cfg.Reps, Duration: cfg.Duration,
 	}
+	defer func() { rep.Elapsed = time.Since(rep.Started) }()
 	note := func(format string, args ...any) {
 		msg := fmt.Sprintf(format, args...)
 		rep.Notes = append(rep.Notes, msg)
@@ -122,11 +123,7 @@ func RunSuite(ctx context.Context, cfg SuiteConfig) (*Report, error) {
 	paths := []*path{{name: "direct", target: Target{Addr: echoAddr}}}
 
 	var children []*child
-	defer func() {
-		for i := len(children) - 1; i >= 0; i-- {
-			children[i].stop()
-		}
-	}()
+	defer func() { stopAll(children) }()
 	if !cfg.NoZtunnel {
 		p, err := startZtunnel(ctx, cfg.Repo, cfg.Ztunnel, work, echoAddr, func(c *child) { children = append(children, c) })
 		if err == nil {
@@ -134,6 +131,8 @@ func RunSuite(ctx context.Context, cfg SuiteConfig) (*Report, error) {
 		}
 		if err != nil {
 			note("ztunnel left out: %v", err)
+			stopAll(children) // no need to keep a node that is not measured
+			children = nil
 		} else {
 			paths = append(paths, p)
 		}
@@ -193,6 +192,7 @@ func RunSuite(ctx context.Context, cfg SuiteConfig) (*Report, error) {
 				o.Procs = p.procs
 				res, err := Run(ctx, c.scenario, p.target, o)
 				if ctx.Err() != nil {
+					note("interrupted during %s via %s: partial results", c.name, p.name)
 					return rep, ctx.Err()
 				}
 				if err != nil {
@@ -206,7 +206,6 @@ func RunSuite(ctx context.Context, cfg SuiteConfig) (*Report, error) {
 		}
 	}
 	prog.stop()
-	rep.Elapsed = time.Since(rep.Started)
 	if len(rep.Runs) == 0 {
 		return rep, errors.New("bench: suite: no run succeeded")
 	}

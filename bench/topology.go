@@ -76,6 +76,13 @@ func (c *child) stop() {
 	}
 }
 
+// stopAll stops children in the reverse of their start order.
+func stopAll(children []*child) {
+	for i := len(children) - 1; i >= 0; i-- {
+		children[i].stop()
+	}
+}
+
 // findRepo returns the nearest directory at or above the working directory whose go.mod
 // declares this module.
 func findRepo() (string, error) {
