@@ -181,10 +181,19 @@ func RunSuite(ctx context.Context, cfg SuiteConfig) (*Report, error) {
 	}
 	prog := startProgress(cfg.Progress, total)
 	defer prog.stop()
+	gone := make(map[string]bool) // paths whose processes died
 	for r := 1; r <= cfg.Reps; r++ {
 		for _, c := range cases {
 			for _, p := range paths {
 				if c.proxied && len(p.procs) == 0 {
+					continue
+				}
+				if gone[p.name] {
+					continue
+				}
+				if err := p.dead(); err != nil {
+					note("%s left out from %s (rep %d) on: %v", p.name, c.name, r, err)
+					gone[p.name] = true
 					continue
 				}
 				prog.begin(fmt.Sprintf("%s via %s (rep %d/%d)", c.name, p.name, r, cfg.Reps))

@@ -19,18 +19,43 @@ import (
 
 // A path is one way from the client to the echo server, with the processes that make it.
 type path struct {
-	name   string
-	target Target
-	procs  []Proc
+	name     string
+	target   Target
+	procs    []Proc
+	children []*child // processes the suite started for this path; their exit ends it
+}
+
+// dead returns an error describing the first of the path's processes that has exited.
+func (p *path) dead() error {
+	for _, c := range p.children {
+		select {
+		case <-c.done:
+			return fmt.Errorf("%s exited (%v); its log ends:\n%s", c.name, c.err, tail(c.logPath, 10))
+		default:
+		}
+	}
+	return nil
+}
+
+// tail returns the last n lines of a file, indented, or a note that it cannot be read.
+func tail(file string, n int) string {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "    (" + err.Error() + ")"
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	lines = lines[max(0, len(lines)-n):]
+	return "    " + strings.Join(lines, "\n    ")
 }
 
 // child is a process the suite started, in its own process group so that stopping it also
 // stops anything it started.
 type child struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited
-	err  error         // Wait's result, valid after done
+	name    string
+	logPath string
+	cmd     *exec.Cmd
+	done    chan struct{} // closed when the process has exited
+	err     error         // Wait's result, valid after done
 }
 
 // startChild starts bin with args and extra environment, output to logPath.
@@ -48,7 +73,7 @@ func startChild(name, logPath string, env []string, dir, bin string, args ...str
 		logf.Close()
 		return nil, fmt.Errorf("bench: start %s: %w", name, err)
 	}
-	c := &child{name: name, cmd: cmd, done: make(chan struct{})}
+	c := &child{name: name, logPath: logPath, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		c.err = cmd.Wait()
 		logf.Close()
@@ -156,6 +181,7 @@ func startZtunnel(ctx context.Context, repo, bin, work, echoAddr string, track f
 			return nil, err
 		}
 		track(c)
+		p.children = append(p.children, c)
 		if err := waitReady(ctx, c, "http://"+n.ip+":15021/healthz/ready"); err != nil {
 			return nil, fmt.Errorf("%w (log: %s)", err, filepath.Join(work, n.name+".log"))
 		}

@@ -1,0 +1,81 @@
+package bench
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestChildStopKillsItsProcessGroup(t *testing.T) {
+	if _, err := exec.LookPath("sh"); err != nil {
+		t.Skip("no sh")
+	}
+	dir := t.TempDir()
+	// A shell that starts a grandchild and waits: stopping the child must stop both, and
+	// must not wait for the grandchild's 30 s.
+	c, err := startChild("tree", filepath.Join(dir, "tree.log"), nil, dir, "sh", "-c", "sleep 30 & wait")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tree []int
+	for deadline := time.Now().Add(5 * time.Second); len(tree) < 2 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond) // polling for the shell to fork; nothing to wait on
+		tree = processTree(c.pid())
+	}
+	if len(tree) < 2 {
+		t.Fatalf("process tree %v; want the shell and its sleep", tree)
+	}
+	p := &path{name: "tree", children: []*child{c}}
+	if err := p.dead(); err != nil {
+		t.Fatalf("running path reported dead: %v", err)
+	}
+	start := time.Now()
+	c.stop()
+	c.stop() // idempotent
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("stop took %v", d)
+	}
+	// Gone, or a zombie waiting for init to reap it; never still running.
+	for _, pid := range tree {
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+			if err != nil || strings.Contains(string(b), ") Z ") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("pid %d of the tree still running after stop: %s", pid, b)
+				break
+			}
+		}
+	}
+}
+
+func TestDeadPathReportsExitAndLog(t *testing.T) {
+	if _, err := exec.LookPath("sh"); err != nil {
+		t.Skip("no sh")
+	}
+	dir := t.TempDir()
+	c, err := startChild("crash", filepath.Join(dir, "crash.log"), []string{"ZB_MSG=boom"}, dir, "sh", "-c", "echo panic: $ZB_MSG; exit 3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-c.done
+	err = (&path{children: []*child{c}}).dead()
+	if err == nil || !strings.Contains(err.Error(), "exit status 3") || !strings.Contains(err.Error(), "panic: boom") {
+		t.Fatalf("dead() = %v; want the exit status and the log's last lines", err)
+	}
+}
+
+func TestFindRepo(t *testing.T) {
+	repo, err := findRepo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(repo, "bench", "topology.go")); err != nil {
+		t.Errorf("repo %s does not hold this package: %v", repo, err)
+	}
+}
