@@ -1,0 +1,105 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// buildZtunnel compiles this command into the test's temporary directory, for tests that
+// run it as a separate process (its own network namespace, its own threads). go test puts
+// $GOROOT/bin first on PATH, so the go tool is found there.
+func buildZtunnel(t *testing.T) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("the go tool is not on PATH; cannot build the ztunnel binary")
+	}
+	bin := filepath.Join(t.TempDir(), "ztunnel")
+	out, err := exec.Command(goTool, "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build ./cmd/ztunnel: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// proc is a child process the test owns: stopped with SIGTERM when the test ends (SIGKILL
+// if it has not exited 10s later), its output shown if the test failed.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	out  lockedBuffer
+	done chan struct{} // closed when the process has exited; err is set then
+	err  error
+	once sync.Once
+}
+
+// startProc starts args[0] with exactly env (plus PATH) as its environment.
+func startProc(t *testing.T, name string, env []string, args ...string) *proc {
+	t.Helper()
+	p := &proc{name: name, done: make(chan struct{})}
+	p.cmd = exec.Command(args[0], args[1:]...)
+	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		err := p.stop()
+		if t.Failed() {
+			t.Logf("%s exited (%v); its output:\n%s", name, err, p.out.String())
+		}
+	})
+	return p
+}
+
+// stop sends SIGTERM once and returns the exit error (nil for exit status 0).
+func (p *proc) stop() error {
+	p.once.Do(func() { _ = p.cmd.Process.Signal(syscall.SIGTERM) })
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		return errors.New("did not exit within 10s of SIGTERM; killed")
+	}
+	return p.err
+}
+
+// exited reports whether the process has ended on its own.
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// lockedBuffer collects a child's output; exec copies stdout and stderr on two goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
