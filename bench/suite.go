@@ -95,130 +95,158 @@ func RunSuite(ctx context.Context, cfg SuiteConfig) (*Report, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	work := cfg.WorkDir
-	if work == "" {
+	s := &suite{cfg: cfg, rep: &Report{
+		Started: time.Now(), CPUs: runtime.NumCPU(), Reps: cfg.Reps, Duration: cfg.Duration,
+	}}
+	defer s.cleanup()
+	if s.work = cfg.WorkDir; s.work == "" {
 		dir, err := os.MkdirTemp("", "zbench-")
 		if err != nil {
 			return nil, fmt.Errorf("bench: %w", err)
 		}
-		defer os.RemoveAll(dir)
-		work = dir
+		s.onEnd(func() { os.RemoveAll(dir) })
+		s.work = dir
 	}
-	rep := &Report{
-		Started: time.Now(), CPUs: runtime.NumCPU(), Reps: cfg.Reps, Duration: cfg.Duration,
-	}
-	defer func() { rep.Elapsed = time.Since(rep.Started) }()
-	note := func(format string, args ...any) {
-		msg := fmt.Sprintf(format, args...)
-		rep.Notes = append(rep.Notes, msg)
-		fmt.Fprintln(cfg.Log, "zbench:", msg)
-	}
-
-	echo, err := Listen(cfg.EchoAddr, ServerConfig{Mode: ModeEcho})
+	paths, err := s.startPaths(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer echo.Close()
+	if ctx.Err() != nil {
+		return s.rep, ctx.Err()
+	}
+	if err := s.runAll(ctx, paths); err != nil {
+		return s.rep, err
+	}
+	if len(s.rep.Runs) == 0 {
+		return s.rep, errors.New("bench: suite: no run succeeded")
+	}
+	return s.rep, nil
+}
+
+// suite is one RunSuite call: its configuration, what it started, what it measured.
+type suite struct {
+	cfg      SuiteConfig
+	work     string
+	rep      *Report
+	cleanups []func() // run in reverse order when the suite ends
+}
+
+// onEnd registers f to run when the suite ends, after everything registered later.
+func (s *suite) onEnd(f func()) { s.cleanups = append(s.cleanups, f) }
+
+func (s *suite) cleanup() {
+	for i := len(s.cleanups) - 1; i >= 0; i-- {
+		s.cleanups[i]()
+	}
+	s.rep.Elapsed = time.Since(s.rep.Started)
+}
+
+func (s *suite) note(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	s.rep.Notes = append(s.rep.Notes, msg)
+	fmt.Fprintln(s.cfg.Log, "zbench:", msg)
+}
+
+// startPaths starts the echo server and every path in front of it. Only a failure to start
+// the echo server itself is an error; a path that does not come up is noted and left out.
+func (s *suite) startPaths(ctx context.Context) ([]*path, error) {
+	echo, err := Listen(s.cfg.EchoAddr, ServerConfig{Mode: ModeEcho})
+	if err != nil {
+		return nil, err
+	}
+	s.onEnd(func() { echo.Close() })
 	echoAddr := echo.Addr().String() // the port, when the configuration left it to the system
 	paths := []*path{{name: "direct", target: Target{Addr: echoAddr}}}
 
-	var children []*child
-	defer func() { stopAll(children) }()
-	if !cfg.NoZtunnel {
-		p, err := startZtunnel(ctx, cfg.Repo, cfg.Ztunnel, work, echoAddr, func(c *child) { children = append(children, c) })
+	if !s.cfg.NoZtunnel {
+		var nodes []*child
+		s.onEnd(func() { stopAll(nodes) })
+		p, err := startZtunnel(ctx, s.cfg.Repo, s.cfg.Ztunnel, s.work, echoAddr, func(c *child) { nodes = append(nodes, c) })
 		if err == nil {
 			err = probe(ctx, p)
 		}
 		if err != nil {
-			note("ztunnel left out: %v", err)
-			stopAll(children) // no need to keep a node that is not measured
-			children = nil
+			s.note("ztunnel left out: %v", err)
+			stopAll(nodes) // no need to keep a node that is not measured
 		} else {
 			paths = append(paths, p)
 		}
 	}
-	if cfg.Peers {
-		// The peers get their own echo listener named "localhost:PORT": ghostunnel refuses
+
+	if s.cfg.Peers {
+		// The peers get their own echo server, named "localhost:PORT": ghostunnel refuses
 		// any other backend address without --unsafe-target.
 		pecho, err := Listen("127.0.0.1:0", ServerConfig{Mode: ModeEcho})
 		if err != nil {
 			return nil, err
 		}
-		defer pecho.Close()
+		s.onEnd(func() { pecho.Close() })
 		backend := "localhost:" + strconv.Itoa(pecho.Addr().(*net.TCPAddr).Port)
-		pr := &peers{script: cfg.PeersScript, state: filepath.Join(work, "peers")}
-		defer pr.down(cfg.Log)
-		ps, err := pr.up(ctx, backend, cfg.Log)
+		pr := &peers{script: s.cfg.PeersScript, state: filepath.Join(s.work, "peers")}
+		s.onEnd(func() { pr.down(s.cfg.Log) })
+		chains, err := pr.up(ctx, backend, s.cfg.Log)
 		if err != nil {
-			note("peers left out: %v", err)
+			s.note("peers left out: %v", err)
 		}
-		for _, p := range ps {
+		for _, p := range chains {
 			if err := probe(ctx, p); err != nil {
-				note("%s left out: %v", p.name, err)
+				s.note("%s left out: %v", p.name, err)
 				continue
 			}
 			paths = append(paths, p)
 		}
 	}
-	if ctx.Err() != nil {
-		return rep, ctx.Err()
-	}
 	for _, p := range paths {
-		rep.Paths = append(rep.Paths, p.name)
+		s.rep.Paths = append(s.rep.Paths, p.name)
 	}
+	return paths, nil
+}
 
-	cases := cfg.cases()
-	for _, c := range cases {
-		rep.Cases = append(rep.Cases, c.name)
-	}
+// runAll runs the repetitions: every case, and within it every path in turn.
+func (s *suite) runAll(ctx context.Context, paths []*path) error {
+	cases := s.cfg.cases()
 	total := 0
 	for _, c := range cases {
+		s.rep.Cases = append(s.rep.Cases, c.name)
 		for _, p := range paths {
 			if !c.proxied || len(p.procs) > 0 {
-				total += cfg.Reps
+				total += s.cfg.Reps
 			}
 		}
 	}
-	prog := startProgress(cfg.Progress, total)
+	prog := startProgress(s.cfg.Progress, total)
 	defer prog.stop()
 	gone := make(map[string]bool) // paths whose processes died
-	for r := 1; r <= cfg.Reps; r++ {
+	for r := 1; r <= s.cfg.Reps; r++ {
 		for _, c := range cases {
 			for _, p := range paths {
-				if c.proxied && len(p.procs) == 0 {
-					continue
-				}
-				if gone[p.name] {
+				if c.proxied && len(p.procs) == 0 || gone[p.name] {
 					continue
 				}
 				if err := p.dead(); err != nil {
-					note("%s left out from %s (rep %d) on: %v", p.name, c.name, r, err)
+					s.note("%s left out from %s (rep %d) on: %v", p.name, c.name, r, err)
 					gone[p.name] = true
 					continue
 				}
-				prog.begin(fmt.Sprintf("%s via %s (rep %d/%d)", c.name, p.name, r, cfg.Reps))
+				prog.begin(fmt.Sprintf("%s via %s (rep %d/%d)", c.name, p.name, r, s.cfg.Reps))
 				o := c.opts
 				o.Procs = p.procs
 				res, err := Run(ctx, c.scenario, p.target, o)
 				if ctx.Err() != nil {
-					note("interrupted during %s via %s: partial results", c.name, p.name)
-					return rep, ctx.Err()
+					s.note("interrupted during %s via %s: partial results", c.name, p.name)
+					return ctx.Err()
 				}
 				if err != nil {
-					rep.Errors = append(rep.Errors, RunError{Case: c.name, Path: p.name, Rep: r, Err: err.Error()})
-					fmt.Fprintf(cfg.Log, "zbench: %s via %s: %v\n", c.name, p.name, err)
+					s.rep.Errors = append(s.rep.Errors, RunError{Case: c.name, Path: p.name, Rep: r, Err: err.Error()})
+					fmt.Fprintf(s.cfg.Log, "zbench: %s via %s: %v\n", c.name, p.name, err)
 					continue
 				}
 				res.Case, res.Path, res.Rep = c.name, p.name, r
-				rep.Runs = append(rep.Runs, res)
+				s.rep.Runs = append(s.rep.Runs, res)
 			}
 		}
 	}
-	prog.stop()
-	if len(rep.Runs) == 0 {
-		return rep, errors.New("bench: suite: no run succeeded")
-	}
-	return rep, nil
+	return nil
 }
 
 // probe checks that a path forwards at all, with a few checked round trips, so that a path
