@@ -22,6 +22,7 @@ type Pool struct {
 
 	mu     sync.Mutex
 	keys   map[Key]*keyPool
+	all    map[*conn]struct{} // every live connection, pooled or draining
 	closed bool
 }
 
@@ -33,7 +34,7 @@ type keyPool struct {
 // NewPool returns a pool. tlsConfig is asked once per new connection for a client config
 // (client certificate, peer verification against k.Expected()); ALPN h2 is added if missing.
 func NewPool(cfg Config, tlsConfig func(ctx context.Context, k Key) (*tls.Config, error)) *Pool {
-	return &Pool{cfg: cfg.withDefaults(), tlsConfig: tlsConfig, keys: make(map[Key]*keyPool)}
+	return &Pool{cfg: cfg.withDefaults(), tlsConfig: tlsConfig, keys: make(map[Key]*keyPool), all: make(map[*conn]struct{})}
 }
 
 // Dial opens one CONNECT stream to authority on a pooled connection for k and returns
@@ -161,16 +162,36 @@ func (p *Pool) dial(ctx context.Context, k Key) (*conn, error) {
 		return nil, fmt.Errorf("hbone: dial %s: peer did not negotiate ALPN h2", k.Addr)
 	}
 	bc.buffering = true
-	c := newConn(p.cfg, false, tlsc, bc)
+	return p.startConn(ctx, k, tlsc, bc)
+}
+
+// startConn runs HTTP/2 on an established connection: preface, the connection's two
+// goroutines, and the wait for the peer's SETTINGS.
+func (p *Pool) startConn(ctx context.Context, k Key, nc net.Conn, bc *bufConn) (*conn, error) {
+	c := newConn(p.cfg, false, nc, bc)
 	c.onClose = func(c *conn) { p.remove(k, c) }
 	if err := c.writePreface(); err != nil {
-		raw.Close()
+		nc.Close()
 		return nil, fmt.Errorf("hbone: dial %s: preface: %w", k.Addr, err)
 	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		nc.Close()
+		return nil, errClosed
+	}
+	p.all[c] = struct{}{}
 	p.wg.Add(2)
+	p.mu.Unlock()
 	c.wg.Add(1)
 	go func() { defer p.wg.Done(); c.writeLoop() }()
-	go func() { defer p.wg.Done(); c.runClientReader() }()
+	go func() {
+		defer p.wg.Done()
+		c.runClientReader()
+		p.mu.Lock()
+		delete(p.all, c)
+		p.mu.Unlock()
+	}()
 	if err := c.waitSettings(ctx); err != nil {
 		c.closeWith(err)
 		return nil, dialErr(k, fmt.Errorf("waiting for SETTINGS: %w", err), ctx)
@@ -264,9 +285,9 @@ func (c *conn) open(ctx context.Context, authority string, hdr http.Header) (*St
 func (p *Pool) Close() error {
 	p.mu.Lock()
 	p.closed = true
-	var conns []*conn
-	for _, kp := range p.keys {
-		conns = append(conns, kp.conns...)
+	conns := make([]*conn, 0, len(p.all))
+	for c := range p.all {
+		conns = append(conns, c)
 	}
 	p.mu.Unlock()
 	for _, c := range conns {

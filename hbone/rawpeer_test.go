@@ -182,7 +182,9 @@ func TestProtocolErrors(t *testing.T) {
 		{"even stream id", Config{}, func(p *rawPeer) { p.headers(2, false, connect...) }, goaway(http2.ErrCodeProtocol), false},
 		{"GET gets 400", Config{}, func(p *rawPeer) {
 			p.headers(1, true, ":method", "GET", ":scheme", "https", ":path", "/", ":authority", "x:1")
-		}, func(f frameSummary) bool { return f.typ == http2.FrameHeaders && f.stream == 1 && f.status == "400" && f.end }, true},
+		}, func(f frameSummary) bool {
+			return f.typ == http2.FrameHeaders && f.stream == 1 && f.status == "400" && f.end
+		}, true},
 		{"uppercase header name", Config{}, func(p *rawPeer) {
 			p.headers(1, false, append(connect, "Bad", "x")...)
 		}, rst(1, http2.ErrCodeProtocol), true},
