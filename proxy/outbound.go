@@ -58,7 +58,7 @@ func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Wo
 	sourceLabels(&labels, src)
 	log := metrics.ConnLog{SrcAddr: clientAddr.String(), DstAddr: dst.String(), Direction: "outbound"}
 
-	if ztunnelPorts[dst.Port()] && p.isLocalAddr(dst.Addr()) {
+	if p.isSelfCall(dst) {
 		ready(errSelfCall)
 		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, errSelfCall)
 		return errSelfCall
@@ -126,6 +126,22 @@ func connectFlag(err error) string {
 		return metrics.FlagDeny
 	}
 	return metrics.FlagConnect
+}
+
+// isSelfCall reports whether dst is one of this proxy's own listeners: a well-known ztunnel
+// port on a local address, or the address a listener is actually bound to (listeners may be
+// configured on other ports).
+func (p *Proxy) isSelfCall(dst netip.AddrPort) bool {
+	if ztunnelPorts[dst.Port()] && p.isLocalAddr(dst.Addr()) {
+		return true
+	}
+	for _, ln := range p.listeners {
+		a := addrPortOf(ln.Addr())
+		if a.Port() == dst.Port() && (a.Addr() == dst.Addr() || a.Addr().IsUnspecified() && p.isLocalAddr(dst.Addr())) {
+			return true
+		}
+	}
+	return false
 }
 
 // isLocalAddr reports whether ip is an address of this host (loopback, unspecified or one
