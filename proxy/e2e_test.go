@@ -1,0 +1,565 @@
+package proxy_test
+
+// End-to-end tests of two nodes on loopback: a SOCKS5 client on node A (default/client,
+// 127.0.0.2) reaches a backend of default/server (127.0.0.3) through a real mTLS HBONE tunnel
+// to node B's 15008, with both nodes' certificates from one built-in CA.
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/metrics"
+	"github.com/gozt/gozt/xds/state"
+)
+
+// sendAndCheck writes size pseudo-random bytes to c, half-closes, and checks that exactly
+// the same bytes come back (by SHA-256) before EOF.
+func sendAndCheck(t testing.TB, c *net.TCPConn, size int64, seed uint64) {
+	t.Helper()
+	src := io.LimitReader(rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8)}), size)
+	sent := sha256.New()
+	werr := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(c, io.TeeReader(src, sent))
+		if err == nil {
+			err = c.CloseWrite()
+		}
+		werr <- err
+	}()
+	got := sha256.New()
+	n, rerr := io.Copy(got, c)
+	if err := <-werr; err != nil {
+		t.Fatalf("write %d bytes: %v", size, err)
+	}
+	if rerr != nil {
+		t.Fatalf("read echo: %v after %d of %d bytes", rerr, n, size)
+	}
+	if n != size {
+		t.Fatalf("echo: got %d bytes, want %d", n, size)
+	}
+	if !bytes.Equal(got.Sum(nil), sent.Sum(nil)) {
+		t.Fatalf("echo of %d bytes: content differs", size)
+	}
+}
+
+func TestPayloadsThroughHBONE(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := startMesh(t)
+	be := startBackend(t, m.serverIP+":0", echo)
+	for i, size := range []int64{0, 1, 64 << 10, 64 << 20} {
+		t.Run(strconv.FormatInt(size, 10), func(t *testing.T) {
+			c, code, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+			if err != nil {
+				t.Fatalf("socks5 connect: code %d: %v", code, err)
+			}
+			defer c.Close()
+			sendAndCheck(t, c, size, uint64(i))
+		})
+	}
+	if got := be.accepted.Load(); got != 4 {
+		t.Errorf("backend accepted %d connections, want 4", got)
+	}
+}
+
+func TestCurlThroughSocks(t *testing.T) {
+	curl, err := exec.LookPath("curl")
+	if err != nil {
+		t.Skip("curl not installed")
+	}
+	leaktest.Check(t)
+	checkFDs(t)
+	// The echo service of the example routes port 80 to 8080 on the server pod.
+	m := newMesh(t, "8080")
+	ln, err := net.Listen("tcp", m.serverIP+":8080")
+	if err != nil {
+		t.Skipf("needs %s:8080 free for the example's echo service: %v", m.serverIP, err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello %s from %s", r.URL.Path, r.Host)
+	})}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(ln)
+	}()
+	defer func() {
+		srv.Close()
+		<-served
+	}()
+	m.start(t)
+	for _, tc := range []struct{ name, url, want string }{
+		{"by-ip", "http://" + m.serverIP + ":8080/ip", "hello /ip from " + m.serverIP + ":8080"},
+		{"by-hostname", "http://echo.default.svc.cluster.local/name", "hello /name from echo.default.svc.cluster.local"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, curl, "-sS", "--fail", "--noproxy", "", "--socks5-hostname", m.a.socks(t), tc.url)
+			cmd.Env = []string{"PATH=/usr/bin:/bin"}
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("curl %s: %v\n%s", tc.url, err, out)
+			}
+			if string(out) != tc.want {
+				t.Fatalf("curl %s: got %q, want %q", tc.url, out, tc.want)
+			}
+		})
+	}
+	// Node A knows the service only for the hostname request; node B guesses it for both
+	// from the server's port map (8080 is echo's target port).
+	echoSvc := map[string]string{"destination_service": "echo.default.svc.cluster.local"}
+	eventually(t, "both connections recorded", func() bool {
+		return counter(t, m.b.reg, "istio_tcp_connections_closed_total", echoSvc) == 2 &&
+			counter(t, m.a.reg, "istio_tcp_connections_closed_total", nil) == 2
+	})
+	if got := counter(t, m.a.reg, "istio_tcp_connections_closed_total", echoSvc); got != 1 {
+		t.Errorf("node A: %v connections labelled with the echo service, want 1\n%s", got, dumpCounters(m.a.reg))
+	}
+}
+
+func TestHalfClose(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := startMesh(t)
+
+	t.Run("client-first", func(t *testing.T) {
+		// The client sends and half-closes; the server reads to EOF, then still answers.
+		be := startBackend(t, m.serverIP+":0", func(c *net.TCPConn) {
+			req, err := io.ReadAll(c)
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "got %d bytes: %s", len(req), req)
+			_ = c.CloseWrite()
+		})
+		c, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write([]byte("request")); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		resp, err := io.ReadAll(c)
+		if err != nil {
+			t.Fatalf("read after half-close: %v (got %q)", err, resp)
+		}
+		if want := "got 7 bytes: request"; string(resp) != want {
+			t.Fatalf("response after client FIN: got %q, want %q", resp, want)
+		}
+	})
+
+	t.Run("server-first", func(t *testing.T) {
+		// The server greets and half-closes at once; the client sees EOF, then still sends.
+		got := make(chan string, 1)
+		be := startBackend(t, m.serverIP+":0", func(c *net.TCPConn) {
+			if _, err := c.Write([]byte("greeting")); err != nil {
+				got <- "write: " + err.Error()
+				return
+			}
+			if err := c.CloseWrite(); err != nil {
+				got <- "closewrite: " + err.Error()
+				return
+			}
+			req, err := io.ReadAll(c)
+			if err != nil {
+				got <- "read: " + err.Error()
+				return
+			}
+			got <- string(req)
+		})
+		c, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		greet, err := io.ReadAll(c)
+		if err != nil || string(greet) != "greeting" {
+			t.Fatalf("read until server FIN: %q, %v; want %q", greet, err, "greeting")
+		}
+		if _, err := c.Write([]byte("after your FIN")); err != nil {
+			t.Fatalf("write after server FIN: %v", err)
+		}
+		if err := c.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case s := <-got:
+			if s != "after your FIN" {
+				t.Fatalf("server received %q after its FIN, want %q", s, "after your FIN")
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("server never saw the client's bytes and FIN")
+		}
+	})
+}
+
+func TestThousandConcurrentConnections(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := startMesh(t)
+	be := startBackend(t, m.serverIP+":0", echo)
+	const n = 1000
+	socks := m.a.socks(t)
+
+	// Every connection is established before any sends, so all 1000 are open at once.
+	var established, done sync.WaitGroup
+	established.Add(n)
+	done.Add(n)
+	start := make(chan struct{})
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			defer done.Done()
+			c, code, err := socksConnect(socks, m.serverIP, be.port())
+			established.Done()
+			if err != nil {
+				errs <- fmt.Errorf("conn %d: code %d: %w", i, code, err)
+				return
+			}
+			defer c.Close()
+			<-start
+			msg := fmt.Appendf(nil, "connection %04d %s", i, strings.Repeat("x", i))
+			if _, err := c.Write(msg); err != nil {
+				errs <- fmt.Errorf("conn %d: write: %w", i, err)
+				return
+			}
+			if err := c.CloseWrite(); err != nil {
+				errs <- fmt.Errorf("conn %d: closewrite: %w", i, err)
+				return
+			}
+			_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+			got, err := io.ReadAll(c)
+			if err != nil || !bytes.Equal(got, msg) {
+				errs <- fmt.Errorf("conn %d: echo %d bytes (%v), want %d", i, len(got), err, len(msg))
+			}
+		}()
+	}
+	established.Wait()
+	open := counter(t, m.b.reg, "istio_tcp_sockets_open", map[string]string{"reporter": "destination"})
+	close(start)
+	done.Wait()
+	close(errs)
+	failed := 0
+	for err := range errs {
+		if failed < 5 {
+			t.Error(err)
+		}
+		failed++
+	}
+	if failed > 0 {
+		t.Fatalf("%d of %d connections failed", failed, n)
+	}
+	if open < n*0.9 { // a few records may still be in setup when sampled
+		t.Errorf("node B had %v inbound connections open at once, want about %d", open, n)
+	}
+	if got := be.accepted.Load(); got != n {
+		t.Errorf("backend accepted %d connections, want %d", got, n)
+	}
+	eventually(t, "all connections recorded closed on both nodes", func() bool {
+		return counter(t, m.a.reg, "istio_tcp_connections_closed_total", map[string]string{"reporter": "source"}) == n &&
+			counter(t, m.b.reg, "istio_tcp_connections_closed_total", map[string]string{"reporter": "destination"}) == n
+	})
+}
+
+func TestWrongIdentityRefused(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := startMesh(t)
+	be := startBackend(t, m.serverIP+":0", echo)
+	// Node C believes the server pod runs as sa "other"; node B serves it as "server".
+	wrong := strings.Replace(m.yaml, "serviceAccount: server", "serviceAccount: other", 1)
+	if wrong == m.yaml {
+		t.Fatal("topology edit did not apply")
+	}
+	cnode := startNode(t, "node-c", m.caDir, wrong, m.clientConfig())
+
+	if _, code, err := socksConnect(cnode.socks(t), m.serverIP, be.port()); err == nil || code == repSucceeded {
+		t.Fatalf("connect with wrong expected identity: code %d, err %v; want a failure", code, err)
+	}
+	eventually(t, "node C records the failure", func() bool {
+		return counter(t, cnode.reg, "istio_tcp_connections_failed_total", map[string]string{
+			"reporter": "source", "destination_principal": "spiffe://cluster.local/ns/default/sa/other",
+		}) == 1
+	})
+	// The right identity still works from node A, and only that connection reached the backend.
+	c, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+	if err != nil {
+		t.Fatalf("node A with the right identity: %v", err)
+	}
+	sendAndCheck(t, c, 100, 1)
+	c.Close()
+	if got := be.accepted.Load(); got != 1 {
+		t.Errorf("backend accepted %d connections, want 1 (the refused one must not reach it)", got)
+	}
+}
+
+func denyClient(name string) *state.Batch {
+	return &state.Batch{Policies: []*state.Policy{{
+		Name: name, Namespace: "default", Scope: state.ScopeNamespace, Action: state.ActionDeny,
+		Rules: []state.Rule{{Clauses: []state.Clause{{Matches: []state.Match{{
+			Principals: []state.StringMatch{{Kind: state.MatchExact, Value: clientPrinc}},
+		}}}}}},
+	}}}
+}
+
+func TestAuthorization(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := startMesh(t)
+	be := startBackend(t, m.serverIP+":0", echo)
+	deny := map[string]string{"reporter": "destination", "response_flags": metrics.FlagDeny, "source_principal": "spiffe://" + clientPrinc}
+
+	t.Run("deny", func(t *testing.T) {
+		m.b.store.Apply(denyClient("deny-client"))
+		defer m.b.store.Apply(&state.Batch{RemovePolicies: []string{"default/deny-client"}})
+		_, code, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+		if err == nil || code != repNotAllowed {
+			t.Fatalf("denied connect: code %d, err %v; want code %d (not allowed)", code, err, repNotAllowed)
+		}
+		eventually(t, "node B records DENY", func() bool { return counter(t, m.b.reg, "istio_tcp_connections_closed_total", deny) == 1 })
+		if got := counter(t, m.a.reg, "istio_tcp_connections_failed_total", map[string]string{"reporter": "source", "response_flags": metrics.FlagDeny}); got != 1 {
+			t.Errorf("node A failed{DENY} = %v, want 1\n%s", got, dumpCounters(m.a.reg))
+		}
+		if got := be.accepted.Load(); got != 0 {
+			t.Errorf("backend accepted %d connections despite DENY", got)
+		}
+	})
+
+	t.Run("policy-change-closes-live-connection", func(t *testing.T) {
+		c, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+		if err != nil {
+			t.Fatalf("allowed connect: %v", err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		buf := make([]byte, 5)
+		if _, err := c.Write([]byte("alive")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "alive" {
+			t.Fatalf("echo before policy change: %q, %v", buf, err)
+		}
+		m.b.store.Apply(denyClient("deny-client-live"))
+		// The connection ends without the client closing it: EOF or reset.
+		n, err := io.Copy(io.Discard, c)
+		if ne := (net.Error)(nil); errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("live connection still open after the DENY policy (read %d bytes)", n)
+		}
+		eventually(t, "node B records the policy close", func() bool { return counter(t, m.b.reg, "istio_tcp_connections_closed_total", deny) == 2 })
+		if got := counter(t, m.b.reg, "istio_tcp_received_bytes_total", deny); got != 5 {
+			t.Errorf("received bytes of the closed connection = %v, want 5", got)
+		}
+	})
+}
+
+func TestPassthroughUnknownDestination(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := startMesh(t)
+	outside := startBackend(t, m.outsideIP+":0", echo)
+	c, code, err := socksConnect(m.a.socks(t), m.outsideIP, outside.port())
+	if err != nil {
+		t.Fatalf("passthrough connect: code %d: %v", code, err)
+	}
+	sendAndCheck(t, c, 256<<10, 7)
+	c.Close()
+	eventually(t, "node A records the passthrough", func() bool {
+		return counter(t, m.a.reg, "istio_tcp_connections_closed_total", map[string]string{"reporter": "source"}) == 1
+	})
+	// Plain TCP: nothing went through node B, and A did not claim mTLS.
+	if got := counter(t, m.b.reg, "istio_tcp_connections_opened_total", nil); got != 0 {
+		t.Errorf("node B saw %v connections for an out-of-mesh destination", got)
+	}
+	if got := counter(t, m.a.reg, "istio_tcp_connections_closed_total", map[string]string{"connection_security_policy": "mutual_tls"}); got != 0 {
+		t.Errorf("passthrough recorded as mutual_tls")
+	}
+}
+
+func TestSelfCallRefused(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := startMesh(t)
+	targets := []string{m.clientIP + ":15008", m.clientIP + ":15001", "127.0.0.1:15080"}
+	for name, a := range m.a.proxy.Addrs() {
+		_ = name
+		targets = append(targets, a.String())
+	}
+	for _, target := range targets {
+		t.Run(target, func(t *testing.T) {
+			host, portStr, _ := net.SplitHostPort(target)
+			port, _ := strconv.ParseUint(portStr, 10, 16)
+			_, code, err := socksConnect(m.a.socks(t), host, uint16(port))
+			if err == nil || code != repNotAllowed {
+				t.Fatalf("connect to own port %s: code %d, err %v; want code %d", target, code, err, repNotAllowed)
+			}
+		})
+	}
+	if got := counter(t, m.b.reg, "istio_tcp_connections_opened_total", nil); got != 0 {
+		t.Errorf("self-calls reached node B: %v connections", got)
+	}
+}
+
+func TestDrainWithLiveConnection(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := startMesh(t)
+	be := startBackend(t, m.serverIP+":0", echo)
+	socks := m.a.socks(t)
+	c, _, err := socksConnect(socks, m.serverIP, be.port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ping := func(msg string) error {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Write([]byte(msg)); err != nil {
+			return err
+		}
+		buf := make([]byte, len(msg))
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return err
+		}
+		if string(buf) != msg {
+			return fmt.Errorf("echo %q, want %q", buf, msg)
+		}
+		return nil
+	}
+	if err := ping("before"); err != nil {
+		t.Fatal(err)
+	}
+
+	const deadline = 1500 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	began := time.Now()
+	shutdown := make(chan error, 1)
+	go func() { shutdown <- m.a.shutdown(ctx) }()
+
+	// New connections are refused once draining starts.
+	eventually(t, "the SOCKS5 listener to close", func() bool {
+		nc, err := net.DialTimeout("tcp", socks, time.Second)
+		if err == nil {
+			nc.Close()
+		}
+		return err != nil
+	})
+	// The live one keeps flowing while the deadline has not passed.
+	for i := 0; time.Since(began) < deadline/2; i++ {
+		if err := ping(fmt.Sprintf("during drain %d", i)); err != nil {
+			t.Fatalf("live connection broke during drain after %v: %v", time.Since(began), err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case err := <-shutdown:
+		if err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	case <-time.After(deadline + 10*time.Second):
+		t.Fatal("Shutdown did not return after its deadline")
+	}
+	if took := time.Since(began); took < deadline {
+		t.Errorf("Shutdown returned after %v, before its %v deadline, with a live connection", took, deadline)
+	}
+	// Then it is closed.
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatal("live connection still open after Shutdown returned")
+		}
+	}
+}
+
+func TestMetricsBothReporters(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := startMesh(t)
+	// The backend reads the whole request, then answers three times as many bytes.
+	be := startBackend(t, m.serverIP+":0", func(c *net.TCPConn) {
+		n, err := io.Copy(io.Discard, c)
+		if err != nil {
+			return
+		}
+		_, _ = c.Write(bytes.Repeat([]byte("r"), int(3*n)))
+		_ = c.CloseWrite()
+	})
+	const conns, req = 3, 1000
+	for range conns {
+		c, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = c.Write(bytes.Repeat([]byte("q"), req))
+		_ = c.CloseWrite()
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		got, err := io.ReadAll(c)
+		c.Close()
+		if err != nil || len(got) != 3*req {
+			t.Fatalf("response: %d bytes, %v; want %d", len(got), err, 3*req)
+		}
+	}
+	common := map[string]string{
+		"source_principal":           "spiffe://" + clientPrinc,
+		"destination_principal":      "spiffe://" + serverPrinc,
+		"source_workload":            "client",
+		"destination_workload":       "server",
+		"connection_security_policy": "mutual_tls",
+		"response_flags":             "-",
+	}
+	for _, n := range []*node{m.a, m.b} {
+		reporter := "source"
+		if n == m.b {
+			reporter = "destination"
+		}
+		labels := map[string]string{"reporter": reporter}
+		for k, v := range common {
+			labels[k] = v
+		}
+		if n == m.b {
+			// Node A dials HBONE from 127.0.0.1 here, not from the pod IP, and the example
+			// names no workload for the baggage: node B knows the source by identity only.
+			delete(labels, "source_workload")
+		}
+		eventually(t, n.name+" closes", func() bool { return counter(t, n.reg, "istio_tcp_connections_closed_total", labels) == conns })
+		for name, want := range map[string]float64{
+			"istio_tcp_connections_opened_total": conns,
+			"istio_tcp_received_bytes_total":     conns * req,     // client to server
+			"istio_tcp_sent_bytes_total":         conns * 3 * req, // server to client
+			"istio_tcp_connections_failed_total": 0,
+		} {
+			if got := counter(t, n.reg, name, labels); got != want {
+				t.Errorf("%s %s%v = %v, want %v\n%s", n.name, name, labels, got, want, dumpCounters(n.reg))
+			}
+		}
+		// Only its own reporter on each node.
+		other := map[string]string{"reporter": map[string]string{"source": "destination", "destination": "source"}[reporter]}
+		if got := counter(t, n.reg, "istio_tcp_connections_opened_total", other); got != 0 {
+			t.Errorf("%s recorded %v connections as %s", n.name, got, other["reporter"])
+		}
+		if got := counter(t, n.reg, "istio_tcp_sockets_open", nil); got != 0 {
+			t.Errorf("%s: istio_tcp_sockets_open = %v after every connection closed", n.name, got)
+		}
+	}
+}

@@ -1,0 +1,462 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gozt/gozt/identity/ca"
+	"github.com/gozt/gozt/identity/certs"
+	"github.com/gozt/gozt/metrics"
+	"github.com/gozt/gozt/proxy"
+	"github.com/gozt/gozt/xds"
+	"github.com/gozt/gozt/xds/state"
+)
+
+// The two-node topology of examples/two-nodes.yaml: default/client on 127.0.0.2 (node A),
+// default/server on 127.0.0.3 (node B), and the echo service VIP 127.10.0.1:80 -> 8080.
+const (
+	clientPrinc = "cluster.local/ns/default/sa/client"
+	serverPrinc = "cluster.local/ns/default/sa/server"
+	exampleFile = "../examples/two-nodes.yaml"
+)
+
+// subnets are the loopback /24s a mesh may use: .2 client, .3 server, .4 outside the mesh.
+// The example's own 127.0.0.x comes first; the others keep the suite running when another
+// process on a shared machine (a `make demo`, say) holds 127.0.0.3:15008.
+var subnets = []string{"127.0.0.", "127.0.1.", "127.0.2.", "127.0.3."}
+
+// exampleYAML is the shared topology; tests derive variants from it with string edits.
+func exampleYAML(tb testing.TB) string {
+	tb.Helper()
+	b, err := os.ReadFile(exampleFile)
+	if err != nil {
+		tb.Fatalf("read %s: %v", exampleFile, err)
+	}
+	return string(b)
+}
+
+func parseBatch(tb testing.TB, yaml string) *state.Batch {
+	tb.Helper()
+	b, err := xds.ParseLocal("test.yaml", []byte(yaml))
+	if err != nil {
+		tb.Fatalf("parse topology: %v", err)
+	}
+	return b
+}
+
+// node is one in-process ztunnel: its own store, certificate manager and metrics registry,
+// sharing the CA directory with the other nodes so they trust each other.
+type node struct {
+	name  string
+	proxy *proxy.Proxy
+	store *state.Store
+	reg   *prometheus.Registry
+	certs *certs.Manager
+
+	cancel context.CancelFunc
+	served chan struct{}
+	once   sync.Once
+}
+
+var quiet = slog.New(slog.DiscardHandler)
+
+var _ proxy.CertSource = (*certs.Manager)(nil)
+
+// startNode binds and serves a proxy; it is shut down at cleanup (or earlier by shutdown).
+func startNode(tb testing.TB, name, caDir, yaml string, cfg proxy.Config) *node {
+	tb.Helper()
+	builtin, err := ca.NewBuiltin(caDir, time.Hour)
+	if err != nil {
+		tb.Fatalf("%s: builtin ca: %v", name, err)
+	}
+	n := &node{name: name, store: state.NewStore(), reg: prometheus.NewRegistry(), served: make(chan struct{})}
+	n.store.Apply(parseBatch(tb, yaml))
+	n.certs = certs.New(certs.Config{}, builtin)
+	m := metrics.New(n.reg, "test", metrics.WithAccessLog(quiet))
+	if cfg.Logger == nil {
+		cfg.Logger = quiet
+	}
+	n.proxy = proxy.New(cfg, n.store, n.certs, m)
+	if err := n.proxy.Listen(); err != nil {
+		n.certs.Close()
+		if errors.Is(err, syscall.EADDRINUSE) {
+			tb.Skipf("%s: %v (needs the address free)", name, err)
+		}
+		tb.Fatalf("%s: listen: %v", name, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	go func() {
+		defer close(n.served)
+		n.proxy.Serve(ctx)
+	}()
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := n.shutdown(ctx); err != nil {
+			tb.Errorf("%s: shutdown: %v", name, err)
+		}
+	})
+	return n
+}
+
+// shutdown drains the proxy until ctx ends, stops Serve and the certificate manager.
+// Later calls do nothing.
+func (n *node) shutdown(ctx context.Context) error {
+	var err error
+	n.once.Do(func() {
+		err = n.proxy.Shutdown(ctx)
+		n.cancel()
+		<-n.served
+		n.certs.Close()
+	})
+	return err
+}
+
+func (n *node) addr(tb testing.TB, listener string) string {
+	tb.Helper()
+	a, ok := n.proxy.Addrs()[listener]
+	if !ok {
+		tb.Fatalf("%s: no %s listener", n.name, listener)
+	}
+	return a.String()
+}
+
+func (n *node) socks(tb testing.TB) string { return n.addr(tb, proxy.ListenerSocks5) }
+
+// mesh is node A (dedicated default/client) and node B (dedicated default/server).
+type mesh struct {
+	caDir                         string
+	yaml                          string // the topology both nodes loaded
+	clientIP, serverIP, outsideIP string
+	a, b                          *node
+}
+
+func (m *mesh) clientConfig() proxy.Config {
+	return proxy.Config{
+		Mode:        proxy.Dedicated,
+		Workload:    proxy.WorkloadRef{Namespace: "default", Name: "client", ServiceAccount: "client"},
+		Socks5Addr:  m.clientIP + ":0",
+		InboundAddr: m.clientIP + ":0",
+	}
+}
+
+func (m *mesh) serverConfig() proxy.Config {
+	return proxy.Config{
+		Mode:     proxy.Dedicated,
+		Workload: proxy.WorkloadRef{Namespace: "default", Name: "server", ServiceAccount: "server"},
+		// Routes dial podIP:15008, so node B must listen there.
+		InboundAddr: m.serverIP + ":15008",
+	}
+}
+
+// newMesh picks a subnet whose server address has 15008 (and extra ports, e.g. 8080) free
+// and the topology moved onto it; it starts nothing.
+func newMesh(tb testing.TB, extraServerPorts ...string) *mesh {
+	tb.Helper()
+	example := exampleYAML(tb)
+	for _, sub := range subnets {
+		if !free(sub+"3", append([]string{"15008"}, extraServerPorts...)) {
+			continue
+		}
+		m := &mesh{
+			caDir:    filepath.Join(tb.TempDir(), "ca"),
+			clientIP: sub + "2", serverIP: sub + "3", outsideIP: sub + "4",
+		}
+		r := strings.NewReplacer("127.0.0.2", m.clientIP, "127.0.0.3", m.serverIP)
+		m.yaml = r.Replace(example)
+		return m
+	}
+	tb.Skipf("no loopback subnet of %v has ports 15008 %v free on .3", subnets, extraServerPorts)
+	return nil
+}
+
+func free(ip string, ports []string) bool {
+	for _, p := range ports {
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip, p))
+		if err != nil {
+			return false
+		}
+		ln.Close()
+	}
+	return true
+}
+
+// start runs node B, then node A.
+func (m *mesh) start(tb testing.TB) *mesh {
+	tb.Helper()
+	m.b = startNode(tb, "node-b", m.caDir, m.yaml, m.serverConfig())
+	m.a = startNode(tb, "node-a", m.caDir, m.yaml, m.clientConfig())
+	return m
+}
+
+func startMesh(tb testing.TB) *mesh { return newMesh(tb).start(tb) }
+
+// checkFDs fails the test if, after every later cleanup has run, the process holds more
+// file descriptors than when it was called (with a little slack for the runtime's own).
+func checkFDs(tb testing.TB) {
+	tb.Helper()
+	before := fdCount(tb)
+	tb.Cleanup(func() {
+		const slack = 4
+		var now int
+		for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			// Go's splice pipes sit in a sync.Pool and are closed by a finalizer: collect them.
+			runtime.GC()
+			if now = fdCount(tb); now <= before+slack || time.Now().After(deadline) {
+				break
+			}
+		}
+		if now > before+slack {
+			tb.Errorf("fd leak: %d open file descriptors before, %d after", before, now)
+			if os.Getenv("FDDEBUG") != "" {
+				out, _ := exec.Command("sh", "-c", fmt.Sprintf("ls -l /proc/%d/fd | head -20; cat /proc/net/tcp | awk '{print $2, $3, $4, $10}' | sort | uniq -c | sort -rn | head; ss -tanp | grep -v LISTEN | awk '{print $1, $4, $5}' | sed 's/:[0-9]* / /' | sort | uniq -c | sort -rn | head -20", os.Getpid())).CombinedOutput()
+				tb.Logf("%s", out)
+			}
+		}
+	})
+}
+
+func fdCount(tb testing.TB) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		tb.Skipf("fd check needs /proc/self/fd: %v", err)
+	}
+	return len(ents)
+}
+
+// --- SOCKS5 client ---
+
+const (
+	repSucceeded   = 0
+	repNotAllowed  = 2
+	repUnreachable = 4
+)
+
+// socksConnect dials a SOCKS5 proxy and sends a no-auth CONNECT to host:port (an IP
+// literal or a domain name). It returns the connection when the proxy answered success,
+// else the reply code and an error.
+func socksConnect(proxyAddr, host string, port uint16) (*net.TCPConn, byte, error) {
+	c, err := net.DialTimeout("tcp", proxyAddr, 5*time.Second)
+	if err != nil {
+		return nil, 0, err
+	}
+	tc := c.(*net.TCPConn)
+	code, err := socksHandshake(tc, host, port)
+	if err != nil || code != repSucceeded {
+		tc.Close()
+		if err == nil {
+			err = fmt.Errorf("socks5: reply %d", code)
+		}
+		return nil, code, err
+	}
+	return tc, code, nil
+}
+
+func socksHandshake(c net.Conn, host string, port uint16) (byte, error) {
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	defer c.SetDeadline(time.Time{})
+	req := []byte{5, 1, 0, 5, 1, 0}
+	if ip, err := netip.ParseAddr(host); err == nil && ip.Is4() {
+		a := ip.As4()
+		req = append(req, 1)
+		req = append(req, a[:]...)
+	} else if err == nil {
+		a := ip.As16()
+		req = append(req, 4)
+		req = append(req, a[:]...)
+	} else {
+		req = append(req, 3, byte(len(host)))
+		req = append(req, host...)
+	}
+	req = binary.BigEndian.AppendUint16(req, port)
+	if _, err := c.Write(req); err != nil {
+		return 0, err
+	}
+	var method [2]byte
+	if _, err := io.ReadFull(c, method[:]); err != nil {
+		return 0, fmt.Errorf("socks5: method reply: %w", err)
+	}
+	if method != [2]byte{5, 0} {
+		return 0, fmt.Errorf("socks5: method reply %v", method)
+	}
+	var rep [10]byte
+	if _, err := io.ReadFull(c, rep[:]); err != nil {
+		return 0, fmt.Errorf("socks5: connect reply: %w", err)
+	}
+	if rep[0] != 5 || rep[3] != 1 {
+		return 0, fmt.Errorf("socks5: malformed reply %v", rep)
+	}
+	return rep[1], nil
+}
+
+// --- backends ---
+
+// backend is a TCP server running handle for every connection it accepts.
+type backend struct {
+	ln       *net.TCPListener
+	accepted atomic.Int64
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	conns    map[net.Conn]struct{}
+	closed   bool
+}
+
+// startBackend listens on addr ("127.0.0.3:0") and serves handle; Close (also at cleanup)
+// closes the listener and every live connection and waits for the handlers.
+func startBackend(tb testing.TB, addr string, handle func(*net.TCPConn)) *backend {
+	tb.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			tb.Skipf("backend: %v (needs the address free)", err)
+		}
+		tb.Fatalf("backend: %v", err)
+	}
+	b := &backend{ln: ln.(*net.TCPListener), conns: map[net.Conn]struct{}{}}
+	b.wg.Add(1)
+	go b.serve(handle)
+	tb.Cleanup(b.Close)
+	return b
+}
+
+func (b *backend) serve(handle func(*net.TCPConn)) {
+	defer b.wg.Done()
+	for {
+		c, err := b.ln.AcceptTCP()
+		if err != nil {
+			return
+		}
+		b.accepted.Add(1)
+		b.mu.Lock()
+		if b.closed {
+			b.mu.Unlock()
+			c.Close()
+			return
+		}
+		b.conns[c] = struct{}{}
+		b.wg.Add(1)
+		b.mu.Unlock()
+		go func() {
+			defer b.wg.Done()
+			defer func() {
+				b.mu.Lock()
+				delete(b.conns, c)
+				b.mu.Unlock()
+				c.Close()
+			}()
+			handle(c)
+		}()
+	}
+}
+
+func (b *backend) port() uint16 { return uint16(b.ln.Addr().(*net.TCPAddr).Port) }
+
+func (b *backend) Close() {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	b.closed = true
+	b.ln.Close()
+	for c := range b.conns {
+		c.Close()
+	}
+	b.mu.Unlock()
+	b.wg.Wait()
+}
+
+// echo copies everything back, then half-closes once the client has.
+func echo(c *net.TCPConn) {
+	if _, err := io.Copy(c, c); err == nil {
+		_ = c.CloseWrite()
+	}
+}
+
+// --- metrics ---
+
+// counter sums the samples of family name whose labels include want.
+func counter(tb testing.TB, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	tb.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		tb.Fatalf("gather: %v", err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				got[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range want {
+				if got[k] != v {
+					continue metric
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				sum += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// eventually polls cond until it holds or 10s pass: it waits for asynchronous effects
+// (a connection's record is written after its last byte), it times nothing.
+func eventually(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// dumpCounters is for failure messages: every istio_tcp sample of a registry.
+func dumpCounters(reg *prometheus.Registry) string {
+	mfs, _ := reg.Gather()
+	var b bytes.Buffer
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), "istio_tcp") {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			fmt.Fprintf(&b, "%s{", mf.GetName())
+			for _, lp := range m.GetLabel() {
+				if lp.GetValue() != "unknown" && lp.GetValue() != "" {
+					fmt.Fprintf(&b, "%s=%q,", lp.GetName(), lp.GetValue())
+				}
+			}
+			fmt.Fprintf(&b, "} %v\n", m.GetCounter().GetValue()+m.GetGauge().GetValue())
+		}
+	}
+	return b.String()
+}
