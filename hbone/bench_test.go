@@ -1,0 +1,194 @@
+package hbone
+
+import (
+	"context"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+const benchChunk = 256 << 10
+
+func reportGbps(b *testing.B, bytes int64, d time.Duration) {
+	b.ReportMetric(float64(bytes)*8/d.Seconds()/1e9, "Gbit/s")
+}
+
+// tcpPair is a connected loopback *net.TCPConn pair.
+func tcpPair(b testing.TB) (*net.TCPConn, *net.TCPConn) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	ch := make(chan net.Conn, 1)
+	go func() { c, _ := ln.Accept(); ch <- c }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c.(*net.TCPConn), (<-ch).(*net.TCPConn)
+}
+
+// bulkPair sends b.N chunks from w and waits until r has read them all.
+func bulkPair(b *testing.B, w io.Writer, r io.Reader) {
+	buf := make([]byte, benchChunk)
+	total := int64(b.N) * benchChunk
+	done := make(chan int64, 1)
+	go func() {
+		n, _ := io.CopyN(io.Discard, r, total)
+		done <- n
+	}()
+	b.SetBytes(benchChunk)
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		if _, err := w.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if n := <-done; n != total {
+		b.Fatalf("received %d of %d bytes", n, total)
+	}
+	reportGbps(b, total, time.Since(start))
+}
+
+func BenchmarkBulk(b *testing.B) {
+	b.Run("tcp", func(b *testing.B) {
+		c, s := tcpPair(b)
+		defer c.Close()
+		defer s.Close()
+		bulkPair(b, c, s)
+	})
+	b.Run("tls", func(b *testing.B) {
+		c, s := tlsPair(b)
+		defer c.Close()
+		defer s.Close()
+		bulkPair(b, c, s)
+	})
+	for _, streams := range []int{1, 8} {
+		name := "hbone-1stream"
+		if streams == 8 {
+			name = "hbone-8streams"
+		}
+		b.Run(name, func(b *testing.B) {
+			got := make(chan int64, streams)
+			e := newEnv(b, Config{}, func(r *Request) {
+				s, err := r.Accept(nil)
+				if err != nil {
+					return
+				}
+				defer s.Close()
+				n, _ := io.Copy(io.Discard, s)
+				got <- n
+			})
+			ss := make([]*Stream, streams)
+			for i := range ss {
+				ss[i] = e.dial(b, "10.0.0.1:80")
+				defer ss[i].Close()
+			}
+			buf := make([]byte, benchChunk)
+			b.SetBytes(benchChunk)
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for i, s := range ss {
+				n := b.N / streams
+				if i < b.N%streams {
+					n++
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range n {
+						if _, err := s.Write(buf); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+					s.CloseWrite()
+				}()
+			}
+			wg.Wait()
+			var total int64
+			for range streams {
+				total += <-got
+			}
+			if total != int64(b.N)*benchChunk {
+				b.Fatalf("received %d of %d bytes", total, int64(b.N)*benchChunk)
+			}
+			reportGbps(b, total, time.Since(start))
+		})
+	}
+}
+
+// BenchmarkRoundTrip1K is a 1 KiB request and 1 KiB echo per op.
+func BenchmarkRoundTrip1K(b *testing.B) {
+	rt := func(b *testing.B, c io.ReadWriter) {
+		out := make([]byte, 1024)
+		in := make([]byte, 1024)
+		b.ReportAllocs()
+		b.ResetTimer()
+		start := time.Now()
+		for range b.N {
+			if _, err := c.Write(out); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := io.ReadFull(c, in); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(time.Since(start).Microseconds())/float64(b.N), "µs/rt")
+	}
+	b.Run("tcp", func(b *testing.B) {
+		c, s := tcpPair(b)
+		defer c.Close()
+		defer s.Close()
+		go io.Copy(s, s)
+		rt(b, c)
+	})
+	b.Run("tls", func(b *testing.B) {
+		c, s := tlsPair(b)
+		defer c.Close()
+		defer s.Close()
+		go io.Copy(s, s)
+		rt(b, c)
+	})
+	b.Run("hbone", func(b *testing.B) {
+		e := newEnv(b, Config{}, echo)
+		s := e.dial(b, "10.0.0.1:80")
+		defer s.Close()
+		rt(b, s)
+	})
+}
+
+// BenchmarkNewStream opens, half-closes both ways and closes one stream per op on a warm
+// pooled connection.
+func BenchmarkNewStream(b *testing.B) {
+	e := newEnv(b, Config{}, func(r *Request) {
+		s, err := r.Accept(nil)
+		if err != nil {
+			return
+		}
+		s.CloseWrite()
+		io.Copy(io.Discard, s)
+		s.Close()
+	})
+	e.dial(b, "10.0.0.1:80").Close()
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		s, err := e.pool.Dial(context.Background(), e.key, "10.0.0.1:80", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.CloseWrite()
+		io.Copy(io.Discard, s)
+		s.Close()
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "streams/s")
+}
