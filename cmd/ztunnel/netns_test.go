@@ -1,0 +1,389 @@
+//go:build linux
+
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/sockopt"
+)
+
+// The namespace topology: two nodes joined by a veth pair. Each node namespace is also its
+// pod's namespace (a dedicated proxy next to one workload), so the pod IP is the veth IP.
+// These addresses exist only inside the test's namespaces.
+const (
+	nsClientIP = "10.10.0.1" // node A: pod default/client
+	nsServerIP = "10.10.0.2" // node B: pod default/server
+	nsEchoVIP  = "10.96.0.10"
+	nsMark     = 1337 // PACKET_MARK
+)
+
+const nsWorkloads = `
+workloads:
+  - uid: Kubernetes//v1/Pod/default/client
+    name: client
+    namespace: default
+    serviceAccount: client
+    workloadIps: ["` + nsClientIP + `"]
+    protocol: HBONE
+    node: node-a
+  - uid: Kubernetes//v1/Pod/default/server
+    name: server
+    namespace: default
+    serviceAccount: server
+    workloadIps: ["` + nsServerIP + `"]
+    protocol: HBONE
+    node: node-b
+    services:
+      "default/echo.default.svc.cluster.local":
+        80: 8080
+services:
+  - name: echo
+    namespace: default
+    hostname: echo.default.svc.cluster.local
+    vips: ["/` + nsEchoVIP + `"]
+    ports:
+      80: 8080
+policies:
+  - name: deny-8081
+    namespace: default
+    scope: Namespace
+    action: Deny
+    rules:
+      - - - destinationPorts: [8081]
+`
+
+// redirect installs the rules istio-cni's dedicated-mode scripts would: the pod's outbound
+// TCP goes to 15001 unless it carries ztunnel's packet mark or stays on loopback; inbound
+// TCP from outside goes to 15006 except HBONE on 15008, which ztunnel serves directly.
+func redirect(t *testing.T, ns *netns.NS) {
+	t.Helper()
+	mark := strconv.Itoa(nsMark)
+	for _, rule := range [][]string{
+		{"-N", "GOZT_OUTPUT"},
+		{"-A", "GOZT_OUTPUT", "-m", "mark", "--mark", mark, "-j", "RETURN"},
+		{"-A", "GOZT_OUTPUT", "-d", "127.0.0.0/8", "-j", "RETURN"},
+		{"-A", "GOZT_OUTPUT", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15001"},
+		{"-A", "OUTPUT", "-p", "tcp", "-j", "GOZT_OUTPUT"},
+		{"-N", "GOZT_PREROUTING"},
+		{"-A", "GOZT_PREROUTING", "-p", "tcp", "--dport", "15008", "-j", "RETURN"},
+		{"-A", "GOZT_PREROUTING", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15006"},
+		{"-A", "PREROUTING", "!", "-i", "lo", "-p", "tcp", "-j", "GOZT_PREROUTING"},
+	} {
+		ns.MustExec(t, append([]string{"iptables", "-w", "-t", "nat"}, rule...)...)
+	}
+}
+
+// startNodeIn runs the built ztunnel as its own process inside ns (ip netns exec), so its
+// listeners and every socket it dials later belong to that namespace.
+func startNodeIn(t *testing.T, bin string, ns *netns.NS, workload, dir string) *proc {
+	t.Helper()
+	p := startProc(t, "ztunnel in "+ns.Name, []string{
+		"PROXY_MODE=dedicated",
+		"PROXY_WORKLOAD_INFO=" + workload,
+		"LOCAL_XDS_PATH=" + filepath.Join(dir, "workloads.yaml"),
+		"CA_PROVIDER=builtin",
+		"CA_DIR=" + filepath.Join(dir, "ca"),
+		"PACKET_MARK=" + strconv.Itoa(nsMark),
+		// The server pod would answer a spoofed client address over the veth, not to
+		// ztunnel; istio-cni's policy routing for that is not set up here.
+		"ENABLE_ORIG_SRC=false",
+		"DNS_PROXY_ADDR=off",
+		"CONNECTION_TERMINATION_DEADLINE=1s",
+	}, "ip", "netns", "exec", ns.Name, bin)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out, err := ns.Exec("curl", "-fsS", "-m", "1", "http://127.0.0.1:15021/healthz/ready")
+		if err == nil {
+			return p
+		}
+		if p.exited() || time.Now().After(deadline) {
+			t.Fatalf("ztunnel in %s not ready: %v %s\n%s", ns.Name, err, out, p.out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// podServer is the server pod's application: HTTP on the pod IP, counting the requests it
+// saw per port and remembering who sent the last one.
+type podServer struct {
+	mu   sync.Mutex
+	seen map[string]int    // port -> requests
+	from map[string]string // port -> client IP of the last request
+}
+
+func (s *podServer) count(port string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seen[port]
+}
+
+func (s *podServer) lastClient(port string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.from[port]
+}
+
+// startPodServer listens on ip:ports inside ns (the sockets belong to ns for life) and serves
+// them until the test ends.
+func startPodServer(t *testing.T, ns *netns.NS, ip string, ports ...string) *podServer {
+	t.Helper()
+	s := &podServer{seen: map[string]int{}, from: map[string]string{}}
+	for _, port := range ports {
+		var ln net.Listener
+		if err := ns.Do(func() (err error) {
+			ln, err = net.Listen("tcp", net.JoinHostPort(ip, port))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{
+			ReadHeaderTimeout: 5 * time.Second,
+			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				s.mu.Lock()
+				s.seen[port]++
+				s.from[port], _, _ = net.SplitHostPort(r.RemoteAddr)
+				s.mu.Unlock()
+				body, _ := io.ReadAll(r.Body)
+				fmt.Fprintf(w, "server pod port %s got %s %s body=%q\n", port, r.Method, r.URL.Path, body)
+			}),
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = srv.Serve(ln)
+		}()
+		t.Cleanup(func() { srv.Close(); <-done })
+	}
+	return s
+}
+
+// scrape reads a node's /metrics from inside its namespace.
+func scrape(t *testing.T, ns *netns.NS) string {
+	t.Helper()
+	return ns.MustExec(t, "curl", "-fsS", "-m", "5", "http://127.0.0.1:15020/metrics")
+}
+
+// metricSum adds up the samples of metric whose labels include every pair in want.
+func metricSum(text, metric string, want map[string]string) float64 {
+	var sum float64
+	sc := bufio.NewScanner(strings.NewReader(text))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, metric+"{")
+		if !ok {
+			continue
+		}
+		labels, value, ok := strings.Cut(rest, "} ")
+		if !ok {
+			continue
+		}
+		match := true
+		for k, v := range want {
+			if !strings.Contains(","+labels+",", ","+k+"="+strconv.Quote(v)+",") {
+				match = false
+				break
+			}
+		}
+		if f, err := strconv.ParseFloat(strings.TrimSpace(value), 64); match && err == nil {
+			sum += f
+		}
+	}
+	return sum
+}
+
+// waitMetric polls a node's metrics until metric with labels reaches at least min: the
+// proxy records a connection when both of its directions have ended, a moment after the
+// client sees the end.
+func waitMetric(t *testing.T, ns *netns.NS, node, metric string, labels map[string]string, min float64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		text := scrape(t, ns)
+		got := metricSum(text, metric, labels)
+		if got >= min {
+			return
+		}
+		if time.Now().After(deadline) {
+			var rel []string
+			for _, l := range strings.Split(text, "\n") {
+				if strings.HasPrefix(l, "istio_tcp_") {
+					rel = append(rel, l)
+				}
+			}
+			t.Errorf("node %s: %s %v = %v; want >= %v\n%s", node, metric, labels, got, min, strings.Join(rel, "\n"))
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// plainGet sends one HTTP request from inside ns on a socket carrying mark, which the
+// namespace's redirection skips: a client that is not captured by its own node's ztunnel,
+// so the packets reach the destination node as plain TCP.
+func plainGet(ns *netns.NS, mark int, addr, path string) (string, error) {
+	var c net.Conn
+	d := net.Dialer{Timeout: 5 * time.Second, Control: sockopt.Control(uint32(mark))}
+	if err := ns.Do(func() (err error) {
+		c, err = d.Dial("tcp", addr)
+		return err
+	}); err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", path, addr)
+	b, err := io.ReadAll(c)
+	return string(b), err
+}
+
+// TestNetnsDedicated is the honest topology: two nodes as network namespaces joined by a
+// veth pair, each running ztunnel as its own process in dedicated mode, with iptables
+// REDIRECT rules as istio-cni sets them. curl in the client pod speaks plain HTTP; iptables
+// hands it to ztunnel A on 15001, which carries it over mTLS HBONE to B's 15008, and
+// ztunnel B delivers it to the server pod. Plain TCP arriving at B is redirected to 15006
+// and authorized without a peer identity.
+func TestNetnsDedicated(t *testing.T) {
+	netns.Require(t, "iptables", "curl")
+	leaktest.Check(t)
+	bin := buildZtunnel(t)
+
+	a := netns.New(t, "node-a")
+	b := netns.New(t, "node-b")
+	netns.Link(t, a, nsClientIP+"/24", b, nsServerIP+"/24")
+	// The service VIP needs a route for the client's connect to leave the socket layer;
+	// iptables then captures it like any other destination.
+	a.MustExec(t, "ip", "route", "add", nsEchoVIP+"/32", "via", nsServerIP)
+	redirect(t, a)
+	redirect(t, b)
+
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "workloads.yaml"), []byte(nsWorkloads), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	server := startPodServer(t, b, nsServerIP, "8080", "8081")
+	nodeB := startNodeIn(t, bin, b, "default/server/server", dir)
+	nodeA := startNodeIn(t, bin, a, "default/client/client", dir)
+
+	clientID := "spiffe://cluster.local/ns/default/sa/client"
+	serverID := "spiffe://cluster.local/ns/default/sa/server"
+
+	t.Run("pod to pod over HBONE", func(t *testing.T) {
+		before := server.count("8080")
+		out := a.MustExec(t, "curl", "-sS", "-m", "10", "--data-binary", "ping through the mesh",
+			"http://"+nsServerIP+":8080/direct")
+		if want := `server pod port 8080 got POST /direct body="ping through the mesh"`; !strings.Contains(out, want) {
+			t.Errorf("curl got %q; want %q", out, want)
+		}
+		if got := server.count("8080"); got != before+1 {
+			t.Errorf("server saw %d requests on 8080; want %d", got, before+1)
+		}
+		// ztunnel B made the last hop from its own address (ENABLE_ORIG_SRC=false).
+		if got := server.lastClient("8080"); got != nsServerIP {
+			t.Errorf("server saw the request from %s; want ztunnel B's %s", got, nsServerIP)
+		}
+		waitMetric(t, a, "A", "istio_tcp_connections_closed_total", map[string]string{
+			"reporter": "source", "connection_security_policy": "mutual_tls", "response_flags": "-",
+			"source_principal": clientID, "destination_principal": serverID, "destination_workload": "server",
+		}, 1)
+		waitMetric(t, b, "B", "istio_tcp_connections_closed_total", map[string]string{
+			"reporter": "destination", "connection_security_policy": "mutual_tls", "response_flags": "-",
+			"source_principal": clientID, "destination_workload": "server",
+		}, 1)
+		waitMetric(t, b, "B", "istio_tcp_received_bytes_total", map[string]string{
+			"reporter": "destination", "connection_security_policy": "mutual_tls",
+		}, float64(len("ping through the mesh")))
+	})
+
+	t.Run("pod to service VIP over HBONE", func(t *testing.T) {
+		before := server.count("8080")
+		out := a.MustExec(t, "curl", "-sS", "-m", "10", "http://"+nsEchoVIP+"/vip")
+		if want := "server pod port 8080 got GET /vip"; !strings.Contains(out, want) {
+			t.Errorf("curl got %q; want %q", out, want)
+		}
+		if got := server.count("8080"); got != before+1 {
+			t.Errorf("server saw %d requests on 8080; want %d", got, before+1)
+		}
+		waitMetric(t, a, "A", "istio_tcp_connections_closed_total", map[string]string{
+			"reporter": "source", "connection_security_policy": "mutual_tls",
+			"destination_service": "echo.default.svc.cluster.local", "destination_workload": "server",
+		}, 1)
+	})
+
+	t.Run("plaintext inbound redirected to 15006", func(t *testing.T) {
+		before := server.count("8080")
+		out, err := plainGet(a, nsMark, nsServerIP+":8080", "/plain")
+		if err != nil || !strings.Contains(out, "server pod port 8080 got GET /plain") {
+			t.Errorf("plaintext GET: %v %q", err, out)
+		}
+		if got := server.count("8080"); got != before+1 {
+			t.Errorf("server saw %d requests on 8080; want %d", got, before+1)
+		}
+		// No peer identity: ztunnel B reports the connection without mTLS.
+		waitMetric(t, b, "B", "istio_tcp_connections_closed_total", map[string]string{
+			"reporter": "destination", "connection_security_policy": "unknown", "response_flags": "-",
+			"destination_workload": "server",
+		}, 1)
+	})
+
+	t.Run("deny policy on plaintext and HBONE", func(t *testing.T) {
+		out, err := plainGet(a, nsMark, nsServerIP+":8081", "/denied")
+		if strings.Contains(out, "server pod") {
+			t.Errorf("plaintext GET to a denied port got through: %v %q", err, out)
+		}
+		cout, err := a.Exec("curl", "-sS", "-m", "10", "http://"+nsServerIP+":8081/denied")
+		if err == nil || strings.Contains(string(cout), "server pod") {
+			t.Errorf("curl over HBONE to a denied port: %v %q; want a failure", err, cout)
+		}
+		if got := server.count("8081"); got != 0 {
+			t.Errorf("server saw %d requests on the denied port", got)
+		}
+		waitMetric(t, b, "B", "istio_tcp_connections_failed_total", map[string]string{
+			"reporter": "destination", "response_flags": "DENY", "connection_security_policy": "unknown",
+		}, 1)
+		waitMetric(t, b, "B", "istio_tcp_connections_failed_total", map[string]string{
+			"reporter": "destination", "response_flags": "DENY", "connection_security_policy": "mutual_tls",
+			"source_principal": clientID,
+		}, 1)
+		waitMetric(t, a, "A", "istio_tcp_connections_failed_total", map[string]string{
+			"reporter": "source", "response_flags": "DENY", "destination_workload": "server",
+		}, 1)
+	})
+
+	t.Run("unmarked socket is captured", func(t *testing.T) {
+		// The same dial as the plaintext case without the mark: node A's rules capture it,
+		// so it reaches the server through the tunnel and node A counts it.
+		labels := map[string]string{"reporter": "source", "connection_security_policy": "mutual_tls", "destination_workload": "server"}
+		tunneled := metricSum(scrape(t, a), "istio_tcp_connections_closed_total", labels)
+		before := server.count("8080")
+		out, err := plainGet(a, 0, nsServerIP+":8080", "/captured")
+		if err != nil || !strings.Contains(out, "server pod port 8080 got GET /captured") {
+			t.Fatalf("unmarked GET: %v %q", err, out)
+		}
+		if got := server.count("8080"); got != before+1 {
+			t.Errorf("server saw %d requests; want %d", got, before+1)
+		}
+		waitMetric(t, a, "A", "istio_tcp_connections_closed_total", labels, tunneled+1)
+	})
+
+	// Drain: SIGTERM ends both nodes with exit status 0.
+	for name, p := range map[string]*proc{"A": nodeA, "B": nodeB} {
+		if err := p.stop(); err != nil {
+			t.Errorf("node %s after SIGTERM: %v; want exit 0", name, err)
+		}
+	}
+}
