@@ -2,7 +2,9 @@ package bench
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -35,23 +37,9 @@ func ReadProc(pid int) (ProcStat, error) {
 	if err != nil {
 		return st, fmt.Errorf("bench: %w", err)
 	}
-	// The command name (field 2) is in parentheses and may hold spaces; fields after the
-	// last ')' are plain: state ppid ... utime(14) stime(15).
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return st, fmt.Errorf("bench: /proc/%d/stat: no command name", pid)
+	if st.PPID, st.CPU, err = parseStat(b); err != nil {
+		return st, fmt.Errorf("bench: /proc/%d/stat: %w", pid, err)
 	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return st, fmt.Errorf("bench: /proc/%d/stat: %d fields", pid, len(f))
-	}
-	st.PPID, _ = strconv.Atoi(f[1])
-	utime, err1 := strconv.ParseInt(f[11], 10, 64)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return st, fmt.Errorf("bench: /proc/%d/stat: bad cpu times", pid)
-	}
-	st.CPU = time.Duration(utime+stime) * time.Second / userHZ
 
 	b, err = os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
@@ -72,19 +60,34 @@ func ReadProc(pid int) (ProcStat, error) {
 	return st, nil
 }
 
+// parseStat reads the parent pid and the CPU time (utime + stime) from /proc/PID/stat. The
+// command name (field 2) is in parentheses and may hold spaces and parentheses; fields after
+// the last ')' are plain: state ppid ... utime(14) stime(15).
+func parseStat(b []byte) (ppid int, cpu time.Duration, err error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, errors.New("no command name")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, 0, fmt.Errorf("%d fields after the command name", len(f))
+	}
+	ppid, err = strconv.Atoi(f[1])
+	if err != nil {
+		return 0, 0, errors.New("bad parent pid")
+	}
+	utime, err1 := strconv.ParseUint(f[11], 10, 63)
+	stime, err2 := strconv.ParseUint(f[12], 10, 63)
+	if err1 != nil || err2 != nil || utime+stime > math.MaxInt64/uint64(time.Second) {
+		return 0, 0, errors.New("bad cpu times")
+	}
+	return ppid, time.Duration(utime+stime) * time.Second / userHZ, nil
+}
+
 // parseKB parses "   1234 kB" into bytes.
 func parseKB(v string) int64 {
 	n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 	return n << 10
-}
-
-// procComm returns the command name of pid, or "pid N" when it cannot be read.
-func procComm(pid int) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-	if err != nil {
-		return "pid " + strconv.Itoa(pid)
-	}
-	return strings.TrimSpace(string(b))
 }
 
 // processTree returns pid followed by all of its living descendants.
@@ -103,12 +106,10 @@ func processTree(pid int) []int {
 		if err != nil {
 			continue
 		}
-		i := bytes.LastIndexByte(b, ')')
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) < 2 {
+		pp, _, err := parseStat(b)
+		if err != nil {
 			continue
 		}
-		pp, _ := strconv.Atoi(f[1])
 		children[pp] = append(children[pp], p)
 	}
 	tree := []int{pid}

@@ -87,6 +87,9 @@ func socks5Connect(ctx context.Context, c net.Conn, target string) error {
 	if _, err := io.ReadFull(c, resp[:4]); err != nil {
 		return fmt.Errorf("bench: socks5 connect reply: %w", err)
 	}
+	if resp[0] != socksVersion {
+		return fmt.Errorf("bench: socks5 connect reply: version %d", resp[0])
+	}
 	if resp[1] != 0 {
 		msg := "unknown error"
 		if int(resp[1]) < len(socksReplies) {
