@@ -116,9 +116,18 @@ func newClientMetrics(reg prometheus.Registerer) (*clientMetrics, error) {
 		}, []string{"url"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.terminations, m.messages, m.bytes} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("xds: register metrics: %w", err)
+		for _, v := range []**prometheus.CounterVec{&m.terminations, &m.messages, &m.bytes} {
+			if err := reg.Register(*v); err != nil {
+				// The metrics package registers Istio's xDS families with the rest; share them.
+				var are prometheus.AlreadyRegisteredError
+				if !errors.As(err, &are) {
+					return nil, fmt.Errorf("xds: register metrics: %w", err)
+				}
+				existing, ok := are.ExistingCollector.(*prometheus.CounterVec)
+				if !ok {
+					return nil, fmt.Errorf("xds: register metrics: %w", err)
+				}
+				*v = existing
 			}
 		}
 	}
