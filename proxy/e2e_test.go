@@ -360,11 +360,29 @@ func TestAuthorization(t *testing.T) {
 		if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "alive" {
 			t.Fatalf("echo before policy change: %q, %v", buf, err)
 		}
-		m.b.store.Apply(denyClient("deny-client-live"))
+		// A second live connection, to another port, that the new policy does not cover.
+		other := startBackend(t, m.serverIP+":0", echo)
+		c2, _, err := socksConnect(m.a.socks(t), m.serverIP, other.port())
+		if err != nil {
+			t.Fatalf("allowed connect: %v", err)
+		}
+		defer c2.Close()
+		_ = c2.SetDeadline(time.Now().Add(20 * time.Second))
+
+		policy := denyClient("deny-client-live")
+		policy.Policies[0].Rules[0].Clauses[0].Matches[0].DestinationPorts = []uint16{be.port()}
+		m.b.store.Apply(policy)
 		// The connection ends without the client closing it: EOF or reset.
 		n, err := io.Copy(io.Discard, c)
 		if ne := (net.Error)(nil); errors.As(err, &ne) && ne.Timeout() {
 			t.Fatalf("live connection still open after the DENY policy (read %d bytes)", n)
+		}
+		// The other one is untouched.
+		if _, err := c2.Write([]byte("still")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c2, buf); err != nil || string(buf) != "still" {
+			t.Fatalf("connection the policy does not cover: echo %q, %v", buf, err)
 		}
 		eventually(t, "node B records the policy close", func() bool { return counter(t, m.b.reg, "istio_tcp_connections_closed_total", deny) == 2 })
 		if got := counter(t, m.b.reg, "istio_tcp_received_bytes_total", deny); got != 5 {
@@ -420,6 +438,22 @@ func TestSelfCallRefused(t *testing.T) {
 	}
 }
 
+// pingEcho sends msg and expects it echoed.
+func pingEcho(c net.Conn, msg string) error {
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte(msg)); err != nil {
+		return err
+	}
+	buf := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return err
+	}
+	if string(buf) != msg {
+		return fmt.Errorf("echo %q, want %q", buf, msg)
+	}
+	return nil
+}
+
 func TestDrainWithLiveConnection(t *testing.T) {
 	leaktest.Check(t)
 	checkFDs(t)
@@ -431,20 +465,7 @@ func TestDrainWithLiveConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	ping := func(msg string) error {
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := c.Write([]byte(msg)); err != nil {
-			return err
-		}
-		buf := make([]byte, len(msg))
-		if _, err := io.ReadFull(c, buf); err != nil {
-			return err
-		}
-		if string(buf) != msg {
-			return fmt.Errorf("echo %q, want %q", buf, msg)
-		}
-		return nil
-	}
+	ping := func(msg string) error { return pingEcho(c, msg) }
 	if err := ping("before"); err != nil {
 		t.Fatal(err)
 	}
@@ -489,6 +510,60 @@ func TestDrainWithLiveConnection(t *testing.T) {
 		if errors.As(err, &ne) && ne.Timeout() {
 			t.Fatal("live connection still open after Shutdown returned")
 		}
+	}
+}
+
+// TestDrainServerNode drains node B: its HBONE listener closes and node A's pooled
+// connection gets GOAWAY, so new connections fail while the live stream keeps flowing until
+// the deadline.
+func TestDrainServerNode(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := startMesh(t)
+	be := startBackend(t, m.serverIP+":0", echo)
+	c, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ping := func(msg string) error { return pingEcho(c, msg) }
+	if err := ping("before"); err != nil {
+		t.Fatal(err)
+	}
+	const deadline = 1500 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	began := time.Now()
+	shutdown := make(chan error, 1)
+	go func() { shutdown <- m.b.shutdown(ctx) }()
+
+	eventually(t, "new connections through node A to draining node B to fail", func() bool {
+		nc, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+		if err == nil {
+			nc.Close()
+		}
+		return err != nil
+	})
+	if err := ping("during drain"); err != nil && time.Since(began) < deadline-200*time.Millisecond {
+		t.Fatalf("live stream broke during node B's drain after %v: %v", time.Since(began), err)
+	}
+	select {
+	case err := <-shutdown:
+		if err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	case <-time.After(deadline + 10*time.Second):
+		t.Fatal("node B's Shutdown did not return after its deadline")
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatal("client connection still open after node B closed its stream")
+		}
+	}
+	if got := be.accepted.Load(); got != 1 {
+		t.Errorf("backend accepted %d connections, want 1", got)
 	}
 }
 
