@@ -32,8 +32,8 @@ func roundAllocs(t *testing.T, rw io.ReadWriter) float64 {
 // Our HTTP/2 layer on plain TCP (h2c, as ServeConn allows) must not allocate per DATA
 // frame, on either side.
 func TestZeroAllocsPerDataFrame(t *testing.T) {
-	if testing.CoverMode() != "" {
-		t.Skip("coverage instrumentation allocates")
+	if testing.CoverMode() != "" || raceEnabled {
+		t.Skip("allocation counts need a build without -race and -cover")
 	}
 	leaktest.Check(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -76,8 +76,8 @@ func TestZeroAllocsPerDataFrame(t *testing.T) {
 // Over TLS, crypto/tls itself allocates per record read (an atLeastReader in
 // readFromUntil); HBONE must add nothing to what a plain crypto/tls echo costs.
 func TestAllocsOverTLSMatchPlainTLS(t *testing.T) {
-	if testing.CoverMode() != "" {
-		t.Skip("coverage instrumentation allocates")
+	if testing.CoverMode() != "" || raceEnabled {
+		t.Skip("allocation counts need a build without -race and -cover")
 	}
 	leaktest.Check(t)
 	e := newEnv(t, Config{}, echo)

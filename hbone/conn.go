@@ -43,7 +43,8 @@ type conn struct {
 	henc       *hpack.Encoder
 	hbuf       bytes.Buffer
 	hencLimit  uint32
-	goawaySent bool // guarded by wmu
+	goawaySent bool    // guarded by wmu
+	dataHdr    [9]byte // guarded by wmu
 
 	kick chan struct{} // wakes writeLoop; capacity 1
 	done chan struct{} // closed by closeWith
@@ -288,6 +289,26 @@ func (c *conn) flushOps() error {
 	if err == nil && closeAfter {
 		c.closeWith(nil)
 	}
+	return err
+}
+
+// writeDataLocked writes one DATA frame without END_STREAM (wmu held). Over a coalescing
+// TLS conn the 9-byte header goes out as its own tiny TLS record, which shares the batch's
+// write(2), so the payload is encrypted straight from p instead of being copied into the
+// Framer's buffer first.
+func (c *conn) writeDataLocked(id uint32, p []byte) error {
+	if c.bc == nil {
+		return c.fr.WriteData(id, false, p)
+	}
+	h := &c.dataHdr
+	n := len(p)
+	h[0], h[1], h[2] = byte(n>>16), byte(n>>8), byte(n)
+	h[3], h[4] = byte(http2.FrameData), 0
+	h[5], h[6], h[7], h[8] = byte(id>>24)&0x7f, byte(id>>16), byte(id>>8), byte(id)
+	if _, err := c.nc.Write(h[:]); err != nil {
+		return err
+	}
+	_, err := c.nc.Write(p)
 	return err
 }
 

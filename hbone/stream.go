@@ -207,7 +207,7 @@ func (s *Stream) write(p []byte) (int, error) {
 		c.lockWrite()
 		var err error
 		if !s.rstWritten {
-			err = c.fr.WriteData(s.id, false, p[:n])
+			err = c.writeDataLocked(s.id, p[:n])
 		}
 		if ferr := c.unlockWrite(); err == nil {
 			err = ferr
