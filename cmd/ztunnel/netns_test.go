@@ -4,6 +4,7 @@ package main
 
 import (
 	"bufio"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"net"
@@ -29,6 +30,8 @@ const (
 	nsServerIP = "10.10.0.2" // node B: pod default/server
 	nsEchoVIP  = "10.96.0.10"
 	nsMark     = 1337 // PACKET_MARK
+
+	nsExcludedPort = "9999" // not redirected on either node
 )
 
 const nsWorkloads = `
@@ -69,6 +72,8 @@ policies:
 // redirect installs the rules istio-cni's dedicated-mode scripts would: the pod's outbound
 // TCP goes to 15001 unless it carries ztunnel's packet mark or stays on loopback; inbound
 // TCP from outside goes to 15006 except HBONE on 15008, which ztunnel serves directly.
+// Port nsExcludedPort is left out both ways (the excludeInboundPorts/excludeOutboundPorts
+// annotations): the plain-TCP baseline for the bulk transfer.
 func redirect(t *testing.T, ns *netns.NS) {
 	t.Helper()
 	mark := strconv.Itoa(nsMark)
@@ -76,10 +81,12 @@ func redirect(t *testing.T, ns *netns.NS) {
 		{"-N", "GOZT_OUTPUT"},
 		{"-A", "GOZT_OUTPUT", "-m", "mark", "--mark", mark, "-j", "RETURN"},
 		{"-A", "GOZT_OUTPUT", "-d", "127.0.0.0/8", "-j", "RETURN"},
+		{"-A", "GOZT_OUTPUT", "-p", "tcp", "--dport", nsExcludedPort, "-j", "RETURN"},
 		{"-A", "GOZT_OUTPUT", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15001"},
 		{"-A", "OUTPUT", "-p", "tcp", "-j", "GOZT_OUTPUT"},
 		{"-N", "GOZT_PREROUTING"},
 		{"-A", "GOZT_PREROUTING", "-p", "tcp", "--dport", "15008", "-j", "RETURN"},
+		{"-A", "GOZT_PREROUTING", "-p", "tcp", "--dport", nsExcludedPort, "-j", "RETURN"},
 		{"-A", "GOZT_PREROUTING", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15006"},
 		{"-A", "PREROUTING", "!", "-i", "lo", "-p", "tcp", "-j", "GOZT_PREROUTING"},
 	} {
@@ -157,8 +164,19 @@ func startPodServer(t *testing.T, ns *netns.NS, ip string, ports ...string) *pod
 				s.seen[port]++
 				s.from[port], _, _ = net.SplitHostPort(r.RemoteAddr)
 				s.mu.Unlock()
-				body, _ := io.ReadAll(r.Body)
-				fmt.Fprintf(w, "server pod port %s got %s %s body=%q\n", port, r.Method, r.URL.Path, body)
+				switch r.URL.Path {
+				case "/bytes": // ?n=N: N bytes of a fixed pattern
+					n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+					w.Header().Set("Content-Length", strconv.Itoa(n))
+					_, _ = io.CopyN(w, &patternReader{}, int64(n))
+				case "/sha256": // the digest and size of the request body
+					h := sha256.New()
+					n, _ := io.Copy(h, r.Body)
+					fmt.Fprintf(w, "%x %d\n", h.Sum(nil), n)
+				default:
+					body, _ := io.ReadAll(r.Body)
+					fmt.Fprintf(w, "server pod port %s got %s %s body=%q\n", port, r.Method, r.URL.Path, body)
+				}
 			}),
 		}
 		done := make(chan struct{})
@@ -169,6 +187,29 @@ func startPodServer(t *testing.T, ns *netns.NS, ip string, ports ...string) *pod
 		t.Cleanup(func() { srv.Close(); <-done })
 	}
 	return s
+}
+
+// pattern is one period-aligned block of the bulk-transfer bytes (0, 1, ..., 250, 0, ...).
+var pattern = func() []byte {
+	b := make([]byte, 251*256)
+	for i := range b {
+		b[i] = byte(i % 251)
+	}
+	return b
+}()
+
+// patternReader yields the pattern endlessly, fast enough not to be the bottleneck of the
+// throughput comparison (the test binary runs with -race; the ztunnels do not).
+type patternReader struct{ off int }
+
+func (r *patternReader) Read(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		c := copy(p[n:], pattern[r.off:])
+		n += c
+		r.off = (r.off + c) % len(pattern)
+	}
+	return n, nil
 }
 
 // scrape reads a node's /metrics from inside its namespace.
@@ -206,16 +247,16 @@ func metricSum(text, metric string, want map[string]string) float64 {
 	return sum
 }
 
-// waitMetric polls a node's metrics until metric with labels reaches at least min: the
+// waitMetric polls a node's metrics until metric with labels reaches at least atLeast: the
 // proxy records a connection when both of its directions have ended, a moment after the
 // client sees the end.
-func waitMetric(t *testing.T, ns *netns.NS, node, metric string, labels map[string]string, min float64) {
+func waitMetric(t *testing.T, ns *netns.NS, node, metric string, labels map[string]string, atLeast float64) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		text := scrape(t, ns)
 		got := metricSum(text, metric, labels)
-		if got >= min {
+		if got >= atLeast {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -225,7 +266,7 @@ func waitMetric(t *testing.T, ns *netns.NS, node, metric string, labels map[stri
 					rel = append(rel, l)
 				}
 			}
-			t.Errorf("node %s: %s %v = %v; want >= %v\n%s", node, metric, labels, got, min, strings.Join(rel, "\n"))
+			t.Errorf("node %s: %s %v = %v; want >= %v\n%s", node, metric, labels, got, atLeast, strings.Join(rel, "\n"))
 			return
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -275,7 +316,7 @@ func TestNetnsDedicated(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "workloads.yaml"), []byte(nsWorkloads), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	server := startPodServer(t, b, nsServerIP, "8080", "8081")
+	server := startPodServer(t, b, nsServerIP, "8080", "8081", nsExcludedPort)
 	nodeB := startNodeIn(t, bin, b, "default/server/server", dir)
 	nodeA := startNodeIn(t, bin, a, "default/client/client", dir)
 
@@ -378,6 +419,47 @@ func TestNetnsDedicated(t *testing.T) {
 			t.Errorf("server saw %d requests; want %d", got, before+1)
 		}
 		waitMetric(t, a, "A", "istio_tcp_connections_closed_total", labels, tunneled+1)
+	})
+
+	t.Run("bulk transfer byte for byte", func(t *testing.T) {
+		const size = 32 << 20
+		file := filepath.Join(dir, "upload")
+		f, err := os.Create(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := sha256.New()
+		if _, err := io.CopyN(io.MultiWriter(f, h), &patternReader{}, size); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		want := fmt.Sprintf("%x %d", h.Sum(nil), size)
+
+		// Upload: the server pod hashes what arrived.
+		for _, port := range []string{"8080", nsExcludedPort} {
+			out := strings.TrimSpace(a.MustExec(t, "curl", "-sS", "-m", "30", "--data-binary", "@"+file,
+				"http://"+nsServerIP+":"+port+"/sha256"))
+			if out != want {
+				t.Errorf("upload to :%s: server got %q; want %q", port, out, want)
+			}
+		}
+		// Download: curl reports the size and rate; the mesh path against the plain-TCP
+		// baseline on the excluded port, same run, same veth.
+		rate := map[string]float64{}
+		for _, port := range []string{nsExcludedPort, "8080", nsExcludedPort, "8080"} {
+			out := a.MustExec(t, "curl", "-sS", "-m", "30", "-o", "/dev/null", "-w", "%{size_download} %{speed_download}",
+				"http://"+nsServerIP+":"+port+"/bytes?n="+strconv.Itoa(size))
+			var n, bps float64
+			if _, err := fmt.Sscan(out, &n, &bps); err != nil || n != size {
+				t.Fatalf("download from :%s: %q (%v); want %d bytes", port, out, err, size)
+			}
+			rate[port] = max(rate[port], bps)
+		}
+		t.Logf("download %d MiB, best of 2: plain TCP %.0f MiB/s, through both ztunnels (HBONE mTLS) %.0f MiB/s (%.2fx)",
+			size>>20, rate[nsExcludedPort]/(1<<20), rate["8080"]/(1<<20), rate["8080"]/rate[nsExcludedPort])
+		waitMetric(t, b, "B", "istio_tcp_sent_bytes_total", map[string]string{
+			"reporter": "destination", "connection_security_policy": "mutual_tls",
+		}, 2*size)
 	})
 
 	// Drain: SIGTERM ends both nodes with exit status 0.
