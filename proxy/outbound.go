@@ -63,6 +63,7 @@ func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Wo
 		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, errSelfCall)
 		return errSelfCall
 	}
+	p.demand(ctx, dst.Addr())
 	route, err := p.store.Resolve(src, dst)
 	if err != nil {
 		ready(err)
@@ -156,4 +157,17 @@ func (p *Proxy) isLocalAddr(ip netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// demand fetches an unknown address from the control plane when on-demand xDS is on, so
+// the route is not a passthrough just because the cache had not asked yet.
+func (p *Proxy) demand(ctx context.Context, ip netip.Addr) {
+	if p.cfg.Demand == nil || p.store.WorkloadByIP(p.cfg.Network, ip) != nil || p.store.ServiceByVIP(p.cfg.Network, ip, "") != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.WorkloadWait)
+	defer cancel()
+	if err := p.cfg.Demand(ctx, p.cfg.Network+"/"+ip.String()); err != nil {
+		p.log.Debug("proxy: on-demand lookup", "ip", ip, "err", err)
+	}
 }

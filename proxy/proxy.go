@@ -64,6 +64,9 @@ type Config struct {
 	KeepaliveInterval time.Duration // [180s]
 	KeepaliveRetries  int           // [9]
 	WorkloadWait      time.Duration // [5s] how long to wait for an unknown local workload to appear
+	// Demand, when set (XDS_ON_DEMAND), asks the control plane for an address the cache
+	// does not hold ("network/IP") and waits for the answer.
+	Demand func(ctx context.Context, key string) error
 	Logger            *slog.Logger  // [slog.Default()]
 }
 

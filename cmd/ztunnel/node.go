@@ -33,6 +33,7 @@ type node struct {
 	registry *prometheus.Registry
 	metrics  *metrics.Metrics
 	store    *state.Store
+	xds      *xds.Client // nil without XDS_ADDRESS
 	certs    *certs.Manager
 	proxy    *proxy.Proxy
 
@@ -94,7 +95,11 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 	n.certs = certs.New(certs.Config{}, caClient)
 	defer n.certs.Close()
 
-	n.proxy = proxy.New(proxyConfig(cfg), n.store, n.certs, n.metrics)
+	pcfg := proxyConfig(cfg)
+	if n.xds != nil && cfg.XDSOnDemand {
+		pcfg.Demand = n.xds.Demand
+	}
+	n.proxy = proxy.New(pcfg, n.store, n.certs, n.metrics)
 	if cfg.enableProxy() {
 		if err := n.proxy.Listen(); err != nil {
 			return err
@@ -163,6 +168,7 @@ func (n *node) startConfigSources(goBG func(string, func(context.Context) error)
 		if err != nil {
 			return fmt.Errorf("XDS_ADDRESS: %w", err)
 		}
+		n.xds = client
 		n.ready.add(taskState)
 		goBG("xds", client.Run)
 		goBG("xds readiness", func(ctx context.Context) error {
