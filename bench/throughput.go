@@ -126,7 +126,8 @@ func echoStream(ctx context.Context, c net.Conn, deadline time.Time, chunk int) 
 		}
 		if err != nil {
 			if want < 0 {
-				want = <-sent // the writer stops soon: the read side is gone
+				c.Close() // the read side is gone: stop the writer too
+				want = <-sent
 			}
 			if got.Load() < want {
 				rerr = fmt.Errorf("echo returned %d of %d bytes: %w", got.Load(), want, err)
