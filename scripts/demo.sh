@@ -26,6 +26,15 @@ for tool in curl python3; do
   command -v "$tool" >/dev/null || { echo "demo: $tool is not installed (apt-get install -y $tool)" >&2; exit 2; }
 done
 
+# Every address the demo binds must be free: say which is taken instead of failing later.
+for addr in $A:15000 $A:15001 $A:15006 $A:15008 $A:15020 $A:15021 $A:15053 $A:15080 \
+  $B:15000 $B:15001 $B:15006 $B:15008 $B:15020 $B:15021 $B:15053 $B:$ECHO_PORT; do
+  if (exec 3<>"/dev/tcp/${addr%:*}/${addr#*:}") 2>/dev/null; then
+    echo "demo: $addr is already in use (another demo, make run, or the bench's two-node topology?)" >&2
+    exit 1
+  fi
+done
+
 work=$(mktemp -d "${TMPDIR:-/tmp}/gozt-demo.XXXXXX")
 pids=()
 cleanup() {

@@ -341,9 +341,11 @@ func TestNetnsDedicated(t *testing.T) {
 			"reporter": "source", "connection_security_policy": "mutual_tls", "response_flags": "-",
 			"source_principal": clientID, "destination_principal": serverID, "destination_workload": "server",
 		}, 1)
+		// B names the source workload from the client pod's IP, which the HBONE connection
+		// comes from because ztunnel A dials from inside node A.
 		waitMetric(t, b, "B", "istio_tcp_connections_closed_total", map[string]string{
 			"reporter": "destination", "connection_security_policy": "mutual_tls", "response_flags": "-",
-			"source_principal": clientID, "destination_workload": "server",
+			"source_principal": clientID, "source_workload": "client", "destination_workload": "server",
 		}, 1)
 		waitMetric(t, b, "B", "istio_tcp_received_bytes_total", map[string]string{
 			"reporter": "destination", "connection_security_policy": "mutual_tls",
