@@ -183,7 +183,7 @@ func startZtunnel(ctx context.Context, repo, bin, work, echoAddr string, track f
 		track(c)
 		p.children = append(p.children, c)
 		if err := waitReady(ctx, c, "http://"+n.ip+":15021/healthz/ready"); err != nil {
-			return nil, fmt.Errorf("%w (log: %s)", err, filepath.Join(work, n.name+".log"))
+			return nil, err
 		}
 		p.procs = append(p.procs, Proc{Name: n.name, PID: c.pid()})
 	}
@@ -208,7 +208,7 @@ func waitReady(ctx context.Context, c *child, url string) error {
 		}
 		select {
 		case <-c.done:
-			return fmt.Errorf("bench: %s exited before it was ready: %v", c.name, c.err)
+			return fmt.Errorf("bench: %s exited before it was ready (%v); its log ends:\n%s", c.name, c.err, tail(c.logPath, 10))
 		case <-ctx.Done():
 			return fmt.Errorf("bench: %s not ready at %s: %w", c.name, url, ctx.Err())
 		case <-tick.C:
