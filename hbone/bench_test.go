@@ -192,3 +192,36 @@ func BenchmarkNewStream(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "streams/s")
 }
+
+// BenchmarkRoundTrip1KViaTCP adds the server-side TCP leg of a real inbound proxy:
+// client stream -> HBONE server -> TCP echo backend and back, with and without the
+// frame reader's direct write into the backend socket.
+func BenchmarkRoundTrip1KViaTCP(b *testing.B) {
+	for _, direct := range []bool{false, true} {
+		name := "queued"
+		if direct {
+			name = "direct"
+		}
+		b.Run(name, func(b *testing.B) {
+			defer func(old bool) { directDelivery = old }(directDelivery)
+			directDelivery = direct
+			backend, stop := tcpEcho(b)
+			defer stop()
+			e := newEnv(b, Config{}, proxyTo(backend))
+			s := e.dial(b, "10.0.0.1:80")
+			defer s.Close()
+			out := make([]byte, 1024)
+			in := make([]byte, 1024)
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			for range b.N {
+				s.Write(out)
+				if _, err := io.ReadFull(s, in); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(time.Since(start).Microseconds())/float64(b.N), "µs/rt")
+		})
+	}
+}

@@ -539,6 +539,13 @@ func (c *conn) handleData(f *http2.DataFrame) error {
 		s.unacked += pad
 		c.releaseConnLocked(pad)
 	}
+	if len(data) > 0 && s.sink != nil && s.rb.n == 0 && !s.readBusy {
+		data = c.writeDirectLocked(s, data)
+		if s.localClosed {
+			s.rb.free()
+			return nil
+		}
+	}
 	if len(data) > 0 {
 		s.rb.write(data)
 	}
@@ -548,6 +555,31 @@ func (c *conn) handleData(f *http2.DataFrame) error {
 	}
 	s.cond.Broadcast()
 	return nil
+}
+
+// writeDirectLocked hands DATA straight to the stream's TCP consumer (a WriteTo in
+// progress) with one non-blocking write, saving a buffer copy and a goroutine hand-off.
+// What the socket does not take is returned for the stream's buffer. c.mu is held on
+// entry and exit but released around the syscall; readBusy keeps WriteTo out meanwhile.
+func (c *conn) writeDirectLocked(s *Stream, data []byte) []byte {
+	s.readBusy = true
+	s.direct = data
+	s.directN = 0
+	c.mu.Unlock()
+	err := s.sink.Write(s.sinkFn)
+	c.mu.Lock()
+	s.readBusy = false
+	n := s.directN
+	s.direct = nil
+	if err != nil || n <= 0 {
+		n = 0
+	}
+	if n > 0 {
+		s.directTotal += int64(n)
+		c.consumedLocked(s, n)
+	}
+	s.cond.Broadcast()
+	return data[n:]
 }
 
 // releaseConnLocked returns n bytes of connection window to the peer, batched.

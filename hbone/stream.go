@@ -42,7 +42,26 @@ type Stream struct {
 	rdl, wdl    time.Time
 	rt, wt      *time.Timer
 
+	// Direct delivery to a TCP consumer (see conn.writeDirectLocked); guarded by c.mu
+	// except direct/directN, owned by the frame reader while readBusy.
+	sink        syscall.RawConn
+	sinkFn      func(fd uintptr) bool
+	direct      []byte
+	directN     int
+	directTotal int64
+
 	rstWritten bool // guarded by c.wmu
+}
+
+// sinkWrite is one non-blocking write(2) of s.direct (the socket is non-blocking; returning
+// true means "do not wait for writability").
+func (s *Stream) sinkWrite(fd uintptr) bool {
+	n, err := syscall.Write(int(fd), s.direct)
+	if err != nil {
+		n = 0
+	}
+	s.directN = n
+	return true
 }
 
 var (
@@ -125,6 +144,10 @@ func (s *Stream) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// directDelivery enables the frame reader's direct write to a WriteTo's TCP socket;
+// a variable so tests and benchmarks can compare both paths.
+var directDelivery = true
+
 // WriteTo copies the stream's data to w until EOF without an intermediate buffer: the
 // received chunks are written to w directly.
 func (s *Stream) WriteTo(w io.Writer) (int64, error) {
@@ -132,10 +155,22 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 	defer s.rmu.Unlock()
 	c := s.c
 	var total int64
+	var sink syscall.RawConn
+	if tc, ok := w.(*net.TCPConn); ok && directDelivery {
+		sink, _ = tc.SyscallConn()
+	}
 	c.mu.Lock()
+	if sink != nil {
+		s.sink, s.sinkFn, s.directTotal = sink, s.sinkWrite, 0
+	}
 	for {
 		for s.rb.n == 0 {
 			if err := s.readErrLocked(); err != nil {
+				for s.readBusy { // a direct write is in flight
+					s.cond.Wait()
+				}
+				total += s.directTotal
+				s.sink, s.sinkFn, s.directTotal = nil, nil, 0
 				c.mu.Unlock()
 				if err == io.EOF {
 					err = nil
@@ -156,13 +191,20 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 		s.readBusy = false
 		if s.localClosed {
 			s.rb.free()
+			total += s.directTotal + int64(n)
+			s.sink, s.sinkFn, s.directTotal = nil, nil, 0
 			c.mu.Unlock()
-			return total + int64(n), net.ErrClosed
+			return total, net.ErrClosed
 		}
 		s.rb.advance(n)
 		c.consumedLocked(s, n)
 		total += int64(n)
 		if err != nil {
+			for s.readBusy {
+				s.cond.Wait()
+			}
+			total += s.directTotal
+			s.sink, s.sinkFn, s.directTotal = nil, nil, 0
 			c.mu.Unlock()
 			return total, err
 		}
