@@ -17,9 +17,9 @@ import (
 // runDemo runs scripts/demo.sh with a prebuilt binary and returns its exit error and
 // output. As root on Linux it runs inside a fresh network namespace, so its fixed
 // addresses (127.0.0.2/3, ports 15000-15080 and 8080) cannot collide with anything else on
-// the machine (the bench suite uses the same two-node topology); prepare, if not nil, runs
-// inside that namespace first.
-func runDemo(t *testing.T, bin string, prepare func() error) (string, error) {
+// the machine (the bench suite uses the same two-node topology); prepare, if not nil, is
+// given that namespace first.
+func runDemo(t *testing.T, bin string, prepare func(*netns.NS)) (string, error) {
 	t.Helper()
 	args := []string{"bash", "../../scripts/demo.sh"}
 	if runtime.GOOS == "linux" && os.Geteuid() == 0 {
@@ -27,9 +27,7 @@ func runDemo(t *testing.T, bin string, prepare func() error) (string, error) {
 			ns := netns.New(t, "demo")
 			args = append([]string{"ip", "netns", "exec", ns.Name}, args...)
 			if prepare != nil {
-				if err := ns.Do(prepare); err != nil {
-					t.Fatal(err)
-				}
+				prepare(ns)
 			}
 		}
 	}
@@ -88,28 +86,35 @@ func TestDemo(t *testing.T) {
 	}
 }
 
-// TestDemoFailsLoudly checks the script exits non-zero and shows the logs when a part
-// cannot start: the echo server's address is already taken.
-func TestDemoFailsLoudly(t *testing.T) {
+// TestDemoFailures checks the script exits non-zero and says why when the demo cannot
+// run (an address is taken) or its traffic does not get through (HBONE is blocked).
+func TestDemoFailures(t *testing.T) {
 	requireDemoTools(t)
-	if runtime.GOOS != "linux" || os.Geteuid() != 0 {
-		t.Skip("needs root to take the echo address in a private network namespace")
-	}
-	netns.Require(t)
+	netns.Require(t, "iptables") // both cases need a private namespace
 	bin := buildZtunnel(t)
-	var squatter net.Listener
-	out, err := runDemo(t, bin, func() error {
-		var err error
-		squatter, err = net.Listen("tcp", "127.0.0.3:8080")
-		return err
-	})
-	if squatter != nil {
+
+	t.Run("address taken", func(t *testing.T) {
+		var squatter net.Listener
+		out, err := runDemo(t, bin, func(ns *netns.NS) {
+			if err := ns.Do(func() (err error) {
+				squatter, err = net.Listen("tcp", "127.0.0.3:8080")
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+		})
 		squatter.Close()
-	}
-	if err == nil {
-		t.Fatalf("demo.sh succeeded with its echo address taken:\n%s", out)
-	}
-	if !strings.Contains(out, "Address already in use") || strings.Contains(out, "RESULT: ok") {
-		t.Errorf("demo output does not explain the failure:\n%s", out)
-	}
+		if err == nil || !strings.Contains(out, "127.0.0.3:8080 is already in use") {
+			t.Errorf("demo.sh with its echo address taken: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("hbone blocked", func(t *testing.T) {
+		out, err := runDemo(t, bin, func(ns *netns.NS) {
+			ns.MustExec(t, "iptables", "-w", "-A", "OUTPUT", "-p", "tcp", "-d", "127.0.0.3", "--dport", "15008", "-j", "REJECT", "--reject-with", "tcp-reset")
+		})
+		if err == nil || !strings.Contains(out, "RESULT: FAILED") || strings.Contains(out, "RESULT: ok") {
+			t.Errorf("demo.sh with HBONE blocked: %v\n%s", err, out)
+		}
+	})
 }
