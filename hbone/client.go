@@ -113,6 +113,10 @@ func (p *Pool) get(ctx context.Context, k Key) (*conn, error) {
 		if ok {
 			return c, nil
 		}
+		if c.limit() == 0 { // SETTINGS_MAX_CONCURRENT_STREAMS = 0: do not dial in a loop
+			return nil, fmt.Errorf("hbone: %s: peer allows no streams", k.Addr)
+		}
+		// Waiters took the new connection's slots first: look again (maybe dial another).
 	}
 }
 
@@ -220,12 +224,22 @@ func (c *conn) tryReserve() bool {
 	if c.closed || c.goaway {
 		return false
 	}
-	limit := min(c.cfg.MaxStreamsPerConn, int(min(c.peerMaxStreams, 1<<30)))
-	if c.active+c.reserved >= limit {
+	if c.active+c.reserved >= c.limitLocked() {
 		return false
 	}
 	c.reserved++
 	return true
+}
+
+// limitLocked is the stream capacity: min(MaxStreamsPerConn, peer's MAX_CONCURRENT_STREAMS).
+func (c *conn) limitLocked() int {
+	return min(c.cfg.MaxStreamsPerConn, int(min(c.peerMaxStreams, 1<<30)))
+}
+
+func (c *conn) limit() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.limitLocked()
 }
 
 // open sends the CONNECT request on a reserved slot and waits for the response.

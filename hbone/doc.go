@@ -30,13 +30,25 @@
 // 2.4 CPU-seconds per GB more than Go's TLS alone (see PERFORMANCE.md). This package
 // drives golang.org/x/net/http2's Framer and hpack directly:
 //
-//   - One frame reader per connection copies DATA into the stream's pooled chunk queue
-//     (no allocation per frame); it never blocks on the socket's write side, because
-//     control frames it must send are queued for a per-connection writer goroutine, so
-//     two peers sending bulk data at each other cannot deadlock.
+//   - One frame reader per connection delivers DATA: when the stream's consumer is a
+//     WriteTo into a *net.TCPConn with nothing queued, it writes the payload straight to
+//     that socket with one non-blocking write(2) (no copy, no goroutine hand-off);
+//     otherwise it copies it into the stream's queue of pooled chunks. Neither allocates.
+//     The reader never blocks on the socket's write side: the control frames it must
+//     send are queued for the connection's writer goroutine (which also runs PING and
+//     idle timers), so two peers sending bulk data at each other cannot deadlock.
 //   - Writers (the goroutine that read the TCP socket) write their own DATA frames, large
 //     ones (reads grow to 1 MiB), under one write lock; on the client (and ServeTLS) a
 //     buffering layer under crypto/tls collects records and is flushed when the last
 //     queued writer releases the lock, so a batch of frames costs one write(2).
+//     Over that layer a DATA frame's 9-byte header is its own tiny TLS record so the
+//     payload is encrypted straight from the caller's buffer. A caller-made *tls.Conn
+//     (ServeConn) cannot be wrapped, so ServeTLS exists for servers that want this.
 //   - WINDOW_UPDATEs are batched: sent once a quarter of a window has been consumed.
+//     Capacity is returned when the consumer takes the data, so a reader that stops
+//     reading stops its peer after one stream window, and memory stays bounded by it.
+//
+// Goroutines: per connection one frame reader and one writer (owned by the Pool, or by
+// the ServeConn call), plus one per server stream running the Handler. Pool.Close and
+// ServeConn return only after theirs have exited.
 package hbone
