@@ -99,7 +99,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	conns    map[*conn]struct{}
-	raws     map[net.Conn]struct{} // accepted, not yet serving HTTP/2
+	raws     map[net.Conn]struct{} // every connection inside ServeConn, from before its handshake
 	lns      map[net.Listener]struct{}
 	shutdown bool
 	idle     chan struct{} // closed when the last conn leaves during Shutdown
@@ -137,6 +137,13 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, bc *bufConn) error
 	defer func() {
 		s.mu.Lock()
 		delete(s.raws, raw)
+		if s.idle != nil && len(s.raws) == 0 {
+			select {
+			case <-s.idle:
+			default:
+				close(s.idle) // Shutdown: the last connection has ended
+			}
+		}
 		s.mu.Unlock()
 	}()
 	stop := context.AfterFunc(ctx, func() { raw.Close() })
@@ -200,13 +207,6 @@ func (s *Server) removeConn(c *conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.conns, c)
-	if s.idle != nil && len(s.conns) == 0 && len(s.raws) <= 1 {
-		select {
-		case <-s.idle:
-		default:
-			close(s.idle)
-		}
-	}
 }
 
 // Serve accepts connections from ln (which yields TLS conns) and serves each in its own
@@ -264,7 +264,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for c := range s.conns {
 		conns = append(conns, c)
 	}
-	empty := len(s.conns) == 0
+	empty := len(s.raws) == 0
 	s.mu.Unlock()
 	for _, c := range conns {
 		c.mu.Lock()

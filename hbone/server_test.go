@@ -114,3 +114,19 @@ func TestPoolCloseIdempotentAndFinal(t *testing.T) {
 	}
 	s.Close()
 }
+
+// Shutdown gives open streams until its context ends, then closes everything.
+func TestShutdownForcesAfterDeadline(t *testing.T) {
+	leaktest.Check(t)
+	e := newEnv(t, Config{}, echo)
+	s := e.dial(t, "10.0.0.1:80")
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := e.srv.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Shutdown = %v, want deadline exceeded", err)
+	}
+	if _, err := io.ReadAll(s); !errors.Is(err, ErrConnClosed) {
+		t.Errorf("Read after forced shutdown = %v, want ErrConnClosed", err)
+	}
+}
