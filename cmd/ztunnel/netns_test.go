@@ -34,20 +34,24 @@ const (
 	nsExcludedPort = "9999" // not redirected on either node
 )
 
-const nsWorkloads = `
+// writeWorkloads writes the LOCAL_XDS_PATH file: default/client on node-a, default/server
+// on node-b behind the echo service, and a policy denying port 8081.
+func writeWorkloads(t *testing.T, dir, clientIP, serverIP, vip string) {
+	t.Helper()
+	yaml := strings.NewReplacer("CLIENT_IP", clientIP, "SERVER_IP", serverIP, "VIP", vip).Replace(`
 workloads:
   - uid: Kubernetes//v1/Pod/default/client
     name: client
     namespace: default
     serviceAccount: client
-    workloadIps: ["` + nsClientIP + `"]
+    workloadIps: ["CLIENT_IP"]
     protocol: HBONE
     node: node-a
   - uid: Kubernetes//v1/Pod/default/server
     name: server
     namespace: default
     serviceAccount: server
-    workloadIps: ["` + nsServerIP + `"]
+    workloadIps: ["SERVER_IP"]
     protocol: HBONE
     node: node-b
     services:
@@ -57,7 +61,7 @@ services:
   - name: echo
     namespace: default
     hostname: echo.default.svc.cluster.local
-    vips: ["/` + nsEchoVIP + `"]
+    vips: ["/VIP"]
     ports:
       80: 8080
 policies:
@@ -67,7 +71,11 @@ policies:
     action: Deny
     rules:
       - - - destinationPorts: [8081]
-`
+`)
+	if err := os.WriteFile(filepath.Join(dir, "workloads.yaml"), []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // redirect installs the rules istio-cni's dedicated-mode scripts would: the pod's outbound
 // TCP goes to 15001 unless it carries ztunnel's packet mark or stays on loopback; inbound
@@ -95,22 +103,21 @@ func redirect(t *testing.T, ns *netns.NS) {
 }
 
 // startNodeIn runs the built ztunnel as its own process inside ns (ip netns exec), so its
-// listeners and every socket it dials later belong to that namespace.
-func startNodeIn(t *testing.T, bin string, ns *netns.NS, workload, dir string) *proc {
+// listeners and every socket it dials later belong to that namespace. mode is the
+// PROXY_MODE setting and its companion (PROXY_WORKLOAD_INFO or NODE_NAME).
+func startNodeIn(t *testing.T, bin string, ns *netns.NS, dir string, mode ...string) *proc {
 	t.Helper()
-	p := startProc(t, "ztunnel in "+ns.Name, []string{
-		"PROXY_MODE=dedicated",
-		"PROXY_WORKLOAD_INFO=" + workload,
-		"LOCAL_XDS_PATH=" + filepath.Join(dir, "workloads.yaml"),
+	p := startProc(t, "ztunnel in "+ns.Name, append(mode,
+		"LOCAL_XDS_PATH="+filepath.Join(dir, "workloads.yaml"),
 		"CA_PROVIDER=builtin",
-		"CA_DIR=" + filepath.Join(dir, "ca"),
-		"PACKET_MARK=" + strconv.Itoa(nsMark),
+		"CA_DIR="+filepath.Join(dir, "ca"),
+		"PACKET_MARK="+strconv.Itoa(nsMark),
 		// The server pod would answer a spoofed client address over the veth, not to
 		// ztunnel; istio-cni's policy routing for that is not set up here.
 		"ENABLE_ORIG_SRC=false",
 		"DNS_PROXY_ADDR=off",
 		"CONNECTION_TERMINATION_DEADLINE=1s",
-	}, "ip", "netns", "exec", ns.Name, bin)
+	), "ip", "netns", "exec", ns.Name, bin)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		out, err := ns.Exec("curl", "-fsS", "-m", "1", "http://127.0.0.1:15021/healthz/ready")
@@ -313,12 +320,10 @@ func TestNetnsDedicated(t *testing.T) {
 	redirect(t, b)
 
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "workloads.yaml"), []byte(nsWorkloads), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeWorkloads(t, dir, nsClientIP, nsServerIP, nsEchoVIP)
 	server := startPodServer(t, b, nsServerIP, "8080", "8081", nsExcludedPort)
-	nodeB := startNodeIn(t, bin, b, "default/server/server", dir)
-	nodeA := startNodeIn(t, bin, a, "default/client/client", dir)
+	nodeB := startNodeIn(t, bin, b, dir, "PROXY_MODE=dedicated", "PROXY_WORKLOAD_INFO=default/server/server")
+	nodeA := startNodeIn(t, bin, a, dir, "PROXY_MODE=dedicated", "PROXY_WORKLOAD_INFO=default/client/client")
 
 	clientID := "spiffe://cluster.local/ns/default/sa/client"
 	serverID := "spiffe://cluster.local/ns/default/sa/server"
@@ -466,6 +471,129 @@ func TestNetnsDedicated(t *testing.T) {
 
 	// Drain: SIGTERM ends both nodes with exit status 0.
 	for name, p := range map[string]*proc{"A": nodeA, "B": nodeB} {
+		if err := p.stop(); err != nil {
+			t.Errorf("node %s after SIGTERM: %v; want exit 0", name, err)
+		}
+	}
+}
+
+// nodeRedirect installs node-level redirection for shared mode on a node that routes for
+// the pods in podCIDR: their outbound TCP goes to 15001; TCP addressed to one of them goes
+// to 15008 when it is HBONE and to 15006 otherwise. REDIRECT keeps the pod address as the
+// original destination (SO_ORIGINAL_DST), which is how ztunnel knows the pod meant.
+func nodeRedirect(t *testing.T, ns *netns.NS, podCIDR string) {
+	t.Helper()
+	for _, rule := range [][]string{
+		{"-N", "GOZT_PREROUTING"},
+		{"-A", "GOZT_PREROUTING", "-s", podCIDR, "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15001"},
+		{"-A", "GOZT_PREROUTING", "-d", podCIDR, "-p", "tcp", "--dport", "15008", "-j", "REDIRECT", "--to-ports", "15008"},
+		{"-A", "GOZT_PREROUTING", "-d", podCIDR, "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15006"},
+		{"-A", "PREROUTING", "-p", "tcp", "-j", "GOZT_PREROUTING"},
+	} {
+		ns.MustExec(t, append([]string{"iptables", "-w", "-t", "nat"}, rule...)...)
+	}
+}
+
+// TestNetnsShared is shared mode at node level: each node namespace routes for a pod
+// namespace behind it and runs one ztunnel (PROXY_MODE=shared, NODE_NAME) for every pod
+// on the node, which it tells apart by source address (outbound) and original destination
+// (inbound). In-pod redirection, with listeners inside each pod's namespace, is a later
+// step; this is the topology it replaces.
+func TestNetnsShared(t *testing.T) {
+	netns.Require(t, "iptables", "curl")
+	leaktest.Check(t)
+	bin := buildZtunnel(t)
+
+	const (
+		clientPod = "10.21.1.2"
+		serverPod = "10.21.2.2"
+		vip       = "10.96.0.11"
+	)
+	nodeA, nodeB := netns.New(t, "node-a"), netns.New(t, "node-b")
+	podA, podB := netns.New(t, "pod-client"), netns.New(t, "pod-server")
+	netns.Link(t, nodeA, "10.20.0.1/24", nodeB, "10.20.0.2/24")
+	netns.Link(t, podA, clientPod+"/24", nodeA, "10.21.1.1/24")
+	netns.Link(t, podB, serverPod+"/24", nodeB, "10.21.2.1/24")
+	podA.MustExec(t, "ip", "route", "add", "default", "via", "10.21.1.1")
+	podB.MustExec(t, "ip", "route", "add", "default", "via", "10.21.2.1")
+	nodeA.MustExec(t, "ip", "route", "add", "10.21.2.0/24", "via", "10.20.0.2")
+	nodeB.MustExec(t, "ip", "route", "add", "10.21.1.0/24", "via", "10.20.0.1")
+	for _, n := range []*netns.NS{nodeA, nodeB} {
+		n.MustExec(t, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
+	}
+	nodeRedirect(t, nodeA, "10.21.1.0/24")
+	nodeRedirect(t, nodeB, "10.21.2.0/24")
+
+	dir := t.TempDir()
+	writeWorkloads(t, dir, clientPod, serverPod, vip)
+	server := startPodServer(t, podB, serverPod, "8080", "8081")
+	ztB := startNodeIn(t, bin, nodeB, dir, "PROXY_MODE=shared", "NODE_NAME=node-b")
+	ztA := startNodeIn(t, bin, nodeA, dir, "PROXY_MODE=shared", "NODE_NAME=node-a")
+
+	clientID := "spiffe://cluster.local/ns/default/sa/client"
+	serverID := "spiffe://cluster.local/ns/default/sa/server"
+
+	t.Run("pod to pod over HBONE", func(t *testing.T) {
+		out := podA.MustExec(t, "curl", "-sS", "-m", "10", "--data-binary", "shared ping", "http://"+serverPod+":8080/direct")
+		if want := `server pod port 8080 got POST /direct body="shared ping"`; !strings.Contains(out, want) {
+			t.Errorf("curl got %q; want %q", out, want)
+		}
+		if got := server.count("8080"); got != 1 {
+			t.Errorf("server saw %d requests on 8080; want 1", got)
+		}
+		// Node A picked the source workload by the pod's address and used its identity.
+		waitMetric(t, nodeA, "A", "istio_tcp_connections_closed_total", map[string]string{
+			"reporter": "source", "connection_security_policy": "mutual_tls", "response_flags": "-",
+			"source_workload": "client", "source_principal": clientID, "destination_principal": serverID,
+		}, 1)
+		// Node B served the handshake as the pod the connection was addressed to.
+		waitMetric(t, nodeB, "B", "istio_tcp_connections_closed_total", map[string]string{
+			"reporter": "destination", "connection_security_policy": "mutual_tls", "response_flags": "-",
+			"source_principal": clientID, "destination_workload": "server", "destination_principal": serverID,
+		}, 1)
+	})
+
+	t.Run("pod to service VIP over HBONE", func(t *testing.T) {
+		out := podA.MustExec(t, "curl", "-sS", "-m", "10", "http://"+vip+"/vip")
+		if want := "server pod port 8080 got GET /vip"; !strings.Contains(out, want) {
+			t.Errorf("curl got %q; want %q", out, want)
+		}
+		waitMetric(t, nodeA, "A", "istio_tcp_connections_closed_total", map[string]string{
+			"reporter": "source", "destination_service": "echo.default.svc.cluster.local", "connection_security_policy": "mutual_tls",
+		}, 1)
+	})
+
+	t.Run("plaintext inbound redirected to 15006", func(t *testing.T) {
+		// From node A's own namespace, which no rule captures: plain TCP arrives at node B.
+		before := server.count("8080")
+		out, err := plainGet(nodeA, 0, serverPod+":8080", "/plain")
+		if err != nil || !strings.Contains(out, "server pod port 8080 got GET /plain") {
+			t.Errorf("plaintext GET: %v %q", err, out)
+		}
+		if got := server.count("8080"); got != before+1 {
+			t.Errorf("server saw %d requests on 8080; want %d", got, before+1)
+		}
+		waitMetric(t, nodeB, "B", "istio_tcp_connections_closed_total", map[string]string{
+			"reporter": "destination", "connection_security_policy": "unknown", "destination_workload": "server",
+		}, 1)
+	})
+
+	t.Run("deny policy", func(t *testing.T) {
+		if out, err := podA.Exec("curl", "-sS", "-m", "10", "http://"+serverPod+":8081/denied"); err == nil || strings.Contains(string(out), "server pod") {
+			t.Errorf("curl over HBONE to a denied port: %v %q; want a failure", err, out)
+		}
+		if out, _ := plainGet(nodeA, 0, serverPod+":8081", "/denied"); strings.Contains(out, "server pod") {
+			t.Errorf("plaintext GET to a denied port got through: %q", out)
+		}
+		if got := server.count("8081"); got != 0 {
+			t.Errorf("server saw %d requests on the denied port", got)
+		}
+		waitMetric(t, nodeB, "B", "istio_tcp_connections_failed_total", map[string]string{
+			"reporter": "destination", "response_flags": "DENY",
+		}, 2)
+	})
+
+	for name, p := range map[string]*proc{"A": ztA, "B": ztB} {
 		if err := p.stop(); err != nil {
 			t.Errorf("node %s after SIGTERM: %v; want exit 0", name, err)
 		}
