@@ -1,0 +1,355 @@
+// Package dns is ztunnel's DNS proxy (port 15053, UDP and TCP): it answers A and AAAA queries
+// for mesh services authoritatively from the xds/state workload cache and forwards every other
+// query to the upstream nameservers (REFERENCE §7), counting the istio_dns_* metrics.
+//
+// Name lookup: the query, its Kubernetes expansions by label count and the query with each
+// search domain stripped (plus their expansions) are tried in that order, each first exactly
+// and then as wildcards of decreasing specificity (*.b.c, *.c). A service with VIPs answers its
+// VIPs on the client's network; a VIP-less service is answered only if it is a Kubernetes
+// headless service (hostname under .svc.<cluster domain>), with one IP per endpoint workload.
+//
+// It does not capture traffic (istio-cni redirects port 53 to 15053), enter network
+// namespaces, or resolve workload or headless pod hostnames (those are forwarded). Wire
+// encoding is github.com/miekg/dns.
+package dns
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/gozt/gozt/metrics"
+	"github.com/gozt/gozt/xds/state"
+)
+
+// Defaults applied to a zero Config.
+const (
+	DefaultAddr          = "localhost:15053"
+	DefaultClusterDomain = "cluster.local"
+	DefaultResolvConf    = "/etc/resolv.conf"
+	// TCPTimeout bounds one TCP request, including any forwarding (ztunnel's 5 s).
+	TCPTimeout = 5 * time.Second
+	// DefaultUpstreamTimeout bounds one exchange with one upstream nameserver.
+	DefaultUpstreamTimeout = 5 * time.Second
+	// TTL is the TTL in seconds of authoritative answers.
+	TTL = 30
+)
+
+// Config configures a Server. The zero value listens on localhost:15053 in shared mode,
+// forwards to /etc/resolv.conf's nameservers and answers AAAA.
+type Config struct {
+	// Addr is host:port for both UDP and TCP [localhost:15053]. "localhost" binds 127.0.0.1
+	// and, if the host has IPv6 loopback, ::1 on the same port.
+	Addr string
+	// ClusterDomain is the Kubernetes cluster domain [cluster.local].
+	ClusterDomain string
+	// Network is the local network; VIPs are chosen on the client workload's network, or on
+	// this one when the client's is empty.
+	Network string
+	// Upstreams are nameservers as host[:port] (port 53 if omitted); empty means the
+	// nameservers of ResolvConf.
+	Upstreams []string
+	// ResolvConf is read at Listen for nameservers (when Upstreams is empty) and, in dedicated
+	// mode, for the search list (when SearchDomains is nil) [/etc/resolv.conf].
+	ResolvConf string
+	// Dedicated selects dedicated (sidecar-like) mode: the search list is SearchDomains, or
+	// ResolvConf's when nil. In shared mode the search list is per client:
+	// <ns>.svc.<domain>, svc.<domain>, <domain>.
+	Dedicated     bool
+	SearchDomains []string
+	// Source returns the client workload for a client address: fixed in dedicated mode, by IP
+	// in shared mode. A nil func or a nil result answers SERVFAIL.
+	Source func(client netip.Addr) *state.Workload
+	// DisableIPv6 suppresses AAAA answers for mesh services (IPV6_ENABLED=false).
+	DisableIPv6 bool
+	// UpstreamTimeout bounds one exchange with one upstream [5s].
+	UpstreamTimeout time.Duration
+	// Dial dials upstream nameservers ("udp" or "tcp"); nil uses a net.Dialer. Set it to
+	// send upstream queries from the pod's network namespace.
+	Dial func(ctx context.Context, network, address string) (net.Conn, error)
+	// Logger receives the per-query debug log [slog.Default()], with scope=dns.
+	Logger *slog.Logger
+}
+
+// Server is the DNS proxy. Create it with New, bind with Listen, run with Serve.
+type Server struct {
+	cfg       Config
+	store     *state.Store
+	m         *metrics.Metrics
+	log       *slog.Logger
+	svcSuffix string // ".svc.<domain>": VIP-less services under it are headless
+	dial      func(ctx context.Context, network, address string) (net.Conn, error)
+
+	// ctx is the handlers' context: forwarding stops when Close cancels it.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu        sync.Mutex
+	upstreams []string // set by Listen; read-only afterwards
+	search    []string // dedicated-mode search list, normalised; set by Listen
+	udp       []net.PacketConn
+	tcp       []net.Listener
+	servers   []*dns.Server
+	serving   bool
+	closed    bool
+	done      chan struct{} // closed when Serve returns (or by Close if Serve never ran)
+}
+
+// New returns a Server answering from store. m may be nil (no metrics).
+func New(cfg Config, store *state.Store, m *metrics.Metrics) *Server {
+	if cfg.Addr == "" {
+		cfg.Addr = DefaultAddr
+	}
+	cfg.ClusterDomain = normalize(cfg.ClusterDomain)
+	if cfg.ClusterDomain == "" {
+		cfg.ClusterDomain = DefaultClusterDomain
+	}
+	if cfg.ResolvConf == "" {
+		cfg.ResolvConf = DefaultResolvConf
+	}
+	if cfg.UpstreamTimeout <= 0 {
+		cfg.UpstreamTimeout = DefaultUpstreamTimeout
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{
+		cfg: cfg, store: store, m: m, log: log.With("scope", "dns"),
+		svcSuffix: ".svc." + cfg.ClusterDomain,
+		dial:      cfg.Dial,
+		done:      make(chan struct{}),
+	}
+	if s.dial == nil {
+		var d net.Dialer
+		s.dial = d.DialContext
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	return s
+}
+
+// normalize lowercases a DNS name and drops the trailing dot.
+func normalize(name string) string {
+	return strings.ToLower(strings.TrimSuffix(name, "."))
+}
+
+// Listen reads the upstream configuration and binds UDP and TCP on Addr (and on ::1 too
+// for "localhost"). Port 0 picks one free port shared by all the sockets.
+func (s *Server) Listen() error {
+	if err := s.loadResolvConf(); err != nil {
+		return err
+	}
+	host, port, err := net.SplitHostPort(s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("dns: listen %s: %w", s.cfg.Addr, err)
+	}
+	hosts := []string{host}
+	if host == "localhost" {
+		hosts = []string{"127.0.0.1", "::1"}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("dns: listen %s: %w", s.cfg.Addr, net.ErrClosed)
+	}
+	if len(s.udp) > 0 {
+		return fmt.Errorf("dns: listen %s: already listening", s.cfg.Addr)
+	}
+	for i, h := range hosts {
+		pc, ln, err := listenPair(h, port)
+		if err != nil {
+			if i > 0 && host == "localhost" {
+				// IPv6 loopback is optional (IPv4-only hosts and pods).
+				s.log.Debug("dns: no IPv6 loopback listener", "error", err)
+				continue
+			}
+			s.closeListenersLocked()
+			return fmt.Errorf("dns: listen %s: %w", net.JoinHostPort(h, port), err)
+		}
+		if port == "0" {
+			port = fmt.Sprint(pc.LocalAddr().(*net.UDPAddr).Port)
+		}
+		s.udp = append(s.udp, pc)
+		s.tcp = append(s.tcp, ln)
+	}
+	return nil
+}
+
+// listenPair binds UDP and TCP on the same port; with port 0 it retries when the UDP port
+// it got is taken for TCP.
+func listenPair(host, port string) (net.PacketConn, net.Listener, error) {
+	for attempt := 0; ; attempt++ {
+		pc, err := net.ListenPacket("udp", net.JoinHostPort(host, port))
+		if err != nil {
+			return nil, nil, err
+		}
+		p := fmt.Sprint(pc.LocalAddr().(*net.UDPAddr).Port)
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, p))
+		if err == nil {
+			return pc, ln, nil
+		}
+		pc.Close()
+		if port != "0" || attempt == 10 || !errors.Is(err, syscall.EADDRINUSE) {
+			return nil, nil, err
+		}
+	}
+}
+
+func (s *Server) closeListenersLocked() {
+	for _, pc := range s.udp {
+		pc.Close()
+	}
+	for _, ln := range s.tcp {
+		ln.Close()
+	}
+	s.udp, s.tcp = nil, nil
+}
+
+// loadResolvConf fills the upstreams and the dedicated-mode search list.
+func (s *Server) loadResolvConf() error {
+	ups := make([]string, 0, len(s.cfg.Upstreams))
+	for _, u := range s.cfg.Upstreams {
+		if _, _, err := net.SplitHostPort(u); err != nil {
+			u = net.JoinHostPort(strings.Trim(u, "[]"), "53")
+		}
+		ups = append(ups, u)
+	}
+	search := s.cfg.SearchDomains
+	if len(ups) == 0 || (s.cfg.Dedicated && search == nil) {
+		rc, err := dns.ClientConfigFromFile(s.cfg.ResolvConf)
+		if err != nil {
+			return fmt.Errorf("dns: read %s: %w", s.cfg.ResolvConf, err)
+		}
+		if len(ups) == 0 {
+			for _, ns := range rc.Servers {
+				ups = append(ups, net.JoinHostPort(ns, rc.Port))
+			}
+			if len(ups) == 0 {
+				return fmt.Errorf("dns: no nameserver in %s", s.cfg.ResolvConf)
+			}
+		}
+		if s.cfg.Dedicated && search == nil {
+			search = rc.Search
+		}
+	}
+	var norm []string
+	for _, d := range search {
+		if d = normalize(d); d != "" {
+			norm = append(norm, d)
+		}
+	}
+	s.mu.Lock()
+	s.upstreams, s.search = ups, norm
+	s.mu.Unlock()
+	return nil
+}
+
+// Addr returns the first bound UDP address (TCP listens on the same port), or nil before
+// Listen.
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.udp) == 0 {
+		return nil
+	}
+	return s.udp[0].LocalAddr()
+}
+
+// Serve answers queries until ctx ends or Close is called, then stops the listeners and
+// waits for in-flight queries. It returns nil on such a stop, or the first listener error.
+func (s *Server) Serve(ctx context.Context) error {
+	s.mu.Lock()
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return fmt.Errorf("dns: serve: %w", net.ErrClosed)
+	case s.serving:
+		s.mu.Unlock()
+		return errors.New("dns: serve: already serving")
+	case len(s.udp) == 0:
+		s.mu.Unlock()
+		return errors.New("dns: serve: Listen was not called")
+	}
+	s.serving = true
+	h := handler{s}
+	var servers []*dns.Server
+	for i := range s.udp {
+		servers = append(servers,
+			&dns.Server{PacketConn: s.udp[i], Handler: h},
+			// ReadTimeout bounds reading a TCP request; the handler bounds the rest.
+			&dns.Server{Listener: s.tcp[i], Handler: h, ReadTimeout: TCPTimeout,
+				IdleTimeout: func() time.Duration { return TCPTimeout }})
+	}
+	s.servers = servers
+	s.mu.Unlock()
+	defer close(s.done)
+
+	started := make([]chan struct{}, len(servers))
+	errc := make(chan error, len(servers))
+	for i, srv := range servers {
+		started[i] = make(chan struct{})
+		srv.NotifyStartedFunc = func() { close(started[i]) }
+		go runServer(srv, errc)
+	}
+
+	var err error
+	running := len(servers)
+	select {
+	case <-ctx.Done():
+	case <-s.ctx.Done(): // Close
+	case err = <-errc:
+		running--
+		err = fmt.Errorf("dns: serve: %w", err)
+	}
+	s.cancel() // abort forwarding in flight
+	for i, srv := range servers {
+		select {
+		case <-started[i]:
+			srv.Shutdown() // unblocks reads, waits for handlers, closes the socket
+		default:
+			// Never started (it failed); closing is all that is left.
+			if srv.PacketConn != nil {
+				srv.PacketConn.Close()
+			} else {
+				srv.Listener.Close()
+			}
+		}
+	}
+	for ; running > 0; running-- {
+		<-errc
+	}
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	return err
+}
+
+// runServer runs one miekg server until it is shut down; errc gets its result.
+func runServer(srv *dns.Server, errc chan<- error) {
+	errc <- srv.ActivateAndServe()
+}
+
+// Close stops Serve and releases the sockets; it returns after Serve has returned.
+// It is idempotent.
+func (s *Server) Close() error {
+	s.cancel()
+	s.mu.Lock()
+	serving := s.serving
+	if !serving && !s.closed {
+		s.closeListenersLocked()
+		close(s.done)
+	}
+	s.closed = true
+	s.mu.Unlock()
+	<-s.done
+	return nil
+}
