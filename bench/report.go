@@ -39,10 +39,14 @@ type metric struct {
 	higher   bool // whether a larger value is better
 	format   string
 	get      func(*Result) (float64, bool)
+	// fresh metrics take the first repetition only: memory figures of later repetitions
+	// carry what earlier bulk runs left in the proxies' heaps.
+	fresh bool
 }
 
+// latencyMetric is a percentile of a case's latency histogram, in µs.
 func latencyMetric(c, label string, p float64) metric {
-	return metric{c, label, false, "%.0f", func(r *Result) (float64, bool) {
+	return metric{caseName: c, label: label, format: "%.0f", get: func(r *Result) (float64, bool) {
 		if r.Latency == nil || r.Latency.Count() == 0 {
 			return 0, false
 		}
@@ -50,8 +54,9 @@ func latencyMetric(c, label string, p float64) metric {
 	}}
 }
 
+// procMetric is a figure about the proxy processes, absent on paths without any.
 func procMetric(c, label, format string, f func(*Result) float64) metric {
-	return metric{c, label, false, format, func(r *Result) (float64, bool) {
+	return metric{caseName: c, label: label, format: format, get: func(r *Result) (float64, bool) {
 		if len(r.Procs) == 0 {
 			return 0, false
 		}
@@ -59,10 +64,22 @@ func procMetric(c, label, format string, f func(*Result) float64) metric {
 	}}
 }
 
+// rateMetric is a figure every run has, where more is better.
+func rateMetric(c, label, format string, f func(*Result) float64) metric {
+	return metric{caseName: c, label: label, higher: true, format: format, get: func(r *Result) (float64, bool) {
+		return f(r), true
+	}}
+}
+
+func freshMetric(m metric) metric {
+	m.fresh = true
+	return m
+}
+
 var metrics = []metric{
-	{"throughput/1", "Gbit/s, 1 conn", true, "%.2f", func(r *Result) (float64, bool) { return r.Gbps(), true }},
+	rateMetric("throughput/1", "Gbit/s, 1 conn", "%.2f", (*Result).Gbps),
 	procMetric("throughput/1", "proxy CPU s/GB", "%.2f", (*Result).CPUPerGB),
-	{"throughput/8", "Gbit/s, 8 conns", true, "%.2f", func(r *Result) (float64, bool) { return r.Gbps(), true }},
+	rateMetric("throughput/8", "Gbit/s, 8 conns", "%.2f", (*Result).Gbps),
 	procMetric("throughput/8", "proxy CPU s/GB", "%.2f", (*Result).CPUPerGB),
 	latencyMetric("pingpong", "p50 µs", 50),
 	latencyMetric("pingpong", "p99 µs", 99),
@@ -71,11 +88,11 @@ var metrics = []metric{
 	latencyMetric("rr", "p99 µs", 99),
 	latencyMetric("rr", "p99.9 µs", 99.9),
 	procMetric("rr", "vCPU per 1000 rps", "%.3f", (*Result).VCPUPer1000RPS),
-	procMetric("rr", "peak RSS per proc MB", "%.1f", func(r *Result) float64 { return float64(r.PeakRSSPerProc()) / 1e6 }),
-	{"connrate", "conns/s", true, "%.0f", func(r *Result) (float64, bool) { return r.OpsPerSec(), true }},
+	freshMetric(procMetric("rr", "peak RSS per proc MB, rep 1", "%.1f", func(r *Result) float64 { return float64(r.PeakRSSPerProc()) / 1e6 })),
+	rateMetric("connrate", "conns/s", "%.0f", (*Result).OpsPerSec),
 	latencyMetric("connrate", "setup p50 µs", 50),
 	procMetric("connrate", "proxy CPU ms/conn", "%.3f", func(r *Result) float64 { return r.CPUPerOp().Seconds() * 1e3 }),
-	procMetric("idle", "KiB per idle conn", "%.1f", func(r *Result) float64 { return r.BytesPerIdleConn() / 1024 }),
+	freshMetric(procMetric("idle", "KiB per idle conn, rep 1", "%.1f", func(r *Result) float64 { return r.BytesPerIdleConn() / 1024 })),
 }
 
 // Row is one metric's median per path, and its ratio to each baseline path.
@@ -99,7 +116,7 @@ func (rep *Report) Table() []Row {
 		for _, p := range rep.Paths {
 			var vals []float64
 			for _, r := range rep.Runs {
-				if r.Case == m.caseName && r.Path == p {
+				if r.Case == m.caseName && r.Path == p && (!m.fresh || r.Rep <= 1) {
 					if v, ok := m.get(r); ok {
 						vals = append(vals, v)
 					}

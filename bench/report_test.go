@@ -1,0 +1,66 @@
+package bench
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestReportTableMediansRatiosAndFreshMemory(t *testing.T) {
+	rep := &Report{Paths: []string{"direct", "relay", "ztunnel"}}
+	add := func(c, p string, rep_ int, gbps float64, procs []ProcUsage, idleDelta int64) {
+		rep.Runs = append(rep.Runs, &Result{
+			Case: c, Path: p, Rep: rep_, Elapsed: time.Second,
+			Bytes: int64(gbps * 1e9 / 8), Procs: procs, IdleConns: 100, IdleRSSDelta: idleDelta,
+		})
+	}
+	procs := []ProcUsage{{Proc: Proc{Name: "p", PID: 1}, CPUSeconds: 1}}
+	for i, g := range []float64{10, 30, 20} { // median 20
+		add("throughput/1", "direct", i+1, g, nil, 0)
+	}
+	for i, g := range []float64{4, 5, 6} { // median 5
+		add("throughput/1", "relay", i+1, g, procs, 0)
+	}
+	for i, g := range []float64{2, 4, 3} { // median 3
+		add("throughput/1", "ztunnel", i+1, g, procs, 0)
+	}
+	// Memory per idle connection: only the first repetition counts.
+	for i, d := range []int64{100 << 10, 10 << 10, 10 << 10} {
+		add("idle", "ztunnel", i+1, 0, procs, d)
+	}
+
+	rows := map[string]Row{}
+	for _, r := range rep.Table() {
+		rows[r.Case+" "+r.Metric] = r
+	}
+	g := rows["throughput/1 Gbit/s, 1 conn"]
+	if g.Values["direct"] != 20 || g.Values["relay"] != 5 || g.Values["ztunnel"] != 3 {
+		t.Errorf("medians %v; want direct 20, relay 5, ztunnel 3", g.Values)
+	}
+	if r := g.Ratios["relay"]["ztunnel"]; r != 0.6 {
+		t.Errorf("ztunnel/relay = %v; want 0.6", r)
+	}
+	if r := g.Ratios["direct"]["relay"]; r != 0.25 {
+		t.Errorf("relay/direct = %v; want 0.25", r)
+	}
+	cpu := rows["throughput/1 proxy CPU s/GB"]
+	if _, ok := cpu.Values["direct"]; ok {
+		t.Errorf("direct has a proxy CPU figure: %v", cpu.Values)
+	}
+	if _, ok := cpu.Ratios["direct"]; ok {
+		t.Errorf("ratios to direct for a figure direct lacks: %v", cpu.Ratios)
+	}
+	idle := rows["idle KiB per idle conn, rep 1"]
+	if idle.Values["ztunnel"] != 1 {
+		t.Errorf("idle KiB/conn %v; want rep 1's 1 KiB, not the median", idle.Values)
+	}
+
+	var out bytes.Buffer
+	rep.WriteTable(&out)
+	for _, want := range []string{"throughput/1", "× relay", "0.60", "20.00"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+}
