@@ -225,3 +225,67 @@ func BenchmarkRoundTrip1KViaTCP(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkBulkRatio alternates 8 MiB over plain crypto/tls and 8 MiB over one HBONE
+// stream per op, so both see the same machine load, and reports HBONE's one-stream
+// throughput as a fraction of crypto/tls's (the bar is >= 0.85).
+func BenchmarkBulkRatio(b *testing.B) {
+	const burst = 8 << 20
+	tc, ts := tlsPair(b)
+	defer tc.Close()
+	defer ts.Close()
+	got := make(chan int64)
+	e := newEnv(b, Config{}, func(r *Request) {
+		s, err := r.Accept(nil)
+		if err != nil {
+			return
+		}
+		defer s.Close()
+		for {
+			n, err := io.CopyN(io.Discard, s, burst)
+			if err != nil {
+				return
+			}
+			got <- n
+		}
+	})
+	hs := e.dial(b, "10.0.0.1:80")
+	defer hs.Close()
+	tlsDone := make(chan int64)
+	go func() {
+		for {
+			n, err := io.CopyN(io.Discard, ts, burst)
+			if err != nil {
+				close(tlsDone)
+				return
+			}
+			tlsDone <- n
+		}
+	}()
+	buf := make([]byte, benchChunk)
+	send := func(w io.Writer, done <-chan int64) time.Duration {
+		start := time.Now()
+		for range burst / benchChunk {
+			if _, err := w.Write(buf); err != nil {
+				b.Fatal(err)
+			}
+		}
+		<-done
+		return time.Since(start)
+	}
+	var tTLS, tHB time.Duration
+	b.SetBytes(2 * burst)
+	b.ResetTimer()
+	for i := range b.N {
+		if i%2 == 0 {
+			tTLS += send(tc, tlsDone)
+			tHB += send(hs, got)
+		} else {
+			tHB += send(hs, got)
+			tTLS += send(tc, tlsDone)
+		}
+	}
+	b.ReportMetric(float64(tTLS)/float64(tHB), "hbone/tls")
+	b.ReportMetric(float64(b.N)*burst*8/tTLS.Seconds()/1e9, "tls-Gbit/s")
+	b.ReportMetric(float64(b.N)*burst*8/tHB.Seconds()/1e9, "hbone-Gbit/s")
+}
