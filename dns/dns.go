@@ -44,6 +44,9 @@ const (
 	TTL = 30
 )
 
+// tcpTimeout is TCPTimeout, shortened by tests.
+var tcpTimeout = TCPTimeout
+
 // Config configures a Server. The zero value listens on localhost:15053 in shared mode,
 // forwards to /etc/resolv.conf's nameservers and answers AAAA.
 type Config struct {
@@ -82,12 +85,13 @@ type Config struct {
 
 // Server is the DNS proxy. Create it with New, bind with Listen, run with Serve.
 type Server struct {
-	cfg       Config
-	store     *state.Store
-	m         *metrics.Metrics
-	log       *slog.Logger
-	svcSuffix string // ".svc.<domain>": VIP-less services under it are headless
-	dial      func(ctx context.Context, network, address string) (net.Conn, error)
+	cfg        Config
+	store      *state.Store
+	m          *metrics.Metrics
+	log        *slog.Logger
+	svcSuffix  string // ".svc.<domain>": VIP-less services under it are headless
+	tcpTimeout time.Duration
+	dial       func(ctx context.Context, network, address string) (net.Conn, error)
 
 	// ctx is the handlers' context: forwarding stops when Close cancels it.
 	ctx    context.Context
@@ -125,9 +129,9 @@ func New(cfg Config, store *state.Store, m *metrics.Metrics) *Server {
 	}
 	s := &Server{
 		cfg: cfg, store: store, m: m, log: log.With("scope", "dns"),
-		svcSuffix: ".svc." + cfg.ClusterDomain,
-		dial:      cfg.Dial,
-		done:      make(chan struct{}),
+		svcSuffix: ".svc." + cfg.ClusterDomain, tcpTimeout: tcpTimeout,
+		dial: cfg.Dial,
+		done: make(chan struct{}),
 	}
 	if s.dial == nil {
 		var d net.Dialer
@@ -286,8 +290,8 @@ func (s *Server) Serve(ctx context.Context) error {
 		servers = append(servers,
 			&dns.Server{PacketConn: s.udp[i], Handler: h},
 			// ReadTimeout bounds reading a TCP request; the handler bounds the rest.
-			&dns.Server{Listener: s.tcp[i], Handler: h, ReadTimeout: TCPTimeout,
-				IdleTimeout: func() time.Duration { return TCPTimeout }})
+			&dns.Server{Listener: s.tcp[i], Handler: h, ReadTimeout: s.tcpTimeout,
+				IdleTimeout: func() time.Duration { return s.tcpTimeout }})
 	}
 	s.servers = servers
 	s.mu.Unlock()

@@ -34,7 +34,7 @@ func (h handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	ctx := h.s.ctx
 	if proto == "tcp" {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, TCPTimeout)
+		ctx, cancel = context.WithTimeout(ctx, h.s.tcpTimeout)
 		defer cancel()
 	}
 	resp := h.s.respond(ctx, req, client, proto)
