@@ -462,8 +462,8 @@ func TestNetnsDedicated(t *testing.T) {
 			}
 			rate[port] = max(rate[port], bps)
 		}
-		t.Logf("download %d MiB, best of 2: plain TCP %.0f MiB/s, through both ztunnels (HBONE mTLS) %.0f MiB/s (%.2fx)",
-			size>>20, rate[nsExcludedPort]/(1<<20), rate["8080"]/(1<<20), rate["8080"]/rate[nsExcludedPort])
+		t.Logf("download %d MiB, best of 2: plain TCP %.0f MiB/s, through both ztunnels (HBONE mTLS) %.0f MiB/s (%.2fx; race detector: %v)",
+			size>>20, rate[nsExcludedPort]/(1<<20), rate["8080"]/(1<<20), rate["8080"]/rate[nsExcludedPort], raceBuild)
 		waitMetric(t, b, "B", "istio_tcp_sent_bytes_total", map[string]string{
 			"reporter": "destination", "connection_security_policy": "mutual_tls",
 		}, 2*size)

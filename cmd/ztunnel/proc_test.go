@@ -12,6 +12,9 @@ import (
 	"time"
 )
 
+// raceBuild is set when the tests run with -race (race_on_test.go).
+var raceBuild bool
+
 // buildZtunnel compiles this command into the test's temporary directory, for tests that
 // run it as a separate process (its own network namespace, its own threads). go test puts
 // $GOROOT/bin first on PATH, so the go tool is found there.
@@ -22,7 +25,11 @@ func buildZtunnel(t *testing.T) string {
 		t.Skip("the go tool is not on PATH; cannot build the ztunnel binary")
 	}
 	bin := filepath.Join(t.TempDir(), "ztunnel")
-	out, err := exec.Command(goTool, "build", "-o", bin, ".").CombinedOutput()
+	args := []string{"build", "-o", bin}
+	if raceBuild {
+		args = append(args, "-race")
+	}
+	out, err := exec.Command(goTool, append(args, ".")...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build ./cmd/ztunnel: %v\n%s", err, out)
 	}
