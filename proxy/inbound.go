@@ -122,6 +122,12 @@ func (p *Proxy) proxyInbound(client halfCloser, up *net.TCPConn, t *inboundTarge
 	defer p.conns.add(tc)()
 	tc.closeWith(client, up)
 	rec := p.metrics.Open(labels, log)
+	// A policy change between the caller's authorization and add above was missed by
+	// watchPolicies; now that the connection is registered, one more check closes that gap.
+	if !rbac.Check(p.store.PoliciesFor(t.dst), attrs).Allow {
+		tc.denied.Store(true)
+		tc.close()
+	}
 	received, sent, err := copyBoth(client, up)
 	flag := ""
 	if tc.denied.Load() {
