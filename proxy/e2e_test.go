@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -673,5 +674,42 @@ func TestMetricsBothReporters(t *testing.T) {
 		if got := counter(t, n.reg, "istio_tcp_sockets_open", nil); got != 0 {
 			t.Errorf("%s: istio_tcp_sockets_open = %v after every connection closed", n.name, got)
 		}
+	}
+}
+
+// TestPolicyChangeDuringSetup applies a DENY policy at the moment node B's upstream
+// connection is made, between its authorization check and the copy: the connection must
+// still be closed, whichever side of B's registration the change lands on.
+func TestPolicyChangeDuringSetup(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := startMesh(t)
+	var round atomic.Int64
+	applied := make(chan struct{}, 1)
+	be := startBackend(t, m.serverIP+":0", func(c *net.TCPConn) {
+		m.b.store.Apply(denyClient("deny-during-setup-" + strconv.FormatInt(round.Load(), 10)))
+		applied <- struct{}{}
+		echo(c)
+	})
+	survived := 0
+	const rounds = 50
+	for i := range rounds {
+		round.Store(int64(i))
+		c, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+		if err != nil {
+			t.Fatalf("round %d: connect before the policy: %v", i, err)
+		}
+		<-applied
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err = io.Copy(io.Discard, c)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			survived++
+		}
+		c.Close()
+		m.b.store.Apply(&state.Batch{RemovePolicies: []string{"default/deny-during-setup-" + strconv.Itoa(i)}})
+	}
+	if survived > 0 {
+		t.Errorf("%d of %d connections outlived a DENY policy applied during their setup", survived, rounds)
 	}
 }
