@@ -713,3 +713,46 @@ func TestPolicyChangeDuringSetup(t *testing.T) {
 		t.Errorf("%d of %d connections outlived a DENY policy applied during their setup", survived, rounds)
 	}
 }
+
+// TestUpstreamRefused: node B cannot reach the pod's port, answers 503, and node A turns
+// that into SOCKS5 "connection refused"; both record a CONNECT failure.
+func TestUpstreamRefused(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := startMesh(t)
+	// A port that was just free: nothing listens there.
+	ln, err := net.Listen("tcp", m.serverIP+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	ln.Close()
+
+	_, code, err := socksConnect(m.a.socks(t), m.serverIP, port)
+	if err == nil || code != 5 {
+		t.Fatalf("connect to a closed port behind node B: code %d, err %v; want 5 (connection refused)", code, err)
+	}
+	failed := map[string]string{"response_flags": metrics.FlagConnect}
+	eventually(t, "both nodes record CONNECT failures", func() bool {
+		return counter(t, m.a.reg, "istio_tcp_connections_failed_total", failed) == 1 &&
+			counter(t, m.b.reg, "istio_tcp_connections_failed_total", failed) == 1
+	})
+}
+
+func TestPassthroughIPv6(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	ln, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	ln.Close()
+	m := startMesh(t)
+	outside := startBackend(t, "[::1]:0", echo)
+	c, code, err := socksConnect(m.a.socks(t), "::1", outside.port())
+	if err != nil {
+		t.Fatalf("socks5 CONNECT [::1]: code %d: %v", code, err)
+	}
+	defer c.Close()
+	sendAndCheck(t, c, 4096, 3)
+}
