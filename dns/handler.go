@@ -39,7 +39,9 @@ func (h handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	}
 	resp := h.s.respond(ctx, req, client, proto)
 	if proto == "udp" {
-		resp.Truncate(udpSize(req))
+		resp.Truncate(udpSize(req)) // compresses when that is needed to fit
+	} else {
+		resp.Compress = true // a forwarded answer may only fit 64 KiB compressed
 	}
 	if err := w.WriteMsg(resp); err != nil {
 		h.s.log.Debug("dns: write response", "client", client, "error", err)

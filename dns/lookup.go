@@ -32,34 +32,44 @@ func (s *Server) searchDomains(client *state.Workload) []string {
 	return []string{client.Namespace + ".svc." + d, "svc." + d, d}
 }
 
-// aliases returns the candidate names for name (normalised) as the client sees them, in
-// lookup order and without duplicates.
-func (s *Server) aliases(client *state.Workload, name string) []alias {
-	out := make([]alias, 0, 8)
-	add := func(a alias) {
-		for _, x := range out {
-			if x.name == a.name {
-				return
+// eachAlias calls yield with the candidate names for name (normalised) as the client sees
+// them, in lookup order and without duplicates, until yield returns false. Candidates are
+// built lazily: the common case, an exact match on the query, builds none.
+func (s *Server) eachAlias(client *state.Workload, name string, yield func(alias) bool) {
+	var seenBuf [16]string
+	seen := seenBuf[:0]
+	emit := func(a alias) bool {
+		for _, x := range seen {
+			if x == a.name {
+				return true
 			}
 		}
-		out = append(out, a)
+		seen = append(seen, a.name)
+		return yield(a)
+	}
+	if !emit(alias{name: name}) {
+		return
 	}
 	nsDomain := client.Namespace + ".svc." + s.cfg.ClusterDomain
-	add(alias{name: name})
 	for _, k := range s.kubeFQDNs(name, nsDomain) {
-		add(alias{name: k})
+		if !emit(alias{name: k}) {
+			return
+		}
 	}
 	for _, sd := range s.searchDomains(client) {
 		stripped, ok := trimDomain(name, sd)
 		if !ok {
 			continue
 		}
-		add(alias{name: stripped, stripped: stripped})
+		if !emit(alias{name: stripped, stripped: stripped}) {
+			return
+		}
 		for _, k := range s.kubeFQDNs(stripped, nsDomain) {
-			add(alias{name: k, stripped: stripped})
+			if !emit(alias{name: k, stripped: stripped}) {
+				return
+			}
 		}
 	}
-	return out
 }
 
 // kubeFQDNs expands a short name to the Kubernetes FQDNs it may stand for, by label count:
@@ -111,22 +121,26 @@ func (s *Server) find(client *state.Workload, name string) (match, bool) {
 	if name == "" {
 		return match{}, false
 	}
-	for _, a := range s.aliases(client, name) {
+	var found match
+	ok := false
+	s.eachAlias(client, name, func(a alias) bool {
 		if svc := s.service(a.name, client.Namespace); svc != nil {
-			return match{svc: svc, alias: a}, true
+			found, ok = match{svc: svc, alias: a}, true
+			return false
 		}
 		for rest := a.name; ; {
 			i := strings.IndexByte(rest, '.')
 			if i < 0 || i == len(rest)-1 {
-				break
+				return true
 			}
 			rest = rest[i+1:]
 			if svc := s.service("*."+rest, client.Namespace); svc != nil {
-				return match{svc: svc, alias: a, wildcard: true}, true
+				found, ok = match{svc: svc, alias: a, wildcard: true}, true
+				return false
 			}
 		}
-	}
-	return match{}, false
+	})
+	return found, ok
 }
 
 // service returns the service with that hostname the client's namespace may use, if the
