@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -29,29 +30,33 @@ const (
 	nsClientIP = "10.10.0.1" // node A: pod default/client
 	nsServerIP = "10.10.0.2" // node B: pod default/server
 	nsEchoVIP  = "10.96.0.10"
+	nsClientV6 = "fd00:10::1"
+	nsServerV6 = "fd00:10::2"
 	nsMark     = 1337 // PACKET_MARK
 
 	nsExcludedPort = "9999" // not redirected on either node
 )
 
 // writeWorkloads writes the LOCAL_XDS_PATH file: default/client on node-a, default/server
-// on node-b behind the echo service, and a policy denying port 8081.
-func writeWorkloads(t *testing.T, dir, clientIP, serverIP, vip string) {
+// on node-b behind the echo service, and a policy denying port 8081. clientIPs and
+// serverIPs are comma-separated.
+func writeWorkloads(t *testing.T, dir, clientIPs, serverIPs, vip string) {
 	t.Helper()
-	yaml := strings.NewReplacer("CLIENT_IP", clientIP, "SERVER_IP", serverIP, "VIP", vip).Replace(`
+	quoted := func(ips string) string { return `"` + strings.ReplaceAll(ips, ",", `", "`) + `"` }
+	yaml := strings.NewReplacer("CLIENT_IPS", quoted(clientIPs), "SERVER_IPS", quoted(serverIPs), "VIP", vip).Replace(`
 workloads:
   - uid: Kubernetes//v1/Pod/default/client
     name: client
     namespace: default
     serviceAccount: client
-    workloadIps: ["CLIENT_IP"]
+    workloadIps: [CLIENT_IPS]
     protocol: HBONE
     node: node-a
   - uid: Kubernetes//v1/Pod/default/server
     name: server
     namespace: default
     serviceAccount: server
-    workloadIps: ["SERVER_IP"]
+    workloadIps: [SERVER_IPS]
     protocol: HBONE
     node: node-b
     services:
@@ -85,21 +90,47 @@ policies:
 func redirect(t *testing.T, ns *netns.NS) {
 	t.Helper()
 	mark := strconv.Itoa(nsMark)
-	for _, rule := range [][]string{
-		{"-N", "GOZT_OUTPUT"},
-		{"-A", "GOZT_OUTPUT", "-m", "mark", "--mark", mark, "-j", "RETURN"},
-		{"-A", "GOZT_OUTPUT", "-d", "127.0.0.0/8", "-j", "RETURN"},
-		{"-A", "GOZT_OUTPUT", "-p", "tcp", "--dport", nsExcludedPort, "-j", "RETURN"},
-		{"-A", "GOZT_OUTPUT", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15001"},
-		{"-A", "OUTPUT", "-p", "tcp", "-j", "GOZT_OUTPUT"},
-		{"-N", "GOZT_PREROUTING"},
-		{"-A", "GOZT_PREROUTING", "-p", "tcp", "--dport", "15008", "-j", "RETURN"},
-		{"-A", "GOZT_PREROUTING", "-p", "tcp", "--dport", nsExcludedPort, "-j", "RETURN"},
-		{"-A", "GOZT_PREROUTING", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15006"},
-		{"-A", "PREROUTING", "!", "-i", "lo", "-p", "tcp", "-j", "GOZT_PREROUTING"},
-	} {
-		ns.MustExec(t, append([]string{"iptables", "-w", "-t", "nat"}, rule...)...)
+	for _, family := range []struct{ tool, loopback string }{{"iptables", "127.0.0.0/8"}, {"ip6tables", "::1/128"}} {
+		if family.tool == "ip6tables" && !haveIP6tables() {
+			continue
+		}
+		for _, rule := range [][]string{
+			{"-N", "GOZT_OUTPUT"},
+			{"-A", "GOZT_OUTPUT", "-m", "mark", "--mark", mark, "-j", "RETURN"},
+			{"-A", "GOZT_OUTPUT", "-d", family.loopback, "-j", "RETURN"},
+			{"-A", "GOZT_OUTPUT", "-p", "tcp", "--dport", nsExcludedPort, "-j", "RETURN"},
+			{"-A", "GOZT_OUTPUT", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15001"},
+			{"-A", "OUTPUT", "-p", "tcp", "-j", "GOZT_OUTPUT"},
+			{"-N", "GOZT_PREROUTING"},
+			{"-A", "GOZT_PREROUTING", "-p", "tcp", "--dport", "15008", "-j", "RETURN"},
+			{"-A", "GOZT_PREROUTING", "-p", "tcp", "--dport", nsExcludedPort, "-j", "RETURN"},
+			{"-A", "GOZT_PREROUTING", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15006"},
+			{"-A", "PREROUTING", "!", "-i", "lo", "-p", "tcp", "-j", "GOZT_PREROUTING"},
+		} {
+			ns.MustExec(t, append([]string{family.tool, "-w", "-t", "nat"}, rule...)...)
+		}
 	}
+}
+
+func haveIP6tables() bool {
+	_, err := exec.LookPath("ip6tables")
+	return err == nil
+}
+
+// addAddr gives ns's one veth link another address (nodad: usable at once, no duplicate
+// address detection wait).
+func addAddr(t *testing.T, ns *netns.NS, cidr string) {
+	t.Helper()
+	for _, line := range strings.Split(ns.MustExec(t, "ip", "-o", "link", "show", "type", "veth"), "\n") {
+		_, rest, ok := strings.Cut(line, ": ")
+		if !ok {
+			continue
+		}
+		name, _, _ := strings.Cut(rest, "@")
+		ns.MustExec(t, "ip", "addr", "add", cidr, "dev", name, "nodad")
+		return
+	}
+	t.Fatalf("no veth link in %s", ns.Name)
 }
 
 // startNodeIn runs the built ztunnel as its own process inside ns (ip netns exec), so its
@@ -316,12 +347,15 @@ func TestNetnsDedicated(t *testing.T) {
 	// The service VIP needs a route for the client's connect to leave the socket layer;
 	// iptables then captures it like any other destination.
 	a.MustExec(t, "ip", "route", "add", nsEchoVIP+"/32", "via", nsServerIP)
+	addAddr(t, a, nsClientV6+"/64")
+	addAddr(t, b, nsServerV6+"/64")
 	redirect(t, a)
 	redirect(t, b)
 
 	dir := t.TempDir()
-	writeWorkloads(t, dir, nsClientIP, nsServerIP, nsEchoVIP)
+	writeWorkloads(t, dir, nsClientIP+","+nsClientV6, nsServerIP+","+nsServerV6, nsEchoVIP)
 	server := startPodServer(t, b, nsServerIP, "8080", "8081", nsExcludedPort)
+	server6 := startPodServer(t, b, nsServerV6, "8080")
 	nodeB := startNodeIn(t, bin, b, dir, "PROXY_MODE=dedicated", "PROXY_WORKLOAD_INFO=default/server/server")
 	nodeA := startNodeIn(t, bin, a, dir, "PROXY_MODE=dedicated", "PROXY_WORKLOAD_INFO=default/client/client")
 
@@ -355,6 +389,23 @@ func TestNetnsDedicated(t *testing.T) {
 		waitMetric(t, b, "B", "istio_tcp_received_bytes_total", map[string]string{
 			"reporter": "destination", "connection_security_policy": "mutual_tls",
 		}, float64(len("ping through the mesh")))
+	})
+
+	t.Run("pod to pod over HBONE on IPv6", func(t *testing.T) {
+		if !haveIP6tables() {
+			t.Skip("ip6tables is not installed")
+		}
+		out := a.MustExec(t, "curl", "-sS", "-m", "10", "http://["+nsServerV6+"]:8080/v6")
+		if want := "server pod port 8080 got GET /v6"; !strings.Contains(out, want) {
+			t.Errorf("curl got %q; want %q", out, want)
+		}
+		if got, from := server6.count("8080"), server6.lastClient("8080"); got != 1 || from != nsServerV6 {
+			t.Errorf("v6 server saw %d requests, last from %s; want 1 from ztunnel B's %s", got, from, nsServerV6)
+		}
+		waitMetric(t, b, "B", "istio_tcp_connections_closed_total", map[string]string{
+			"reporter": "destination", "connection_security_policy": "mutual_tls", "response_flags": "-",
+			"source_principal": clientID, "source_workload": "client", "destination_workload": "server",
+		}, 2)
 	})
 
 	t.Run("pod to service VIP over HBONE", func(t *testing.T) {
