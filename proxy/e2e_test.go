@@ -24,6 +24,7 @@ import (
 
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/metrics"
+	"github.com/gozt/gozt/proxy"
 	"github.com/gozt/gozt/xds/state"
 )
 
@@ -457,8 +458,7 @@ func TestSelfCallRefused(t *testing.T) {
 	checkFDs(t)
 	m := startMesh(t)
 	targets := []string{m.clientIP + ":15008", m.clientIP + ":15001", "127.0.0.1:15080"}
-	for name, a := range m.a.proxy.Addrs() {
-		_ = name
+	for _, a := range m.a.proxy.Addrs() {
 		targets = append(targets, a.String())
 	}
 	for _, target := range targets {
@@ -471,6 +471,27 @@ func TestSelfCallRefused(t *testing.T) {
 			}
 		})
 	}
+	// A connection made straight to the outbound capture listener has no original
+	// destination but the listener itself: it must be dropped, not looped.
+	t.Run("outbound-listener-direct", func(t *testing.T) {
+		c, err := net.Dial("tcp", m.a.addr(t, proxy.ListenerOutbound))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		n, err := io.Copy(io.Discard, c)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatal("direct connection to the outbound listener stays open")
+		}
+		if n != 0 {
+			t.Fatalf("direct connection to the outbound listener got %d bytes", n)
+		}
+	})
+	eventually(t, "node A records every self-call as a CONNECT failure", func() bool {
+		return counter(t, m.a.reg, "istio_tcp_connections_failed_total", map[string]string{"response_flags": metrics.FlagConnect}) == float64(len(targets)+1)
+	})
 	if got := counter(t, m.b.reg, "istio_tcp_connections_opened_total", nil); got != 0 {
 		t.Errorf("self-calls reached node B: %v connections", got)
 	}

@@ -153,10 +153,11 @@ type mesh struct {
 
 func (m *mesh) clientConfig() proxy.Config {
 	return proxy.Config{
-		Mode:        proxy.Dedicated,
-		Workload:    proxy.WorkloadRef{Namespace: "default", Name: "client", ServiceAccount: "client"},
-		Socks5Addr:  m.clientIP + ":0",
-		InboundAddr: m.clientIP + ":0",
+		Mode:         proxy.Dedicated,
+		Workload:     proxy.WorkloadRef{Namespace: "default", Name: "client", ServiceAccount: "client"},
+		Socks5Addr:   m.clientIP + ":0",
+		InboundAddr:  m.clientIP + ":0",
+		OutboundAddr: m.clientIP + ":0",
 	}
 }
 
