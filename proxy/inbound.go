@@ -194,6 +194,9 @@ func (p *Proxy) inboundTarget(ctx context.Context, authority string, connDst net
 		t.dial = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), at.Port)
 		t.tunnel = true
 	}
+	if p.isSelfCall(t.dial) { // a listener on a configured port: dialing it would loop
+		return nil, reject(http.StatusServiceUnavailable, metrics.FlagConnect, "proxy: target %v is one of this proxy's own listeners", t.dial)
+	}
 	if t.svc == nil {
 		t.svc = p.serviceFor(t.dst, t.addr.Port())
 	}
