@@ -777,3 +777,31 @@ func TestPassthroughIPv6(t *testing.T) {
 	defer c.Close()
 	sendAndCheck(t, c, 4096, 3)
 }
+
+// TestPlaintextListenerDirect: a connection made straight to the inbound plaintext listener
+// (on a configured, non-standard port) has the listener itself as its original destination;
+// node B must refuse it rather than dial itself in a loop.
+func TestPlaintextListenerDirect(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := newMesh(t)
+	cfg := m.serverConfig()
+	cfg.InboundPlaintextAddr = m.serverIP + ":0"
+	m.b = startNode(t, "node-b", m.caDir, m.yaml, cfg)
+	c, err := net.Dial("tcp", m.b.addr(t, proxy.ListenerInboundPlaintext))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := io.Copy(io.Discard, c); n != 0 || err != nil {
+		t.Fatalf("direct connection to the plaintext listener: %d bytes, %v; want closed", n, err)
+	}
+	failed := map[string]string{"reporter": "destination", "response_flags": metrics.FlagConnect}
+	eventually(t, "node B records the refusal", func() bool {
+		return counter(t, m.b.reg, "istio_tcp_connections_failed_total", failed) >= 1
+	})
+	if got := counter(t, m.b.reg, "istio_tcp_connections_opened_total", nil); got != 1 {
+		t.Errorf("node B opened %v connections for one direct connection, want 1 (a loop?)", got)
+	}
+}
