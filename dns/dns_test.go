@@ -177,7 +177,6 @@ type env struct {
 // uid is empty), forwarding to a fresh in-test upstream.
 func start(t *testing.T, uid string, mod func(*Config)) *env {
 	t.Helper()
-	leaktest.Check(t)
 	st := testStore()
 	up := startUpstream(t)
 	m := metrics.New(prometheus.NewRegistry(), "test")
@@ -243,6 +242,7 @@ func summary(resp *dns.Msg) string {
 }
 
 func TestAnswers(t *testing.T) {
+	leaktest.Check(t)
 	e := start(t, "client1", nil)
 	const s1 = "svc1.ns1.svc.cluster.local."
 	tests := []struct {
@@ -309,6 +309,7 @@ func TestAnswers(t *testing.T) {
 }
 
 func TestClientNamespace(t *testing.T) {
+	leaktest.Check(t)
 	e2 := start(t, "client2", nil)
 	e3 := start(t, "client3", nil)
 	for _, tt := range []struct {
@@ -335,6 +336,7 @@ func TestClientNamespace(t *testing.T) {
 }
 
 func TestDedicatedSearchDomains(t *testing.T) {
+	leaktest.Check(t)
 	e := start(t, "client1", func(c *Config) {
 		c.Dedicated = true
 		c.SearchDomains = []string{"corp.example."}
@@ -379,6 +381,7 @@ func TestDedicatedResolvConf(t *testing.T) {
 }
 
 func TestDisableIPv6(t *testing.T) {
+	leaktest.Check(t)
 	e := start(t, "client1", func(c *Config) { c.DisableIPv6 = true })
 	if got := summary(e.query(t, "udp", "svc1.ns1.svc.cluster.local", dns.TypeAAAA, 0)); got != "NOERROR aa []" {
 		t.Errorf("AAAA with IPv6 disabled: %s", got)
@@ -389,6 +392,7 @@ func TestDisableIPv6(t *testing.T) {
 }
 
 func TestUnknownSourceServfail(t *testing.T) {
+	leaktest.Check(t)
 	e := start(t, "", nil)
 	for _, network := range []string{"udp", "tcp"} {
 		for _, name := range []string{"svc1.ns1.svc.cluster.local", "external.test"} {
@@ -406,6 +410,7 @@ func TestUnknownSourceServfail(t *testing.T) {
 }
 
 func TestEDNSEcho(t *testing.T) {
+	leaktest.Check(t)
 	e := start(t, "client1", nil)
 	for _, tt := range []struct {
 		name     string
@@ -432,6 +437,7 @@ func TestEDNSEcho(t *testing.T) {
 }
 
 func TestTruncation(t *testing.T) {
+	leaktest.Check(t)
 	e := start(t, "client1", nil)
 	// The upstream truncates over UDP: the proxy retries over TCP, then fits the answer to
 	// what the client accepts.
@@ -456,6 +462,7 @@ func TestTruncation(t *testing.T) {
 }
 
 func TestForwardFailure(t *testing.T) {
+	leaktest.Check(t)
 	// A port nobody answers on: UDP gets ICMP unreachable (or a timeout).
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
@@ -488,6 +495,7 @@ func TestForwardFailure(t *testing.T) {
 }
 
 func TestMetrics(t *testing.T) {
+	leaktest.Check(t)
 	e := start(t, "client1", nil)
 	e.query(t, "udp", "svc1", dns.TypeA, 0)
 	e.query(t, "udp", "external.test", dns.TypeA, 0)
@@ -519,6 +527,7 @@ func TestMetrics(t *testing.T) {
 }
 
 func TestShuffled(t *testing.T) {
+	leaktest.Check(t)
 	e := start(t, "client1", nil)
 	seen := map[string]bool{}
 	for range 40 {
@@ -622,6 +631,7 @@ func TestCloseBeforeServe(t *testing.T) {
 }
 
 func TestDig(t *testing.T) {
+	leaktest.Check(t)
 	dig, err := exec.LookPath("dig")
 	if err != nil {
 		t.Skip("dig not installed (Debian package bind9-dnsutils)")

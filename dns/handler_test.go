@@ -119,6 +119,7 @@ func TestNotAQuery(t *testing.T) {
 // is dropped, and a request whose upstream never answers gets SERVFAIL, both after
 // tcpTimeout (shortened here) rather than UpstreamTimeout.
 func TestTCPTimeout(t *testing.T) {
+	leaktest.Check(t)
 	defer func(d time.Duration) { tcpTimeout = d }(tcpTimeout)
 	tcpTimeout = 300 * time.Millisecond
 	black, err := net.ListenPacket("udp", "127.0.0.1:0") // reads nothing, answers nothing
