@@ -55,8 +55,9 @@ type Config struct {
 	Addr string
 	// ClusterDomain is the Kubernetes cluster domain [cluster.local].
 	ClusterDomain string
-	// Network is the local network; VIPs are chosen on the client workload's network, or on
-	// this one when the client's is empty.
+	// Network is the local network. Answers use the VIPs on the client workload's own
+	// network (as ztunnel does), which for a pod on this node is this one; Network is only
+	// logged, at Listen.
 	Network string
 	// Upstreams are nameservers as host[:port] (port 53 if omitted); empty means the
 	// nameservers of ResolvConf.
@@ -152,6 +153,8 @@ func (s *Server) Listen() error {
 	if err := s.loadResolvConf(); err != nil {
 		return err
 	}
+	s.log.Debug("dns: upstreams", "upstreams", s.upstreams, "network", s.cfg.Network,
+		"dedicated", s.cfg.Dedicated, "search", s.search)
 	host, port, err := net.SplitHostPort(s.cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("dns: listen %s: %w", s.cfg.Addr, err)

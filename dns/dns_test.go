@@ -44,10 +44,13 @@ func vips(network string, addrs ...string) []state.NetworkAddress {
 	return out
 }
 
-// testStore is the mesh the tests query. Clients: client1 (ns1), client2 (ns2), client3 (ns3).
+// testStore is the mesh the tests query. Clients: client1 (ns1), client2 (ns2), client3 (ns3),
+// client4 (ns1, network "other").
 func testStore() *state.Store {
 	st := state.NewStore()
 	c1, c2, c3 := wl("client1", "ns1", true, "10.0.0.1"), wl("client2", "ns2", true, "10.0.0.2"), wl("client3", "ns3", true, "10.0.0.3")
+	c4 := wl("client4", "ns1", true, "10.0.0.4")
+	c4.Network = "other"
 	h1, h2, h3 := wl("hl-1", "ns1", true, "10.1.1.1", "fd00:1::1"), wl("hl-2", "ns1", true, "10.1.1.2"), wl("hl-3", "ns1", false, "10.1.1.3")
 	for _, w := range []*state.Workload{h1, h2, h3} {
 		w.Services = map[string]map[uint16]uint16{
@@ -72,7 +75,7 @@ func testStore() *state.Store {
 	se := svc("se", "ns1", "se.example.com", nil) // VIP-less, not headless: forwarded
 	otherNet := svc("remote", "ns1", "remote.ns1.svc.cluster.local", vips("other", "10.6.0.1"))
 	st.Apply(&state.Batch{
-		Workloads: []*state.Workload{c1, c2, c3, h1, h2, h3},
+		Workloads: []*state.Workload{c1, c2, c3, c4, h1, h2, h3},
 		Services:  []*state.Service{svc1, dup1, dup2, private, wild, v4, headless, hl6, se, otherNet},
 	})
 	return st
@@ -332,6 +335,25 @@ func TestClientNamespace(t *testing.T) {
 	if got := summary(e3.query(t, "udp", "dup.example.com", dns.TypeA, 0)); got != "NOERROR aa [dup.example.com. A 10.1.0.1]" &&
 		got != "NOERROR aa [dup.example.com. A 10.2.0.1]" {
 		t.Errorf("dup.example.com from ns3: %s", got)
+	}
+}
+
+func TestClientNetwork(t *testing.T) {
+	leaktest.Check(t)
+	e := start(t, "client4", nil)
+	for _, tt := range []struct {
+		name  string
+		qtype uint16
+		want  string
+	}{
+		{"svc1", dns.TypeA, "NOERROR aa [svc1. A 10.200.0.1]"},
+		{"svc1", dns.TypeAAAA, "NOERROR aa []"},
+		{"remote", dns.TypeA, "NOERROR aa [remote. A 10.6.0.1]"},
+		{"headless", dns.TypeA, "NOERROR aa [headless. A 10.1.1.1; headless. A 10.1.1.2]"},
+	} {
+		if got := summary(e.query(t, "udp", tt.name, tt.qtype, 0)); got != tt.want {
+			t.Errorf("%s %s from network other: got %s; want %s", tt.name, dns.TypeToString[tt.qtype], got, tt.want)
+		}
 	}
 }
 

@@ -176,12 +176,8 @@ func (s *Server) familyAllowed(svc *state.Service, v6 bool) bool {
 func (s *Server) addresses(client *state.Workload, svc *state.Service, v6 bool) []netip.Addr {
 	var out []netip.Addr
 	if len(svc.Addresses) > 0 {
-		network := client.Network
-		if network == "" {
-			network = s.cfg.Network
-		}
 		for _, a := range svc.Addresses {
-			if a.Network != network || !a.Address.IsValid() || a.Address.Is6() != v6 {
+			if a.Network != client.Network || !a.Address.IsValid() || a.Address.Is6() != v6 {
 				continue
 			}
 			if a.Prefix.IsValid() && !a.Prefix.IsSingleIP() {
