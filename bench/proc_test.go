@@ -83,8 +83,9 @@ func TestRunChargesNamedProcess(t *testing.T) {
 		t.Fatalf("procs %+v; want one named self", res.Procs)
 	}
 	p := res.Procs[0]
-	if p.CPUSeconds < 0.05 || p.PeakRSS < 1<<20 || p.HWM < 1<<20 {
-		t.Errorf("usage %+v; want cpu >= 50ms and rss, hwm >= 1 MiB", p)
+	// At least one 10 ms tick: a loaded machine may give this process little more.
+	if p.CPUSeconds < 0.01 || p.PeakRSS < 1<<20 || p.HWM < 1<<20 {
+		t.Errorf("usage %+v; want cpu >= 10ms and rss, hwm >= 1 MiB", p)
 	}
 	if res.CPUPerGB() <= 0 || res.VCPUPer1000RPS() <= 0 {
 		t.Errorf("cpu/GB %v vcpu/1000rps %v; want > 0", res.CPUPerGB(), res.VCPUPer1000RPS())
