@@ -140,7 +140,12 @@ func (p *Proxy) watchPolicies(ctx context.Context) {
 			if c.dst == nil {
 				continue
 			}
-			d := rbac.Check(p.store.PoliciesFor(c.dst), c.attrs)
+			// The workload as it is now: an update may have changed the policies it selects.
+			dst := c.dst
+			if w := p.store.WorkloadByUID(dst.UID); w != nil {
+				dst = w
+			}
+			d := rbac.Check(p.store.PoliciesFor(dst), c.attrs)
 			if !d.Allow {
 				p.log.Info("proxy: connection closed due to policy change", "src", c.attrs.SrcIP, "dst", c.attrs.DstIP, "policy", d.Policy, "reason", d.Reason)
 				c.denied.Store(true)
