@@ -805,3 +805,76 @@ func TestPlaintextListenerDirect(t *testing.T) {
 		t.Errorf("node B opened %v connections for one direct connection, want 1 (a loop?)", got)
 	}
 }
+
+// TestLateLocalWorkload: node B learns its own workload only after the first connection
+// arrives (a new pod racing its xDS push); it waits for it, up to WorkloadWait.
+func TestLateLocalWorkload(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	const serverUID = "Kubernetes//v1/Pod/default/server"
+	m := newMesh(t)
+	cfg := m.serverConfig()
+	cfg.WorkloadWait = 3 * time.Second
+	m.b = startNode(t, "node-b", m.caDir, m.yaml, cfg)
+	m.a = startNode(t, "node-a", m.caDir, m.yaml, m.clientConfig())
+	full := parseBatch(t, m.yaml)
+	m.b.store.Apply(&state.Batch{RemoveAddresses: []string{serverUID}})
+	be := startBackend(t, m.serverIP+":0", echo)
+
+	type result struct {
+		c   *net.TCPConn
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		c, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+		got <- result{c, err}
+	}()
+	time.Sleep(100 * time.Millisecond) // usually lets the handshake start waiting; either order must work
+	m.b.store.Apply(full)
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("connect while node B learns its workload: %v", r.err)
+	}
+	sendAndCheck(t, r.c, 1000, 9)
+	r.c.Close()
+}
+
+// TestSelectorPolicyClosesLiveConnection: a WORKLOAD_SELECTOR DENY policy arrives together
+// with the server workload's update that selects it; the live connection must be
+// re-evaluated against the workload as it is now, and closed.
+func TestSelectorPolicyClosesLiveConnection(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := startMesh(t)
+	be := startBackend(t, m.serverIP+":0", echo)
+	c, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := pingEcho(c, "alive"); err != nil {
+		t.Fatal(err)
+	}
+	selected := strings.Replace(m.yaml, "serviceAccount: server", "serviceAccount: server\n    authorizationPolicies: [default/sel-deny]", 1)
+	if selected == m.yaml {
+		t.Fatal("topology edit did not apply")
+	}
+	update := parseBatch(t, selected)
+	policy := denyClient("sel-deny").Policies[0]
+	policy.Scope = state.ScopeWorkloadSelector
+	update.Policies = append(update.Policies, policy)
+	m.b.store.Apply(update)
+
+	// New connections are denied...
+	if _, code, err := socksConnect(m.a.socks(t), m.serverIP, be.port()); err == nil || code != repNotAllowed {
+		t.Fatalf("new connection after the selector policy: code %d, err %v; want %d", code, err, repNotAllowed)
+	}
+	// ...and the live one is closed.
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	n, err := io.Copy(io.Discard, c)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("live connection still open after a selector DENY policy for its workload (read %d bytes)", n)
+	}
+}
