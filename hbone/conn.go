@@ -521,10 +521,13 @@ func (c *conn) handleData(f *http2.DataFrame) error {
 			return connError{http2.ErrCodeProtocol, "DATA on idle stream"}
 		}
 		c.releaseConnLocked(n)
-		if s != nil && !s.gotResp && !c.server {
-			return connError{http2.ErrCodeProtocol, "DATA before response HEADERS"}
-		}
-		if s == nil || s.recvEnd {
+		switch {
+		case s == nil:
+			// A stream we closed or reset: DATA may still be in flight; ignore it
+			// (RFC 9113 §5.1) rather than answer every frame with RST_STREAM.
+		case !s.gotResp && !c.server:
+			c.resetLocked(s, id, http2.ErrCodeProtocol) // DATA before the response
+		case s.recvEnd:
 			c.resetLocked(s, id, http2.ErrCodeStreamClosed)
 		}
 		return nil
@@ -799,7 +802,10 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 		return nil
 	}
 	if id <= c.lastPeerID {
-		return connError{http2.ErrCodeStreamClosed, "HEADERS on a closed stream"}
+		// A stream that already ended (e.g. rejected): a stream error, not worth the
+		// connection and its other streams.
+		c.queueLocked(ctrlOp{kind: opRST, id: id, val: uint32(http2.ErrCodeStreamClosed)})
+		return nil
 	}
 	c.lastPeerID = id
 	if c.draining || c.closed {
