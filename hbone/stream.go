@@ -376,9 +376,13 @@ func (s *Stream) Close() error {
 // server side.
 func (s *Stream) Header() http.Header { return s.hdr }
 
-func (s *Stream) LocalAddr() net.Addr  { return s.c.nc.LocalAddr() }
+// LocalAddr is the local address of the underlying HTTP/2 connection.
+func (s *Stream) LocalAddr() net.Addr { return s.c.nc.LocalAddr() }
+
+// RemoteAddr is the peer address of the underlying HTTP/2 connection.
 func (s *Stream) RemoteAddr() net.Addr { return s.c.nc.RemoteAddr() }
 
+// SetDeadline sets both the read and write deadlines.
 func (s *Stream) SetDeadline(t time.Time) error {
 	s.SetReadDeadline(t)
 	return s.SetWriteDeadline(t)
