@@ -37,7 +37,7 @@ func runDemo(t *testing.T, bin string, prepare func(*netns.NS)) (string, error) 
 	// SIGTERM, not SIGKILL, so the script's trap stops what it started.
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
-	cmd.Env = append(os.Environ(), "ZTUNNEL_BIN="+bin)
+	cmd.Env = append(os.Environ(), "ZTUNNEL_BIN="+bin, raceEnv)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -135,20 +136,21 @@ func addAddr(t *testing.T, ns *netns.NS, cidr string) {
 
 // startNodeIn runs the built ztunnel as its own process inside ns (ip netns exec), so its
 // listeners and every socket it dials later belong to that namespace. mode is the
-// PROXY_MODE setting and its companion (PROXY_WORKLOAD_INFO or NODE_NAME).
+// PROXY_MODE setting and its companion (PROXY_WORKLOAD_INFO or NODE_NAME), plus any
+// overrides.
 func startNodeIn(t *testing.T, bin string, ns *netns.NS, dir string, mode ...string) *proc {
 	t.Helper()
-	p := startProc(t, "ztunnel in "+ns.Name, append(mode,
-		"LOCAL_XDS_PATH="+filepath.Join(dir, "workloads.yaml"),
+	p := startProc(t, "ztunnel in "+ns.Name, append([]string{
+		"LOCAL_XDS_PATH=" + filepath.Join(dir, "workloads.yaml"),
 		"CA_PROVIDER=builtin",
-		"CA_DIR="+filepath.Join(dir, "ca"),
-		"PACKET_MARK="+strconv.Itoa(nsMark),
+		"CA_DIR=" + filepath.Join(dir, "ca"),
+		"PACKET_MARK=" + strconv.Itoa(nsMark),
 		// The server pod would answer a spoofed client address over the veth, not to
 		// ztunnel; istio-cni's policy routing for that is not set up here.
 		"ENABLE_ORIG_SRC=false",
 		"DNS_PROXY_ADDR=off",
 		"CONNECTION_TERMINATION_DEADLINE=1s",
-	), "ip", "netns", "exec", ns.Name, bin)
+	}, mode...), "ip", "netns", "exec", ns.Name, bin) // the last of a repeated variable wins
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		out, err := ns.Exec("curl", "-fsS", "-m", "1", "http://127.0.0.1:15021/healthz/ready")
@@ -357,7 +359,9 @@ func TestNetnsDedicated(t *testing.T) {
 	server := startPodServer(t, b, nsServerIP, "8080", "8081", nsExcludedPort)
 	server6 := startPodServer(t, b, nsServerV6, "8080")
 	nodeB := startNodeIn(t, bin, b, dir, "PROXY_MODE=dedicated", "PROXY_WORKLOAD_INFO=default/server/server")
-	nodeA := startNodeIn(t, bin, a, dir, "PROXY_MODE=dedicated", "PROXY_WORKLOAD_INFO=default/client/client")
+	// Node A drains for 3s so the drain case has room on a loaded machine.
+	nodeA := startNodeIn(t, bin, a, dir, "PROXY_MODE=dedicated", "PROXY_WORKLOAD_INFO=default/client/client",
+		"CONNECTION_TERMINATION_DEADLINE=3s")
 
 	clientID := "spiffe://cluster.local/ns/default/sa/client"
 	serverID := "spiffe://cluster.local/ns/default/sa/server"
@@ -520,11 +524,67 @@ func TestNetnsDedicated(t *testing.T) {
 		}, 2*size)
 	})
 
-	// Drain: SIGTERM ends both nodes with exit status 0.
-	for name, p := range map[string]*proc{"A": nodeA, "B": nodeB} {
-		if err := p.stop(); err != nil {
-			t.Errorf("node %s after SIGTERM: %v; want exit 0", name, err)
+	t.Run("drain on SIGTERM keeps live connections until the deadline", func(t *testing.T) {
+		// A keep-alive HTTP connection from the client pod, captured and tunneled by A.
+		var c net.Conn
+		if err := a.Do(func() (err error) {
+			c, err = net.DialTimeout("tcp", nsServerIP+":8080", 5*time.Second)
+			return err
+		}); err != nil {
+			t.Fatal(err)
 		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		br := bufio.NewReader(c)
+		roundTrip := func(path string) (string, error) {
+			if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: server\r\n\r\n", path); err != nil {
+				return "", err
+			}
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				return "", err
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			return string(b), err
+		}
+		if out, err := roundTrip("/before-drain"); err != nil || !strings.Contains(out, "GET /before-drain") {
+			t.Fatalf("before drain: %v %q", err, out)
+		}
+
+		start := time.Now()
+		if err := nodeA.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+		for !strings.Contains(nodeA.out.String(), "msg=draining") {
+			if nodeA.exited() || time.Since(start) > 10*time.Second {
+				t.Fatalf("node A did not start draining:\n%s", nodeA.out.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		// The live connection still works while draining...
+		if out, err := roundTrip("/during-drain"); err != nil || !strings.Contains(out, "GET /during-drain") {
+			t.Errorf("during drain: %v %q", err, out)
+		}
+		// ...but new connections are no longer accepted.
+		if out, err := a.Exec("curl", "-sS", "-m", "5", "http://"+nsServerIP+":8080/after-drain"); err == nil {
+			t.Errorf("new connection during drain succeeded: %q", out)
+		}
+		// At the deadline the rest is closed and the process exits 0.
+		if err := nodeA.stop(); err != nil {
+			t.Errorf("node A after SIGTERM: %v; want exit 0", err)
+		}
+		if _, err := br.ReadByte(); err == nil {
+			t.Error("live connection still open after node A exited")
+		}
+		// The idle keep-alive connection is live at L4: ztunnel waits for it until the deadline.
+		if d := time.Since(start); d < 2500*time.Millisecond || d > 9*time.Second {
+			t.Errorf("node A took %v to exit; want about its 3s deadline", d)
+		}
+	})
+
+	if err := nodeB.stop(); err != nil {
+		t.Errorf("node B after SIGTERM: %v; want exit 0", err)
 	}
 }
 

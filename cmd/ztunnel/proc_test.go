@@ -15,6 +15,9 @@ import (
 // raceBuild is set when the tests run with -race (race_on_test.go).
 var raceBuild bool
 
+// raceEnv is given to child processes: a race-enabled binary otherwise sleeps 1s at exit.
+const raceEnv = "GORACE=atexit_sleep_ms=0"
+
 // buildZtunnel compiles this command into the test's temporary directory, for tests that
 // run it as a separate process (its own network namespace, its own threads). go test puts
 // $GOROOT/bin first on PATH, so the go tool is found there.
@@ -52,7 +55,7 @@ func startProc(t *testing.T, name string, env []string, args ...string) *proc {
 	t.Helper()
 	p := &proc{name: name, done: make(chan struct{})}
 	p.cmd = exec.Command(args[0], args[1:]...)
-	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
+	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), raceEnv}, env...)
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
