@@ -103,7 +103,6 @@ type Server struct {
 	search    []string // dedicated-mode search list, normalised; set by Listen
 	udp       []net.PacketConn
 	tcp       []net.Listener
-	servers   []*dns.Server
 	serving   bool
 	closed    bool
 	done      chan struct{} // closed when Serve returns (or by Close if Serve never ran)
@@ -291,12 +290,12 @@ func (s *Server) Serve(ctx context.Context) error {
 	var servers []*dns.Server
 	for i := range s.udp {
 		servers = append(servers,
-			&dns.Server{PacketConn: s.udp[i], Handler: h},
+			// UDPSize is the read buffer (pooled): any query a client may send over UDP.
+			&dns.Server{PacketConn: s.udp[i], Handler: h, UDPSize: dns.MaxMsgSize},
 			// ReadTimeout bounds reading a TCP request; the handler bounds the rest.
 			&dns.Server{Listener: s.tcp[i], Handler: h, ReadTimeout: s.tcpTimeout,
 				IdleTimeout: func() time.Duration { return s.tcpTimeout }})
 	}
-	s.servers = servers
 	s.mu.Unlock()
 	defer close(s.done)
 

@@ -453,6 +453,15 @@ func TestEDNSEcho(t *testing.T) {
 			t.Errorf("%s edns %d: OPT size %d do %v; want %d true", tt.name, tt.edns, opt.UDPSize(), opt.Do(), tt.wantSize)
 		}
 	}
+	// A UDP query larger than 512 bytes (EDNS padding) is read whole.
+	req := new(dns.Msg)
+	req.SetQuestion("svc1.", dns.TypeA)
+	req.SetEdns0(1232, false)
+	req.IsEdns0().Option = append(req.IsEdns0().Option, &dns.EDNS0_PADDING{Padding: make([]byte, 900)})
+	resp, _, err := (&dns.Client{Net: "udp", Timeout: 5 * time.Second}).Exchange(req, e.addr)
+	if err != nil || len(resp.Answer) != 1 {
+		t.Errorf("padded 900-byte query: %v %v", resp, err)
+	}
 	if resp := e.query(t, "udp", "svc1.ns1.svc.cluster.local", dns.TypeA, 0); resp.IsEdns0() != nil {
 		t.Errorf("OPT in the answer to a query without EDNS")
 	}
