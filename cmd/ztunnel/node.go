@@ -7,12 +7,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gozt/gozt/dns"
 	"github.com/gozt/gozt/hbone"
 	"github.com/gozt/gozt/identity"
 	"github.com/gozt/gozt/identity/ca"
@@ -111,6 +113,16 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 		goBG("certificate prefetch", n.prefetchCertificates)
 	}
 
+	if cfg.DNSProxyAddr != "" {
+		d := dns.New(n.dnsConfig(), n.store, n.metrics)
+		if err := d.Listen(); err != nil {
+			n.proxy.Shutdown(context.Background())
+			return fmt.Errorf("DNS_PROXY_ADDR: %w", err)
+		}
+		defer d.Close()
+		n.addrs["DNS_PROXY_ADDR"] = d.Addr()
+		goBG("dns proxy", d.Serve)
+	}
 	servers, err := n.startHTTP()
 	if err != nil {
 		n.proxy.Shutdown(context.Background())
@@ -303,6 +315,29 @@ func (n *node) configDump() map[string]any {
 		d["workloads"], d["services"], d["policies"] = sd.Workloads, sd.Services, sd.Policies
 	}
 	return d
+}
+
+// dnsConfig answers for the workloads this node serves: the dedicated one, or the local
+// workload with the client's IP.
+func (n *node) dnsConfig() dns.Config {
+	return dns.Config{
+		Addr:          n.cfg.DNSProxyAddr,
+		ClusterDomain: n.cfg.ClusterDomain,
+		Network:       n.cfg.Network,
+		Dedicated:     n.cfg.ProxyMode == "dedicated",
+		Source: func(client netip.Addr) *state.Workload {
+			if n.cfg.ProxyMode == "dedicated" {
+				if ws := n.localWorkloads(); len(ws) > 0 {
+					return ws[0]
+				}
+				return nil
+			}
+			if w := n.store.WorkloadByIP(n.cfg.Network, client); w != nil && (n.cfg.NodeName == "" || w.Node == n.cfg.NodeName) {
+				return w
+			}
+			return nil
+		},
+	}
 }
 
 // proxyListenerEnv maps proxy listener names to their settings.
