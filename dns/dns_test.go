@@ -25,8 +25,6 @@ import (
 	"github.com/gozt/gozt/xds/state"
 )
 
-const domain = "cluster.local"
-
 func wl(uid, ns string, healthy bool, addrs ...string) *state.Workload {
 	w := &state.Workload{UID: uid, Name: uid, Namespace: ns, Healthy: healthy, Capacity: 1,
 		TrustDomain: "cluster.local", ServiceAccount: "default", CanonicalName: uid + "-app", CanonicalRevision: "v1"}
