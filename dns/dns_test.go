@@ -685,3 +685,57 @@ func TestDig(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrentQueries runs queries over both transports while the store changes under them.
+func TestConcurrentQueries(t *testing.T) {
+	leaktest.Check(t)
+	e := start(t, "client1", nil)
+	st := e.srv.store
+	churn := func(i int) {
+		st.Apply(&state.Batch{Services: []*state.Service{{Name: "churn", Namespace: "ns1",
+			Hostname: "churn.ns1.svc.cluster.local", Addresses: vips("", fmt.Sprintf("10.7.0.%d", i%200+1))}}})
+	}
+	churn(0)
+	stop := make(chan struct{})
+	updated := make(chan struct{})
+	go func() {
+		defer close(updated)
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			churn(i)
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	errs := make(chan error, 8)
+	for g := range 8 {
+		go func() {
+			network := []string{"udp", "tcp"}[g%2]
+			c := &dns.Client{Net: network, Timeout: 5 * time.Second}
+			for i := range 25 {
+				name := []string{"svc1.", "churn.", "external.test."}[i%3]
+				req := new(dns.Msg)
+				req.SetQuestion(name, dns.TypeA)
+				resp, _, err := c.Exchange(req, e.addr)
+				if err == nil && (resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1) {
+					err = fmt.Errorf("%s %s: %s", network, name, summary(resp))
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	close(stop)
+	<-updated
+}
