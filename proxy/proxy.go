@@ -67,7 +67,7 @@ type Config struct {
 	// Demand, when set (XDS_ON_DEMAND), asks the control plane for an address the cache
 	// does not hold ("network/IP") and waits for the answer.
 	Demand func(ctx context.Context, key string) error
-	Logger            *slog.Logger  // [slog.Default()]
+	Logger *slog.Logger // [slog.Default()]
 }
 
 func (c *Config) setDefaults() {
@@ -226,10 +226,21 @@ func (p *Proxy) acceptLoop(ctx context.Context, name string, ln net.Listener, ha
 		delay = 0
 		tc := c.(*net.TCPConn)
 		p.tuneSocket(tc)
-		if !p.conns.goTracked(func() { handle(ctx, tc) }) {
+		if !p.conns.goTracked(func() { p.handleTracked(ctx, tc, handle) }) {
 			tc.Close() // draining
 		}
 	}
+}
+
+// handleTracked registers an accepted connection for the drain deadline before its handler
+// runs: a client still in a handshake (SOCKS5 request, original-destination lookup, waiting
+// for its workload) is closed at the deadline instead of holding Shutdown until its own
+// timeout.
+func (p *Proxy) handleTracked(ctx context.Context, c *net.TCPConn, handle func(context.Context, *net.TCPConn)) {
+	tc := &tracked{}
+	defer p.conns.add(tc)()
+	tc.closeWith(c)
+	handle(ctx, c)
 }
 
 // tuneSocket applies ztunnel's socket options: TCP_NODELAY (Go's default) and keepalive.
