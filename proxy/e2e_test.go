@@ -878,3 +878,35 @@ func TestSelectorPolicyClosesLiveConnection(t *testing.T) {
 		t.Fatalf("live connection still open after a selector DENY policy for its workload (read %d bytes)", n)
 	}
 }
+
+// TestDrainWithIdleSocksClient: a client that connected to the SOCKS5 port but never sent
+// its request must not hold Shutdown past its deadline.
+func TestDrainWithIdleSocksClient(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := startMesh(t)
+	c, err := net.Dial("tcp", m.a.socks(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// The greeting is answered: the handler is running and now waits for the request.
+	if _, err := c.Write([]byte{5, 1, 0}); err != nil {
+		t.Fatal(err)
+	}
+	var method [2]byte
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, method[:]); err != nil {
+		t.Fatalf("greeting: %v", err)
+	}
+	const deadline = 300 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	began := time.Now()
+	if err := m.a.shutdown(ctx); err != nil {
+		t.Errorf("shutdown: %v", err)
+	}
+	if took := time.Since(began); took > deadline+3*time.Second {
+		t.Errorf("Shutdown took %v with a %v deadline: an idle SOCKS5 client held it", took, deadline)
+	}
+}
