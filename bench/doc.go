@@ -9,6 +9,16 @@
 // time a request was scheduled, not when it was sent, so a stalled proxy cannot hide its
 // stalls (no coordinated omission).
 //
+// From the command line (cmd/zbench):
+//
+//	zbench serve --listen 127.0.0.1:8080                       # echo server
+//	zbench rr --socks5 127.0.0.1:15080 --target 127.0.0.1:8080 --rate 1000 --pid 4242
+//	zbench suite --short                                       # what make bench runs
+//	zbench suite --peers --json out.json --svg latency.svg     # ztunnel beside the peers
+//
+// One file per scenario (throughput.go, rr.go, pingpong.go, connrate.go, idle.go); runner.go
+// holds Run, Options and Result; suite.go, topology.go and report.go the suite.
+//
 // It does not configure or modify the proxies it measures beyond starting them, and nothing
 // else in the module imports it.
 package bench
