@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 import (
@@ -5,7 +7,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,15 +15,15 @@ import (
 	"github.com/gozt/gozt/internal/netns"
 )
 
-// runDemo runs scripts/demo.sh with a prebuilt binary and returns its exit error and
-// output. As root on Linux it runs inside a fresh network namespace, so its fixed
+// runDemo runs scripts/demo.sh with a prebuilt binary and returns its output and exit
+// error. As root it runs inside a fresh network namespace, so its fixed
 // addresses (127.0.0.2/3, ports 15000-15080 and 8080) cannot collide with anything else on
 // the machine (the bench suite uses the same two-node topology); prepare, if not nil, is
 // given that namespace first.
 func runDemo(t *testing.T, bin string, prepare func(*netns.NS)) (string, error) {
 	t.Helper()
 	args := []string{"bash", "../../scripts/demo.sh"}
-	if runtime.GOOS == "linux" && os.Geteuid() == 0 {
+	if os.Geteuid() == 0 {
 		if _, err := exec.LookPath("ip"); err == nil {
 			ns := netns.New(t, "demo")
 			args = append([]string{"ip", "netns", "exec", ns.Name}, args...)

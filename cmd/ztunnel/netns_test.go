@@ -238,8 +238,8 @@ var pattern = func() []byte {
 	return b
 }()
 
-// patternReader yields the pattern endlessly, fast enough not to be the bottleneck of the
-// throughput comparison (the test binary runs with -race; the ztunnels do not).
+// patternReader yields the pattern endlessly with a copy per block, so the in-test server
+// (instrumented under -race) is not the first bottleneck of the throughput comparison.
 type patternReader struct{ off int }
 
 func (r *patternReader) Read(p []byte) (int, error) {
@@ -313,9 +313,9 @@ func waitMetric(t *testing.T, ns *netns.NS, node, metric string, labels map[stri
 	}
 }
 
-// plainGet sends one HTTP request from inside ns on a socket carrying mark, which the
-// namespace's redirection skips: a client that is not captured by its own node's ztunnel,
-// so the packets reach the destination node as plain TCP.
+// plainGet sends one HTTP request from inside ns on a socket carrying mark (0: none). With
+// ztunnel's mark the namespace's redirection skips it: a client outside the mesh, whose
+// plain TCP reaches the destination node as such.
 func plainGet(ns *netns.NS, mark int, addr, path string) (string, error) {
 	var c net.Conn
 	d := net.Dialer{Timeout: 5 * time.Second, Control: sockopt.Control(uint32(mark))}
@@ -337,7 +337,8 @@ func plainGet(ns *netns.NS, mark int, addr, path string) (string, error) {
 // REDIRECT rules as istio-cni sets them. curl in the client pod speaks plain HTTP; iptables
 // hands it to ztunnel A on 15001, which carries it over mTLS HBONE to B's 15008, and
 // ztunnel B delivers it to the server pod. Plain TCP arriving at B is redirected to 15006
-// and authorized without a peer identity.
+// and authorized without a peer identity. Also: IPv6 pods, a service VIP, a deny policy,
+// 32 MiB both ways against an excluded plain-TCP port, and drain on SIGTERM.
 func TestNetnsDedicated(t *testing.T) {
 	netns.Require(t, "iptables", "curl")
 	leaktest.Check(t)
