@@ -76,6 +76,10 @@ func TestPayloadsThroughHBONE(t *testing.T) {
 	if got := be.accepted.Load(); got != 4 {
 		t.Errorf("backend accepted %d connections, want 4", got)
 	}
+	// One after another, the streams share one pooled HBONE connection.
+	if got := hboneConns(t, m.serverIP); got != 1 {
+		t.Errorf("%d HBONE connections from node A to node B, want 1 reused", got)
+	}
 }
 
 func TestCurlThroughSocks(t *testing.T) {
@@ -267,6 +271,8 @@ func TestThousandConcurrentConnections(t *testing.T) {
 			break
 		}
 	}
+	// At most 100 streams share a pooled connection, so 1000 need at least 10.
+	pooled := hboneConns(t, m.serverIP)
 	close(start)
 	done.Wait()
 	close(errs)
@@ -280,6 +286,10 @@ func TestThousandConcurrentConnections(t *testing.T) {
 	if failed > 0 {
 		t.Fatalf("%d of %d connections failed", failed, n)
 	}
+	if pooled < n/100 || pooled > 2*n/100 {
+		t.Errorf("%d HBONE connections carry %d streams, want %d to %d (100 streams each)", pooled, n, n/100, 2*n/100)
+	}
+	t.Logf("%d streams on %d HBONE connections", n, pooled)
 	if !allOpen {
 		t.Errorf("node B never had all %d inbound connections open at once", n)
 	}

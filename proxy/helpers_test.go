@@ -461,3 +461,24 @@ func dumpCounters(reg *prometheus.Registry) string {
 	}
 	return b.String()
 }
+
+// hboneConns counts established TCP connections to ip:15008 from /proc/net/tcp (IPv4):
+// node A's pooled HBONE connections to node B.
+func hboneConns(tb testing.TB, ip string) int {
+	tb.Helper()
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		tb.Skipf("needs /proc/net/tcp: %v", err)
+	}
+	a4 := netip.MustParseAddr(ip).As4()
+	// The kernel prints the address as a little-endian hex word, then the port.
+	want := fmt.Sprintf("%02X%02X%02X%02X:%04X", a4[3], a4[2], a4[1], a4[0], 15008)
+	n := 0
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) > 3 && f[2] == want && f[3] == "01" { // rem_address, st == ESTABLISHED
+			n++
+		}
+	}
+	return n
+}
