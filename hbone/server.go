@@ -95,7 +95,6 @@ type Handler func(r *Request)
 type Server struct {
 	cfg Config
 	h   Handler
-	wg  sync.WaitGroup // Serve's per-connection goroutines
 
 	mu       sync.Mutex
 	conns    map[*conn]struct{}
