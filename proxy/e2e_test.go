@@ -920,3 +920,34 @@ func TestDrainWithIdleSocksClient(t *testing.T) {
 		t.Errorf("Shutdown took %v with a %v deadline: an idle SOCKS5 client held it", took, deadline)
 	}
 }
+
+// TestSharedMode runs both nodes in shared mode (NODE_NAME node-a / node-b): node A finds
+// the client workload by the SOCKS5 client's source address, node B the server workload by
+// the address the HBONE connection was sent to.
+func TestSharedMode(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := newMesh(t)
+	bcfg := proxy.Config{Mode: proxy.Shared, Node: "node-b", InboundAddr: m.serverIP + ":15008"}
+	m.b = startNode(t, "node-b", m.caDir, m.yaml, bcfg)
+	acfg := proxy.Config{Mode: proxy.Shared, Node: "node-a", Socks5Addr: m.clientIP + ":0", WorkloadWait: 200 * time.Millisecond}
+	m.a = startNode(t, "node-a", m.caDir, m.yaml, acfg)
+	be := startBackend(t, m.serverIP+":0", echo)
+
+	c, code, err := socksConnectFrom(m.clientIP, m.a.socks(t), m.serverIP, be.port())
+	if err != nil {
+		t.Fatalf("socks5 from the client pod's address: code %d: %v", code, err)
+	}
+	sendAndCheck(t, c, 64<<10, 5)
+	c.Close()
+	eventually(t, "node B records the client's identity", func() bool {
+		return counter(t, m.b.reg, "istio_tcp_connections_closed_total", map[string]string{
+			"reporter": "destination", "source_principal": "spiffe://" + clientPrinc, "destination_principal": "spiffe://" + serverPrinc,
+		}) == 1
+	})
+
+	// From an address that is no workload of node A: refused once the wait is over.
+	if _, code, err := socksConnectFrom("127.0.0.1", m.a.socks(t), m.serverIP, be.port()); err == nil || code != repNotAllowed {
+		t.Fatalf("socks5 from an unknown source: code %d, err %v; want %d", code, err, repNotAllowed)
+	}
+}

@@ -257,7 +257,17 @@ const (
 // literal or a domain name). It returns the connection when the proxy answered success,
 // else the reply code and an error.
 func socksConnect(proxyAddr, host string, port uint16) (*net.TCPConn, byte, error) {
-	c, err := net.DialTimeout("tcp", proxyAddr, 5*time.Second)
+	return socksConnectFrom("", proxyAddr, host, port)
+}
+
+// socksConnectFrom is socksConnect from a given local IP ("" for any): a shared-mode node
+// knows its client workload by source address.
+func socksConnectFrom(localIP, proxyAddr, host string, port uint16) (*net.TCPConn, byte, error) {
+	d := net.Dialer{Timeout: 5 * time.Second}
+	if localIP != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(localIP)}
+	}
+	c, err := d.Dial("tcp", proxyAddr)
 	if err != nil {
 		return nil, 0, err
 	}
