@@ -25,6 +25,11 @@ run: build
 	UNSTABLE_ENABLE_SOCKS5=true ADMIN_ADDR=localhost:15000 \
 	$(BIN)/ztunnel
 
+# Two nodes on 127.0.0.2 and 127.0.0.3 from examples/two-nodes.yaml, an echo server, traffic
+# through SOCKS5 -> HBONE mTLS -> echo, and a summary (tunnel, identities, counters).
+demo: build
+	ZTUNNEL_BIN=$(BIN)/ztunnel scripts/demo.sh
+
 test:
 	$(GO) test -race -timeout 15m ./...
 

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/gozt/gozt/hbone"
 	"github.com/gozt/gozt/identity"
@@ -242,7 +243,13 @@ func (p *Proxy) authorize(t *inboundTarget, peer identity.ID, src netip.Addr) *i
 // dialInbound connects to the destination workload, with a PROXY v2 header naming the
 // client and its identity when the workload has an application tunnel.
 func (p *Proxy) dialInbound(ctx context.Context, t *inboundTarget, client netip.AddrPort, peer identity.ID) (*net.TCPConn, error) {
-	up, err := p.dialTCP(ctx, t.dial)
+	var up *net.TCPConn
+	var err error
+	if p.cfg.OrigSrc && client.IsValid() && !t.tunnel {
+		up, err = p.dialTransparent(ctx, t.dial, client.Addr())
+	} else {
+		up, err = p.dialTCP(ctx, t.dial)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("proxy: dial %v: %w", t.dial, err)
 	}
@@ -253,6 +260,25 @@ func (p *Proxy) dialInbound(ctx context.Context, t *inboundTarget, client netip.
 		}
 	}
 	return up, nil
+}
+
+// dialTransparent dials dst from the client's address (IP_TRANSPARENT + IP_FREEBIND).
+func (p *Proxy) dialTransparent(ctx context.Context, dst netip.AddrPort, src netip.Addr) (*net.TCPConn, error) {
+	d := p.dialer
+	d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
+	d.Control = func(network, address string, c syscall.RawConn) error {
+		if err := sockopt.SetTransparent(c, src.Is6()); err != nil {
+			return err
+		}
+		return sockopt.Control(p.cfg.PacketMark)(network, address, c)
+	}
+	c, err := d.DialContext(ctx, "tcp", dst.String())
+	if err != nil {
+		return nil, err
+	}
+	tc := c.(*net.TCPConn)
+	p.tuneSocket(tc)
+	return tc, nil
 }
 
 // inboundSourceLabels fills the source labels from the client's workload when the cache

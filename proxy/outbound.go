@@ -83,7 +83,7 @@ func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Wo
 			labels.DestinationPrincipal = route.Workload.Identity().String()
 		}
 		log.DstAddr, log.HBONEAddr = route.Dial.String(), route.Authority
-		key := hbone.NewKey(src.Identity(), route.Identities, route.Dial, netip.Addr{})
+		key := hbone.NewKey(src.Identity(), route.Identities, route.Dial, p.sourceIP(src))
 		s, err := p.pool.Dial(ctx, key, route.Authority, hboneHeaders(src, clientAddr, route.Service))
 		if err != nil {
 			ready(err)
@@ -170,4 +170,16 @@ func (p *Proxy) demand(ctx context.Context, ip netip.Addr) {
 	if err := p.cfg.Demand(ctx, p.cfg.Network+"/"+ip.String()); err != nil {
 		p.log.Debug("proxy: on-demand lookup", "ip", ip, "err", err)
 	}
+}
+
+// sourceIP is the address outbound HBONE connections leave from: the source workload's own
+// loopback address when it has one (several "pods" on one host, as in the demo), so the
+// peer sees which workload connected; otherwise the kernel's choice, as ztunnel does.
+func (p *Proxy) sourceIP(src *state.Workload) netip.Addr {
+	for _, a := range src.Addresses {
+		if a.IsLoopback() {
+			return a
+		}
+	}
+	return netip.Addr{}
 }

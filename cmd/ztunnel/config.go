@@ -132,7 +132,7 @@ func settings() []setting {
 			c.PacketMark = uint32(n)
 			return err
 		}},
-		enum("ENABLE_ORIG_SRC", "", "keep the client's source IP on inbound dials (IP_TRANSPARENT): true, false, or empty for best effort", []string{"", "true", "false"}, func(c *config) *string { return &c.EnableOrigSrc }),
+		enum("ENABLE_ORIG_SRC", "", "true: inbound dials keep the client's source IP (IP_TRANSPARENT; needs CAP_NET_ADMIN and istio-cni-style routing for remote clients). Empty or false: the node's address (unlike Rust ztunnel, empty does not try, since spoofing without that routing breaks replies)", []string{"", "true", "false"}, func(c *config) *string { return &c.EnableOrigSrc }),
 		boolean("KEEPALIVE_ENABLED", "true", "TCP keepalive on proxied sockets", func(c *config) *bool { return &c.KeepaliveEnabled }),
 		duration("KEEPALIVE_TIME", "180s", "TCP keepalive idle time", func(c *config) *time.Duration { return &c.KeepaliveTime }),
 		duration("KEEPALIVE_INTERVAL", "180s", "TCP keepalive probe interval", func(c *config) *time.Duration { return &c.KeepaliveInterval }),

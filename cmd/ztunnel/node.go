@@ -378,6 +378,7 @@ func proxyConfig(c *config) proxy.Config {
 			IdleTimeout:       c.PoolUnusedRelease,
 		},
 		PacketMark:        c.PacketMark,
+		OrigSrc:           c.EnableOrigSrc == "true",
 		KeepaliveDisabled: !c.KeepaliveEnabled,
 		KeepaliveTime:     c.KeepaliveTime,
 		KeepaliveInterval: c.KeepaliveInterval,
