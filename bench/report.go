@@ -163,7 +163,11 @@ func (rep *Report) WriteTable(w io.Writer) {
 		len(rep.Paths), rep.Reps, rep.Duration, rep.CPUs, rep.Elapsed.Round(time.Second))
 	fmt.Fprintln(w, "CPU and memory are the proxy processes' own (both hops); ↑ higher is better, ↓ lower is better.")
 	fmt.Fprintln(w, "throughput echoes: Gbit/s and s/GB count the bytes returned (each also crossed the path once outbound).")
-	const labelW = 34
+	const caseW = 13
+	labelW := 0
+	for _, m := range metrics {
+		labelW = max(labelW, caseW+len([]rune(m.label))+3)
+	}
 	colW := 11
 	for _, p := range rep.Paths {
 		colW = max(colW, len(p)+2)
@@ -190,7 +194,7 @@ func (rep *Report) WriteTable(w io.Writer) {
 		if row.Higher {
 			arrow = "↑"
 		}
-		line := fmt.Sprintf("%-13s%-*s", caseLabel, labelW-13, row.Metric+" "+arrow)
+		line := fmt.Sprintf("%-*s%-*s", caseW, caseLabel, labelW-caseW, row.Metric+" "+arrow)
 		for _, p := range rep.Paths {
 			cell := "–"
 			if v, ok := row.Values[p]; ok {
@@ -204,7 +208,7 @@ func (rep *Report) WriteTable(w io.Writer) {
 			if !ok || len(row.Values) < 2 {
 				continue
 			}
-			line := fmt.Sprintf("%-13s%-*s", "", labelW-13, "  × "+b)
+			line := fmt.Sprintf("%-*s%-*s", caseW, "", labelW-caseW, "  × "+b)
 			for _, p := range rep.Paths {
 				cell := ""
 				if v, ok := ratios[p]; ok && p != b {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -139,6 +140,50 @@ var ztunnelNodes = []ztunnelNode{
 	{name: "ztunnel-b", ip: "127.0.0.3", workload: "default/server/server"},
 }
 
+// ztunnelPorts maps each listener's variable to its port; every node uses its own IP.
+var ztunnelPorts = []struct{ env, port string }{
+	{"ADMIN_ADDR", "15000"}, {"STATS_ADDR", "15020"}, {"READINESS_ADDR", "15021"},
+	{"OUTBOUND_ADDR", "15001"}, {"INBOUND_PLAINTEXT_ADDR", "15006"}, {"INBOUND_ADDR", "15008"},
+	{"DNS_PROXY_ADDR", "15053"},
+}
+
+// addrs returns the TCP addresses the node listens on.
+func (n ztunnelNode) addrs() []string {
+	var a []string
+	for _, p := range ztunnelPorts {
+		a = append(a, n.ip+":"+p.port)
+	}
+	if n.socks5 {
+		a = append(a, n.ip+":15080")
+	}
+	return a
+}
+
+// waitPortsFree waits up to 15 s for every address to be free: the nodes' addresses are
+// fixed, and another ztunnel on this machine (a test, an earlier run still draining) may
+// hold them for a while.
+func waitPortsFree(ctx context.Context, addrs []string) error {
+	deadline := time.Now().Add(15 * time.Second)
+	for _, a := range addrs {
+		for {
+			ln, err := net.Listen("tcp", a)
+			if err == nil {
+				ln.Close()
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("bench: %s stays in use (another ztunnel on this machine?): %w", a, err)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
 func (n ztunnelNode) env(repo, work string) []string {
 	env := []string{
 		"PROXY_MODE=dedicated",
@@ -148,12 +193,8 @@ func (n ztunnelNode) env(repo, work string) []string {
 		"CA_DIR=" + filepath.Join(work, "ca"),
 		"XDS_ADDRESS=",
 	}
-	for _, kv := range []struct{ k, port string }{
-		{"ADMIN_ADDR", "15000"}, {"STATS_ADDR", "15020"}, {"READINESS_ADDR", "15021"},
-		{"OUTBOUND_ADDR", "15001"}, {"INBOUND_PLAINTEXT_ADDR", "15006"}, {"INBOUND_ADDR", "15008"},
-		{"DNS_PROXY_ADDR", "15053"},
-	} {
-		env = append(env, kv.k+"="+n.ip+":"+kv.port)
+	for _, p := range ztunnelPorts {
+		env = append(env, p.env+"="+n.ip+":"+p.port)
 	}
 	if n.socks5 {
 		env = append(env, "SOCKS5_ADDR="+n.ip+":15080")
@@ -175,6 +216,11 @@ func startZtunnel(ctx context.Context, repo, bin, work, echoAddr string, track f
 		}
 	}
 	p := &path{name: "ztunnel", target: Target{Addr: echoAddr, SOCKS5: "127.0.0.2:15080"}}
+	for _, n := range ztunnelNodes {
+		if err := waitPortsFree(ctx, n.addrs()); err != nil {
+			return nil, err
+		}
+	}
 	for _, n := range ztunnelNodes {
 		c, err := startChild(n.name, filepath.Join(work, n.name+".log"), n.env(repo, work), repo, bin)
 		if err != nil {

@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"context"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -77,5 +79,27 @@ func TestFindRepo(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(repo, "bench", "topology.go")); err != nil {
 		t.Errorf("repo %s does not hold this package: %v", repo, err)
+	}
+}
+
+func TestWaitPortsFree(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	time.AfterFunc(300*time.Millisecond, func() { ln.Close() })
+	if err := waitPortsFree(context.Background(), []string{addr}); err != nil {
+		t.Fatalf("port freed after 300ms: %v", err)
+	}
+	ln2, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("port taken by someone else meanwhile: %v", err)
+	}
+	defer ln2.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := waitPortsFree(ctx, []string{addr}); err == nil {
+		t.Fatal("a held port was reported free")
 	}
 }
