@@ -40,8 +40,8 @@ func (rep *Report) WriteSVG(w io.Writer) error {
 	}
 
 	const (
-		width, panelH    = 860, 380
-		left, right, top = 80, 170, 40
+		width, panelH    = 940, 380
+		left, right, top = 80, 250, 40
 		bottom           = 50
 		maxNines         = 4.0 // p99.99
 		plotW            = width - left - right
