@@ -57,11 +57,11 @@ type Config struct {
 
 	HBONE hbone.Config
 
-	PacketMark        uint32        // SO_MARK on dialed sockets (0 = none)
+	PacketMark uint32 // SO_MARK on dialed sockets (0 = none)
 	// OrigSrc makes inbound dials to a workload leave from the client's IP (IP_TRANSPARENT),
 	// so the application sees who connected. Needs CAP_NET_ADMIN, and for clients on other
 	// hosts the policy routing istio-cni installs, or the replies bypass this node.
-	OrigSrc bool
+	OrigSrc           bool
 	DialTimeout       time.Duration // [10s] plain TCP dials
 	KeepaliveDisabled bool
 	KeepaliveTime     time.Duration // [180s]
