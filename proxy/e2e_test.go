@@ -685,11 +685,6 @@ func TestMetricsBothReporters(t *testing.T) {
 		for k, v := range common {
 			labels[k] = v
 		}
-		if n == m.b {
-			// Node A dials HBONE from 127.0.0.1 here, not from the pod IP, and the example
-			// names no workload for the baggage: node B knows the source by identity only.
-			delete(labels, "source_workload")
-		}
 		eventually(t, n.name+" closes", func() bool { return counter(t, n.reg, "istio_tcp_connections_closed_total", labels) == conns })
 		for name, want := range map[string]float64{
 			"istio_tcp_connections_opened_total": conns,
