@@ -75,7 +75,7 @@ type inboundTarget struct {
 // serveHBONE answers one CONNECT stream: validate, authorize, dial, then 200 and copy.
 // Status codes as ztunnel: 400 bad target, 401 denied, 503 unknown or unreachable.
 func (p *Proxy) serveHBONE(r *hbone.Request) {
-	ctx := context.Background()
+	ctx := p.stopped
 	client := addrPortOf(r.RemoteAddr)
 	labels := metrics.Labels{
 		Reporter:                 metrics.ReporterDest,

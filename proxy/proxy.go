@@ -125,6 +125,11 @@ type Proxy struct {
 
 	listeners map[string]net.Listener
 	conns     tracker
+
+	// stopped ends when Shutdown gives up waiting: work still waiting (for a workload to
+	// appear, for a dial) stops with it.
+	stopped context.Context
+	stop    context.CancelFunc
 }
 
 // New builds a proxy; nothing is bound yet.
@@ -139,6 +144,7 @@ func New(cfg Config, store *state.Store, certs CertSource, m *metrics.Metrics) *
 		listeners: map[string]net.Listener{},
 	}
 	p.conns.init()
+	p.stopped, p.stop = context.WithCancel(context.Background())
 	p.dialer = net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: -1}
 	if cfg.PacketMark != 0 {
 		p.dialer.Control = sockopt.Control(cfg.PacketMark)
@@ -188,6 +194,9 @@ func (p *Proxy) Addrs() map[string]net.Addr {
 // Serve runs the accept loops and the policy watcher until ctx ends or Shutdown is called.
 // It returns after every accept loop has stopped; connections may still be draining.
 func (p *Proxy) Serve(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(p.stopped, cancel)()
 	var wg sync.WaitGroup
 	handlers := map[string]func(context.Context, *net.TCPConn){
 		ListenerOutbound:         p.serveOutbound,
@@ -282,10 +291,12 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	drained := p.conns.wait(ctx)
 	if !drained {
 		p.log.Info("proxy: drain deadline reached; closing live connections", "open", p.conns.count())
+		p.stop()
 		p.conns.closeAll()
 		p.conns.wait(context.Background())
 	}
 	err := <-serverDone
+	p.stop()
 	p.server.Close()
 	p.pool.Close()
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
@@ -298,7 +309,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 // connection was addressed to.
 func (p *Proxy) localIdentity(hello *tls.ClientHelloInfo) (identity.ID, error) {
 	dst := addrPortOf(hello.Conn.LocalAddr())
-	w, err := p.localWorkload(context.Background(), dst.Addr())
+	w, err := p.localWorkload(hello.Context(), dst.Addr())
 	if err != nil {
 		return identity.ID{}, err
 	}
