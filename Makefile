@@ -13,7 +13,7 @@ all: build
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ztunnel ./cmd/ztunnel
-	@if [ -d cmd/zbench ]; then $(GO) build -o $(BIN)/zbench ./cmd/zbench; fi
+	$(GO) build -o $(BIN)/zbench ./cmd/zbench
 
 # The standalone node: workloads from examples/localhost.yaml, the built-in CA (its root is
 # kept in $(RUN_DIR)/ca), SOCKS5 on 127.0.0.1:15080. Reach a local server through the tunnel:
@@ -57,8 +57,8 @@ bench-smoke:
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
 
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./hbone/ ./xds/... ./proxy/... ./identity/...
-	@if [ -d cmd/zbench ]; then $(GO) run ./cmd/zbench suite --short; fi
+	$(GO) test -run '^$$' -bench . -benchmem ./hbone/ ./xds/... ./proxy/... ./identity/... ./dns/
+	$(GO) run ./cmd/zbench suite --short
 
 proto proto-check:
 	@if [ -f proto.mk ]; then $(MAKE) --no-print-directory -f proto.mk $@; else echo "no protos yet"; fi
