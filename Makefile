@@ -7,7 +7,7 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 RUN_DIR   ?= .tmp/run
 
-.PHONY: all build run demo test check fmt-check vet staticcheck tidy-check bench bench-smoke proto proto-check clean
+.PHONY: all build run demo test check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean
 
 all: build
 
@@ -56,9 +56,13 @@ tidy-check:
 bench-smoke:
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./...
 
+# The load-generator suite: two nodes against a direct baseline (under 2 minutes).
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./hbone/ ./xds/... ./proxy/... ./identity/... ./dns/
 	$(GO) run ./cmd/zbench suite --short
+
+# The packages' Go benchmarks (several minutes).
+bench-go:
+	$(GO) test -run '^$$' -bench . -benchmem ./hbone/ ./xds/... ./proxy/... ./identity/... ./dns/
 
 proto proto-check:
 	@if [ -f proto.mk ]; then $(MAKE) --no-print-directory -f proto.mk $@; else echo "no protos yet"; fi
