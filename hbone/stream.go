@@ -266,38 +266,25 @@ func (s *Stream) write(p []byte) (int, error) {
 
 // ReadFrom copies r into the stream until r's EOF (it does not CloseWrite). Reads grow
 // from 16 KiB to 1 MiB as traffic is seen, so bulk data leaves as large DATA frames.
+// From a TCP socket it borrows its buffer only once the socket is readable, so an idle
+// proxied connection holds no copy buffer at all (see readFromPoll).
 func (s *Stream) ReadFrom(r io.Reader) (int64, error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	if rc := pollable(r); rc != nil {
+		return s.readFromPoll(rc)
+	}
 	var total int64
-	b16 := copyPool16K.Get().(*[16 << 10]byte)
-	defer copyPool16K.Put(b16)
-	var b256 *[256 << 10]byte
-	var b1m *[1 << 20]byte
-	defer func() {
-		if b256 != nil {
-			copyPool256K.Put(b256)
-		}
-		if b1m != nil {
-			copyPool1M.Put(b1m)
-		}
-	}()
-	buf := b16[:]
+	var cb copyBuf
+	defer cb.release()
 	for {
+		buf := cb.get(total)
 		n, err := r.Read(buf)
 		if n > 0 {
 			if _, werr := s.write(buf[:n]); werr != nil {
 				return total, werr
 			}
 			total += int64(n)
-			switch {
-			case b1m == nil && total >= 16<<20:
-				b1m = copyPool1M.Get().(*[1 << 20]byte)
-				buf = b1m[:]
-			case b256 == nil && b1m == nil && total >= 256<<10:
-				b256 = copyPool256K.Get().(*[256 << 10]byte)
-				buf = b256[:]
-			}
 		}
 		if err == io.EOF {
 			return total, nil
@@ -306,6 +293,126 @@ func (s *Stream) ReadFrom(r io.Reader) (int64, error) {
 			return total, err
 		}
 	}
+}
+
+// pollReads enables readFromPoll; a variable so tests and benchmarks can compare both paths.
+var pollReads = true
+
+// pollable returns the raw connection of a TCP socket (also when wrapped by the net
+// package's own io.Copy helpers, which embed *net.TCPConn), or nil.
+func pollable(r io.Reader) syscall.RawConn {
+	if !pollReads {
+		return nil
+	}
+	nc, ok := r.(net.Conn)
+	if !ok {
+		return nil
+	}
+	sc, ok := r.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	if _, ok := nc.LocalAddr().(*net.TCPAddr); !ok {
+		return nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	return rc
+}
+
+// readFromPoll is ReadFrom for a TCP socket: it waits for readability through the
+// runtime poller with no buffer held, then borrows a pooled one for a single read(2) and
+// returns it after the frame is written. Deadlines and Close on the socket still end the
+// wait (the poller reports them).
+func (s *Stream) readFromPoll(rc syscall.RawConn) (int64, error) {
+	var total int64
+	var cb copyBuf
+	var n int
+	var rerr error
+	read := func(fd uintptr) bool {
+		buf := cb.get(total)
+		for {
+			n, rerr = syscall.Read(int(fd), buf)
+			if rerr != syscall.EINTR {
+				break
+			}
+		}
+		if rerr == syscall.EAGAIN {
+			cb.release() // idle: wait for readability without a buffer
+			return false
+		}
+		return true
+	}
+	for {
+		err := rc.Read(read)
+		if err == nil && rerr != nil {
+			err = os.NewSyscallError("read", rerr)
+		}
+		if err != nil {
+			cb.release()
+			return total, err
+		}
+		if n <= 0 { // orderly shutdown by the peer
+			cb.release()
+			return total, nil
+		}
+		_, werr := s.write(cb.cur[:n])
+		cb.release()
+		if werr != nil {
+			return total, werr
+		}
+		total += int64(n)
+	}
+}
+
+// copyBuf lends ReadFrom a pooled buffer sized by how much the stream has carried:
+// small for request/response traffic, large once bulk data is seen.
+type copyBuf struct {
+	cur  []byte
+	b16  *[16 << 10]byte
+	b256 *[256 << 10]byte
+	b1m  *[1 << 20]byte
+}
+
+func (c *copyBuf) get(total int64) []byte {
+	switch {
+	case total >= 16<<20:
+		if c.b1m == nil {
+			c.release()
+			c.b1m = copyPool1M.Get().(*[1 << 20]byte)
+		}
+		c.cur = c.b1m[:]
+	case total >= 256<<10:
+		if c.b256 == nil {
+			c.release()
+			c.b256 = copyPool256K.Get().(*[256 << 10]byte)
+		}
+		c.cur = c.b256[:]
+	default:
+		if c.b16 == nil {
+			c.b16 = copyPool16K.Get().(*[16 << 10]byte)
+		}
+		c.cur = c.b16[:]
+	}
+	return c.cur
+}
+
+func (c *copyBuf) release() {
+	if c.b16 != nil {
+		copyPool16K.Put(c.b16)
+		c.b16 = nil
+	}
+	if c.b256 != nil {
+		copyPool256K.Put(c.b256)
+		c.b256 = nil
+	}
+	if c.b1m != nil {
+		copyPool1M.Put(c.b1m)
+		c.b1m = nil
+	}
+	c.cur = nil
 }
 
 // CloseWrite sends END_STREAM; data from the peer keeps flowing.

@@ -1,0 +1,119 @@
+package hbone
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/gozt/gozt/internal/leaktest"
+)
+
+// ReadFrom from a TCP socket waits for readability without a buffer (readFromPoll); the
+// generic path reads into a buffer. Both must carry the same bytes, through every buffer
+// size class, and see EOF as the end.
+func TestReadFromTCPBothPaths(t *testing.T) {
+	for _, poll := range []bool{true, false} {
+		name := "generic"
+		if poll {
+			name = "poll"
+		}
+		t.Run(name, func(t *testing.T) {
+			leaktest.Check(t)
+			defer func(old bool) { pollReads = old }(pollReads)
+			pollReads = poll
+			e := newEnv(t, Config{}, echo)
+			s := e.dial(t, "10.0.0.1:80")
+			defer s.Close()
+			a, b := tcpPair(t)
+			defer a.Close()
+			defer b.Close()
+			if got := pollable(b) != nil; got != poll {
+				t.Fatalf("pollable(*net.TCPConn) = %v, want %v", got, poll)
+			}
+			const size = 20 << 20 // past the 256 KiB and 16 MiB steps
+			go func() {
+				io.Copy(a, io.LimitReader(newPRNG(3), size))
+				a.CloseWrite()
+			}()
+			sent := make(chan error, 1)
+			go func() {
+				n, err := io.Copy(s, b) // *net.TCPConn.WriteTo -> Stream.ReadFrom
+				if err == nil && n != size {
+					err = errors.New("short copy")
+				}
+				s.CloseWrite()
+				sent <- err
+			}()
+			h := sha256.New()
+			n, err := io.Copy(h, s)
+			if err != nil || n != size || !bytes.Equal(h.Sum(nil), hashOf(3, size)) {
+				t.Fatalf("echoed %d of %d bytes, err %v", n, size, err)
+			}
+			if err := <-sent; err != nil {
+				t.Fatalf("ReadFrom: %v", err)
+			}
+		})
+	}
+}
+
+// A blocked ReadFrom on a TCP socket ends with the socket's read deadline, and with its
+// Close, as a blocked Read would.
+func TestReadFromPollDeadlineAndClose(t *testing.T) {
+	leaktest.Check(t)
+	e := newEnv(t, Config{}, echo)
+	s := e.dial(t, "10.0.0.1:80")
+	defer s.Close()
+	a, b := tcpPair(t)
+	defer a.Close()
+	defer b.Close()
+
+	b.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	a.Write([]byte("before"))
+	n, err := s.ReadFrom(b)
+	if !errors.Is(err, os.ErrDeadlineExceeded) || n != 6 {
+		t.Fatalf("ReadFrom with a deadline = %d, %v; want 6, deadline exceeded", n, err)
+	}
+	got := make([]byte, 6)
+	if _, err := io.ReadFull(s, got); err != nil || string(got) != "before" {
+		t.Fatalf("echo of the bytes read before the deadline: %q %v", got, err)
+	}
+
+	b.SetReadDeadline(time.Time{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.ReadFrom(b)
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond) // let ReadFrom park in the poller
+	b.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("ReadFrom after Close: %v, want net.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("ReadFrom still blocked after the socket was closed")
+	}
+}
+
+// A peer reset reaches the caller as an error, not as a clean EOF.
+func TestReadFromPollReset(t *testing.T) {
+	leaktest.Check(t)
+	e := newEnv(t, Config{}, echo)
+	s := e.dial(t, "10.0.0.1:80")
+	defer s.Close()
+	a, b := tcpPair(t)
+	defer b.Close()
+	a.SetLinger(0)
+	a.Write([]byte("x"))
+	time.Sleep(10 * time.Millisecond)
+	a.Close() // RST
+	if _, err := s.ReadFrom(b); err == nil {
+		t.Fatal("ReadFrom from a reset socket returned no error (a reset is not an EOF)")
+	}
+}
