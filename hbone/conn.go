@@ -549,14 +549,22 @@ func (c *conn) handleData(f *http2.DataFrame) error {
 			return nil
 		}
 	}
+	// Wake the stream's waiters only when there is something for them: a wakeup per
+	// frame whose data already went straight to the socket costs a goroutine hand-off
+	// (and often a futex) for nothing.
+	wake := false
 	if len(data) > 0 {
 		s.rb.write(data)
+		wake = true
 	}
 	if f.StreamEnded() {
 		s.recvEnd = true
 		c.maybeDoneLocked(s)
+		wake = true
 	}
-	s.cond.Broadcast()
+	if wake {
+		s.cond.Broadcast()
+	}
 	return nil
 }
 
@@ -581,7 +589,10 @@ func (c *conn) writeDirectLocked(s *Stream, data []byte) []byte {
 		s.directTotal += int64(n)
 		c.consumedLocked(s, n)
 	}
-	s.cond.Broadcast()
+	if s.waitBusy { // a WriteTo on its way out waits for this write to finish
+		s.waitBusy = false
+		s.cond.Broadcast()
+	}
 	return data[n:]
 }
 

@@ -36,6 +36,7 @@ type Stream struct {
 	done        bool // no longer counted as open; removed from c.streams
 	localClosed bool
 	readBusy    bool // a WriteTo holds a slice of rb
+	waitBusy    bool // a WriteTo waits for the frame reader's direct write to finish
 	waitConn    bool
 	rerr        error // what Read returns once the buffer is empty (nil: keep waiting)
 	werr        error
@@ -167,6 +168,7 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 		for s.rb.n == 0 {
 			if err := s.readErrLocked(); err != nil {
 				for s.readBusy { // a direct write is in flight
+					s.waitBusy = true
 					s.cond.Wait()
 				}
 				total += s.directTotal
@@ -201,6 +203,7 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 		total += int64(n)
 		if err != nil {
 			for s.readBusy {
+				s.waitBusy = true
 				s.cond.Wait()
 			}
 			total += s.directTotal
