@@ -6,6 +6,8 @@ import (
 	"net"
 	"sync"
 	"syscall"
+
+	"github.com/gozt/gozt/hbone"
 )
 
 // halfCloser is a connection whose write side can be shut on its own: *net.TCPConn (FIN)
@@ -24,23 +26,37 @@ type halfCloser interface {
 // Plain TCP legs stay *net.TCPConn so io.Copy splices them; hbone.Stream implements
 // ReaderFrom/WriterTo so the HTTP/2 leg takes its own fast path.
 func copyBoth(client, server halfCloser) (received, sent int64, err error) {
+	// The calling handler's stack already grew during setup; the new goroutine takes the
+	// direction that reads an HBONE stream (a shallow wait), and the handler the one that
+	// may write TLS records, so only one stack per connection is large.
+	up := func() error {
+		var err error
+		received, err = copyHalf(server, client)
+		return err
+	}
+	down := func() error {
+		var err error
+		sent, err = copyHalf(client, server)
+		return err
+	}
+	if _, ok := server.(*hbone.Stream); ok {
+		up, down = down, up
+	}
 	var wg sync.WaitGroup
-	var upErr error
+	var bgErr error
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		received, upErr = copyHalf(server, client)
-		if upErr != nil {
+		if bgErr = up(); bgErr != nil {
 			abort(client, server)
 		}
 	}()
-	var downErr error
-	sent, downErr = copyHalf(client, server)
-	if downErr != nil {
+	fgErr := down()
+	if fgErr != nil {
 		abort(client, server)
 	}
 	wg.Wait()
-	return received, sent, errors.Join(upErr, downErr)
+	return received, sent, errors.Join(bgErr, fgErr)
 }
 
 // copyHalf copies src to dst, then half-closes dst.
