@@ -47,6 +47,7 @@ type conn struct {
 	dataHdr    [9]byte // guarded by wmu
 
 	kick chan struct{} // wakes writeLoop; capacity 1
+	work chan *Request // server: hands a new stream to an idle handler goroutine
 	done chan struct{} // closed by closeWith
 	wg   sync.WaitGroup
 
@@ -105,6 +106,7 @@ func newConn(cfg Config, server bool, nc net.Conn, bc *bufConn) *conn {
 		nc:             nc,
 		bc:             bc,
 		kick:           make(chan struct{}, 1),
+		work:           make(chan *Request),
 		done:           make(chan struct{}),
 		streams:        make(map[uint32]*Stream),
 		nextID:         1,
@@ -859,8 +861,12 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 		RemoteAddr: c.nc.RemoteAddr(),
 		s:          s,
 	}
-	c.wg.Add(1)
-	go c.runHandler(req)
+	select {
+	case c.work <- req: // an idle handler goroutine takes it
+	default:
+		c.wg.Add(1)
+		go c.handlerLoop(req)
+	}
 	return nil
 }
 
@@ -872,8 +878,36 @@ func (c *conn) newStreamLocked(id uint32) *Stream {
 	return s
 }
 
-func (c *conn) runHandler(r *Request) {
+// handlerIdle is how long a handler goroutine waits for the connection's next stream
+// before it exits.
+const handlerIdle = time.Second
+
+// handlerLoop runs r's handler, then serves further streams of the connection until it
+// has been idle for handlerIdle or the connection closes. Reusing the goroutine keeps the
+// stack a proxy handler grows (dial, policy, access log) instead of growing a fresh one,
+// copy by copy, for every stream.
+func (c *conn) handlerLoop(r *Request) {
 	defer c.wg.Done()
+	var t *time.Timer
+	for {
+		c.runHandler(r)
+		if t == nil {
+			t = time.NewTimer(handlerIdle)
+		} else {
+			t.Reset(handlerIdle)
+		}
+		select {
+		case r = <-c.work:
+		case <-t.C:
+			return
+		case <-c.done:
+			t.Stop()
+			return
+		}
+	}
+}
+
+func (c *conn) runHandler(r *Request) {
 	c.handler(r)
 	if !r.answered.Load() {
 		r.Reject(http.StatusServiceUnavailable)

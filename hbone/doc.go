@@ -49,6 +49,8 @@
 //     reading stops its peer after one stream window, and memory stays bounded by it.
 //
 // Goroutines: per connection one frame reader and one writer (owned by the Pool, or by
-// the ServeConn call), plus one per server stream running the Handler. Pool.Close and
-// ServeConn return only after theirs have exited.
+// the ServeConn call), plus one per server stream running the Handler; a handler
+// goroutine whose stream ended waits up to a second to run the connection's next stream,
+// so its grown stack is reused. Pool.Close and ServeConn return only after theirs have
+// exited.
 package hbone
