@@ -24,7 +24,7 @@ func goid() string {
 // goroutine (its grown stack is reused); streams open at the same time get their own.
 func TestHandlerGoroutineReused(t *testing.T) {
 	leaktest.Check(t)
-	ids := make(chan string, 8)
+	ids := make(chan string, 32)
 	e := newEnv(t, Config{}, func(r *Request) {
 		ids <- goid()
 		s, err := r.Accept(nil)
@@ -45,12 +45,15 @@ func TestHandlerGoroutineReused(t *testing.T) {
 		}
 		return id
 	}
-	first, second := run(), run()
-	// The first handler may still be on its way back to idle when the second stream
-	// arrives; by the third it has had a whole round trip to get there.
-	third := run()
-	if third != second && third != first {
-		t.Errorf("sequential streams ran on goroutines %s, %s, %s: none reused", first, second, third)
+	// A handler goroutine is back to idle a moment after its stream ends, and the next
+	// stream may come sooner; over many sequential streams most must find one.
+	const n = 20
+	seen := map[string]bool{}
+	for range n {
+		seen[run()] = true
+	}
+	if len(seen) > n/2 {
+		t.Errorf("%d sequential streams ran on %d goroutines: handler goroutines not reused", n, len(seen))
 	}
 
 	// Two streams at once: two goroutines.
