@@ -117,3 +117,68 @@ func TestReadFromPollReset(t *testing.T) {
 		t.Fatal("ReadFrom from a reset socket returned no error (a reset is not an EOF)")
 	}
 }
+
+// typeRecorder is an io.ReaderFrom that remembers what ReadFrom was handed.
+type typeRecorder struct{ r io.Reader }
+
+func (t *typeRecorder) Write(p []byte) (int, error) { return len(p), nil }
+func (t *typeRecorder) ReadFrom(r io.Reader) (int64, error) {
+	t.r = r
+	return io.Copy(io.Discard, r)
+}
+
+// peekedConn is a TCP conn with bytes already read off it (a sniffed prefix): its Read
+// returns those first, so ReadFrom must not bypass it with raw socket reads.
+type peekedConn struct {
+	*net.TCPConn
+	r io.Reader
+}
+
+func (p *peekedConn) Read(b []byte) (int, error) { return p.r.Read(b) }
+
+func TestPollableTypes(t *testing.T) {
+	leaktest.Check(t)
+	a, b := tcpPair(t)
+	defer a.Close()
+	defer b.Close()
+	if pollable(b) == nil {
+		t.Error("pollable(*net.TCPConn) = nil")
+	}
+	// io.Copy from a *net.TCPConn reaches ReadFrom through the net package's wrapper.
+	a.Write([]byte("x"))
+	a.CloseWrite()
+	rec := &typeRecorder{}
+	if _, err := io.Copy(rec, b); err != nil {
+		t.Fatal(err)
+	}
+	if pollable(rec.r) == nil {
+		t.Errorf("pollable(%T) = nil: io.Copy from a TCP conn would not take the poll path", rec.r)
+	}
+	if pollable(&peekedConn{TCPConn: b}) != nil {
+		t.Error("pollable accepts a type that embeds *net.TCPConn and overrides Read")
+	}
+}
+
+// A wrapper whose Read returns buffered bytes first keeps them: ReadFrom uses its Read.
+func TestReadFromWrappedTCPKeepsBufferedBytes(t *testing.T) {
+	leaktest.Check(t)
+	e := newEnv(t, Config{}, echo)
+	s := e.dial(t, "10.0.0.1:80")
+	defer s.Close()
+	a, b := tcpPair(t)
+	defer a.Close()
+	defer b.Close()
+	go func() {
+		a.Write([]byte(" world"))
+		a.CloseWrite()
+	}()
+	pc := &peekedConn{TCPConn: b, r: io.MultiReader(bytes.NewReader([]byte("hello")), b)}
+	if n, err := s.ReadFrom(pc); err != nil || n != 11 {
+		t.Fatalf("ReadFrom = %d, %v; want 11 bytes", n, err)
+	}
+	s.CloseWrite()
+	got, err := io.ReadAll(s)
+	if err != nil || string(got) != "hello world" {
+		t.Fatalf("echo = %q, %v", got, err)
+	}
+}

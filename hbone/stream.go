@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"reflect"
 	"sync"
 	"syscall"
 	"time"
@@ -301,22 +302,25 @@ func (s *Stream) ReadFrom(r io.Reader) (int64, error) {
 // pollReads enables readFromPoll; a variable so tests and benchmarks can compare both paths.
 var pollReads = true
 
-// pollable returns the raw connection of a TCP socket (also when wrapped by the net
-// package's own io.Copy helpers, which embed *net.TCPConn), or nil.
+// pollable returns the raw connection of a *net.TCPConn, also when it arrives wrapped by
+// the net package's own io.Copy helper (TCPConn.WriteTo hands ReadFrom a struct that
+// embeds the conn and adds nothing to Read), or nil. Any other type that embeds a
+// *net.TCPConn is refused: it may buffer bytes its Read returns before the socket's.
 func pollable(r io.Reader) syscall.RawConn {
 	if !pollReads {
 		return nil
 	}
-	nc, ok := r.(net.Conn)
-	if !ok {
-		return nil
-	}
-	sc, ok := r.(syscall.Conn)
-	if !ok {
-		return nil
-	}
-	if _, ok := nc.LocalAddr().(*net.TCPAddr); !ok {
-		return nil
+	var sc syscall.Conn
+	switch c := r.(type) {
+	case *net.TCPConn:
+		sc = c
+	default:
+		if reflect.TypeOf(r).String() != "net.tcpConnWithoutWriteTo" {
+			return nil
+		}
+		if sc, _ = r.(syscall.Conn); sc == nil {
+			return nil
+		}
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
