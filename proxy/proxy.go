@@ -169,7 +169,9 @@ func (p *Proxy) Listen() error {
 		if l.addr == "" {
 			continue
 		}
-		ln, err := net.Listen("tcp", l.addr)
+		// KeepAlive -1: tuneSocket sets ztunnel's keepalive (or none) once, instead of Go's
+		// default being set first and then overwritten on every accepted connection.
+		ln, err := (&net.ListenConfig{KeepAlive: -1}).Listen(context.Background(), "tcp", l.addr)
 		if err != nil {
 			for _, open := range p.listeners {
 				open.Close()
