@@ -6,11 +6,13 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"runtime/debug"
 	"syscall"
+	"time"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -40,7 +42,9 @@ func mainExit(args []string) int {
 		return 2
 	}
 	logLevel := new(slog.LevelVar)
-	slog.SetDefault(newLogger(cfg, logLevel))
+	logs := newLogWriter(os.Stderr, 100*time.Millisecond)
+	defer logs.Close()
+	slog.SetDefault(newLogger(cfg, logLevel, logs))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -51,13 +55,13 @@ func mainExit(args []string) int {
 	return 0
 }
 
-func newLogger(cfg *config, level *slog.LevelVar) *slog.Logger {
+func newLogger(cfg *config, level *slog.LevelVar, w io.Writer) *slog.Logger {
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
 	opts := &slog.HandlerOptions{Level: level}
 	if cfg.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+		return slog.New(slog.NewJSONHandler(w, opts))
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 func versionString() string {
