@@ -6,18 +6,18 @@ import (
 	"strconv"
 	"testing"
 
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/gozt/gozt/xds/state"
 	"github.com/gozt/gozt/xds/xdspb"
+	"github.com/gozt/gozt/xds/xdspb/discoverypb"
 	"github.com/gozt/gozt/xds/xdspb/workloadpb"
 )
 
 // genPush builds an Address response of n workloads as istiod would send them.
-func genPush(b *testing.B, n int) *discoveryv3.DeltaDiscoveryResponse {
-	resp := &discoveryv3.DeltaDiscoveryResponse{TypeUrl: xdspb.AddressType, Nonce: "n"}
+func genPush(b *testing.B, n int) *discoverypb.DeltaDiscoveryResponse {
+	resp := &discoverypb.DeltaDiscoveryResponse{TypeUrl: xdspb.AddressType, Nonce: "n"}
 	for i := range n {
 		uid := "Kubernetes//v1/Pod/ns" + strconv.Itoa(i%50) + "/pod-" + strconv.Itoa(i)
 		w := &workloadpb.Workload{
@@ -31,7 +31,7 @@ func genPush(b *testing.B, n int) *discoveryv3.DeltaDiscoveryResponse {
 		if err != nil {
 			b.Fatal(err)
 		}
-		resp.Resources = append(resp.Resources, &discoveryv3.Resource{Name: uid, Version: "1", Resource: &anypb.Any{TypeUrl: xdspb.AddressType, Value: v}})
+		resp.Resources = append(resp.Resources, &discoverypb.Resource{Name: uid, Version: "1", Resource: &anypb.Any{TypeUrl: xdspb.AddressType, Value: v}})
 	}
 	return resp
 }

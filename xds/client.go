@@ -28,8 +28,6 @@ import (
 	"sync"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -44,6 +42,7 @@ import (
 
 	"github.com/gozt/gozt/xds/state"
 	"github.com/gozt/gozt/xds/xdspb"
+	"github.com/gozt/gozt/xds/xdspb/discoverypb"
 	"github.com/gozt/gozt/xds/xdspb/securitypb"
 	"github.com/gozt/gozt/xds/xdspb/workloadpb"
 )
@@ -155,7 +154,7 @@ type Client struct {
 	syncedOnce sync.Once
 
 	sendMu sync.Mutex // serialises Send on the current stream
-	stream grpc.BidiStreamingClient[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse]
+	stream grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
 
 	mu       sync.Mutex
 	versions map[string]map[string]string // type URL -> accepted resource name -> version
@@ -356,8 +355,8 @@ func (c *Client) outgoingMD(ctx context.Context) (context.Context, error) {
 	return metadata.NewOutgoingContext(ctx, md), nil
 }
 
-func (c *Client) node() *corev3.Node {
-	n := &corev3.Node{Id: c.cfg.NodeID}
+func (c *Client) node() *discoverypb.Node {
+	n := &discoverypb.Node{Id: c.cfg.NodeID}
 	if len(c.cfg.Metadata) > 0 {
 		fields := make(map[string]*structpb.Value, len(c.cfg.Metadata))
 		for k, v := range c.cfg.Metadata {
@@ -369,12 +368,12 @@ func (c *Client) node() *corev3.Node {
 }
 
 // initialRequests builds the first request of each type for a new stream.
-func (c *Client) initialRequests() []*discoveryv3.DeltaDiscoveryRequest {
+func (c *Client) initialRequests() []*discoverypb.DeltaDiscoveryRequest {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var reqs []*discoveryv3.DeltaDiscoveryRequest
+	var reqs []*discoverypb.DeltaDiscoveryRequest
 	for _, typ := range []string{xdspb.AddressType, xdspb.AuthorizationType} {
-		r := &discoveryv3.DeltaDiscoveryRequest{Node: c.node(), TypeUrl: typ}
+		r := &discoverypb.DeltaDiscoveryRequest{Node: c.node(), TypeUrl: typ}
 		if typ == xdspb.AddressType && c.cfg.OnDemand {
 			// "Subscribe to nothing": the wildcard is explicitly removed, then each name we
 			// demanded before is asked for again.
@@ -395,7 +394,7 @@ func (c *Client) initialRequests() []*discoveryv3.DeltaDiscoveryRequest {
 	return reqs
 }
 
-func (c *Client) send(req *discoveryv3.DeltaDiscoveryRequest) error {
+func (c *Client) send(req *discoverypb.DeltaDiscoveryRequest) error {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
 	if c.stream == nil {
@@ -417,7 +416,7 @@ func (c *Client) runStream(ctx context.Context) (gotResponse bool, err error) {
 	if err != nil {
 		return false, &connectError{err}
 	}
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(sctx)
+	stream, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(sctx)
 	if err != nil {
 		return false, &connectError{err}
 	}
@@ -470,7 +469,7 @@ type decoded struct {
 }
 
 // decodeResponse converts every resource of a response; bad ones are listed in errs.
-func decodeResponse(resp *discoveryv3.DeltaDiscoveryResponse) *decoded {
+func decodeResponse(resp *discoverypb.DeltaDiscoveryResponse) *decoded {
 	d := &decoded{accepted: make(map[string]string, len(resp.GetResources()))}
 	typ := resp.GetTypeUrl()
 	for _, r := range resp.GetResources() {
@@ -493,7 +492,7 @@ func decodeResponse(resp *discoveryv3.DeltaDiscoveryResponse) *decoded {
 	return d
 }
 
-func decodeResource(typ string, r *discoveryv3.Resource, b *state.Batch) error {
+func decodeResource(typ string, r *discoverypb.Resource, b *state.Batch) error {
 	anyMsg := r.GetResource()
 	if anyMsg == nil {
 		return errors.New("missing resource body")
@@ -540,11 +539,11 @@ func decodeResource(typ string, r *discoveryv3.Resource, b *state.Batch) error {
 }
 
 // handle applies one response and returns its ACK or NACK.
-func (c *Client) handle(resp *discoveryv3.DeltaDiscoveryResponse) *discoveryv3.DeltaDiscoveryRequest {
+func (c *Client) handle(resp *discoverypb.DeltaDiscoveryResponse) *discoverypb.DeltaDiscoveryRequest {
 	typ := resp.GetTypeUrl()
 	c.metrics.messages.WithLabelValues(typ).Inc()
 	c.metrics.bytes.WithLabelValues(typ).Add(float64(proto.Size(resp)))
-	ack := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: typ, ResponseNonce: resp.GetNonce()}
+	ack := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typ, ResponseNonce: resp.GetNonce()}
 	if typ != xdspb.AddressType && typ != xdspb.AuthorizationType {
 		c.log.Warn("xds: ignoring unknown type", "type_url", typ)
 		return ack // unknown types are still ACKed
@@ -619,7 +618,7 @@ func (c *Client) Demand(ctx context.Context, key string) error {
 	c.demanded[key] = struct{}{}
 	c.mu.Unlock()
 	// When disconnected the next stream's initial request carries the name.
-	if err := c.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: xdspb.AddressType, ResourceNamesSubscribe: []string{key}}); err != nil {
+	if err := c.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: xdspb.AddressType, ResourceNamesSubscribe: []string{key}}); err != nil {
 		c.log.Debug("xds: on-demand request deferred", "key", key, "error", err)
 	}
 	select {

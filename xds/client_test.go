@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
@@ -33,6 +32,7 @@ import (
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/xds/state"
 	"github.com/gozt/gozt/xds/xdspb"
+	"github.com/gozt/gozt/xds/xdspb/discoverypb"
 	"github.com/gozt/gozt/xds/xdspb/securitypb"
 	"github.com/gozt/gozt/xds/xdspb/workloadpb"
 )
@@ -42,11 +42,11 @@ const waitFor = 10 * time.Second // upper bound for network round trips, never h
 // adsServer is a small real delta ADS server: it records requests and lets the test push
 // responses on the latest stream.
 type adsServer struct {
-	discoveryv3.UnimplementedAggregatedDiscoveryServiceServer
+	discoverypb.UnimplementedAggregatedDiscoveryServiceServer
 	grpc    *grpc.Server
 	addr    string
-	reqs    chan *discoveryv3.DeltaDiscoveryRequest
-	streams chan grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse]
+	reqs    chan *discoverypb.DeltaDiscoveryRequest
+	streams chan grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
 	md      chan metadata.MD
 	done    chan struct{}
 	end     chan struct{} // a send ends the current stream cleanly (status OK)
@@ -67,13 +67,13 @@ func startADS(t *testing.T, addr string, opts ...grpc.ServerOption) *adsServer {
 	}
 	s := &adsServer{
 		grpc: grpc.NewServer(opts...), addr: ln.Addr().String(),
-		reqs:    make(chan *discoveryv3.DeltaDiscoveryRequest, 100),
-		streams: make(chan grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse], 10),
+		reqs:    make(chan *discoverypb.DeltaDiscoveryRequest, 100),
+		streams: make(chan grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], 10),
 		md:      make(chan metadata.MD, 10),
 		done:    make(chan struct{}),
 		end:     make(chan struct{}),
 	}
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(s.grpc, s)
+	discoverypb.RegisterAggregatedDiscoveryServiceServer(s.grpc, s)
 	go func() { defer close(s.done); _ = s.grpc.Serve(ln) }()
 	t.Cleanup(s.stop)
 	return s
@@ -81,7 +81,7 @@ func startADS(t *testing.T, addr string, opts ...grpc.ServerOption) *adsServer {
 
 func (s *adsServer) stop() { s.grpc.Stop(); <-s.done }
 
-func (s *adsServer) DeltaAggregatedResources(st grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse]) error {
+func (s *adsServer) DeltaAggregatedResources(st grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) error {
 	md, _ := metadata.FromIncomingContext(st.Context())
 	s.md <- md
 	s.streams <- st
@@ -103,7 +103,7 @@ func (s *adsServer) DeltaAggregatedResources(st grpc.BidiStreamingServer[discove
 	return nil
 }
 
-func (s *adsServer) stream(t *testing.T) grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse] {
+func (s *adsServer) stream(t *testing.T) grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse] {
 	t.Helper()
 	select {
 	case st := <-s.streams:
@@ -114,7 +114,7 @@ func (s *adsServer) stream(t *testing.T) grpc.BidiStreamingServer[discoveryv3.De
 	}
 }
 
-func (s *adsServer) req(t *testing.T) *discoveryv3.DeltaDiscoveryRequest {
+func (s *adsServer) req(t *testing.T) *discoverypb.DeltaDiscoveryRequest {
 	t.Helper()
 	select {
 	case r := <-s.reqs:
@@ -126,9 +126,9 @@ func (s *adsServer) req(t *testing.T) *discoveryv3.DeltaDiscoveryRequest {
 }
 
 // initial reads the two initial requests of a stream, keyed by type URL.
-func (s *adsServer) initial(t *testing.T) map[string]*discoveryv3.DeltaDiscoveryRequest {
+func (s *adsServer) initial(t *testing.T) map[string]*discoverypb.DeltaDiscoveryRequest {
 	t.Helper()
-	out := map[string]*discoveryv3.DeltaDiscoveryRequest{}
+	out := map[string]*discoverypb.DeltaDiscoveryRequest{}
 	for range 2 {
 		r := s.req(t)
 		out[r.GetTypeUrl()] = r
@@ -136,23 +136,23 @@ func (s *adsServer) initial(t *testing.T) map[string]*discoveryv3.DeltaDiscovery
 	return out
 }
 
-func res(t *testing.T, name, typ string, m proto.Message, aliases ...string) *discoveryv3.Resource {
+func res(t *testing.T, name, typ string, m proto.Message, aliases ...string) *discoverypb.Resource {
 	t.Helper()
 	b, err := proto.Marshal(m)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &discoveryv3.Resource{Name: name, Version: "v-" + name, Aliases: aliases, Resource: &anypb.Any{TypeUrl: typ, Value: b}}
+	return &discoverypb.Resource{Name: name, Version: "v-" + name, Aliases: aliases, Resource: &anypb.Any{TypeUrl: typ, Value: b}}
 }
 
-func wlRes(t *testing.T, uid, ip string, aliases ...string) *discoveryv3.Resource {
+func wlRes(t *testing.T, uid, ip string, aliases ...string) *discoverypb.Resource {
 	return res(t, uid, xdspb.AddressType, &workloadpb.Address{Type: &workloadpb.Address_Workload{Workload: &workloadpb.Workload{
 		Uid: uid, Name: uid, Namespace: "default", Addresses: [][]byte{netip.MustParseAddr(ip).AsSlice()},
 		TunnelProtocol: workloadpb.TunnelProtocol_HBONE,
 	}}}, aliases...)
 }
 
-func svcRes(t *testing.T, host, vip string) *discoveryv3.Resource {
+func svcRes(t *testing.T, host, vip string) *discoverypb.Resource {
 	return res(t, "default/"+host, xdspb.AddressType, &workloadpb.Address{Type: &workloadpb.Address_Service{Service: &workloadpb.Service{
 		Name: host, Namespace: "default", Hostname: host,
 		Addresses: []*workloadpb.NetworkAddress{{Address: netip.MustParseAddr(vip).AsSlice()}},
@@ -160,18 +160,18 @@ func svcRes(t *testing.T, host, vip string) *discoveryv3.Resource {
 	}}})
 }
 
-func polRes(t *testing.T, name string) *discoveryv3.Resource {
+func polRes(t *testing.T, name string) *discoverypb.Resource {
 	return res(t, "default/"+name, xdspb.AuthorizationType, &securitypb.Authorization{Name: name, Namespace: "default", Scope: securitypb.Scope_NAMESPACE})
 }
 
-func push(t *testing.T, st grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse], typ, nonce string, resources []*discoveryv3.Resource, removed ...string) {
+func push(t *testing.T, st grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], typ, nonce string, resources []*discoverypb.Resource, removed ...string) {
 	t.Helper()
-	if err := st.Send(&discoveryv3.DeltaDiscoveryResponse{TypeUrl: typ, Nonce: nonce, Resources: resources, RemovedResources: removed}); err != nil {
+	if err := st.Send(&discoverypb.DeltaDiscoveryResponse{TypeUrl: typ, Nonce: nonce, Resources: resources, RemovedResources: removed}); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func expectAck(t *testing.T, s *adsServer, typ, nonce string) *discoveryv3.DeltaDiscoveryRequest {
+func expectAck(t *testing.T, s *adsServer, typ, nonce string) *discoverypb.DeltaDiscoveryRequest {
 	t.Helper()
 	r := s.req(t)
 	if r.GetTypeUrl() != typ || r.GetResponseNonce() != nonce {
@@ -231,11 +231,11 @@ func TestClientStream(t *testing.T) {
 		t.Fatal("synced before any response")
 	default:
 	}
-	push(t, st, xdspb.AddressType, "n1", []*discoveryv3.Resource{wlRes(t, "w1", "10.0.0.1"), wlRes(t, "w2", "10.0.0.2"), svcRes(t, "echo", "10.96.0.1")})
+	push(t, st, xdspb.AddressType, "n1", []*discoverypb.Resource{wlRes(t, "w1", "10.0.0.1"), wlRes(t, "w2", "10.0.0.2"), svcRes(t, "echo", "10.96.0.1")})
 	if r := expectAck(t, srv, xdspb.AddressType, "n1"); r.GetErrorDetail() != nil {
 		t.Fatalf("NACK of a good push: %v", r.GetErrorDetail())
 	}
-	push(t, st, xdspb.AuthorizationType, "n2", []*discoveryv3.Resource{polRes(t, "p1")})
+	push(t, st, xdspb.AuthorizationType, "n2", []*discoverypb.Resource{polRes(t, "p1")})
 	expectAck(t, srv, xdspb.AuthorizationType, "n2")
 	select {
 	case <-c.Synced():
@@ -247,7 +247,7 @@ func TestClientStream(t *testing.T) {
 	}
 
 	// Incremental: update w1's IP, remove w2 and the service; unknown types are ACKed.
-	push(t, st, xdspb.AddressType, "n3", []*discoveryv3.Resource{wlRes(t, "w1", "10.0.0.11")}, "w2", "default/echo")
+	push(t, st, xdspb.AddressType, "n3", []*discoverypb.Resource{wlRes(t, "w1", "10.0.0.11")}, "w2", "default/echo")
 	expectAck(t, srv, xdspb.AddressType, "n3")
 	if store.WorkloadByIP("", netip.MustParseAddr("10.0.0.1")) != nil || store.WorkloadByIP("", netip.MustParseAddr("10.0.0.11")) == nil ||
 		store.WorkloadByUID("w2") != nil || store.ServiceByKey("default/echo") != nil {
@@ -259,9 +259,9 @@ func TestClientStream(t *testing.T) {
 	}
 
 	// A push with one malformed resource: NACK names it; the others are applied.
-	bad := &discoveryv3.Resource{Name: "bad", Version: "v", Resource: &anypb.Any{TypeUrl: xdspb.AddressType, Value: []byte{0x0a, 0x05, 0xa2, 0x01, 0x00, 0xff, 0xff}}}
+	bad := &discoverypb.Resource{Name: "bad", Version: "v", Resource: &anypb.Any{TypeUrl: xdspb.AddressType, Value: []byte{0x0a, 0x05, 0xa2, 0x01, 0x00, 0xff, 0xff}}}
 	badIP := res(t, "badip", xdspb.AddressType, &workloadpb.Address{Type: &workloadpb.Address_Workload{Workload: &workloadpb.Workload{Uid: "badip", Addresses: [][]byte{{1, 2, 3}}}}})
-	push(t, st, xdspb.AddressType, "n5", []*discoveryv3.Resource{bad, wlRes(t, "w3", "10.0.0.3"), badIP})
+	push(t, st, xdspb.AddressType, "n5", []*discoverypb.Resource{bad, wlRes(t, "w3", "10.0.0.3"), badIP})
 	r := expectAck(t, srv, xdspb.AddressType, "n5")
 	msg := r.GetErrorDetail().GetMessage()
 	if !strings.HasPrefix(msg, "bad: ") || !strings.Contains(msg, "; badip: ") || !strings.Contains(msg, "address of 3 bytes") {
@@ -355,7 +355,7 @@ func TestClientOnDemand(t *testing.T) {
 		t.Fatalf("Demand returned before the resource arrived: %v", err)
 	default:
 	}
-	push(t, st, xdspb.AddressType, "d1", []*discoveryv3.Resource{wlRes(t, "w5", "10.0.0.5", "/10.0.0.5")})
+	push(t, st, xdspb.AddressType, "d1", []*discoverypb.Resource{wlRes(t, "w5", "10.0.0.5", "/10.0.0.5")})
 	expectAck(t, srv, xdspb.AddressType, "d1")
 	if err := <-got; err != nil {
 		t.Fatalf("Demand: %v", err)
@@ -508,7 +508,7 @@ func TestClientReconnectAfterCleanEnd(t *testing.T) {
 	srv.initial(t)
 	go func() { _ = c.Demand(context.Background(), "default/echo.svc") }()
 	srv.req(t) // the on-demand subscription
-	push(t, st, xdspb.AddressType, "d1", []*discoveryv3.Resource{svcRes(t, "echo.svc", "10.96.0.1")})
+	push(t, st, xdspb.AddressType, "d1", []*discoverypb.Resource{svcRes(t, "echo.svc", "10.96.0.1")})
 	expectAck(t, srv, xdspb.AddressType, "d1")
 
 	srv.end <- struct{}{} // status OK: ztunnel reconnects at once

@@ -26,6 +26,7 @@ type Rule struct {
 var Rules = []Rule{
 	{Pkg: "identity", Forbid: []string{"*"}, Why: "leaf: SPIFFE ID value types everything uses"},
 	{Pkg: "xds/xdspb", Forbid: []string{"*"}, Why: "generated protobuf code is a leaf"},
+	{Pkg: "xds/xdspb/discoverypb", Forbid: []string{"*"}, Why: "generated delta ADS protos and gRPC stubs are a leaf"},
 	{Pkg: "xds/state", Forbid: []string{"xds", "xds/xdspb", "proxy...", "hbone..."}, Direct: []string{"google.golang.org/protobuf/..."}, Why: "the cache holds plain Go types; protos are converted in xds"},
 	{Pkg: "hbone", Subtree: true, Forbid: []string{"xds...", "proxy...", "identity/certs"}, Why: "the wire protocol knows nothing of workloads or where certificates come from"},
 	{Pkg: "proxy", Forbid: []string{"xds", "identity/certs...", "identity/ca..."}, Why: "the data plane gets state and certificates through interfaces, not from their sources"},
