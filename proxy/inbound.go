@@ -31,8 +31,8 @@ func (c *origDstConn) LocalAddr() net.Addr { return c.dst }
 
 // withOrigDst wraps c when iptables REDIRECT changed its destination.
 func withOrigDst(c *net.TCPConn) net.Conn {
-	dst, err := sockopt.OriginalDst(c)
-	if err != nil || dst == addrPortOf(c.LocalAddr()) {
+	dst := originalDst(c)
+	if dst == addrPortOf(c.LocalAddr()) {
 		return c
 	}
 	return &origDstConn{TCPConn: c, dst: net.TCPAddrFromAddrPort(dst)}
@@ -313,10 +313,7 @@ func (p *Proxy) inboundSourceLabels(l *metrics.Labels, peer identity.ID, client 
 // then plain TCP to the workload.
 func (p *Proxy) servePlaintext(ctx context.Context, c *net.TCPConn) {
 	defer c.Close()
-	dst, err := sockopt.OriginalDst(c)
-	if err != nil {
-		dst = addrPortOf(c.LocalAddr())
-	}
+	dst := originalDst(c)
 	client := addrPortOf(c.RemoteAddr())
 	labels := metrics.Labels{Reporter: metrics.ReporterDest}
 	log := metrics.ConnLog{SrcAddr: client.String(), DstAddr: dst.String(), Direction: "inbound"}

@@ -8,7 +8,6 @@ import (
 	"net/netip"
 
 	"github.com/gozt/gozt/hbone"
-	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/xds/state"
 )
@@ -24,10 +23,7 @@ var errSelfCall = errors.New("proxy: refusing a connection to ztunnel's own port
 // from SO_ORIGINAL_DST, or is the local address when redirected with TPROXY.
 func (p *Proxy) serveOutbound(ctx context.Context, c *net.TCPConn) {
 	defer c.Close()
-	dst, err := sockopt.OriginalDst(c)
-	if err != nil {
-		dst = addrPortOf(c.LocalAddr())
-	}
+	dst := originalDst(c)
 	client := addrPortOf(c.RemoteAddr())
 	src, err := p.sourceWorkload(ctx, client.Addr())
 	if err != nil {

@@ -364,6 +364,15 @@ func (p *Proxy) unknownLocal(ip netip.Addr) error {
 	return fmt.Errorf("proxy: no workload of node %q at %v", p.cfg.Node, ip)
 }
 
+// originalDst is where a captured connection was going: SO_ORIGINAL_DST after an iptables
+// REDIRECT, else the local address (TPROXY, or a connection made straight to a listener).
+func originalDst(c *net.TCPConn) netip.AddrPort {
+	if dst, err := sockopt.OriginalDst(c); err == nil {
+		return dst
+	}
+	return addrPortOf(c.LocalAddr())
+}
+
 func addrPortOf(a net.Addr) netip.AddrPort {
 	switch a := a.(type) {
 	case *net.TCPAddr:
