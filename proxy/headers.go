@@ -72,14 +72,14 @@ func traceparent() string {
 	return "00-" + hex.EncodeToString(b[:16]) + "-" + hex.EncodeToString(b[16:]) + "-00"
 }
 
-// workloadLabels fills one side of the traffic labels from a workload.
+// sourceLabels and destLabels fill one side of the traffic labels from the cache.
 func sourceLabels(l *metrics.Labels, w *state.Workload) {
 	if w == nil {
 		return
 	}
-	l.SourceWorkload = orUnknown(w.WorkloadName, w.Name)
+	l.SourceWorkload = firstNonEmpty(w.WorkloadName, w.Name)
 	l.SourceWorkloadNamespace = w.Namespace
-	l.SourceCanonicalService = orUnknown(w.CanonicalName, w.Name)
+	l.SourceCanonicalService = firstNonEmpty(w.CanonicalName, w.Name)
 	l.SourceCanonicalRevision = w.CanonicalRevision
 	l.SourceApp = l.SourceCanonicalService
 	l.SourceVersion = w.CanonicalRevision
@@ -88,9 +88,9 @@ func sourceLabels(l *metrics.Labels, w *state.Workload) {
 
 func destLabels(l *metrics.Labels, w *state.Workload, svc *state.Service) {
 	if w != nil {
-		l.DestinationWorkload = orUnknown(w.WorkloadName, w.Name)
+		l.DestinationWorkload = firstNonEmpty(w.WorkloadName, w.Name)
 		l.DestinationWorkloadNamespace = w.Namespace
-		l.DestinationCanonicalService = orUnknown(w.CanonicalName, w.Name)
+		l.DestinationCanonicalService = firstNonEmpty(w.CanonicalName, w.Name)
 		l.DestinationCanonicalRevision = w.CanonicalRevision
 		l.DestinationApp = l.DestinationCanonicalService
 		l.DestinationVersion = w.CanonicalRevision
@@ -103,7 +103,7 @@ func destLabels(l *metrics.Labels, w *state.Workload, svc *state.Service) {
 	}
 }
 
-func orUnknown(v, fallback string) string {
+func firstNonEmpty(v, fallback string) string {
 	if v != "" {
 		return v
 	}
