@@ -72,6 +72,11 @@ type inboundTarget struct {
 	connDst netip.Addr     // the address the HBONE connection itself was sent to
 }
 
+// policyView is what authorization policy sees of a connection to t.
+func (t *inboundTarget) policyView(peer identity.ID, src netip.Addr) rbac.Conn {
+	return rbac.Conn{Peer: peer, SrcIP: src, DstIP: t.addr.Addr(), DstPort: t.addr.Port()}
+}
+
 // serveHBONE answers one CONNECT stream: validate, authorize, dial, then 200 and copy.
 // Status codes as ztunnel: 400 bad target, 401 denied, 503 unknown or unreachable.
 func (p *Proxy) serveHBONE(r *hbone.Request) {
@@ -113,7 +118,7 @@ func (p *Proxy) serveHBONE(r *hbone.Request) {
 		return
 	}
 	defer s.Close()
-	p.proxyInbound(s, up, t, rbac.Conn{Peer: r.Peer, SrcIP: client.Addr(), DstIP: t.addr.Addr(), DstPort: t.addr.Port()}, labels, log)
+	p.proxyInbound(s, up, t, t.policyView(r.Peer, client.Addr()), labels, log)
 }
 
 // proxyInbound copies an accepted inbound connection and records it; it stays registered
@@ -233,7 +238,7 @@ func (p *Proxy) serviceFor(w *state.Workload, port uint16) *state.Service {
 
 // authorize applies the destination workload's policies.
 func (p *Proxy) authorize(t *inboundTarget, peer identity.ID, src netip.Addr) *inboundError {
-	d := rbac.Check(p.store.PoliciesFor(t.dst), rbac.Conn{Peer: peer, SrcIP: src, DstIP: t.addr.Addr(), DstPort: t.addr.Port()})
+	d := rbac.Check(p.store.PoliciesFor(t.dst), t.policyView(peer, src))
 	if d.Allow {
 		return nil
 	}
@@ -335,5 +340,5 @@ func (p *Proxy) servePlaintext(ctx context.Context, c *net.TCPConn) {
 		return
 	}
 	defer up.Close()
-	p.proxyInbound(c, up, t, rbac.Conn{SrcIP: client.Addr(), DstIP: t.addr.Addr(), DstPort: t.addr.Port()}, labels, log)
+	p.proxyInbound(c, up, t, t.policyView(identity.ID{}, client.Addr()), labels, log)
 }
