@@ -772,13 +772,7 @@ func (c *conn) clientHeaders(f *http2.MetaHeadersFrame) error {
 		return nil // we reset it already
 	}
 	if s.gotResp {
-		if !f.StreamEnded() {
-			c.resetLocked(s, id, http2.ErrCodeProtocol)
-			return nil
-		}
-		s.recvEnd = true // trailers
-		c.maybeDoneLocked(s)
-		s.cond.Broadcast()
+		c.trailersLocked(s, id, f)
 		return nil
 	}
 	code, err := strconv.Atoi(f.PseudoValue("status"))
@@ -804,6 +798,18 @@ func (c *conn) clientHeaders(f *http2.MetaHeadersFrame) error {
 	return nil
 }
 
+// trailersLocked handles a HEADERS frame on a stream whose headers already arrived: only
+// trailers that end the stream are allowed; anything else resets it.
+func (c *conn) trailersLocked(s *Stream, id uint32, f *http2.MetaHeadersFrame) {
+	if !f.StreamEnded() {
+		c.resetLocked(s, id, http2.ErrCodeProtocol)
+		return
+	}
+	s.recvEnd = true
+	c.maybeDoneLocked(s)
+	s.cond.Broadcast()
+}
+
 func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 	id := f.StreamID
 	c.mu.Lock()
@@ -812,13 +818,7 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 		return connError{http2.ErrCodeProtocol, "client opened an even stream"}
 	}
 	if s := c.streams[id]; s != nil {
-		if !f.StreamEnded() {
-			c.resetLocked(s, id, http2.ErrCodeProtocol)
-			return nil
-		}
-		s.recvEnd = true // trailers
-		c.maybeDoneLocked(s)
-		s.cond.Broadcast()
+		c.trailersLocked(s, id, f)
 		return nil
 	}
 	if id <= c.lastPeerID {
