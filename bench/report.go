@@ -162,7 +162,7 @@ func (rep *Report) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "zbench suite: %d path(s), %d rep(s) of %v per run, %d CPUs, %v in all; medians.\n",
 		len(rep.Paths), rep.Reps, rep.Duration, rep.CPUs, rep.Elapsed.Round(time.Second))
 	fmt.Fprintln(w, "CPU and memory are the proxy processes' own (both hops); ↑ higher is better, ↓ lower is better.")
-	fmt.Fprintln(w, "throughput echoes: Gbit/s and s/GB count the bytes returned (each also crossed the path once outbound).")
+	fmt.Fprintln(w, "throughput is one-way bulk transfer from the server through the path to the client (like iperf -R).")
 	const caseW = 13
 	labelW := 0
 	for _, m := range metrics {

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"io"
 	"testing"
 	"time"
 
@@ -88,8 +89,8 @@ func TestThroughputDirections(t *testing.T) {
 	for _, tc := range []struct {
 		dir  string
 		mode Mode
-	}{{"echo", ModeEcho}, {"up", ModeSink}, {"down", ModeSource}} {
-		t.Run(tc.dir, func(t *testing.T) {
+	}{{"echo", ModeEcho}, {"up", ModeSink}, {"down", ModeSource}, {"down", ModeEcho}} {
+		t.Run(tc.dir+"/"+string(tc.mode), func(t *testing.T) {
 			srv := startServer(t, tc.mode)
 			res, err := Run(context.Background(), "throughput", Target{Addr: srv.Addr().String()},
 				Options{Duration: 150 * time.Millisecond, Conns: 2, Direction: tc.dir})
@@ -100,6 +101,30 @@ func TestThroughputDirections(t *testing.T) {
 				t.Errorf("moved %d bytes in 150ms on loopback; want at least 1 MiB", res.Bytes)
 			}
 		})
+	}
+}
+
+// An echo server serves only a connection that opens with the whole SourceRequest as a
+// source; bytes that merely start like it are echoed, also when the client half-closes
+// before the request could be complete.
+func TestEchoServesSourceOnlyOnTheWholeRequest(t *testing.T) {
+	leaktest.Check(t)
+	srv := startServer(t, ModeEcho)
+	for _, sent := range []string{"Z", SourceRequest[:8], SourceRequest[:15] + "x", "hello"} {
+		c, err := Target{Addr: srv.Addr().String()}.Dial(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.WriteString(c, sent); err != nil {
+			t.Fatal(err)
+		}
+		closeWrite(c)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		got, err := io.ReadAll(c)
+		c.Close()
+		if err != nil || string(got) != sent {
+			t.Errorf("sent %q and half-closed: got %q, %v; want the same bytes echoed, then EOF", sent, got, err)
+		}
 	}
 }
 

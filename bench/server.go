@@ -14,7 +14,9 @@ import (
 type Mode string
 
 const (
-	// ModeEcho writes back every byte it reads and half-closes after the client does.
+	// ModeEcho writes back every byte it reads and half-closes after the client does. A
+	// connection that opens with SourceRequest is served as ModeSource instead, so that one
+	// server behind a fixed chain of proxies serves every scenario.
 	ModeEcho Mode = "echo"
 	// ModeSink reads and checks the pattern stream; when the client half-closes it answers
 	// with the byte count (8 bytes, big endian) and a status byte (0 intact, 1 corrupt).
@@ -132,9 +134,33 @@ func (s *Server) serveConn(c net.Conn) {
 	}
 }
 
-// serveEcho copies the connection to itself; between *net.TCPConn io.Copy splices.
+// SourceRequest opens a throughput --direction down connection: it turns an echo server's
+// connection into a source (a source server ignores it). No other client's first bytes
+// start with it: pattern and request bytes are pseudo-random.
+const SourceRequest = "ZBENCH/1 SOURCE\n"
+
+// serveEcho copies the connection to itself; between *net.TCPConn io.Copy splices. It first
+// reads for as long as the bytes could still be SourceRequest.
 func serveEcho(c net.Conn) {
-	if _, err := io.Copy(c, c); err == nil {
+	var head [len(SourceRequest)]byte
+	n := 0
+	var rerr error
+	for n < len(head) && rerr == nil && string(head[:n]) == SourceRequest[:n] {
+		var k int
+		k, rerr = c.Read(head[n:])
+		n += k
+	}
+	if string(head[:n]) == SourceRequest {
+		serveSource(c)
+		return
+	}
+	if _, err := c.Write(head[:n]); err != nil {
+		return
+	}
+	if rerr == nil {
+		_, rerr = io.Copy(c, c)
+	}
+	if rerr == nil || rerr == io.EOF {
 		closeWrite(c)
 		io.Copy(io.Discard, c) // wait for the client to finish closing
 	}

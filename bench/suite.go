@@ -50,8 +50,8 @@ func (cfg *SuiteConfig) cases() []suiteCase {
 		{name: "idle", scenario: "idle", opts: Options{Duration: min(d, time.Second), Conns: cfg.IdleConns, Payload: 64}, proxied: true},
 		{name: "pingpong", scenario: "pingpong", opts: Options{Duration: d, Conns: 1, Payload: 1024}},
 		{name: "connrate", scenario: "connrate", opts: Options{Duration: d, Conns: 4, Payload: 1024}},
-		{name: "throughput/1", scenario: "throughput", opts: Options{Duration: d, Conns: 1}},
-		{name: "throughput/8", scenario: "throughput", opts: Options{Duration: d, Conns: 8}},
+		{name: "throughput/1", scenario: "throughput", opts: Options{Duration: d, Conns: 1, Direction: "down"}},
+		{name: "throughput/8", scenario: "throughput", opts: Options{Duration: d, Conns: 8, Direction: "down"}},
 	}
 }
 

@@ -175,9 +175,13 @@ func upStream(ctx context.Context, c net.Conn, deadline time.Time, chunk int) (i
 	return got, nil
 }
 
-// downStream reads and checks a source's pattern until deadline.
+// downStream asks for the source stream (an echo server turns into a source) and reads and
+// checks it until deadline.
 func downStream(ctx context.Context, c net.Conn, deadline time.Time, _ int) (int64, error) {
 	defer closeOnCancel(ctx, c)()
+	if _, err := io.WriteString(c, SourceRequest); err != nil {
+		return 0, fmt.Errorf("source request: %w", err)
+	}
 	c.SetReadDeadline(deadline)
 	buf := make([]byte, maxChunk)
 	var got int64
