@@ -403,7 +403,7 @@ func (c *conn) closeWith(err error) {
 	}
 	c.err = err
 	for _, s := range c.streams {
-		s.cond.Broadcast()
+		s.signalLocked()
 	}
 	c.ops = nil
 	c.mu.Unlock()
@@ -572,7 +572,7 @@ func (c *conn) handleData(f *http2.DataFrame) error {
 		wake = true
 	}
 	if wake {
-		s.cond.Broadcast()
+		s.signalLocked()
 	}
 	return nil
 }
@@ -634,7 +634,7 @@ func (c *conn) resetLocked(s *Stream, id uint32, code http2.ErrCode) {
 		s.werr = s.rerr
 		c.maybeDoneLocked(s)
 		c.streamDoneLocked(s)
-		s.cond.Broadcast()
+		s.signalLocked()
 	}
 }
 
@@ -748,7 +748,7 @@ func (c *conn) handleGoAway(f *http2.GoAwayFrame) {
 			s.rerr = fmt.Errorf("%w: %w", errRefused, gerr)
 			s.werr = s.rerr
 			c.streamDoneLocked(s)
-			s.cond.Broadcast()
+			s.signalLocked()
 		}
 	}
 	if c.active == 0 && c.reserved == 0 {
@@ -794,7 +794,7 @@ func (c *conn) clientHeaders(f *http2.MetaHeadersFrame) error {
 		s.recvEnd = true
 		c.maybeDoneLocked(s)
 	}
-	s.cond.Broadcast()
+	s.signalLocked()
 	return nil
 }
 
@@ -807,7 +807,7 @@ func (c *conn) trailersLocked(s *Stream, id uint32, f *http2.MetaHeadersFrame) {
 	}
 	s.recvEnd = true
 	c.maybeDoneLocked(s)
-	s.cond.Broadcast()
+	s.signalLocked()
 }
 
 func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {

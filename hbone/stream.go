@@ -52,6 +52,13 @@ type Stream struct {
 	directN     int
 	directTotal int64
 
+	// DeliverTo state, guarded by c.mu: where to write, whom to tell at the end, and
+	// whether a drain goroutine is running.
+	dst          *net.TCPConn
+	deliverDone  func(int64, error)
+	deliverTotal int64
+	draining     bool
+
 	rstWritten bool // guarded by c.wmu
 }
 
@@ -83,7 +90,7 @@ func (s *Stream) peerResetLocked(code http2.ErrCode) {
 	}
 	s.werr = fmt.Errorf("hbone: write: stream reset by peer (%s): %w", code, syscall.EPIPE)
 	s.c.streamDoneLocked(s)
-	s.cond.Broadcast()
+	s.signalLocked()
 }
 
 // readErrLocked is what a reader with an empty buffer gets, or nil to wait.
@@ -213,6 +220,114 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 			return total, err
 		}
 	}
+}
+
+// DeliverTo copies the stream's data to tc like WriteTo, but with no goroutine waiting
+// for it: the connection's frame reader writes each DATA payload straight to tc, and only
+// when tc cannot take it all (or the stream ends) does a short-lived goroutine start to
+// write the rest and step back. An idle proxied connection thus costs no goroutine stack
+// for this direction.
+//
+// When the stream's data ends, done is called once, from some goroutine and with no lock
+// held, with the bytes written and nil at the peer's END_STREAM (or RST_STREAM NO_ERROR /
+// CANCEL), else the error (a reset, a lost connection, Close, a failed write to tc).
+// DeliverTo neither half-closes nor closes tc; done decides. Read and WriteTo must not be
+// called until done has run.
+func (s *Stream) DeliverTo(tc *net.TCPConn, done func(n int64, err error)) error {
+	sink, err := tc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("hbone: deliver: %w", err)
+	}
+	if !s.rmu.TryLock() {
+		return errors.New("hbone: deliver: stream is already being read")
+	}
+	c := s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s.dst, s.deliverDone, s.deliverTotal = tc, done, 0
+	if directDelivery {
+		s.sink, s.sinkFn, s.directTotal = sink, s.sinkWrite, 0
+	}
+	s.kickLocked()
+	return nil
+}
+
+// signalLocked wakes the stream's waiters after a change on its read side (data, end,
+// reset, close, deadline) and, under DeliverTo, starts a drain goroutine when there is
+// work for one.
+func (s *Stream) signalLocked() {
+	s.cond.Broadcast()
+	s.kickLocked()
+}
+
+func (s *Stream) kickLocked() {
+	if s.deliverDone == nil || s.draining || (s.rb.n == 0 && s.readErrLocked() == nil) {
+		return
+	}
+	s.draining = true
+	go s.drain()
+}
+
+// drain writes buffered data to DeliverTo's socket until the buffer is empty, then exits
+// (the frame reader writes directly again), or, once the stream's data has ended, calls
+// done.
+func (s *Stream) drain() {
+	c := s.c
+	c.mu.Lock()
+	var err error
+	for {
+		if s.localClosed {
+			err = net.ErrClosed
+			break
+		}
+		if s.rb.n == 0 {
+			if err = s.readErrLocked(); err == nil {
+				s.draining = false
+				c.mu.Unlock()
+				return
+			}
+			for s.readBusy { // the frame reader's direct write is in flight
+				s.waitBusy = true
+				s.cond.Wait()
+			}
+			if s.rb.n > 0 && !s.localClosed {
+				continue // what that write left over
+			}
+			if err == io.EOF {
+				err = nil
+			}
+			break
+		}
+		b := s.rb.peek()
+		s.readBusy = true
+		c.mu.Unlock()
+		n, werr := s.dst.Write(b)
+		c.mu.Lock()
+		s.readBusy = false
+		s.deliverTotal += int64(n)
+		if s.localClosed {
+			s.rb.free()
+			err = net.ErrClosed
+			break
+		}
+		s.rb.advance(n)
+		c.consumedLocked(s, n)
+		if werr != nil {
+			err = werr
+			break
+		}
+	}
+	for s.readBusy {
+		s.waitBusy = true
+		s.cond.Wait()
+	}
+	total := s.deliverTotal + s.directTotal
+	done := s.deliverDone
+	s.sink, s.sinkFn, s.directTotal = nil, nil, 0
+	s.dst, s.deliverDone, s.deliverTotal = nil, nil, 0
+	c.mu.Unlock()
+	s.rmu.Unlock()
+	done(total, err)
 }
 
 // Write sends p as DATA frames as the flow-control windows allow.
@@ -482,7 +597,7 @@ func (s *Stream) Close() error {
 	if s.wt != nil {
 		s.wt.Stop()
 	}
-	s.cond.Broadcast()
+	s.signalLocked()
 	return nil
 }
 
@@ -528,7 +643,7 @@ func (s *Stream) setDeadline(dl *time.Time, tm **time.Timer, t time.Time) {
 	}
 	d := time.Until(t)
 	if d <= 0 {
-		s.cond.Broadcast()
+		s.signalLocked()
 		return
 	}
 	if *tm == nil {
@@ -540,7 +655,7 @@ func (s *Stream) setDeadline(dl *time.Time, tm **time.Timer, t time.Time) {
 
 func (s *Stream) wake() {
 	s.c.mu.Lock()
-	s.cond.Broadcast()
+	s.signalLocked()
 	s.c.mu.Unlock()
 }
 

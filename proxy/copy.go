@@ -26,6 +26,17 @@ type halfCloser interface {
 // Plain TCP legs stay *net.TCPConn so io.Copy splices them; hbone.Stream implements
 // ReaderFrom/WriterTo so the HTTP/2 leg takes its own fast path.
 func copyBoth(client, server halfCloser) (received, sent int64, err error) {
+	if st, ok := server.(*hbone.Stream); ok {
+		if tc, ok := client.(*net.TCPConn); ok {
+			return copyStream(tc, st)
+		}
+	}
+	if st, ok := client.(*hbone.Stream); ok {
+		if tc, ok := server.(*net.TCPConn); ok {
+			sent, received, err = copyStream(tc, st)
+			return received, sent, err
+		}
+	}
 	// The calling handler's stack already grew during setup; the new goroutine takes the
 	// direction that reads an HBONE stream (a shallow wait), and the handler the one that
 	// may write TLS records, so only one stack per connection is large.
@@ -57,6 +68,38 @@ func copyBoth(client, server halfCloser) (received, sent int64, err error) {
 	}
 	wg.Wait()
 	return received, sent, errors.Join(bgErr, fgErr)
+}
+
+// copyStream is copyBoth between a TCP socket and an HBONE stream on one goroutine: the
+// caller's copies the socket into the stream while the stream's frame reader delivers the
+// other way (hbone.Stream.DeliverTo), so an idle proxied connection holds one goroutine
+// stack, not two. It returns the bytes copied tc→st and st→tc.
+func copyStream(tc *net.TCPConn, st *hbone.Stream) (toStream, fromStream int64, err error) {
+	type result struct {
+		n   int64
+		err error
+	}
+	downc := make(chan result, 1)
+	derr := st.DeliverTo(tc, func(n int64, err error) {
+		if err == nil || cleanEnd(err) {
+			err = tc.CloseWrite()
+		}
+		if err != nil && !cleanEnd(err) {
+			abort(tc, st) // unblock the other direction
+		} else {
+			err = nil
+		}
+		downc <- result{n, err}
+	})
+	if derr != nil {
+		return 0, 0, derr
+	}
+	toStream, uerr := copyHalf(st, tc)
+	if uerr != nil {
+		abort(tc, st)
+	}
+	down := <-downc
+	return toStream, down.n, errors.Join(down.err, uerr)
 }
 
 // copyHalf copies src to dst, then half-closes dst.

@@ -1,0 +1,189 @@
+package hbone
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"net"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/gozt/gozt/internal/leaktest"
+)
+
+type deliverResult struct {
+	n   int64
+	err error
+}
+
+// deliver starts DeliverTo into one end of a fresh TCP pair and returns the other end and
+// the channel done reports on.
+func deliver(t *testing.T, s *Stream) (*net.TCPConn, chan deliverResult) {
+	t.Helper()
+	a, b := tcpPair(t)
+	t.Cleanup(func() { a.Close(); b.Close() })
+	done := make(chan deliverResult, 2) // 2: a second call would be a bug the test reports
+	if err := s.DeliverTo(a, func(n int64, err error) {
+		a.CloseWrite()
+		done <- deliverResult{n, err}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return b, done
+}
+
+func waitDone(t *testing.T, done chan deliverResult) deliverResult {
+	t.Helper()
+	select {
+	case r := <-done:
+		select {
+		case r2 := <-done:
+			t.Fatalf("done called twice: %+v then %+v", r, r2)
+		case <-time.After(50 * time.Millisecond):
+		}
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("done was not called")
+		return deliverResult{}
+	}
+}
+
+// Every byte arrives in order, through both the frame reader's direct writes and the drain
+// goroutine (a consumer that stalls makes the socket refuse writes), and done reports the
+// count and a clean end once, after END_STREAM.
+func TestDeliverToCarriesEveryByte(t *testing.T) {
+	for _, direct := range []bool{true, false} {
+		name := "buffered"
+		if direct {
+			name = "direct"
+		}
+		t.Run(name, func(t *testing.T) {
+			leaktest.Check(t)
+			defer func(old bool) { directDelivery = old }(directDelivery)
+			directDelivery = direct
+			e := newEnv(t, Config{}, echo)
+			s := e.dial(t, "10.0.0.1:80")
+			defer s.Close()
+			out, done := deliver(t, s)
+			const size = 24 << 20
+			go func() {
+				io.Copy(s, io.LimitReader(newPRNG(5), size))
+				s.CloseWrite()
+			}()
+			h := sha256.New()
+			var got int64
+			buf := make([]byte, 64<<10)
+			for {
+				if got > 4<<20 && got < 5<<20 {
+					time.Sleep(time.Millisecond) // stall: the socket buffer fills, the drain path runs
+				}
+				n, err := out.Read(buf)
+				h.Write(buf[:n])
+				got += int64(n)
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got != size || !bytes.Equal(h.Sum(nil), hashOf(5, size)) {
+				t.Fatalf("got %d of %d bytes, or different ones", got, size)
+			}
+			if r := waitDone(t, done); r.err != nil || r.n != size {
+				t.Fatalf("done(%d, %v); want (%d, nil)", r.n, r.err, size)
+			}
+		})
+	}
+}
+
+// An idle delivering stream holds no goroutine: with many streams delivering and no data
+// moving, the goroutine count does not grow with them.
+func TestDeliverToIdleHoldsNoGoroutine(t *testing.T) {
+	leaktest.Check(t)
+	e := newEnv(t, Config{}, echo)
+	const streams = 50
+	before := runtime.NumGoroutine()
+	var ss []*Stream
+	for range streams {
+		s := e.dial(t, "10.0.0.1:80")
+		ss = append(ss, s)
+		deliver(t, s)
+	}
+	// The server's echo handlers each hold a goroutine (the peer's business); ours hold none.
+	time.Sleep(50 * time.Millisecond)
+	if grown := runtime.NumGoroutine() - before; grown > streams+10 {
+		t.Errorf("%d goroutines more for %d idle delivering streams; want about one per server handler only", grown, streams)
+	}
+	for _, s := range ss {
+		s.Close()
+	}
+}
+
+// A reset from the peer, a local Close and a lost connection each end delivery with an
+// error, once.
+func TestDeliverToEnds(t *testing.T) {
+	t.Run("peer reset", func(t *testing.T) {
+		leaktest.Check(t)
+		e := newEnv(t, Config{}, func(r *Request) {
+			s, err := r.Accept(nil)
+			if err != nil {
+				return
+			}
+			s.Write([]byte("partial"))
+			time.Sleep(20 * time.Millisecond)
+			s.Close() // RST_STREAM(CANCEL) before END_STREAM: reads as EOF
+		})
+		s := e.dial(t, "10.0.0.1:80")
+		defer s.Close()
+		out, done := deliver(t, s)
+		b, _ := io.ReadAll(out)
+		if string(b) != "partial" {
+			t.Errorf("delivered %q, want %q", b, "partial")
+		}
+		if r := waitDone(t, done); r.err != nil || r.n != 7 {
+			t.Errorf("done(%d, %v) after RST_STREAM(CANCEL); want (7, nil)", r.n, r.err)
+		}
+	})
+	t.Run("local close", func(t *testing.T) {
+		leaktest.Check(t)
+		e := newEnv(t, Config{}, echo)
+		s := e.dial(t, "10.0.0.1:80")
+		_, done := deliver(t, s)
+		s.Close()
+		if r := waitDone(t, done); !errors.Is(r.err, net.ErrClosed) {
+			t.Errorf("done(%d, %v) after Close; want net.ErrClosed", r.n, r.err)
+		}
+	})
+	t.Run("connection lost", func(t *testing.T) {
+		leaktest.Check(t)
+		e := newEnv(t, Config{}, echo)
+		s := e.dial(t, "10.0.0.1:80")
+		defer s.Close()
+		_, done := deliver(t, s)
+		e.mu.Lock()
+		for _, raw := range e.raws {
+			raw.Close()
+		}
+		e.mu.Unlock()
+		if r := waitDone(t, done); !errors.Is(r.err, ErrConnClosed) {
+			t.Errorf("done(%d, %v) after the connection dropped; want ErrConnClosed", r.n, r.err)
+		}
+	})
+	t.Run("second reader refused", func(t *testing.T) {
+		leaktest.Check(t)
+		e := newEnv(t, Config{}, echo)
+		s := e.dial(t, "10.0.0.1:80")
+		_, done := deliver(t, s)
+		a, b := tcpPair(t)
+		defer a.Close()
+		defer b.Close()
+		if err := s.DeliverTo(a, func(int64, error) { t.Error("second done called") }); err == nil {
+			t.Error("a second DeliverTo on the same stream succeeded")
+		}
+		s.Close()
+		waitDone(t, done)
+	})
+}
