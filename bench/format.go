@@ -26,7 +26,7 @@ func WriteResult(w io.Writer, r *Result) {
 			fmtDur(s.P50), fmtDur(s.P90), fmtDur(s.P99), fmtDur(s.P999), fmtDur(s.Max), fmtDur(s.Mean))
 	}
 	for _, p := range r.Procs {
-		fmt.Fprintf(w, "  %-16s cpu %.2fs  peak rss %s  hwm %s\n", p.Name, p.CPUSeconds, fmtBytes(p.PeakRSS), fmtBytes(p.HWM))
+		fmt.Fprintf(w, "  %-16s cpu %.2fs  peak rss %s (anon %s)  hwm %s\n", p.Name, p.CPUSeconds, fmtBytes(p.PeakRSS), fmtBytes(p.PeakAnon), fmtBytes(p.HWM))
 	}
 	if len(r.Procs) > 0 {
 		switch r.Scenario {

@@ -27,6 +27,7 @@ type ProcStat struct {
 	PPID int
 	CPU  time.Duration // user + system time so far, all threads
 	RSS  int64         // resident set size now, bytes (VmRSS)
+	Anon int64         // its private anonymous part (RssAnon): heap and stacks, not mapped files
 	HWM  int64         // peak resident set size since start, bytes (VmHWM)
 }
 
@@ -53,6 +54,8 @@ func ReadProc(pid int) (ProcStat, error) {
 		switch k {
 		case "VmRSS":
 			st.RSS = parseKB(v)
+		case "RssAnon":
+			st.Anon = parseKB(v)
 		case "VmHWM":
 			st.HWM = parseKB(v)
 		}
@@ -129,6 +132,7 @@ func treeStat(pids []int) ProcStat {
 		}
 		sum.CPU += st.CPU
 		sum.RSS += st.RSS
+		sum.Anon += st.Anon
 		sum.HWM += st.HWM
 	}
 	if len(pids) > 0 {
@@ -142,5 +146,6 @@ type ProcUsage struct {
 	Proc
 	CPUSeconds float64 `json:"cpu_seconds"`    // user + system, whole tree
 	PeakRSS    int64   `json:"peak_rss_bytes"` // highest sampled VmRSS sum during the run
+	PeakAnon   int64   `json:"peak_anon_bytes"` // highest sampled RssAnon sum: RSS less mapped files (binary, libraries)
 	HWM        int64   `json:"hwm_bytes"`      // VmHWM sum at the end: peak since the process started
 }

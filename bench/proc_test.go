@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"os"
+	"runtime"
 	"os/exec"
 	"slices"
 	"testing"
@@ -40,6 +41,19 @@ func TestReadProcSelf(t *testing.T) {
 	if after.RSS < 1<<20 || after.HWM < after.RSS {
 		t.Errorf("rss %d hwm %d; want rss >= 1 MiB and hwm >= rss", after.RSS, after.HWM)
 	}
+	// 8 MiB touched on the heap must show in the anonymous part, which never exceeds the whole.
+	ballast := make([]byte, 8<<20)
+	for i := range ballast {
+		ballast[i] = byte(i)
+	}
+	withBallast, err := ReadProc(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if withBallast.Anon < 8<<20 || withBallast.Anon > withBallast.RSS {
+		t.Errorf("anon %d of rss %d with 8 MiB of heap touched; want 8 MiB <= anon <= rss", withBallast.Anon, withBallast.RSS)
+	}
+	runtime.KeepAlive(ballast)
 	if after.PPID != os.Getppid() {
 		t.Errorf("ppid %d; want %d", after.PPID, os.Getppid())
 	}

@@ -89,6 +89,7 @@ var metrics = []metric{
 	latencyMetric("rr", "p99.9 µs", 99.9),
 	procMetric("rr", "vCPU per 1000 rps", "%.3f", (*Result).VCPUPer1000RPS),
 	freshMetric(procMetric("rr", "peak RSS per proc MB, rep 1", "%.1f", func(r *Result) float64 { return float64(r.PeakRSSPerProc()) / 1e6 })),
+	freshMetric(procMetric("rr", "peak anon RSS per proc MB, rep 1", "%.1f", func(r *Result) float64 { return float64(r.PeakAnonPerProc()) / 1e6 })),
 	rateMetric("connrate", "conns/s", "%.0f", (*Result).OpsPerSec),
 	latencyMetric("connrate", "setup p50 µs", 50),
 	procMetric("connrate", "proxy CPU ms/conn", "%.3f", func(r *Result) float64 { return r.CPUPerOp().Seconds() * 1e3 }),

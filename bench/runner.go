@@ -113,6 +113,16 @@ func (r *Result) PeakRSSPerProc() int64 {
 	return m
 }
 
+// PeakAnonPerProc returns the largest peak anonymous resident set (heap, stacks; not the
+// binary's mapped pages) of any one measured process tree.
+func (r *Result) PeakAnonPerProc() int64 {
+	var m int64
+	for _, p := range r.Procs {
+		m = max(m, p.PeakAnon)
+	}
+	return m
+}
+
 // BytesPerIdleConn returns idle's resident memory growth per held connection.
 func (r *Result) BytesPerIdleConn() float64 {
 	if r.IdleConns == 0 {
@@ -195,8 +205,9 @@ type meter struct {
 	stopc chan struct{}
 	done  chan struct{}
 
-	mu   sync.Mutex
-	peak []int64
+	mu       sync.Mutex
+	peak     []int64 // RSS
+	peakAnon []int64 // RssAnon
 }
 
 func startMeter(procs []Proc) (*meter, error) {
@@ -210,6 +221,7 @@ func startMeter(procs []Proc) (*meter, error) {
 		st := treeStat(tree)
 		m.start = append(m.start, st)
 		m.peak = append(m.peak, st.RSS)
+		m.peakAnon = append(m.peakAnon, st.Anon)
 	}
 	go m.sampleLoop()
 	return m, nil
@@ -237,10 +249,11 @@ func (m *meter) sampleLoop() {
 func (m *meter) sample() int64 {
 	var total int64
 	for i, tree := range m.trees {
-		rss := treeStat(tree).RSS
-		total += rss
+		st := treeStat(tree)
+		total += st.RSS
 		m.mu.Lock()
-		m.peak[i] = max(m.peak[i], rss)
+		m.peak[i] = max(m.peak[i], st.RSS)
+		m.peakAnon[i] = max(m.peakAnon[i], st.Anon)
 		m.mu.Unlock()
 	}
 	return total
@@ -259,6 +272,7 @@ func (m *meter) stop() []ProcUsage {
 			Proc:       p,
 			CPUSeconds: max(0, (end.CPU - m.start[i].CPU).Seconds()),
 			PeakRSS:    m.peak[i],
+			PeakAnon:   m.peakAnon[i],
 			HWM:        end.HWM,
 		}
 	}
