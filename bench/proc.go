@@ -144,8 +144,8 @@ func treeStat(pids []int) ProcStat {
 // ProcUsage is what one named process tree used during a scenario.
 type ProcUsage struct {
 	Proc
-	CPUSeconds float64 `json:"cpu_seconds"`    // user + system, whole tree
-	PeakRSS    int64   `json:"peak_rss_bytes"` // highest sampled VmRSS sum during the run
+	CPUSeconds float64 `json:"cpu_seconds"`     // user + system, whole tree
+	PeakRSS    int64   `json:"peak_rss_bytes"`  // highest sampled VmRSS sum during the run
 	PeakAnon   int64   `json:"peak_anon_bytes"` // highest sampled RssAnon sum: RSS less mapped files (binary, libraries)
-	HWM        int64   `json:"hwm_bytes"`      // VmHWM sum at the end: peak since the process started
+	HWM        int64   `json:"hwm_bytes"`       // VmHWM sum at the end: peak since the process started
 }

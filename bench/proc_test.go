@@ -3,8 +3,8 @@ package bench
 import (
 	"context"
 	"os"
-	"runtime"
 	"os/exec"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
