@@ -211,6 +211,7 @@ func startZtunnel(ctx context.Context, repo, bin, work, echoAddr string, track f
 		bin = filepath.Join(work, "ztunnel")
 		build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/ztunnel")
 		build.Dir = repo
+		build.Env = append(os.Environ(), "CGO_ENABLED=0") // as make build: static, no libc mapped
 		if out, err := build.CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("bench: build ztunnel: %w\n%s", err, out)
 		}
