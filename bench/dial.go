@@ -14,6 +14,10 @@ type Target struct {
 	Addr        string        // host:port of the backend as the client names it; host may be a domain name
 	SOCKS5      string        // host:port of a SOCKS5 proxy; empty dials Addr directly
 	DialTimeout time.Duration // per connection, including the SOCKS5 exchange; zero: 5s
+	// DialContext opens the TCP connection (to Addr, or to the SOCKS5 proxy) where the
+	// client is not this process's own network: NetnsDialer.DialContext dials from inside a
+	// network namespace. nil: a plain net.Dialer.
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 func (t Target) String() string {
@@ -31,15 +35,19 @@ func (t Target) Dial(ctx context.Context) (net.Conn, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var d net.Dialer
+	dial := t.DialContext
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
 	if t.SOCKS5 == "" {
-		c, err := d.DialContext(ctx, "tcp", t.Addr)
+		c, err := dial(ctx, "tcp", t.Addr)
 		if err != nil {
 			return nil, fmt.Errorf("bench: dial: %w", err)
 		}
 		return c, nil
 	}
-	c, err := d.DialContext(ctx, "tcp", t.SOCKS5)
+	c, err := dial(ctx, "tcp", t.SOCKS5)
 	if err != nil {
 		return nil, fmt.Errorf("bench: dial socks5 proxy: %w", err)
 	}
