@@ -18,10 +18,14 @@ type Report struct {
 	Reps     int           `json:"reps"`
 	Duration time.Duration `json:"run_duration_ns"`
 	Paths    []string      `json:"paths"`
-	Cases    []string      `json:"cases"`
-	Notes    []string      `json:"notes,omitempty"`
-	Errors   []RunError    `json:"errors,omitempty"`
-	Runs     []*Result     `json:"runs"`
+	// Baselines names, per path, the paths its figures are shown as ratios to; a path not
+	// named here is compared with defaultBaselines. A path measured over other links than
+	// loopback (the capture path over a veth pair) names a baseline on the same links.
+	Baselines map[string][]string `json:"baselines,omitempty"`
+	Cases     []string            `json:"cases"`
+	Notes     []string            `json:"notes,omitempty"`
+	Errors    []RunError          `json:"errors,omitempty"`
+	Runs      []*Result           `json:"runs"`
 }
 
 // RunError is a run that failed; the suite records it and goes on.
@@ -105,9 +109,32 @@ type Row struct {
 	Ratios map[string]map[string]float64 `json:"ratios,omitempty"` // baseline -> path -> value/baseline
 }
 
-// baselines are the paths every figure is also shown as a ratio to, when present: no proxy
-// at all, and a plain-TCP relay chain (the cost of two hops without crypto).
-var baselines = []string{"direct", "relay"}
+// defaultBaselines are the paths a figure is also shown as a ratio to, when present and the
+// path names no baselines of its own: no proxy at all, and a plain-TCP relay chain (the cost
+// of two hops without crypto).
+var defaultBaselines = []string{"direct", "relay"}
+
+// baselinesOf returns the paths p's figures are compared with.
+func (rep *Report) baselinesOf(p string) []string {
+	if bs, ok := rep.Baselines[p]; ok {
+		return bs
+	}
+	return defaultBaselines
+}
+
+// baselines returns every baseline some path is compared with, in the order of the table's
+// ratio rows: the defaults, then the others in path order.
+func (rep *Report) baselines() []string {
+	bs := slices.Clone(defaultBaselines)
+	for _, p := range rep.Paths {
+		for _, b := range rep.Baselines[p] {
+			if !slices.Contains(bs, b) {
+				bs = append(bs, b)
+			}
+		}
+	}
+	return bs
+}
 
 // Table returns the medians of every metric over the repetitions.
 func (rep *Report) Table() []Row {
@@ -130,18 +157,24 @@ func (rep *Report) Table() []Row {
 		if len(row.Values) == 0 {
 			continue
 		}
-		for _, b := range baselines {
+		for _, b := range rep.baselines() {
 			base, ok := row.Values[b]
 			if !ok || base == 0 {
+				continue
+			}
+			ratios := map[string]float64{}
+			for p, v := range row.Values {
+				if p == b || slices.Contains(rep.baselinesOf(p), b) {
+					ratios[p] = v / base
+				}
+			}
+			if len(ratios) < 2 { // only the baseline itself
 				continue
 			}
 			if row.Ratios == nil {
 				row.Ratios = map[string]map[string]float64{}
 			}
-			row.Ratios[b] = map[string]float64{}
-			for p, v := range row.Values {
-				row.Ratios[b][p] = v / base
-			}
+			row.Ratios[b] = ratios
 		}
 		rows = append(rows, row)
 	}
@@ -204,9 +237,9 @@ func (rep *Report) WriteTable(w io.Writer) {
 			line += fmt.Sprintf("%*s", colW, cell)
 		}
 		fmt.Fprintln(w, line)
-		for _, b := range baselines {
+		for _, b := range rep.baselines() {
 			ratios, ok := row.Ratios[b]
-			if !ok || len(row.Values) < 2 {
+			if !ok {
 				continue
 			}
 			line := fmt.Sprintf("%-*s%-*s", caseW, "", labelW-caseW, "  × "+b)

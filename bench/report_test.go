@@ -64,3 +64,46 @@ func TestReportTableMediansRatiosAndFreshMemory(t *testing.T) {
 		}
 	}
 }
+
+// A path that names its baseline is shown as a ratio to that one only: capture to veth,
+// veth to direct, and the other paths to the defaults as before.
+func TestReportPathsNameTheirBaselines(t *testing.T) {
+	rep := &Report{
+		Paths:     []string{"direct", "ztunnel", "veth", "capture"},
+		Baselines: map[string][]string{"veth": {"direct"}, "capture": {"veth"}},
+	}
+	for p, gbps := range map[string]float64{"direct": 40, "ztunnel": 10, "veth": 20, "capture": 5} {
+		rep.Runs = append(rep.Runs, &Result{Case: "throughput/1", Path: p, Rep: 1, Elapsed: time.Second, Bytes: int64(gbps * 1e9 / 8)})
+	}
+	row := rep.Table()[0]
+	want := map[string]map[string]float64{
+		"direct": {"direct": 1, "ztunnel": 0.25, "veth": 0.5},
+		"veth":   {"veth": 1, "capture": 0.25},
+	}
+	for b, ratios := range want {
+		for p, w := range ratios {
+			if got := row.Ratios[b][p]; got != w {
+				t.Errorf("%s / %s = %v; want %v", p, b, got, w)
+			}
+		}
+		if len(row.Ratios[b]) != len(ratios) {
+			t.Errorf("ratios to %s: %v; want %v", b, row.Ratios[b], ratios)
+		}
+	}
+	if _, ok := row.Ratios["relay"]; ok {
+		t.Errorf("ratios to relay, which was not measured: %v", row.Ratios)
+	}
+	var out bytes.Buffer
+	rep.WriteTable(&out)
+	lines := strings.Split(out.String(), "\n")
+	var ratioRows []string
+	for _, l := range lines {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "×" {
+			ratioRows = append(ratioRows, strings.Join(f, " "))
+		}
+	}
+	// Columns: direct ztunnel veth capture; a path's own and others' cells stay empty.
+	if w := []string{"× direct 0.25 0.50", "× veth 0.25"}; strings.Join(ratioRows, "|") != strings.Join(w, "|") {
+		t.Errorf("ratio rows %q; want %q\n%s", ratioRows, w, out.String())
+	}
+}
