@@ -14,11 +14,14 @@ import (
 )
 
 // SuiteConfig configures RunSuite. The zero value runs the full suite (3 repetitions of 5 s
-// runs) on the direct path and two ztunnel nodes built from the repository.
+// runs) on the direct path and two ztunnel nodes built from the repository, and, as root on
+// Linux with ip and iptables, on the capture path between network namespaces and its veth
+// baseline.
 type SuiteConfig struct {
 	Repo        string        // repository root; zero: found upward from the working directory
 	Ztunnel     string        // a built ztunnel binary; zero: go build ./cmd/ztunnel
-	NoZtunnel   bool          // leave the ztunnel path out
+	NoZtunnel   bool          // leave the ztunnel path (two nodes on loopback, SOCKS5) out
+	NoCapture   bool          // leave the network-namespace paths (capture and veth) out
 	Peers       bool          // also measure every chain peers.sh starts
 	PeersScript string        // zero: <Repo>/../shared/bench/peers.sh
 	EchoAddr    string        // the echo server, as the ztunnel topology names it; zero: 127.0.0.3:8080
@@ -133,6 +136,7 @@ type suite struct {
 	work     string
 	rep      *Report
 	cleanups []func() // run in reverse order when the suite ends
+	buildErr error    // why the ztunnel binary could not be built
 }
 
 // onEnd registers f to run when the suite ends, after everything registered later.
@@ -165,7 +169,11 @@ func (s *suite) startPaths(ctx context.Context) ([]*path, error) {
 	if !s.cfg.NoZtunnel {
 		var nodes []*child
 		s.onEnd(func() { stopAll(nodes) })
-		p, err := startZtunnel(ctx, s.cfg.Repo, s.cfg.Ztunnel, s.work, echoAddr, func(c *child) { nodes = append(nodes, c) })
+		bin, err := s.ztunnelBinary(ctx)
+		var p *path
+		if err == nil {
+			p, err = startZtunnel(ctx, s.cfg.Repo, bin, s.work, echoAddr, func(c *child) { nodes = append(nodes, c) })
+		}
 		if err == nil {
 			err = probe(ctx, p)
 		}
@@ -200,10 +208,59 @@ func (s *suite) startPaths(ctx context.Context) ([]*path, error) {
 			paths = append(paths, p)
 		}
 	}
+	if !s.cfg.NoCapture {
+		paths = append(paths, s.startCapturePaths(ctx)...)
+	}
 	for _, p := range paths {
 		s.rep.Paths = append(s.rep.Paths, p.name)
+		if p.baselines != nil {
+			if s.rep.Baselines == nil {
+				s.rep.Baselines = map[string][]string{}
+			}
+			s.rep.Baselines[p.name] = p.baselines
+		}
 	}
 	return paths, nil
+}
+
+// ztunnelBinary returns the configured ztunnel binary, or builds one the first time it is
+// asked for (a failed build is not tried again).
+func (s *suite) ztunnelBinary(ctx context.Context) (string, error) {
+	if s.cfg.Ztunnel == "" && s.buildErr == nil {
+		s.cfg.Ztunnel, s.buildErr = buildZtunnel(ctx, s.cfg.Repo, s.work)
+	}
+	return s.cfg.Ztunnel, s.buildErr
+}
+
+// startCapturePaths starts the capture topology and returns those of its paths (veth,
+// capture) that forward; anything missing or broken is one note.
+func (s *suite) startCapturePaths(ctx context.Context) []*path {
+	if why := captureMissing(); why != "" {
+		s.note("capture and veth left out: %s", why)
+		return nil
+	}
+	bin, err := s.ztunnelBinary(ctx)
+	var veth, capture *path
+	if err == nil {
+		veth, capture, err = s.startCapture(ctx, bin)
+	}
+	if err != nil {
+		s.note("capture and veth left out: %v", err)
+		return nil
+	}
+	var paths []*path
+	for _, p := range []*path{veth, capture} {
+		err := probe(ctx, p)
+		if err == nil && p == capture {
+			err = checkCaptured(ctx, capture.target.DialContext)
+		}
+		if err != nil {
+			s.note("%s left out: %v", p.name, err)
+			continue
+		}
+		paths = append(paths, p)
+	}
+	return paths
 }
 
 // runAll runs the repetitions: every case, and within it every path in turn.

@@ -18,6 +18,7 @@ import (
 func smokeConfig(t *testing.T) SuiteConfig {
 	return SuiteConfig{
 		NoZtunnel: true,
+		NoCapture: true,
 		EchoAddr:  "127.0.0.1:0",
 		Reps:      2,
 		Duration:  50 * time.Millisecond,

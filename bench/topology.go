@@ -24,6 +24,8 @@ type path struct {
 	target   Target
 	procs    []Proc
 	children []*child // processes the suite started for this path; their exit ends it
+	// baselines are the paths the report compares this one with; nil: the defaults.
+	baselines []string
 }
 
 // dead returns an error describing the first of the path's processes that has exited.
@@ -202,20 +204,22 @@ func (n ztunnelNode) env(repo, work string) []string {
 	return env
 }
 
-// startZtunnel builds (unless given a binary) and starts the two ztunnel nodes, one after the
-// other so that the first creates the shared built-in CA, and waits until both are ready.
-// The client reaches the echo server through node A's SOCKS5 listener, HBONE to node B, and
-// node B's inbound.
-func startZtunnel(ctx context.Context, repo, bin, work, echoAddr string, track func(*child)) (*path, error) {
-	if bin == "" {
-		bin = filepath.Join(work, "ztunnel")
-		build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/ztunnel")
-		build.Dir = repo
-		build.Env = append(os.Environ(), "CGO_ENABLED=0") // as make build: static, no libc mapped
-		if out, err := build.CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("bench: build ztunnel: %w\n%s", err, out)
-		}
+// buildZtunnel builds the ztunnel binary into work and returns its path.
+func buildZtunnel(ctx context.Context, repo, work string) (string, error) {
+	bin := filepath.Join(work, "ztunnel")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/ztunnel")
+	build.Dir = repo
+	build.Env = append(os.Environ(), "CGO_ENABLED=0") // as make build: static, no libc mapped
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("bench: build ztunnel: %w\n%s", err, out)
 	}
+	return bin, nil
+}
+
+// startZtunnel starts the two ztunnel nodes of binary bin, one after the other so that the
+// first creates the shared built-in CA, and waits until both are ready. The client reaches
+// the echo server through node A's SOCKS5 listener, HBONE to node B, and node B's inbound.
+func startZtunnel(ctx context.Context, repo, bin, work, echoAddr string, track func(*child)) (*path, error) {
 	p := &path{name: "ztunnel", target: Target{Addr: echoAddr, SOCKS5: "127.0.0.2:15080"}}
 	for _, n := range ztunnelNodes {
 		if err := waitPortsFree(ctx, n.addrs()); err != nil {
@@ -229,7 +233,7 @@ func startZtunnel(ctx context.Context, repo, bin, work, echoAddr string, track f
 		}
 		track(c)
 		p.children = append(p.children, c)
-		if err := waitReady(ctx, c, "http://"+n.ip+":15021/healthz/ready"); err != nil {
+		if err := waitReady(ctx, c, "http://"+n.ip+":15021/healthz/ready", nil); err != nil {
 			return nil, err
 		}
 		p.procs = append(p.procs, Proc{Name: n.name, PID: c.pid()})
@@ -237,11 +241,15 @@ func startZtunnel(ctx context.Context, repo, bin, work, echoAddr string, track f
 	return p, nil
 }
 
-// waitReady polls url until it answers 200, the process exits, or 30 s pass.
-func waitReady(ctx context.Context, c *child, url string) error {
+// waitReady polls url until it answers 200, the process exits, or 30 s pass. dial, when
+// not nil, opens the connections (from inside the node's network namespace).
+func waitReady(ctx context.Context, c *child, url string, dial func(context.Context, string, string) (net.Conn, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	client := &http.Client{Timeout: time.Second}
+	if dial != nil {
+		client.Transport = &http.Transport{DialContext: dial, DisableKeepAlives: true}
+	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {

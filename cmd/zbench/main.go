@@ -1,6 +1,7 @@
 // Command zbench is gozt's load generator: an echo/sink/source server, scenarios that drive
 // any TCP path (direct, or through a SOCKS5 proxy such as ztunnel's), and a suite that starts
-// two ztunnel nodes and peer tunnels and compares them in one table. See package bench.
+// two ztunnel nodes, peer tunnels and (as root) the iptables capture path between network
+// namespaces, and compares them in one table. See package bench.
 package main
 
 import (
@@ -147,7 +148,8 @@ func suite(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.PeersScript, "peers-script", "", "peers.sh to run (default <repo>/../shared/bench/peers.sh)")
 	fs.StringVar(&cfg.Repo, "repo", "", "repository root (default: found from the working directory)")
 	fs.StringVar(&cfg.Ztunnel, "ztunnel", "", "ztunnel binary to run (default: go build ./cmd/ztunnel)")
-	fs.BoolVar(&cfg.NoZtunnel, "no-ztunnel", false, "leave the ztunnel path out")
+	fs.BoolVar(&cfg.NoZtunnel, "no-ztunnel", false, "leave the ztunnel path (two nodes on loopback, via SOCKS5) out")
+	fs.BoolVar(&cfg.NoCapture, "no-capture", false, "leave the network-namespace paths out (capture: iptables redirection to ztunnel over a veth pair; veth: its baseline); they need root, ip and iptables")
 	fs.StringVar(&cfg.EchoAddr, "echo", "", "echo server address (default 127.0.0.3:8080, the server workload's)")
 	fs.IntVar(&cfg.Reps, "reps", 0, "repetitions of every run; the table shows medians (default 3, short 1)")
 	fs.DurationVar(&cfg.Duration, "duration", 0, "length of each run (default 5s, short 1s)")

@@ -1,0 +1,248 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// The capture topology is the production path: two pods as network namespaces joined by a
+// veth pair, each with a dedicated ztunnel and the iptables REDIRECT rules istio-cni installs
+// (as in cmd/ztunnel's TestNetnsDedicated). The client dials the server pod's IP from inside
+// pod A; iptables hands the connection to ztunnel A's outbound capture (15001), which carries
+// it over HBONE across the veth to ztunnel B's 15008 and on to the echo server on the pod
+// IP. The "veth" baseline is the same client dialing the same server on a port neither pod
+// redirects: the veth's own cost, which differs from loopback's, without capture.
+const (
+	capClientIP     = "10.10.0.1" // pod A, node A; these addresses exist only inside the namespaces
+	capServerIP     = "10.10.0.2" // pod B, node B
+	capServerPort   = "8080"
+	capExcludedPort = "9999" // not redirected in either pod: the veth baseline
+	capMark         = "1337" // ztunnel's PACKET_MARK: its own sockets skip redirection
+)
+
+// captureMissing says why the capture path cannot run here, or "" when it can.
+func captureMissing() string {
+	if runtime.GOOS != "linux" {
+		return "network namespaces need Linux"
+	}
+	if os.Geteuid() != 0 {
+		return "needs root to create network namespaces (run zbench suite as root)"
+	}
+	for _, tool := range []string{"ip", "iptables"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return tool + " is not installed (apt-get install -y iproute2 iptables)"
+		}
+	}
+	return ""
+}
+
+// captureNamespaces returns the names of the two pods' namespaces for this process.
+func captureNamespaces() (a, b string) {
+	return fmt.Sprintf("gozt-bench-a-%d", os.Getpid()), fmt.Sprintf("gozt-bench-b-%d", os.Getpid())
+}
+
+// startCapture builds the capture topology around ztunnel binary bin and returns the veth
+// and capture paths. Each thing it makes gets its undo step as soon as it exists: on success
+// they run when the suite ends, on failure (Ctrl-C included) before startCapture returns, so
+// nothing is left behind either way.
+func (s *suite) startCapture(ctx context.Context, bin string) (veth, capture *path, err error) {
+	var undo []func()
+	defer func() {
+		all := func() {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+		if err != nil {
+			all()
+		} else {
+			s.onEnd(all)
+		}
+	}()
+	nsA, nsB := captureNamespaces()
+	pid := os.Getpid()
+	for _, ns := range []string{nsA, nsB} {
+		if err := ipRun("ip", "netns", "add", ns); err != nil {
+			return nil, nil, err
+		}
+		undo = append(undo, func() { exec.Command("ip", "netns", "del", ns).Run() })
+		if err := ipRun("ip", "-n", ns, "link", "set", "lo", "up"); err != nil {
+			return nil, nil, err
+		}
+	}
+	// The veth pair is made inside pod A with its peer inside pod B, so it never exists in
+	// this machine's own namespace.
+	vethA, vethB := fmt.Sprintf("gzb%da", pid), fmt.Sprintf("gzb%db", pid) // ≤ 15 chars for any pid
+	for _, args := range [][]string{
+		{"ip", "-n", nsA, "link", "add", vethA, "type", "veth", "peer", "name", vethB, "netns", nsB},
+		{"ip", "-n", nsA, "addr", "add", capClientIP + "/24", "dev", vethA},
+		{"ip", "-n", nsB, "addr", "add", capServerIP + "/24", "dev", vethB},
+		{"ip", "-n", nsA, "link", "set", vethA, "up"},
+		{"ip", "-n", nsB, "link", "set", vethB, "up"},
+	} {
+		if err := ipRun(args...); err != nil {
+			return nil, nil, err
+		}
+	}
+	for _, ns := range []string{nsA, nsB} {
+		if err := redirect(ns); err != nil {
+			return nil, nil, err
+		}
+	}
+
+	dialA, err := NewNetnsDialer(nsA)
+	if err != nil {
+		return nil, nil, err
+	}
+	undo = append(undo, func() { dialA.Close() })
+	inB, err := NewNetnsDialer(nsB)
+	if err != nil {
+		return nil, nil, err
+	}
+	undo = append(undo, func() { inB.Close() })
+	// The echo servers' listeners are made inside pod B and served from here.
+	for _, port := range []string{capServerPort, capExcludedPort} {
+		ln, err := inB.Listen("tcp", net.JoinHostPort(capServerIP, port))
+		if err != nil {
+			return nil, nil, fmt.Errorf("bench: listen in %s: %w", nsB, err)
+		}
+		echo, err := Serve(ln, ServerConfig{Mode: ModeEcho})
+		if err != nil {
+			return nil, nil, err
+		}
+		undo = append(undo, func() { echo.Close() })
+	}
+
+	dir := filepath.Join(s.work, "capture")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, nil, fmt.Errorf("bench: %w", err)
+	}
+	workloads := filepath.Join(dir, "workloads.yaml")
+	if err := os.WriteFile(workloads, []byte(captureWorkloads), 0o644); err != nil {
+		return nil, nil, fmt.Errorf("bench: %w", err)
+	}
+	capture = &path{name: "capture", target: Target{Addr: net.JoinHostPort(capServerIP, capServerPort), DialContext: dialA.DialContext}, baselines: []string{"veth"}}
+	// Node A first: it creates the built-in CA both share.
+	for _, n := range []struct {
+		name, ns, workload string
+		dial               *NetnsDialer
+	}{
+		{"ztunnel-cap-a", nsA, "default/client/client", dialA},
+		{"ztunnel-cap-b", nsB, "default/server/server", inB},
+	} {
+		env := []string{
+			"PROXY_MODE=dedicated",
+			"PROXY_WORKLOAD_INFO=" + n.workload,
+			"LOCAL_XDS_PATH=" + workloads,
+			"CA_PROVIDER=builtin",
+			"CA_DIR=" + filepath.Join(dir, "ca"),
+			"XDS_ADDRESS=",
+			"PACKET_MARK=" + capMark,
+			// Pod B would answer a spoofed client address over the veth, not to ztunnel B;
+			// istio-cni's policy routing for that is not set up here.
+			"ENABLE_ORIG_SRC=false",
+			"DNS_PROXY_ADDR=off",
+		}
+		// ip netns exec execs the binary, so the child's pid is ztunnel's own and /proc
+		// accounting charges the right process.
+		c, err := startChild(n.name, filepath.Join(s.work, n.name+".log"), env, dir, "ip", "netns", "exec", n.ns, bin)
+		if err != nil {
+			return nil, nil, err
+		}
+		undo = append(undo, c.stop)
+		capture.children = append(capture.children, c)
+		if err := waitReady(ctx, c, "http://127.0.0.1:15021/healthz/ready", n.dial.DialContext); err != nil {
+			return nil, nil, err
+		}
+		capture.procs = append(capture.procs, Proc{Name: n.name, PID: c.pid()})
+	}
+	veth = &path{name: "veth", target: Target{Addr: net.JoinHostPort(capServerIP, capExcludedPort), DialContext: dialA.DialContext}, baselines: []string{"direct"}}
+	return veth, capture, nil
+}
+
+// checkCaptured returns an error unless ztunnel A (reached through dial, from inside pod A)
+// has counted an outbound mTLS connection: the probe's, proof that iptables handed it over.
+// Without that the "capture" figures would be of some other path.
+func checkCaptured(ctx context.Context, dial func(context.Context, string, string) (net.Conn, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	client := &http.Client{Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:15020/metrics", nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("bench: ztunnel-cap-a metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "istio_tcp_connections_opened_total{") &&
+			strings.Contains(line, `reporter="source"`) && strings.Contains(line, `connection_security_policy="mutual_tls"`) &&
+			!strings.HasSuffix(line, " 0") {
+			return nil
+		}
+	}
+	return errors.New("ztunnel-cap-a counted no outbound mTLS connection: iptables did not capture the client")
+}
+
+// captureWorkloads is the LOCAL_XDS_PATH file of the capture topology: one pod per node.
+const captureWorkloads = `workloads:
+  - uid: Kubernetes//v1/Pod/default/client
+    name: client
+    namespace: default
+    serviceAccount: client
+    workloadIps: ["` + capClientIP + `"]
+    protocol: HBONE
+    node: node-a
+  - uid: Kubernetes//v1/Pod/default/server
+    name: server
+    namespace: default
+    serviceAccount: server
+    workloadIps: ["` + capServerIP + `"]
+    protocol: HBONE
+    node: node-b
+`
+
+// redirect installs, inside namespace ns, the rules istio-cni's dedicated-mode scripts would:
+// the pod's outbound TCP goes to 15001 unless it carries ztunnel's packet mark, stays on
+// loopback or goes to the excluded port; inbound TCP from outside goes to 15006 except HBONE
+// on 15008, which ztunnel serves directly, and the excluded port.
+func redirect(ns string) error {
+	for _, rule := range [][]string{
+		{"-N", "GOZT_OUTPUT"},
+		{"-A", "GOZT_OUTPUT", "-m", "mark", "--mark", capMark, "-j", "RETURN"},
+		{"-A", "GOZT_OUTPUT", "-d", "127.0.0.0/8", "-j", "RETURN"},
+		{"-A", "GOZT_OUTPUT", "-p", "tcp", "--dport", capExcludedPort, "-j", "RETURN"},
+		{"-A", "GOZT_OUTPUT", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15001"},
+		{"-A", "OUTPUT", "-p", "tcp", "-j", "GOZT_OUTPUT"},
+		{"-N", "GOZT_PREROUTING"},
+		{"-A", "GOZT_PREROUTING", "-p", "tcp", "--dport", "15008", "-j", "RETURN"},
+		{"-A", "GOZT_PREROUTING", "-p", "tcp", "--dport", capExcludedPort, "-j", "RETURN"},
+		{"-A", "GOZT_PREROUTING", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15006"},
+		{"-A", "PREROUTING", "!", "-i", "lo", "-p", "tcp", "-j", "GOZT_PREROUTING"},
+	} {
+		if err := ipRun(append([]string{"ip", "netns", "exec", ns, "iptables", "-w", "-t", "nat"}, rule...)...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ipRun runs a setup command, returning its output with the error.
+func ipRun(args ...string) error {
+	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		return fmt.Errorf("bench: %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
