@@ -32,8 +32,11 @@ run: build
 demo: build
 	ZTUNNEL_BIN=$(BIN)/ztunnel scripts/demo.sh
 
+# The second line runs the tests that only mean something without the race detector
+# (stack sizes).
 test:
 	$(GO) test -race -timeout 15m ./...
+	$(GO) test -count=1 -run 'TestIdleConnectionStacks' ./proxy
 
 check: fmt-check vet staticcheck tidy-check proto-check test bench-smoke
 

@@ -17,6 +17,30 @@ type halfCloser interface {
 	CloseWrite() error
 }
 
+// handOff registers a connection (tc, or a fresh record) for the drain deadline, then
+// copies between client and server on a new tracked goroutine and returns at once. When
+// the copy ends, done gets copyBoth's result; then both ends are closed and the record
+// removed.
+//
+// Why a new goroutine: a proxied connection's goroutine lives as long as the connection,
+// mostly waiting, and a goroutine's stack never shrinks below what its deepest call needed
+// until a GC. The setup (routing, policy, TLS, HPACK, metrics) grows the accepting
+// goroutine's stack; with the copy's own TLS writes on top it needs 8 KiB. Started fresh,
+// the copy fits in 4 KiB: 28 -> 20 KiB per idle proxied connection over both nodes.
+func (p *Proxy) handOff(client, server halfCloser, tc *tracked, done func(received, sent int64, err error)) {
+	if tc == nil {
+		tc = &tracked{}
+	}
+	remove := p.conns.add(tc)
+	tc.closeWith(client, server)
+	p.conns.handOff(func() {
+		defer remove()
+		defer client.Close()
+		defer server.Close()
+		done(copyBoth(client, server))
+	})
+}
+
 // copyBoth moves bytes both ways until both directions have ended, propagating each
 // half-close (EOF on one side becomes FIN/END_STREAM on the other while the opposite
 // direction keeps flowing). It returns the bytes copied client→server (received) and
@@ -94,9 +118,16 @@ func copyStream(tc *net.TCPConn, st *hbone.Stream) (toStream, fromStream int64, 
 	if derr != nil {
 		return 0, 0, derr
 	}
-	toStream, uerr := copyHalf(st, tc)
-	if uerr != nil {
+	// ReadFrom directly rather than copyHalf's io.Copy: five frames fewer under the TLS
+	// write that each message makes on this goroutine keep its stack at 4 KiB, not 8.
+	toStream, uerr := st.ReadFrom(tc)
+	if uerr == nil || cleanEnd(uerr) {
+		uerr = st.CloseWrite()
+	}
+	if uerr != nil && !cleanEnd(uerr) {
 		abort(tc, st)
+	} else {
+		uerr = nil
 	}
 	down := <-downc
 	return toStream, down.n, errors.Join(down.err, uerr)

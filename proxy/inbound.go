@@ -107,39 +107,39 @@ func (p *Proxy) serveHBONE(r *hbone.Request) {
 		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, err)
 		return
 	}
-	defer up.Close()
 	var resp http.Header
 	if b := baggage(t.dst); b != "" {
 		resp = http.Header{"Baggage": []string{b}}
 	}
 	s, err := r.Accept(resp)
 	if err != nil {
+		up.Close()
 		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, err)
 		return
 	}
-	defer s.Close()
 	p.proxyInbound(s, up, t, t.policyView(r.Peer, client.Addr()), labels, log)
 }
 
-// proxyInbound copies an accepted inbound connection and records it; it stays registered
-// for policy re-checks while it lives.
+// proxyInbound copies an accepted inbound connection and records it; it owns client and
+// up from the call on, and returns once the copy has been handed off. The connection stays
+// registered for policy re-checks while it lives.
 func (p *Proxy) proxyInbound(client halfCloser, up *net.TCPConn, t *inboundTarget, attrs rbac.Conn, labels metrics.Labels, log metrics.ConnLog) {
 	tc := &tracked{dst: t.dst, attrs: attrs}
-	defer p.conns.add(tc)()
-	tc.closeWith(client, up)
 	rec := p.metrics.Open(labels, log)
-	// A policy change between the caller's authorization and add above was missed by
-	// watchPolicies; now that the connection is registered, one more check closes that gap.
+	p.handOff(client, up, tc, func(received, sent int64, err error) {
+		flag := ""
+		if tc.denied.Load() {
+			flag, err = metrics.FlagDeny, errors.New("connection closed due to policy change")
+		}
+		rec.Close(sent, received, flag, err)
+	})
+	// A policy change between the caller's authorization and handOff's registration was
+	// missed by watchPolicies; now that the connection is registered, one more check closes
+	// that gap.
 	if !rbac.Check(p.store.PoliciesFor(t.dst), attrs).Allow {
 		tc.denied.Store(true)
 		tc.close()
 	}
-	received, sent, err := copyBoth(client, up)
-	flag := ""
-	if tc.denied.Load() {
-		flag, err = metrics.FlagDeny, errors.New("connection closed due to policy change")
-	}
-	rec.Close(sent, received, flag, err)
 }
 
 // inboundTarget validates an HBONE authority against the connection it came on.
@@ -317,7 +317,6 @@ func (p *Proxy) inboundSourceLabels(l *metrics.Labels, peer identity.ID, client 
 // servePlaintext handles a connection captured on 15006: policy with no peer identity,
 // then plain TCP to the workload.
 func (p *Proxy) servePlaintext(ctx context.Context, c *net.TCPConn) {
-	defer c.Close()
 	dst := originalDst(c)
 	client := addrPortOf(c.RemoteAddr())
 	labels := metrics.Labels{Reporter: metrics.ReporterDest}
@@ -331,14 +330,15 @@ func (p *Proxy) servePlaintext(ctx context.Context, c *net.TCPConn) {
 		ierr = p.authorize(t, identity.ID{}, client.Addr())
 	}
 	if ierr != nil {
+		c.Close()
 		p.metrics.Open(labels, log).Close(0, 0, ierr.flag, ierr.err)
 		return
 	}
 	up, err := p.dialInbound(ctx, t, client, identity.ID{})
 	if err != nil {
+		c.Close()
 		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, err)
 		return
 	}
-	defer up.Close()
 	p.proxyInbound(c, up, t, t.policyView(identity.ID{}, client.Addr()), labels, log)
 }

@@ -22,17 +22,15 @@ var errSelfCall = errors.New("proxy: refusing a connection to ztunnel's own port
 // serveOutbound handles a connection captured on 15001: its original destination comes
 // from SO_ORIGINAL_DST, or is the local address when redirected with TPROXY.
 func (p *Proxy) serveOutbound(ctx context.Context, c *net.TCPConn) {
-	defer c.Close()
 	dst := originalDst(c)
 	client := addrPortOf(c.RemoteAddr())
 	src, err := p.sourceWorkload(ctx, client.Addr())
 	if err != nil {
+		c.Close()
 		p.log.Warn("proxy: outbound: unknown source workload; connection dropped", "src", client, "dst", dst, "err", err)
 		return
 	}
-	if err := p.outbound(ctx, c, src, client, dst, nil); err != nil {
-		p.log.Debug("proxy: outbound", "src", client, "dst", dst, "err", err)
-	}
+	p.outbound(ctx, c, src, client, dst, nil)
 }
 
 // sourceWorkload is the local workload an outbound connection comes from.
@@ -43,34 +41,55 @@ func (p *Proxy) sourceWorkload(ctx context.Context, clientIP netip.Addr) (*state
 	return p.localWorkload(ctx, clientIP)
 }
 
-// outbound proxies client to dst for the source workload src. ready, if not nil, is called
-// once the upstream is connected (err nil) or failed, before any byte is copied: SOCKS5
-// answers its client there. It closes nothing but what it opened.
-func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Workload, clientAddr, dst netip.AddrPort, ready func(error)) error {
+// outbound proxies client to dst for the source workload src, and owns client from the
+// call on. ready, if not nil, is called once the upstream is connected (err nil) or failed,
+// before any byte is copied: SOCKS5 answers its client there.
+//
+// The copy runs on a fresh goroutine and the caller's returns (see handOff): a proxied
+// connection's goroutine lives as long as the connection, and one that never ran the
+// setup (routing, TLS, HPACK, metrics) needs a 4 KiB stack instead of 8.
+func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Workload, clientAddr, dst netip.AddrPort, ready func(error)) {
 	if ready == nil {
 		ready = func(error) {}
 	}
+	upstream, rec, err := p.connect(ctx, src, clientAddr, dst, ready)
+	if err != nil {
+		client.Close()
+		p.log.Debug("proxy: outbound", "src", clientAddr, "dst", dst, "err", err)
+		return
+	}
+	p.handOff(client, upstream, nil, func(received, sent int64, err error) {
+		rec.Close(sent, received, "", err)
+		if err != nil {
+			p.log.Debug("proxy: outbound", "src", clientAddr, "dst", dst, "err", err)
+		}
+	})
+}
+
+// connect routes and dials an outbound connection, then calls ready. A failure is recorded
+// in the metrics here; on success the returned record is open.
+func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, dst netip.AddrPort, ready func(error)) (halfCloser, *metrics.Conn, error) {
 	labels := metrics.Labels{Reporter: metrics.ReporterSource, SourcePrincipal: src.Identity().String()}
 	sourceLabels(&labels, src)
 	log := metrics.ConnLog{SrcAddr: clientAddr.String(), DstAddr: dst.String(), Direction: "outbound"}
+	fail := func(flag string, err error) (halfCloser, *metrics.Conn, error) {
+		ready(err)
+		if flag != "" {
+			p.metrics.Open(labels, log).Close(0, 0, flag, err)
+		}
+		return nil, nil, err
+	}
 
 	if p.isSelfCall(dst) {
-		ready(errSelfCall)
-		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, errSelfCall)
-		return errSelfCall
+		return fail(metrics.FlagConnect, errSelfCall)
 	}
 	p.demand(ctx, dst.Addr())
 	route, err := p.store.Resolve(src, dst)
 	if err != nil {
-		ready(err)
-		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, err)
-		return err
+		return fail(metrics.FlagConnect, err)
 	}
 	destLabels(&labels, route.Workload, route.Service)
 
-	tc := &tracked{}
-	defer p.conns.add(tc)()
-	tc.closeWith(client)
 	var upstream halfCloser
 	switch route.Kind {
 	case state.RouteHBONE, state.RouteWaypoint:
@@ -82,38 +101,25 @@ func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Wo
 		key := hbone.NewKey(src.Identity(), route.Identities, route.Dial, p.sourceIP(src))
 		s, err := p.pool.Dial(ctx, key, route.Authority, hboneHeaders(src, clientAddr, route.Service))
 		if err != nil {
-			ready(err)
-			p.metrics.Open(labels, log).Close(0, 0, connectFlag(err), err)
-			return fmt.Errorf("proxy: hbone to %v (%s): %w", route.Dial, route.Authority, err)
+			fail(connectFlag(err), err)
+			return nil, nil, fmt.Errorf("proxy: hbone to %v (%s): %w", route.Dial, route.Authority, err)
 		}
 		upstream = s
 	case state.RouteTCP, state.RoutePassthrough:
 		log.DstAddr = route.Dial.String()
 		s, err := p.dialTCP(ctx, route.Dial)
 		if err != nil {
-			ready(err)
-			p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, err)
-			return fmt.Errorf("proxy: dial %v: %w", route.Dial, err)
+			fail(metrics.FlagConnect, err)
+			return nil, nil, fmt.Errorf("proxy: dial %v: %w", route.Dial, err)
 		}
 		upstream = s
 	case state.RouteDoubleHBONE:
-		err := fmt.Errorf("proxy: %v is on another network: double HBONE through a network gateway is not supported yet", dst)
-		ready(err)
-		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, err)
-		return err
+		return fail(metrics.FlagConnect, fmt.Errorf("proxy: %v is on another network: double HBONE through a network gateway is not supported yet", dst))
 	default:
-		err := fmt.Errorf("proxy: unknown route kind %v", route.Kind)
-		ready(err)
-		return err
+		return fail("", fmt.Errorf("proxy: unknown route kind %v", route.Kind))
 	}
-	defer upstream.Close()
-	tc.closeWith(upstream)
 	ready(nil)
-
-	rec := p.metrics.Open(labels, log)
-	received, sent, err := copyBoth(client, upstream)
-	rec.Close(sent, received, "", err)
-	return err
+	return upstream, p.metrics.Open(labels, log), nil
 }
 
 // connectFlag is the response flag of a failed HBONE dial.

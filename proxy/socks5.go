@@ -41,14 +41,24 @@ const socksHandshakeTimeout = 10 * time.Second
 // address, then the same outbound flow as captured traffic. Domain names resolve through
 // the workload cache (service hostnames) first, then the system resolver.
 func (p *Proxy) serveSocks5(ctx context.Context, c *net.TCPConn) {
-	defer c.Close()
+	src, client, dst, ok := p.socks5Handshake(ctx, c)
+	if !ok {
+		c.Close()
+		return
+	}
+	p.outbound(ctx, c, src, client, dst, func(err error) { writeSocksReply(c, socksReplyCode(err)) })
+}
+
+// socks5Handshake reads the client's greeting and CONNECT request and resolves the
+// destination. On failure it has answered the client, and ok is false.
+func (p *Proxy) socks5Handshake(ctx context.Context, c *net.TCPConn) (src *state.Workload, client, dst netip.AddrPort, ok bool) {
 	_ = c.SetDeadline(time.Now().Add(socksHandshakeTimeout))
-	client := addrPortOf(c.RemoteAddr())
+	client = addrPortOf(c.RemoteAddr())
 	src, err := p.sourceWorkload(ctx, client.Addr())
 	if err != nil {
 		p.log.Warn("proxy: socks5: unknown source workload", "src", client, "err", err)
 		_ = readSocksRequestAndReply(c, repNotAllowed)
-		return
+		return nil, client, dst, false
 	}
 	host, port, code, err := readSocksRequest(c)
 	if err != nil {
@@ -56,25 +66,24 @@ func (p *Proxy) serveSocks5(ctx context.Context, c *net.TCPConn) {
 			writeSocksReply(c, code)
 		}
 		p.log.Debug("proxy: socks5 request", "src", client, "err", err)
-		return
+		return nil, client, dst, false
 	}
-	dst, err := p.resolveHost(ctx, src, host, port)
+	dst, err = p.resolveHost(ctx, src, host, port)
 	if err != nil {
 		writeSocksReply(c, repHostUnreachable)
 		p.log.Debug("proxy: socks5 resolve", "host", host, "err", err)
-		return
+		return nil, client, dst, false
 	}
 	_ = c.SetDeadline(time.Time{})
-	ready := func(err error) {
-		if err == nil {
-			writeSocksReply(c, repSucceeded)
-			return
-		}
-		writeSocksReply(c, socksCode(err))
+	return src, client, dst, true
+}
+
+// socksReplyCode is the reply to a CONNECT whose upstream connected (nil) or failed.
+func socksReplyCode(err error) byte {
+	if err == nil {
+		return repSucceeded
 	}
-	if err := p.outbound(ctx, c, src, client, dst, ready); err != nil {
-		p.log.Debug("proxy: socks5 outbound", "src", client, "dst", dst, "err", err)
-	}
+	return socksCode(err)
 }
 
 // resolveHost turns a SOCKS5 destination into an address: an IP as is; a mesh service

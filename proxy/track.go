@@ -51,6 +51,16 @@ func (t *tracker) goTracked(fn func()) bool {
 	return true
 }
 
+// handOff runs fn in a goroutine the tracker waits for, even while draining: a
+// connection's own goroutine, already tracked, hands its copy over before it exits.
+func (t *tracker) handOff(fn func()) {
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		fn()
+	}()
+}
+
 // add registers a live connection; the returned func unregisters it.
 func (t *tracker) add(c *tracked) (remove func()) {
 	t.mu.Lock()
