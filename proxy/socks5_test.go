@@ -1,0 +1,75 @@
+package proxy_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"io"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/gozt/gozt/internal/leaktest"
+)
+
+// A client may send its greeting, its request and its first data in one write, or dribble
+// the handshake a byte at a time; either way every byte arrives, in order, once.
+func TestSocks5PipelinedAndDribbled(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := startMesh(t)
+	be := startBackend(t, m.serverIP+":0", echo)
+	ip := netip.MustParseAddr(m.serverIP).As4()
+	handshake := append([]byte{5, 1, 0, 5, 1, 0, 1}, ip[:]...)
+	handshake = binary.BigEndian.AppendUint16(handshake, be.port())
+	data := bytes.Repeat([]byte("early bytes behind the request "), 40)
+
+	for _, tc := range []struct {
+		name   string
+		writes [][]byte
+	}{
+		{"all in one write", [][]byte{append(append([]byte(nil), handshake...), data...)}},
+		{"a byte at a time", split(handshake, 1)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", m.a.socks(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			for _, w := range tc.writes {
+				if _, err := c.Write(w); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			var replies [12]byte // method reply and connect reply
+			if _, err := io.ReadFull(c, replies[:]); err != nil {
+				t.Fatal(err)
+			}
+			if replies[0] != 5 || replies[1] != 0 || replies[2] != 5 || replies[3] != 0 {
+				t.Fatalf("replies %v; want method 0 and success", replies)
+			}
+			if len(tc.writes) > 1 { // the dribbling client sends its data after the reply
+				if _, err := c.Write(data); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c.(*net.TCPConn).CloseWrite()
+			got, err := io.ReadAll(c)
+			if err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("echo: %d bytes, %v; want the %d bytes sent", len(got), err, len(data))
+			}
+		})
+	}
+}
+
+func split(b []byte, n int) [][]byte {
+	var out [][]byte
+	for len(b) > n {
+		out = append(out, b[:n])
+		b = b[n:]
+	}
+	return append(out, b)
+}
