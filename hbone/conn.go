@@ -784,11 +784,7 @@ func (c *conn) clientHeaders(f *http2.MetaHeadersFrame) error {
 		return nil // informational
 	}
 	s.status = code
-	s.hdr = make(http.Header, len(f.Fields))
-	for _, hf := range f.RegularFields() {
-		k := http.CanonicalHeaderKey(hf.Name)
-		s.hdr[k] = append(s.hdr[k], hf.Value)
-	}
+	s.respFields = append([]hpack.HeaderField{}, f.RegularFields()...)
 	s.gotResp = true
 	if f.StreamEnded() {
 		s.recvEnd = true
@@ -848,14 +844,14 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 	s := c.newStreamLocked(id)
 	s.gotResp = true
 	s.recvEnd = f.StreamEnded()
-	s.hdr = make(http.Header, len(f.Fields))
+	hdr := make(http.Header, len(f.Fields))
 	for _, hf := range f.RegularFields() {
 		k := http.CanonicalHeaderKey(hf.Name)
-		s.hdr[k] = append(s.hdr[k], hf.Value)
+		hdr[k] = append(hdr[k], hf.Value)
 	}
 	req := &Request{
 		Authority:  authority,
-		Header:     s.hdr,
+		Header:     hdr,
 		Peer:       c.peer,
 		LocalAddr:  c.nc.LocalAddr(),
 		RemoteAddr: c.nc.RemoteAddr(),

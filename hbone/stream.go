@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 )
 
 // Stream is one CONNECT stream; it behaves like a TCP connection: Read/Write, CloseWrite
@@ -26,7 +27,7 @@ type Stream struct {
 
 	// guarded by c.mu
 	rb          recvBuf
-	hdr         http.Header
+	respFields  []hpack.HeaderField // client: the response's regular header fields
 	status      int
 	gotResp     bool // client: response HEADERS arrived; server: always true
 	sendAvail   int64
@@ -601,9 +602,20 @@ func (s *Stream) Close() error {
 	return nil
 }
 
-// Header is the response headers on the client side and the request headers on the
-// server side.
-func (s *Stream) Header() http.Header { return s.hdr }
+// Header is the response's headers on the client side (nil on the server side, where the
+// request's are in Request.Header). It builds a new map on each call: a stream keeps only
+// the decoded fields, a few bytes where a map would hold hundreds for the stream's life.
+func (s *Stream) Header() http.Header {
+	if s.respFields == nil {
+		return nil
+	}
+	h := make(http.Header, len(s.respFields))
+	for _, hf := range s.respFields {
+		k := http.CanonicalHeaderKey(hf.Name)
+		h[k] = append(h[k], hf.Value)
+	}
+	return h
+}
 
 // LocalAddr is the local address of the underlying HTTP/2 connection.
 func (s *Stream) LocalAddr() net.Addr { return s.c.nc.LocalAddr() }
