@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gozt/gozt/internal/leaktest"
 )
@@ -130,4 +131,61 @@ func TestCaptureFailureLeavesNothing(t *testing.T) {
 	if left := leftNamespaces(t); len(left) > 0 {
 		t.Errorf("namespaces left after a failed start: %v", left)
 	}
+}
+
+// Cancelling the suite (Ctrl-C in zbench) while the capture path is up removes its
+// namespaces and stops its ztunnels.
+func TestSuiteCaptureCancelled(t *testing.T) {
+	requireCapture(t)
+	leaktest.Check(t)
+	cfg := smokeConfig(t)
+	cfg.NoCapture, cfg.Reps, cfg.Duration = false, 1, time.Minute
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Cancel once the first run has begun: every path is up by then.
+	cfg.Progress = writerFunc(func(b []byte) {
+		if bytes.Contains(b, []byte(" via ")) {
+			cancel()
+		}
+	})
+	start := time.Now()
+	rep, err := RunSuite(ctx, cfg)
+	if err == nil {
+		t.Fatalf("cancelled suite returned no error; paths %v, notes %v", rep.Paths, rep.Notes)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("cancelled suite took %v", d)
+	}
+	if !slices.Contains(rep.Paths, "capture") {
+		t.Fatalf("paths %v, notes %v: capture never came up", rep.Paths, rep.Notes)
+	}
+	if left := leftNamespaces(t); len(left) > 0 {
+		t.Errorf("namespaces left after cancel: %v", left)
+	}
+	if pids := runningBinary(filepath.Join(cfg.WorkDir, "ztunnel")); len(pids) > 0 {
+		t.Errorf("ztunnel processes %v still running after cancel", pids)
+	}
+}
+
+// runningBinary returns the live processes running the executable bin.
+func runningBinary(bin string) []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe")); err == nil && exe == bin && running(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+type writerFunc func([]byte)
+
+func (f writerFunc) Write(b []byte) (int, error) {
+	f(b)
+	return len(b), nil
 }
