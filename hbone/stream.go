@@ -176,12 +176,7 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 	for {
 		for s.rb.n == 0 {
 			if err := s.readErrLocked(); err != nil {
-				for s.readBusy { // a direct write is in flight
-					s.waitBusy = true
-					s.cond.Wait()
-				}
-				total += s.directTotal
-				s.sink, s.sinkFn, s.directTotal = nil, nil, 0
+				total += s.endDirectLocked()
 				c.mu.Unlock()
 				if err == io.EOF {
 					err = nil
@@ -202,8 +197,7 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 		s.readBusy = false
 		if s.localClosed {
 			s.rb.free()
-			total += s.directTotal + int64(n)
-			s.sink, s.sinkFn, s.directTotal = nil, nil, 0
+			total += s.endDirectLocked() + int64(n)
 			c.mu.Unlock()
 			return total, net.ErrClosed
 		}
@@ -211,12 +205,7 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 		c.consumedLocked(s, n)
 		total += int64(n)
 		if err != nil {
-			for s.readBusy {
-				s.waitBusy = true
-				s.cond.Wait()
-			}
-			total += s.directTotal
-			s.sink, s.sinkFn, s.directTotal = nil, nil, 0
+			total += s.endDirectLocked()
 			c.mu.Unlock()
 			return total, err
 		}
@@ -287,10 +276,7 @@ func (s *Stream) drain() {
 				c.mu.Unlock()
 				return
 			}
-			for s.readBusy { // the frame reader's direct write is in flight
-				s.waitBusy = true
-				s.cond.Wait()
-			}
+			s.waitDirectLocked()
 			if s.rb.n > 0 && !s.localClosed {
 				continue // what that write left over
 			}
@@ -318,17 +304,30 @@ func (s *Stream) drain() {
 			break
 		}
 	}
-	for s.readBusy {
-		s.waitBusy = true
-		s.cond.Wait()
-	}
-	total := s.deliverTotal + s.directTotal
+	total := s.deliverTotal + s.endDirectLocked()
 	done := s.deliverDone
-	s.sink, s.sinkFn, s.directTotal = nil, nil, 0
 	s.dst, s.deliverDone, s.deliverTotal = nil, nil, 0
 	c.mu.Unlock()
 	s.rmu.Unlock()
 	done(total, err)
+}
+
+// waitDirectLocked waits for a direct write of the frame reader's in flight to finish
+// (writeDirectLocked wakes us when waitBusy is set).
+func (s *Stream) waitDirectLocked() {
+	for s.readBusy {
+		s.waitBusy = true
+		s.cond.Wait()
+	}
+}
+
+// endDirectLocked stops the frame reader's direct writes, once one in flight has finished,
+// and returns the bytes they wrote.
+func (s *Stream) endDirectLocked() int64 {
+	s.waitDirectLocked()
+	n := s.directTotal
+	s.sink, s.sinkFn, s.directTotal = nil, nil, 0
+	return n
 }
 
 // Write sends p as DATA frames as the flow-control windows allow.
