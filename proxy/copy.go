@@ -99,13 +99,8 @@ func copyStream(tc *net.TCPConn, st *hbone.Stream) (toStream, fromStream int64, 
 	}
 	downc := make(chan result, 1)
 	derr := st.DeliverTo(tc, func(n int64, err error) {
-		if err == nil || cleanEnd(err) {
-			err = tc.CloseWrite()
-		}
-		if err != nil && !cleanEnd(err) {
+		if err = endHalf(tc, err); err != nil {
 			abort(tc, st) // unblock the other direction
-		} else {
-			err = nil
 		}
 		downc <- result{n, err}
 	})
@@ -115,13 +110,8 @@ func copyStream(tc *net.TCPConn, st *hbone.Stream) (toStream, fromStream int64, 
 	// ReadFrom directly: io.Copy would reach it through five frames of the net package's
 	// WriteTo plumbing, all on the stack under every TLS write this goroutine makes.
 	toStream, uerr := st.ReadFrom(tc)
-	if uerr == nil || cleanEnd(uerr) {
-		uerr = st.CloseWrite()
-	}
-	if uerr != nil && !cleanEnd(uerr) {
+	if uerr = endHalf(st, uerr); uerr != nil {
 		abort(tc, st)
-	} else {
-		uerr = nil
 	}
 	down := <-downc
 	return toStream, down.n, errors.Join(down.err, uerr)
@@ -130,13 +120,19 @@ func copyStream(tc *net.TCPConn, st *hbone.Stream) (toStream, fromStream int64, 
 // copyHalf copies src to dst, then half-closes dst.
 func copyHalf(dst, src halfCloser) (int64, error) {
 	n, err := io.Copy(dst, src)
+	return n, endHalf(dst, err)
+}
+
+// endHalf ends one direction whose copy into dst returned err: a clean end half-closes
+// dst. It returns what is not a clean end, of the copy or of the half-close, else nil.
+func endHalf(dst halfCloser, err error) error {
 	if err != nil && !cleanEnd(err) {
-		return n, err
+		return err
 	}
 	if err := dst.CloseWrite(); err != nil && !cleanEnd(err) {
-		return n, err
+		return err
 	}
-	return n, nil
+	return nil
 }
 
 // abort unblocks the other direction after a failure.
