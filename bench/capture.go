@@ -13,6 +13,8 @@ import (
 	"runtime"
 	"strings"
 	"time"
+
+	"github.com/gozt/gozt/internal/cnirules"
 )
 
 // The capture topology is the production path: two pods as network namespaces joined by a
@@ -214,24 +216,10 @@ const captureWorkloads = `workloads:
     node: node-b
 `
 
-// redirect installs, inside namespace ns, the rules istio-cni's dedicated-mode scripts would:
-// the pod's outbound TCP goes to 15001 unless it carries ztunnel's packet mark, stays on
-// loopback or goes to the excluded port; inbound TCP from outside goes to 15006 except HBONE
-// on 15008, which ztunnel serves directly, and the excluded port.
+// redirect installs, inside namespace ns, the rules istio-cni's dedicated-mode scripts would
+// (cnirules.Redirect), IPv4 only, with the veth baseline's port excluded.
 func redirect(ns string) error {
-	for _, rule := range [][]string{
-		{"-N", "GOZT_OUTPUT"},
-		{"-A", "GOZT_OUTPUT", "-m", "mark", "--mark", capMark, "-j", "RETURN"},
-		{"-A", "GOZT_OUTPUT", "-d", "127.0.0.0/8", "-j", "RETURN"},
-		{"-A", "GOZT_OUTPUT", "-p", "tcp", "--dport", capExcludedPort, "-j", "RETURN"},
-		{"-A", "GOZT_OUTPUT", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15001"},
-		{"-A", "OUTPUT", "-p", "tcp", "-j", "GOZT_OUTPUT"},
-		{"-N", "GOZT_PREROUTING"},
-		{"-A", "GOZT_PREROUTING", "-p", "tcp", "--dport", "15008", "-j", "RETURN"},
-		{"-A", "GOZT_PREROUTING", "-p", "tcp", "--dport", capExcludedPort, "-j", "RETURN"},
-		{"-A", "GOZT_PREROUTING", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15006"},
-		{"-A", "PREROUTING", "!", "-i", "lo", "-p", "tcp", "-j", "GOZT_PREROUTING"},
-	} {
+	for _, rule := range cnirules.Redirect(capMark, "127.0.0.0/8", capExcludedPort) {
 		if err := ipRun(append([]string{"ip", "netns", "exec", ns, "iptables", "-w", "-t", "nat"}, rule...)...); err != nil {
 			return err
 		}

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gozt/gozt/internal/cnirules"
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/netns"
 	"github.com/gozt/gozt/internal/sockopt"
@@ -95,19 +96,7 @@ func redirect(t *testing.T, ns *netns.NS) {
 		if family.tool == "ip6tables" && !haveIP6tables() {
 			continue
 		}
-		for _, rule := range [][]string{
-			{"-N", "GOZT_OUTPUT"},
-			{"-A", "GOZT_OUTPUT", "-m", "mark", "--mark", mark, "-j", "RETURN"},
-			{"-A", "GOZT_OUTPUT", "-d", family.loopback, "-j", "RETURN"},
-			{"-A", "GOZT_OUTPUT", "-p", "tcp", "--dport", nsExcludedPort, "-j", "RETURN"},
-			{"-A", "GOZT_OUTPUT", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15001"},
-			{"-A", "OUTPUT", "-p", "tcp", "-j", "GOZT_OUTPUT"},
-			{"-N", "GOZT_PREROUTING"},
-			{"-A", "GOZT_PREROUTING", "-p", "tcp", "--dport", "15008", "-j", "RETURN"},
-			{"-A", "GOZT_PREROUTING", "-p", "tcp", "--dport", nsExcludedPort, "-j", "RETURN"},
-			{"-A", "GOZT_PREROUTING", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15006"},
-			{"-A", "PREROUTING", "!", "-i", "lo", "-p", "tcp", "-j", "GOZT_PREROUTING"},
-		} {
+		for _, rule := range cnirules.Redirect(mark, family.loopback, nsExcludedPort) {
 			ns.MustExec(t, append([]string{family.tool, "-w", "-t", "nat"}, rule...)...)
 		}
 	}
