@@ -56,6 +56,15 @@ func (h *Histogram) Record(d time.Duration) {
 	h.sum += d
 }
 
+// mergeAll returns one histogram holding every value of hs (one per connection).
+func mergeAll(hs []Histogram) *Histogram {
+	h := new(Histogram)
+	for i := range hs {
+		h.Merge(&hs[i])
+	}
+	return h
+}
+
 // Merge adds every value recorded in o.
 func (h *Histogram) Merge(o *Histogram) {
 	if o == nil || o.n == 0 {

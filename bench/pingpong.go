@@ -38,10 +38,7 @@ func runPingPong(ctx context.Context, r *run) error {
 	}
 	wg.Wait()
 	r.res.Elapsed = time.Since(start)
-	r.res.Latency = new(Histogram)
-	for i := range hists {
-		r.res.Latency.Merge(&hists[i])
-	}
+	r.res.Latency = mergeAll(hists)
 	r.res.Ops = int64(r.res.Latency.Count())
 	r.res.Bytes = r.res.Ops * int64(o.Payload)
 	return errors.Join(errs...)

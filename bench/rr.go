@@ -45,10 +45,9 @@ func runRR(ctx context.Context, r *run) error {
 	}
 	wg.Wait()
 
-	r.res.Latency = new(Histogram)
+	r.res.Latency = mergeAll(hists)
 	var sent int64
 	for i := range hists {
-		r.res.Latency.Merge(&hists[i])
 		r.res.Ops += answered[i]
 		sent += sentN[i]
 	}
