@@ -515,19 +515,31 @@ func (c *conn) idleLocked(id uint32) bool {
 }
 
 func (c *conn) handleData(f *http2.DataFrame) error {
+	c.mu.Lock()
+	finish, err := c.handleDataLocked(f)
+	c.mu.Unlock()
+	if finish != nil {
+		finish.drain() // nothing to write: only ends DeliverTo and calls its done
+	}
+	return err
+}
+
+// handleDataLocked takes one DATA frame. It returns a stream whose DeliverTo the frame
+// reader should end itself, after unlocking: at END_STREAM with nothing left to write, a
+// goroutine started just to call done would cost more (a wakeup, often a futex) than
+// the call.
+func (c *conn) handleDataLocked(f *http2.DataFrame) (finish *Stream, err error) {
 	id := f.StreamID
 	n := int64(f.Length)
 	data := f.Data()
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if n > c.recvConnAvail {
-		return connError{http2.ErrCodeFlowControl, "DATA exceeds the connection window"}
+		return nil, connError{http2.ErrCodeFlowControl, "DATA exceeds the connection window"}
 	}
 	c.recvConnAvail -= n
 	s := c.streams[id]
 	if s == nil || s.recvEnd || s.localClosed || (!c.server && !s.gotResp) {
 		if s == nil && c.idleLocked(id) {
-			return connError{http2.ErrCodeProtocol, "DATA on idle stream"}
+			return nil, connError{http2.ErrCodeProtocol, "DATA on idle stream"}
 		}
 		c.releaseConnLocked(n)
 		switch {
@@ -539,12 +551,12 @@ func (c *conn) handleData(f *http2.DataFrame) error {
 		case s.recvEnd:
 			c.resetLocked(s, id, http2.ErrCodeStreamClosed)
 		}
-		return nil
+		return nil, nil
 	}
 	if n > s.recvAvail {
 		c.releaseConnLocked(n)
 		c.resetLocked(s, id, http2.ErrCodeFlowControl)
-		return nil
+		return nil, nil
 	}
 	s.recvAvail -= n
 	if pad := n - int64(len(data)); pad > 0 {
@@ -555,7 +567,7 @@ func (c *conn) handleData(f *http2.DataFrame) error {
 		data = c.writeDirectLocked(s, data)
 		if s.localClosed {
 			s.rb.free()
-			return nil
+			return nil, nil
 		}
 	}
 	// Wake the stream's waiters only when there is something for them: a wakeup per
@@ -570,11 +582,15 @@ func (c *conn) handleData(f *http2.DataFrame) error {
 		s.recvEnd = true
 		c.maybeDoneLocked(s)
 		wake = true
+		if s.deliverDone != nil && !s.draining && s.rb.n == 0 {
+			s.draining = true // so signalLocked starts no drain goroutine
+			finish = s
+		}
 	}
 	if wake {
 		s.signalLocked()
 	}
-	return nil
+	return finish, nil
 }
 
 // writeDirectLocked hands DATA straight to the stream's TCP consumer (a WriteTo in

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -186,4 +187,39 @@ func TestDeliverToEnds(t *testing.T) {
 		s.Close()
 		waitDone(t, done)
 	})
+}
+
+// A clean END_STREAM with nothing left to write ends delivery on the frame reader itself:
+// starting a goroutine only to call done costs a wakeup per proxied connection.
+func TestDeliverToEndsOnFrameReader(t *testing.T) {
+	leaktest.Check(t)
+	e := newEnv(t, Config{}, echo)
+	s := e.dial(t, "10.0.0.1:80")
+	defer s.Close()
+	a, b := tcpPair(t)
+	defer a.Close()
+	defer b.Close()
+	stacks := make(chan string, 1)
+	if err := s.DeliverTo(a, func(n int64, err error) {
+		buf := make([]byte, 64<<10)
+		stacks <- string(buf[:runtime.Stack(buf, false)])
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 5)
+	if _, err := io.ReadFull(b, got); err != nil || string(got) != "hello" {
+		t.Fatalf("read %q, %v", got, err)
+	}
+	s.CloseWrite() // the echo handler answers with END_STREAM
+	select {
+	case st := <-stacks:
+		if !strings.Contains(st, "(*conn).readLoop") {
+			t.Errorf("done ran off the frame reader:\n%s", st)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("done was not called")
+	}
 }

@@ -214,13 +214,15 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 
 // DeliverTo copies the stream's data to tc like WriteTo, but with no goroutine waiting
 // for it: the connection's frame reader writes each DATA payload straight to tc, and only
-// when tc cannot take it all (or the stream ends) does a short-lived goroutine start to
-// write the rest and step back. An idle proxied connection thus costs no goroutine stack
-// for this direction.
+// when tc cannot take it all (or the stream ends with data still queued) does a
+// short-lived goroutine start to write the rest and step back. An idle proxied connection
+// thus costs no goroutine stack for this direction.
 //
-// When the stream's data ends, done is called once, from some goroutine and with no lock
-// held, with the bytes written and nil at the peer's END_STREAM (or RST_STREAM NO_ERROR /
-// CANCEL), else the error (a reset, a lost connection, Close, a failed write to tc).
+// When the stream's data ends, done is called once, with no lock held, with the bytes
+// written and nil at the peer's END_STREAM (or RST_STREAM NO_ERROR / CANCEL), else the
+// error (a reset, a lost connection, Close, a failed write to tc). It may run on the
+// connection's frame reader, so it must not block: half-closing or closing tc and a
+// buffered channel send are fine.
 // DeliverTo neither half-closes nor closes tc; done decides. Read and WriteTo must not be
 // called until done has run.
 func (s *Stream) DeliverTo(tc *net.TCPConn, done func(n int64, err error)) error {
