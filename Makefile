@@ -12,9 +12,12 @@ RUN_DIR   ?= .tmp/run
 all: build
 
 # CGO_ENABLED=0: a static pure-Go binary (no libc mapped: 1.7 MB less RSS per node, and it
-# runs in a distroless image).
+# runs in a distroless image). grpcnotrace: gRPC leaves out golang.org/x/net/trace, whose
+# html/template calls reflect's MethodByName, which makes the linker keep every exported
+# method of every type in the binary (2.9 MB of code, 2.1 MiB RSS per node).
+TAGS      := grpcnotrace
 build:
-	CGO_ENABLED=0 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ztunnel ./cmd/ztunnel
+	CGO_ENABLED=0 $(GO) build -tags $(TAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/ztunnel ./cmd/ztunnel
 	$(GO) build -o $(BIN)/zbench ./cmd/zbench
 
 # The standalone node: workloads from examples/localhost.yaml, the built-in CA (its root is

@@ -207,9 +207,10 @@ func (n ztunnelNode) env(repo, work string) []string {
 // buildZtunnel builds the ztunnel binary into work and returns its path.
 func buildZtunnel(ctx context.Context, repo, work string) (string, error) {
 	bin := filepath.Join(work, "ztunnel")
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/ztunnel")
+	// As make build: static (no libc mapped) and without gRPC's x/net/trace (see Makefile).
+	build := exec.CommandContext(ctx, "go", "build", "-tags", "grpcnotrace", "-o", bin, "./cmd/ztunnel")
 	build.Dir = repo
-	build.Env = append(os.Environ(), "CGO_ENABLED=0") // as make build: static, no libc mapped
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("bench: build ztunnel: %w\n%s", err, out)
 	}

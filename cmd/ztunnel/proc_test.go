@@ -28,7 +28,7 @@ func buildZtunnel(t *testing.T) string {
 		t.Skip("the go tool is not on PATH; cannot build the ztunnel binary")
 	}
 	bin := filepath.Join(t.TempDir(), "ztunnel")
-	args := []string{"build", "-o", bin}
+	args := []string{"build", "-tags", buildTags, "-o", bin}
 	if raceBuild {
 		args = append(args, "-race")
 	}
