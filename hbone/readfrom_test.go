@@ -182,3 +182,42 @@ func TestReadFromWrappedTCPKeepsBufferedBytes(t *testing.T) {
 		t.Fatalf("echo = %q, %v", got, err)
 	}
 }
+
+// ReadFrom's buffer follows what reads return, not what the stream has carried: a chatty
+// connection stays at 16 KiB however long it lives, bulk data climbs to 1 MiB within two
+// full reads, and a stream that turns chatty again steps back down.
+func TestCopyBufTiers(t *testing.T) {
+	var cb copyBuf
+	defer cb.release()
+	steps := []struct {
+		read     int // bytes the read returned, into a buffer of the current tier
+		wantNext int // the next buffer's size
+	}{
+		{1 << 10, 16 << 10},
+		{1 << 10, 16 << 10}, // 1 KiB messages: forever 16 KiB
+		{16 << 10, 256 << 10},
+		{256 << 10, 1 << 20},
+		{1 << 20, 1 << 20},
+		{100 << 10, 1 << 20}, // a partial bulk read keeps the tier
+		{1 << 10, 256 << 10},
+		{2 << 10, 16 << 10},
+	}
+	for i, st := range steps {
+		if got := len(cb.get()); i > 0 && got != steps[i-1].wantNext {
+			t.Fatalf("step %d: buffer of %d bytes; want %d", i, got, steps[i-1].wantNext)
+		}
+		cb.adapt(st.read)
+		if got := len(cb.get()); got != st.wantNext {
+			t.Fatalf("after a read of %d bytes: next buffer %d bytes; want %d", st.read, got, st.wantNext)
+		}
+		held := 0
+		for _, b := range []bool{cb.b16 != nil, cb.b256 != nil, cb.b1m != nil} {
+			if b {
+				held++
+			}
+		}
+		if held != 1 {
+			t.Fatalf("step %d: %d pooled buffers held; want 1", i, held)
+		}
+	}
+}

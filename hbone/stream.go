@@ -386,7 +386,8 @@ func (s *Stream) write(p []byte) (int, error) {
 }
 
 // ReadFrom copies r into the stream until r's EOF (it does not CloseWrite). Reads grow
-// from 16 KiB to 1 MiB as traffic is seen, so bulk data leaves as large DATA frames.
+// from 16 KiB to 1 MiB while they fill their buffers, so bulk data leaves as large DATA
+// frames while request/response traffic borrows 16 KiB.
 // From a TCP socket it borrows its buffer only once the socket is readable, so an idle
 // proxied connection holds no copy buffer at all (see readFromPoll).
 func (s *Stream) ReadFrom(r io.Reader) (int64, error) {
@@ -399,8 +400,9 @@ func (s *Stream) ReadFrom(r io.Reader) (int64, error) {
 	var cb copyBuf
 	defer cb.release()
 	for {
-		buf := cb.get(total)
+		buf := cb.get()
 		n, err := r.Read(buf)
+		cb.adapt(n)
 		if n > 0 {
 			if _, werr := s.write(buf[:n]); werr != nil {
 				return total, werr
@@ -456,7 +458,7 @@ func (s *Stream) readFromPoll(rc syscall.RawConn) (int64, error) {
 	var n int
 	var rerr error
 	read := func(fd uintptr) bool {
-		buf := cb.get(total)
+		buf := cb.get()
 		for {
 			n, rerr = syscall.Read(int(fd), buf)
 			if rerr != syscall.EINTR {
@@ -484,6 +486,7 @@ func (s *Stream) readFromPoll(rc syscall.RawConn) (int64, error) {
 		}
 		_, werr := s.write(cb.cur[:n])
 		cb.release()
+		cb.adapt(n)
 		if werr != nil {
 			return total, werr
 		}
@@ -491,38 +494,52 @@ func (s *Stream) readFromPoll(rc syscall.RawConn) (int64, error) {
 	}
 }
 
-// copyBuf lends ReadFrom a pooled buffer sized by how much the stream has carried:
-// small for request/response traffic, large once bulk data is seen.
+// copyBuf lends ReadFrom a pooled buffer sized by what the socket has been giving: 16 KiB
+// for request/response traffic, one tier larger after a read that filled its buffer (bulk
+// data is waiting), and back down after a read that would have fit a quarter of the tier
+// below. Sizing by the bytes a stream has carried instead made a long-lived chatty
+// connection borrow 1 MiB for every 1 KiB message, and the pools keep what is borrowed.
 type copyBuf struct {
 	cur  []byte
+	tier int // 0: 16 KiB, 1: 256 KiB, 2: 1 MiB
 	b16  *[16 << 10]byte
 	b256 *[256 << 10]byte
 	b1m  *[1 << 20]byte
 }
 
-func (c *copyBuf) get(total int64) []byte {
-	switch {
-	case total >= 16<<20:
-		if c.b1m == nil {
-			c.release()
-			c.b1m = copyPool1M.Get().(*[1 << 20]byte)
-		}
+var copyTiers = [...]int{16 << 10, 256 << 10, 1 << 20}
+
+// get returns a buffer of the current tier, holding no other.
+func (c *copyBuf) get() []byte {
+	if c.cur != nil && len(c.cur) == copyTiers[c.tier] {
+		return c.cur
+	}
+	c.release()
+	switch c.tier {
+	case 2:
+		c.b1m = copyPool1M.Get().(*[1 << 20]byte)
 		c.cur = c.b1m[:]
-	case total >= 256<<10:
-		if c.b256 == nil {
-			c.release()
-			c.b256 = copyPool256K.Get().(*[256 << 10]byte)
-		}
+	case 1:
+		c.b256 = copyPool256K.Get().(*[256 << 10]byte)
 		c.cur = c.b256[:]
 	default:
-		if c.b16 == nil {
-			c.b16 = copyPool16K.Get().(*[16 << 10]byte)
-		}
+		c.b16 = copyPool16K.Get().(*[16 << 10]byte)
 		c.cur = c.b16[:]
 	}
 	return c.cur
 }
 
+// adapt picks the next read's tier from this read's n bytes.
+func (c *copyBuf) adapt(n int) {
+	switch {
+	case n >= copyTiers[c.tier] && c.tier < len(copyTiers)-1:
+		c.tier++
+	case c.tier > 0 && n <= copyTiers[c.tier-1]/4:
+		c.tier--
+	}
+}
+
+// release returns the buffers to their pools.
 func (c *copyBuf) release() {
 	if c.b16 != nil {
 		copyPool16K.Put(c.b16)
