@@ -9,7 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -22,6 +24,7 @@ type SuiteConfig struct {
 	Ztunnel     string        // a built ztunnel binary; zero: go build ./cmd/ztunnel
 	NoZtunnel   bool          // leave the ztunnel path (two nodes on loopback, SOCKS5) out
 	NoCapture   bool          // leave the network-namespace paths (capture and veth) out
+	Only        []string      // cases to run (rr, idle, pingpong, connrate, throughput/1, throughput/8; throughput is both); zero: all
 	Peers       bool          // also measure every chain peers.sh starts
 	PeersScript string        // zero: <Repo>/../shared/bench/peers.sh
 	EchoAddr    string        // the echo server, as the ztunnel topology names it; zero: 127.0.0.3:8080
@@ -47,6 +50,22 @@ type suiteCase struct {
 // of fresh processes rather than what bulk transfers left behind (Go returns heap to the
 // system slowly).
 func (cfg *SuiteConfig) cases() []suiteCase {
+	if len(cfg.Only) == 0 {
+		return cfg.allCases()
+	}
+	var cs []suiteCase
+	for _, c := range cfg.allCases() {
+		for _, name := range cfg.Only {
+			if name == c.name || name == c.scenario {
+				cs = append(cs, c)
+				break
+			}
+		}
+	}
+	return cs
+}
+
+func (cfg *SuiteConfig) allCases() []suiteCase {
 	d := cfg.Duration
 	return []suiteCase{
 		{name: "rr", scenario: "rr", opts: Options{Duration: d, Conns: 4, Payload: 1024, Rate: 1000}},
@@ -89,6 +108,20 @@ func (cfg *SuiteConfig) setDefaults() error {
 	}
 	if cfg.Log == nil {
 		cfg.Log = io.Discard
+	}
+	return cfg.checkOnly()
+}
+
+// checkOnly refuses case names the suite does not have.
+func (cfg *SuiteConfig) checkOnly() error {
+	var known []string
+	for _, c := range cfg.allCases() {
+		known = append(known, c.name)
+	}
+	for _, name := range cfg.Only {
+		if !slices.Contains(known, name) && name != "throughput" {
+			return fmt.Errorf("bench: suite: unknown case %q; the cases are %s (throughput is both)", name, strings.Join(known, ", "))
+		}
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -70,6 +71,35 @@ func TestSuiteSmokeDirect(t *testing.T) {
 	}
 	if s := svg.String(); !strings.HasPrefix(s, "<svg") || strings.Count(s, "<polyline") != 3 {
 		t.Errorf("svg has %d lines; want 3 (pingpong, rr, connrate on direct)", strings.Count(s, "<polyline"))
+	}
+}
+
+// Only runs the named cases and nothing else; "throughput" names both throughput cases, and
+// a name the suite does not have is refused before anything starts.
+func TestSuiteOnly(t *testing.T) {
+	leaktest.Check(t)
+	cfg := smokeConfig(t)
+	cfg.Reps = 1
+	cfg.Only = []string{"pingpong", "throughput"}
+	rep, err := RunSuite(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"pingpong", "throughput/1", "throughput/8"}; !slices.Equal(rep.Cases, want) {
+		t.Errorf("cases %v; want %v", rep.Cases, want)
+	}
+	if len(rep.Runs) != 3 {
+		t.Errorf("%d runs; want 3", len(rep.Runs))
+	}
+	var table bytes.Buffer
+	rep.WriteTable(&table)
+	if strings.Contains(table.String(), "conns/s") || !strings.Contains(table.String(), "pingpong") {
+		t.Errorf("table does not match the cases run:\n%s", table.String())
+	}
+
+	cfg.Only = []string{"pingpong", "latency"}
+	if _, err := RunSuite(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), `"latency"`) {
+		t.Errorf("unknown case: err %v; want one naming it", err)
 	}
 }
 

@@ -151,6 +151,7 @@ func suite(ctx context.Context, args []string) error {
 	fs.BoolVar(&cfg.NoZtunnel, "no-ztunnel", false, "leave the ztunnel path (two nodes on loopback, via SOCKS5) out")
 	fs.BoolVar(&cfg.NoCapture, "no-capture", false, "leave the network-namespace paths out (capture: iptables redirection to ztunnel over a veth pair; veth: its baseline); they need root, ip and iptables")
 	fs.StringVar(&cfg.EchoAddr, "echo", "", "echo server address (default 127.0.0.3:8080, the server workload's)")
+	only := fs.String("only", "", "run only these cases, comma-separated: rr, idle, pingpong, connrate, throughput/1, throughput/8 (throughput: both)")
 	fs.IntVar(&cfg.Reps, "reps", 0, "repetitions of every run; the table shows medians (default 3, short 1)")
 	fs.DurationVar(&cfg.Duration, "duration", 0, "length of each run (default 5s, short 1s)")
 	fs.IntVar(&cfg.IdleConns, "idle-conns", 0, "connections the idle case holds (default 1000, short 300)")
@@ -160,6 +161,9 @@ func suite(ctx context.Context, args []string) error {
 	verbose := fs.Bool("v", false, "show tool output (peers.sh) and per-run failures as they happen")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *only != "" {
+		cfg.Only = strings.Split(*only, ",")
 	}
 	if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
 		cfg.Progress = os.Stderr
