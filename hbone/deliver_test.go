@@ -55,49 +55,41 @@ func waitDone(t *testing.T, done chan deliverResult) deliverResult {
 // goroutine (a consumer that stalls makes the socket refuse writes), and done reports the
 // count and a clean end once, after END_STREAM.
 func TestDeliverToCarriesEveryByte(t *testing.T) {
-	for _, direct := range []bool{true, false} {
-		name := "buffered"
-		if direct {
-			name = "direct"
+	bothWays(t, &directDelivery, "direct", "buffered", func(t *testing.T) {
+		leaktest.Check(t)
+		e := newEnv(t, Config{}, echo)
+		s := e.dial(t, "10.0.0.1:80")
+		defer s.Close()
+		out, done := deliver(t, s)
+		const size = 24 << 20
+		go func() {
+			io.Copy(s, io.LimitReader(newPRNG(5), size))
+			s.CloseWrite()
+		}()
+		h := sha256.New()
+		var got int64
+		buf := make([]byte, 64<<10)
+		for {
+			if got > 4<<20 && got < 5<<20 {
+				time.Sleep(time.Millisecond) // stall: the socket buffer fills, the drain path runs
+			}
+			n, err := out.Read(buf)
+			h.Write(buf[:n])
+			got += int64(n)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
 		}
-		t.Run(name, func(t *testing.T) {
-			leaktest.Check(t)
-			defer func(old bool) { directDelivery = old }(directDelivery)
-			directDelivery = direct
-			e := newEnv(t, Config{}, echo)
-			s := e.dial(t, "10.0.0.1:80")
-			defer s.Close()
-			out, done := deliver(t, s)
-			const size = 24 << 20
-			go func() {
-				io.Copy(s, io.LimitReader(newPRNG(5), size))
-				s.CloseWrite()
-			}()
-			h := sha256.New()
-			var got int64
-			buf := make([]byte, 64<<10)
-			for {
-				if got > 4<<20 && got < 5<<20 {
-					time.Sleep(time.Millisecond) // stall: the socket buffer fills, the drain path runs
-				}
-				n, err := out.Read(buf)
-				h.Write(buf[:n])
-				got += int64(n)
-				if err == io.EOF {
-					break
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-			}
-			if got != size || !bytes.Equal(h.Sum(nil), hashOf(5, size)) {
-				t.Fatalf("got %d of %d bytes, or different ones", got, size)
-			}
-			if r := waitDone(t, done); r.err != nil || r.n != size {
-				t.Fatalf("done(%d, %v); want (%d, nil)", r.n, r.err, size)
-			}
-		})
-	}
+		if got != size || !bytes.Equal(h.Sum(nil), hashOf(5, size)) {
+			t.Fatalf("got %d of %d bytes, or different ones", got, size)
+		}
+		if r := waitDone(t, done); r.err != nil || r.n != size {
+			t.Fatalf("done(%d, %v); want (%d, nil)", r.n, r.err, size)
+		}
+	})
 }
 
 // An idle delivering stream holds no goroutine: with many streams delivering and no data

@@ -124,6 +124,22 @@ var (
 	z0 netip.Addr
 )
 
+// bothWays runs f twice as subtests, with the package switch *flag true (named on) and
+// false (named off), restoring it afterwards.
+func bothWays(t *testing.T, flag *bool, on, off string, f func(t *testing.T)) {
+	for _, v := range []bool{true, false} {
+		name := off
+		if v {
+			name = on
+		}
+		t.Run(name, func(t *testing.T) {
+			defer func(old bool) { *flag = old }(*flag)
+			*flag = v
+			f(t)
+		})
+	}
+}
+
 func mustID(s string) identity.ID { return identity.MustParse(s) }
 
 func ids(ss ...string) []identity.ID {

@@ -67,41 +67,33 @@ func proxyTo(backend string) Handler {
 }
 
 func TestProxyThroughTCPBackend(t *testing.T) {
-	for _, direct := range []bool{true, false} {
-		name := "queued"
-		if direct {
-			name = "direct"
+	bothWays(t, &directDelivery, "direct", "buffered", func(t *testing.T) {
+		leaktest.Check(t)
+		backend, stop := tcpEcho(t)
+		defer stop()
+		e := newEnv(t, Config{}, proxyTo(backend))
+		const size = 32 << 20
+		s := e.dial(t, "10.0.0.1:80")
+		defer s.Close()
+		go func() {
+			io.Copy(s, io.LimitReader(newPRNG(7), size))
+			s.CloseWrite()
+		}()
+		h := sha256.New()
+		n, err := io.Copy(h, s)
+		if err != nil || n != size || !bytes.Equal(h.Sum(nil), hashOf(7, size)) {
+			t.Fatalf("through the backend: %d of %d bytes, err %v", n, size, err)
 		}
-		t.Run(name, func(t *testing.T) {
-			leaktest.Check(t)
-			defer func(old bool) { directDelivery = old }(directDelivery)
-			directDelivery = direct
-			backend, stop := tcpEcho(t)
-			defer stop()
-			e := newEnv(t, Config{}, proxyTo(backend))
-			const size = 32 << 20
-			s := e.dial(t, "10.0.0.1:80")
-			defer s.Close()
-			go func() {
-				io.Copy(s, io.LimitReader(newPRNG(7), size))
-				s.CloseWrite()
-			}()
-			h := sha256.New()
-			n, err := io.Copy(h, s)
-			if err != nil || n != size || !bytes.Equal(h.Sum(nil), hashOf(7, size)) {
-				t.Fatalf("through the backend: %d of %d bytes, err %v", n, size, err)
+		// Small messages one at a time (the latency path).
+		s2 := e.dial(t, "10.0.0.1:80")
+		defer s2.Close()
+		buf := make([]byte, 100)
+		for i := range 50 {
+			msg := bytes.Repeat([]byte{byte(i)}, 1+i)
+			s2.Write(msg)
+			if _, err := io.ReadFull(s2, buf[:len(msg)]); err != nil || !bytes.Equal(buf[:len(msg)], msg) {
+				t.Fatalf("message %d: %q %v", i, buf[:len(msg)], err)
 			}
-			// Small messages one at a time (the latency path).
-			s2 := e.dial(t, "10.0.0.1:80")
-			defer s2.Close()
-			buf := make([]byte, 100)
-			for i := range 50 {
-				msg := bytes.Repeat([]byte{byte(i)}, 1+i)
-				s2.Write(msg)
-				if _, err := io.ReadFull(s2, buf[:len(msg)]); err != nil || !bytes.Equal(buf[:len(msg)], msg) {
-					t.Fatalf("message %d: %q %v", i, buf[:len(msg)], err)
-				}
-			}
-		})
-	}
+		}
+	})
 }

@@ -17,48 +17,40 @@ import (
 // generic path reads into a buffer. Both must carry the same bytes, through every buffer
 // size class, and see EOF as the end.
 func TestReadFromTCPBothPaths(t *testing.T) {
-	for _, poll := range []bool{true, false} {
-		name := "generic"
-		if poll {
-			name = "poll"
+	bothWays(t, &pollReads, "poll", "generic", func(t *testing.T) {
+		leaktest.Check(t)
+		e := newEnv(t, Config{}, echo)
+		s := e.dial(t, "10.0.0.1:80")
+		defer s.Close()
+		a, b := tcpPair(t)
+		defer a.Close()
+		defer b.Close()
+		if got := pollable(b) != nil; got != pollReads {
+			t.Fatalf("pollable(*net.TCPConn) = %v, want %v", got, pollReads)
 		}
-		t.Run(name, func(t *testing.T) {
-			leaktest.Check(t)
-			defer func(old bool) { pollReads = old }(pollReads)
-			pollReads = poll
-			e := newEnv(t, Config{}, echo)
-			s := e.dial(t, "10.0.0.1:80")
-			defer s.Close()
-			a, b := tcpPair(t)
-			defer a.Close()
-			defer b.Close()
-			if got := pollable(b) != nil; got != poll {
-				t.Fatalf("pollable(*net.TCPConn) = %v, want %v", got, poll)
+		const size = 20 << 20 // past the 256 KiB and 16 MiB steps
+		go func() {
+			io.Copy(a, io.LimitReader(newPRNG(3), size))
+			a.CloseWrite()
+		}()
+		sent := make(chan error, 1)
+		go func() {
+			n, err := io.Copy(s, b) // *net.TCPConn.WriteTo -> Stream.ReadFrom
+			if err == nil && n != size {
+				err = errors.New("short copy")
 			}
-			const size = 20 << 20 // past the 256 KiB and 16 MiB steps
-			go func() {
-				io.Copy(a, io.LimitReader(newPRNG(3), size))
-				a.CloseWrite()
-			}()
-			sent := make(chan error, 1)
-			go func() {
-				n, err := io.Copy(s, b) // *net.TCPConn.WriteTo -> Stream.ReadFrom
-				if err == nil && n != size {
-					err = errors.New("short copy")
-				}
-				s.CloseWrite()
-				sent <- err
-			}()
-			h := sha256.New()
-			n, err := io.Copy(h, s)
-			if err != nil || n != size || !bytes.Equal(h.Sum(nil), hashOf(3, size)) {
-				t.Fatalf("echoed %d of %d bytes, err %v", n, size, err)
-			}
-			if err := <-sent; err != nil {
-				t.Fatalf("ReadFrom: %v", err)
-			}
-		})
-	}
+			s.CloseWrite()
+			sent <- err
+		}()
+		h := sha256.New()
+		n, err := io.Copy(h, s)
+		if err != nil || n != size || !bytes.Equal(h.Sum(nil), hashOf(3, size)) {
+			t.Fatalf("echoed %d of %d bytes, err %v", n, size, err)
+		}
+		if err := <-sent; err != nil {
+			t.Fatalf("ReadFrom: %v", err)
+		}
+	})
 }
 
 // A blocked ReadFrom on a TCP socket ends with the socket's read deadline, and with its
