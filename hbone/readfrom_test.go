@@ -28,7 +28,7 @@ func TestReadFromTCPBothPaths(t *testing.T) {
 		if got := pollable(b) != nil; got != pollReads {
 			t.Fatalf("pollable(*net.TCPConn) = %v, want %v", got, pollReads)
 		}
-		const size = 20 << 20 // past the 256 KiB and 16 MiB steps
+		const size = 20 << 20 // bulk: reads climb through every buffer tier
 		go func() {
 			io.Copy(a, io.LimitReader(newPRNG(3), size))
 			a.CloseWrite()
