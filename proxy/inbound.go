@@ -39,11 +39,8 @@ func withOrigDst(c *net.TCPConn) net.Conn {
 }
 
 // serveInboundTLS serves one connection accepted on 15008: mTLS, then HTTP/2 CONNECT
-// streams, each handled by serveHBONE.
+// streams, each handled by serveHBONE. acceptLoop has registered c for the drain deadline.
 func (p *Proxy) serveInboundTLS(ctx context.Context, c *net.TCPConn) {
-	tc := &tracked{}
-	defer p.conns.add(tc)()
-	tc.closeWith(c)
 	if err := p.server.ServeTLS(ctx, withOrigDst(c), p.serverTLS); err != nil && !cleanEnd(err) {
 		p.log.Debug("proxy: inbound hbone connection", "peer", c.RemoteAddr(), "err", err)
 	}
