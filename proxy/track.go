@@ -43,11 +43,7 @@ func (t *tracker) goTracked(fn func()) bool {
 	if t.draining {
 		return false
 	}
-	t.wg.Add(1)
-	go func() {
-		defer t.wg.Done()
-		fn()
-	}()
+	t.handOff(fn)
 	return true
 }
 
