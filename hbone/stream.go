@@ -455,6 +455,7 @@ func pollable(r io.Reader) syscall.RawConn {
 func (s *Stream) readFromPoll(rc syscall.RawConn) (int64, error) {
 	var total int64
 	var cb copyBuf
+	defer cb.release()
 	var n int
 	var rerr error
 	read := func(fd uintptr) bool {
@@ -477,15 +478,13 @@ func (s *Stream) readFromPoll(rc syscall.RawConn) (int64, error) {
 			err = os.NewSyscallError("read", rerr)
 		}
 		if err != nil {
-			cb.release()
 			return total, err
 		}
 		if n <= 0 { // orderly shutdown by the peer
-			cb.release()
 			return total, nil
 		}
 		_, werr := s.write(cb.cur[:n])
-		cb.release()
+		cb.release() // hold no buffer while waiting for the next read
 		cb.adapt(n)
 		if werr != nil {
 			return total, werr
