@@ -51,8 +51,8 @@
 // Goroutines: per connection one frame reader and one writer (owned by the Pool, or by
 // the ServeConn call), plus one per server stream running the Handler. Stream.DeliverTo
 // is WriteTo without a waiting goroutine: the frame reader's direct writes carry the
-// data, and a short-lived goroutine starts only when the socket is full or the stream
-// ends, so a proxy needs one goroutine per proxied connection, not two; a handler
+// data, and a short-lived goroutine starts only when the socket is full (or the stream
+// ends with data still queued), so a proxy needs one goroutine per proxied connection, not two; a handler
 // goroutine whose stream ended waits up to a second to run the connection's next stream,
 // so its grown stack is reused. Pool.Close and ServeConn return only after theirs have
 // exited.
