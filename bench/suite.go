@@ -55,15 +55,16 @@ func (cfg *SuiteConfig) cases() []suiteCase {
 	}
 	var cs []suiteCase
 	for _, c := range cfg.allCases() {
-		for _, name := range cfg.Only {
-			if name == c.name || name == c.scenario {
-				cs = append(cs, c)
-				break
-			}
+		if slices.ContainsFunc(cfg.Only, c.named) {
+			cs = append(cs, c)
 		}
 	}
 	return cs
 }
+
+// named reports whether name selects c: its own name, or its scenario's (throughput names
+// both throughput cases).
+func (c suiteCase) named(name string) bool { return name == c.name || name == c.scenario }
 
 func (cfg *SuiteConfig) allCases() []suiteCase {
 	d := cfg.Duration
@@ -114,12 +115,13 @@ func (cfg *SuiteConfig) setDefaults() error {
 
 // checkOnly refuses case names the suite does not have.
 func (cfg *SuiteConfig) checkOnly() error {
+	all := cfg.allCases()
 	var known []string
-	for _, c := range cfg.allCases() {
+	for _, c := range all {
 		known = append(known, c.name)
 	}
 	for _, name := range cfg.Only {
-		if !slices.Contains(known, name) && name != "throughput" {
+		if !slices.ContainsFunc(all, func(c suiteCase) bool { return c.named(name) }) {
 			return fmt.Errorf("bench: suite: unknown case %q; the cases are %s (throughput is both)", name, strings.Join(known, ", "))
 		}
 	}
