@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
-	pb "istio.io/api/security/v1alpha1"
+	pb "github.com/gozt/gozt/identity/ca/capb"
 
 	"github.com/gozt/gozt/identity"
 )

@@ -25,7 +25,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	pb "istio.io/api/security/v1alpha1"
+	pb "github.com/gozt/gozt/identity/ca/capb"
 
 	"github.com/gozt/gozt/identity"
 	"github.com/gozt/gozt/identity/ca"
