@@ -32,6 +32,7 @@ var Rules = []Rule{
 	{Pkg: "proxy", Forbid: []string{"xds", "identity/certs...", "identity/ca..."}, Why: "the data plane gets state and certificates through interfaces, not from their sources"},
 	{Pkg: "proxy/rbac", Forbid: []string{"*"}, Allow: []string{"identity", "xds/state"}, Direct: []string{"net", "net/http", "os", "io", "log/slog"}, Why: "pure authorization: no I/O"},
 	{Pkg: "xds", Forbid: []string{"proxy...", "hbone...", "identity/certs..."}, Why: "the control-plane client feeds the cache, nothing else"},
+	{Pkg: "identity/ca/capb", Forbid: []string{"*"}, Why: "generated CA protos and gRPC stubs are a leaf"},
 	{Pkg: "identity/ca", Subtree: true, Forbid: []string{"proxy...", "xds...", "hbone..."}, Why: "CA clients know nothing of the data plane"},
 	{Pkg: "identity/certs", Forbid: []string{"proxy...", "xds...", "hbone..."}, Why: "the certificate manager knows nothing of the data plane"},
 	{Pkg: "metrics", Forbid: []string{"*"}, Allow: []string{"identity"}, Why: "a leaf every layer may record into"},
