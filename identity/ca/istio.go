@@ -20,9 +20,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
-	pb "github.com/gozt/gozt/identity/ca/capb"
 
 	"github.com/gozt/gozt/identity"
+	pb "github.com/gozt/gozt/identity/ca/capb"
 )
 
 // istioClient speaks istio.v1.auth.IstioCertificateService. The gRPC channel is rebuilt when

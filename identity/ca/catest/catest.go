@@ -25,10 +25,10 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	pb "github.com/gozt/gozt/identity/ca/capb"
 
 	"github.com/gozt/gozt/identity"
 	"github.com/gozt/gozt/identity/ca"
+	pb "github.com/gozt/gozt/identity/ca/capb"
 )
 
 // Root is a self-signed ECDSA P-256 CA for tests.
