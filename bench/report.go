@@ -100,12 +100,16 @@ var metrics = []metric{
 	freshMetric(procMetric("idle", "KiB per idle conn, rep 1", "%.1f", func(r *Result) float64 { return r.BytesPerIdleConn() / 1024 })),
 }
 
-// Row is one metric's median per path, and its ratio to each baseline path.
+// Row is one metric's median per path, how far the repetitions strayed from it, and its
+// ratio to each baseline path.
 type Row struct {
-	Case   string                        `json:"case"`
-	Metric string                        `json:"metric"`
-	Higher bool                          `json:"higher_is_better"`
-	Values map[string]float64            `json:"values"`
+	Case   string             `json:"case"`
+	Metric string             `json:"metric"`
+	Higher bool               `json:"higher_is_better"`
+	Values map[string]float64 `json:"values"`
+	// Spread is half the range of the repetitions' values over their median, per path with
+	// two or more: a ratio between two paths is only news when it exceeds both spreads.
+	Spread map[string]float64            `json:"spread,omitempty"`
 	Ratios map[string]map[string]float64 `json:"ratios,omitempty"` // baseline -> path -> value/baseline
 }
 
@@ -153,6 +157,12 @@ func (rep *Report) Table() []Row {
 			if len(vals) > 0 {
 				row.Values[p] = median(vals)
 			}
+			if sp, ok := spread(vals); ok {
+				if row.Spread == nil {
+					row.Spread = map[string]float64{}
+				}
+				row.Spread[p] = sp
+			}
 		}
 		if len(row.Values) == 0 {
 			continue
@@ -181,6 +191,19 @@ func (rep *Report) Table() []Row {
 	return rows
 }
 
+// spread is half the range of v over its median; false for fewer than two values or a
+// zero median.
+func spread(v []float64) (float64, bool) {
+	if len(v) < 2 {
+		return 0, false
+	}
+	m := median(v)
+	if m == 0 {
+		return 0, false
+	}
+	return (slices.Max(v) - slices.Min(v)) / 2 / math.Abs(m), true
+}
+
 func median(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
@@ -195,6 +218,9 @@ func median(v []float64) float64 {
 func (rep *Report) WriteTable(w io.Writer) {
 	fmt.Fprintf(w, "zbench suite: %d path(s), %d rep(s) of %v per run, %d CPUs, %v in all; medians.\n",
 		len(rep.Paths), rep.Reps, rep.Duration, rep.CPUs, rep.Elapsed.Round(time.Second))
+	if rep.Reps > 1 {
+		fmt.Fprintln(w, "± is how far the repetitions strayed: half their range, relative to the median.")
+	}
 	fmt.Fprintln(w, "CPU and memory are the proxy processes' own (both hops); ↑ higher is better, ↓ lower is better.")
 	fmt.Fprintln(w, "throughput is one-way bulk transfer from the server through the path to the client (like iperf -R).")
 	const caseW = 13
@@ -237,6 +263,17 @@ func (rep *Report) WriteTable(w io.Writer) {
 			line += fmt.Sprintf("%*s", colW, cell)
 		}
 		fmt.Fprintln(w, line)
+		if len(row.Spread) > 0 {
+			line := fmt.Sprintf("%-*s%-*s", caseW, "", labelW-caseW, "  ± over reps")
+			for _, p := range rep.Paths {
+				cell := ""
+				if v, ok := row.Spread[p]; ok {
+					cell = fmt.Sprintf("±%.0f%%", v*100)
+				}
+				line += fmt.Sprintf("%*s", colW, cell)
+			}
+			fmt.Fprintln(w, line)
+		}
 		for _, b := range rep.baselines() {
 			ratios, ok := row.Ratios[b]
 			if !ok {
@@ -286,9 +323,11 @@ func (rep *Report) WriteJSON(w io.Writer) error {
 // sanitize drops non-finite values, which JSON cannot carry.
 func sanitize(rows []Row) []Row {
 	for _, r := range rows {
-		for p, v := range r.Values {
-			if math.IsNaN(v) || math.IsInf(v, 0) {
-				delete(r.Values, p)
+		for _, m := range []map[string]float64{r.Values, r.Spread} {
+			for p, v := range m {
+				if math.IsNaN(v) || math.IsInf(v, 0) {
+					delete(m, p)
+				}
 			}
 		}
 		for _, m := range r.Ratios {

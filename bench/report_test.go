@@ -55,10 +55,18 @@ func TestReportTableMediansRatiosAndFreshMemory(t *testing.T) {
 	if idle.Values["ztunnel"] != 1 {
 		t.Errorf("idle KiB/conn %v; want rep 1's 1 KiB, not the median", idle.Values)
 	}
+	// Spread: half the range over the median. direct 10..30 around 20, relay 4..6 around 5.
+	if sd, sr := g.Spread["direct"], g.Spread["relay"]; sd != 0.5 || sr != 0.2 {
+		t.Errorf("spread direct %v, relay %v; want 0.5 and 0.2", sd, sr)
+	}
+	if len(idle.Spread) != 0 {
+		t.Errorf("a rep-1 figure has a spread: %v", idle.Spread)
+	}
 
 	var out bytes.Buffer
 	rep.WriteTable(&out)
-	for _, want := range []string{"throughput/1", "× relay", "0.60", "20.00"} {
+	rep.Reps = 3
+	for _, want := range []string{"throughput/1", "× relay", "0.60", "20.00", "± over reps", "±50%", "±20%", "±33%"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
