@@ -108,7 +108,8 @@ type Row struct {
 	Higher bool               `json:"higher_is_better"`
 	Values map[string]float64 `json:"values"`
 	// Spread is half the range of the repetitions' values over their median, per path with
-	// two or more: a ratio between two paths is only news when it exceeds both spreads.
+	// two or more. A ratio between two paths is only news when it differs from 1 by more
+	// than their spreads.
 	Spread map[string]float64            `json:"spread,omitempty"`
 	Ratios map[string]map[string]float64 `json:"ratios,omitempty"` // baseline -> path -> value/baseline
 }
