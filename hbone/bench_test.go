@@ -15,7 +15,7 @@ func reportGbps(b *testing.B, bytes int64, d time.Duration) {
 	b.ReportMetric(float64(bytes)*8/d.Seconds()/1e9, "Gbit/s")
 }
 
-// tcpPair is a connected loopback *net.TCPConn pair.
+// tcpPair is a connected loopback *net.TCPConn pair, closed when the test ends.
 func tcpPair(b testing.TB) (*net.TCPConn, *net.TCPConn) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -28,7 +28,9 @@ func tcpPair(b testing.TB) (*net.TCPConn, *net.TCPConn) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return c.(*net.TCPConn), (<-ch).(*net.TCPConn)
+	a, d := c.(*net.TCPConn), (<-ch).(*net.TCPConn)
+	b.Cleanup(func() { a.Close(); d.Close() })
+	return a, d
 }
 
 // bulkPair sends b.N chunks from w and waits until r has read them all.
@@ -58,8 +60,6 @@ func bulkPair(b *testing.B, w io.Writer, r io.Reader) {
 func BenchmarkBulk(b *testing.B) {
 	b.Run("tcp", func(b *testing.B) {
 		c, s := tcpPair(b)
-		defer c.Close()
-		defer s.Close()
 		bulkPair(b, c, s)
 	})
 	b.Run("tls", func(b *testing.B) {
@@ -145,8 +145,6 @@ func BenchmarkRoundTrip1K(b *testing.B) {
 	}
 	b.Run("tcp", func(b *testing.B) {
 		c, s := tcpPair(b)
-		defer c.Close()
-		defer s.Close()
 		go io.Copy(s, s)
 		rt(b, c)
 	})

@@ -24,7 +24,6 @@ type deliverResult struct {
 func deliver(t *testing.T, s *Stream) (*net.TCPConn, chan deliverResult) {
 	t.Helper()
 	a, b := tcpPair(t)
-	t.Cleanup(func() { a.Close(); b.Close() })
 	done := make(chan deliverResult, 2) // 2: a second call would be a bug the test reports
 	if err := s.DeliverTo(a, func(n int64, err error) {
 		a.CloseWrite()
@@ -170,9 +169,7 @@ func TestDeliverToEnds(t *testing.T) {
 		e := newEnv(t, Config{}, echo)
 		s := e.dial(t, "10.0.0.1:80")
 		_, done := deliver(t, s)
-		a, b := tcpPair(t)
-		defer a.Close()
-		defer b.Close()
+		a, _ := tcpPair(t)
 		if err := s.DeliverTo(a, func(int64, error) { t.Error("second done called") }); err == nil {
 			t.Error("a second DeliverTo on the same stream succeeded")
 		}
@@ -189,8 +186,6 @@ func TestDeliverToEndsOnFrameReader(t *testing.T) {
 	s := e.dial(t, "10.0.0.1:80")
 	defer s.Close()
 	a, b := tcpPair(t)
-	defer a.Close()
-	defer b.Close()
 	stacks := make(chan string, 1)
 	if err := s.DeliverTo(a, func(n int64, err error) {
 		buf := make([]byte, 64<<10)

@@ -23,8 +23,6 @@ func TestReadFromTCPBothPaths(t *testing.T) {
 		s := e.dial(t, "10.0.0.1:80")
 		defer s.Close()
 		a, b := tcpPair(t)
-		defer a.Close()
-		defer b.Close()
 		if got := pollable(b) != nil; got != pollReads {
 			t.Fatalf("pollable(*net.TCPConn) = %v, want %v", got, pollReads)
 		}
@@ -61,8 +59,6 @@ func TestReadFromPollDeadlineAndClose(t *testing.T) {
 	s := e.dial(t, "10.0.0.1:80")
 	defer s.Close()
 	a, b := tcpPair(t)
-	defer a.Close()
-	defer b.Close()
 
 	b.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 	a.Write([]byte("before"))
@@ -100,7 +96,6 @@ func TestReadFromPollReset(t *testing.T) {
 	s := e.dial(t, "10.0.0.1:80")
 	defer s.Close()
 	a, b := tcpPair(t)
-	defer b.Close()
 	a.SetLinger(0)
 	a.Write([]byte("x"))
 	time.Sleep(10 * time.Millisecond)
@@ -131,8 +126,6 @@ func (p *peekedConn) Read(b []byte) (int, error) { return p.r.Read(b) }
 func TestPollableTypes(t *testing.T) {
 	leaktest.Check(t)
 	a, b := tcpPair(t)
-	defer a.Close()
-	defer b.Close()
 	if pollable(b) == nil {
 		t.Error("pollable(*net.TCPConn) = nil")
 	}
@@ -158,8 +151,6 @@ func TestReadFromWrappedTCPKeepsBufferedBytes(t *testing.T) {
 	s := e.dial(t, "10.0.0.1:80")
 	defer s.Close()
 	a, b := tcpPair(t)
-	defer a.Close()
-	defer b.Close()
 	go func() {
 		a.Write([]byte(" world"))
 		a.CloseWrite()
