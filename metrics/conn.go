@@ -210,7 +210,11 @@ func (c *Conn) Close(sent, received int64, flag string, err error) {
 	if err != nil {
 		attrs = append(attrs, slog.String("error", err.Error()))
 	}
-	c.m.log.LogAttrs(ctx, level, "connection complete", attrs...)
+	// A Record built here skips Logger.LogAttrs's runtime.Callers: the handler never prints
+	// a source location for access lines.
+	r := slog.NewRecord(time.Now(), level, "connection complete", 0)
+	r.AddAttrs(attrs...)
+	_ = c.m.log.Handler().Handle(ctx, r)
 }
 
 // appendAttrs adds ztunnel's access-log fields, leaving out unknown ones as ztunnel does.
