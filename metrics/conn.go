@@ -153,7 +153,7 @@ func (m *Metrics) Open(l Labels, log ConnLog) *Conn {
 	c.s.sockets.Inc()
 	if ctx := context.Background(); m.log.Enabled(ctx, slog.LevelDebug) {
 		var buf [20]slog.Attr
-		m.log.LogAttrs(ctx, slog.LevelDebug, "connection opened", c.appendAttrs(buf[:0])...)
+		m.logAccess(ctx, slog.LevelDebug, "connection opened", c.appendAttrs(buf[:0]))
 	}
 	return c
 }
@@ -210,11 +210,16 @@ func (c *Conn) Close(sent, received int64, flag string, err error) {
 	if err != nil {
 		attrs = append(attrs, slog.String("error", err.Error()))
 	}
-	// A Record built here skips Logger.LogAttrs's runtime.Callers: the handler never prints
-	// a source location for access lines.
-	r := slog.NewRecord(time.Now(), level, "connection complete", 0)
+	c.m.logAccess(ctx, level, "connection complete", attrs)
+}
+
+// logAccess writes one access-log record; the caller has checked that level is enabled.
+// Building the Record here skips Logger.LogAttrs's runtime.Callers: the handler never
+// prints a source location for access lines.
+func (m *Metrics) logAccess(ctx context.Context, level slog.Level, msg string, attrs []slog.Attr) {
+	r := slog.NewRecord(time.Now(), level, msg, 0)
 	r.AddAttrs(attrs...)
-	_ = c.m.log.Handler().Handle(ctx, r)
+	_ = m.log.Handler().Handle(ctx, r)
 }
 
 // appendAttrs adds ztunnel's access-log fields, leaving out unknown ones as ztunnel does.
