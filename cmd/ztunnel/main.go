@@ -36,6 +36,7 @@ func mainExit(args []string) int {
 			return 0
 		}
 	}
+	reexecWithSysmonPolling()
 	cfg, err := loadConfig(osGetenv, os.Environ(), args)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ztunnel:", err)

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestWithSysmonPolling(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string
+		changed  bool
+	}{
+		{"", sysmonPolling, true},
+		{" ", sysmonPolling, true},
+		{"http2debug=1", "http2debug=1," + sysmonPolling, true},
+		{"madvdontneed=1,gctrace=1", "madvdontneed=1,gctrace=1," + sysmonPolling, true},
+		{"schedtracex=1", "schedtracex=1," + sysmonPolling, true},
+		{"schedtrace=0", "schedtrace=0", false},
+		{"gctrace=1, schedtrace=1000", "gctrace=1, schedtrace=1000", false},
+	} {
+		got, changed := withSysmonPolling(tc.in)
+		if got != tc.want || changed != tc.changed {
+			t.Errorf("withSysmonPolling(%q) = %q, %v; want %q, %v", tc.in, got, changed, tc.want, tc.changed)
+		}
+	}
+}
+
+// TestNodeReexecsWithSysmonPolling runs the binary as a node and reads the environment
+// its process (same PID) runs with once it has started.
+func TestNodeReexecsWithSysmonPolling(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the node re-executes itself only on Linux")
+	}
+	bin := buildZtunnel(t)
+	for _, tc := range []struct{ given, want string }{
+		{"", "GODEBUG=" + sysmonPolling},
+		{"GODEBUG=gctrace=0", "GODEBUG=gctrace=0," + sysmonPolling},
+		{"GODEBUG=schedtrace=0", "GODEBUG=schedtrace=0"},
+	} {
+		dir := t.TempDir()
+		env := []string{
+			"LOCAL_XDS_PATH=" + filepath.Join("..", "..", "examples", "localhost.yaml"),
+			"CA_PROVIDER=builtin", "CA_DIR=" + filepath.Join(dir, "ca"),
+		}
+		for _, name := range []string{"ADMIN", "STATS", "READINESS", "OUTBOUND", "INBOUND_PLAINTEXT", "INBOUND", "SOCKS5", "DNS_PROXY"} {
+			env = append(env, name+"_ADDR=off")
+		}
+		if tc.given != "" {
+			env = append(env, tc.given)
+		}
+		p := startProc(t, "ztunnel "+tc.given, env, bin)
+		deadline := time.Now().Add(20 * time.Second)
+		for !strings.Contains(p.out.String(), "ztunnel started") {
+			if p.exited() || time.Now().After(deadline) {
+				t.Fatalf("%s: node did not start:\n%s", tc.given, p.out.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		environ, err := os.ReadFile("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/environ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var godebug []string
+		for kv := range bytes.SplitSeq(environ, []byte{0}) {
+			if bytes.HasPrefix(kv, []byte("GODEBUG=")) {
+				godebug = append(godebug, string(kv))
+			}
+		}
+		if len(godebug) != 1 || godebug[0] != tc.want {
+			t.Errorf("given %q, the node runs with %q; want [%s]", tc.given, godebug, tc.want)
+		}
+		if err := p.stop(); err != nil {
+			t.Errorf("%s: %v\n%s", tc.given, err, p.out.String())
+		}
+	}
+}
