@@ -313,6 +313,10 @@ Every setting is an environment variable (Istio ztunnel's names where one exists
 flag of the same name in lowercase with dashes (--admin-addr); a flag wins over the
 environment. Listener addresses accept "off".
 
+The proxy re-executes itself with schedtrace=2147483647 added to GODEBUG, which keeps the Go
+runtime's sysmon thread polling instead of being woken by nearly every message; a schedtrace
+already in GODEBUG is kept (GODEBUG=schedtrace=0 turns this off).
+
 `)
 	for _, s := range settings() {
 		def := s.def
