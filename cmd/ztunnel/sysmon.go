@@ -50,7 +50,11 @@ func reexecWithSysmonPolling() {
 			env = append(env, kv)
 		}
 	}
-	// /proc/self/exe still names this binary if its file was replaced or deleted since.
-	err := syscall.Exec("/proc/self/exe", os.Args, env)
+	// Not /proc/self/exe: the kernel names a process after the file it executes, and ps,
+	// top and pkill would show "exe".
+	exe, err := os.Executable()
+	if err == nil {
+		err = syscall.Exec(exe, os.Args, env)
+	}
 	fmt.Fprintf(os.Stderr, "ztunnel: warning: could not re-execute with GODEBUG=%s (%v); running with the runtime's default scheduler polling\n", godebug, err)
 }

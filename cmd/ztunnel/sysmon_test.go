@@ -62,9 +62,13 @@ func TestNodeReexecsWithSysmonPolling(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		environ, err := os.ReadFile("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/environ")
+		procDir := "/proc/" + strconv.Itoa(p.cmd.Process.Pid)
+		environ, err := os.ReadFile(procDir + "/environ")
 		if err != nil {
 			t.Fatal(err)
+		}
+		if comm, err := os.ReadFile(procDir + "/comm"); err != nil || string(comm) != "ztunnel\n" {
+			t.Errorf("%s: the process is named %q (%v); want ztunnel, as ps and pkill see it", tc.given, comm, err)
 		}
 		var godebug []string
 		for kv := range bytes.SplitSeq(environ, []byte{0}) {
