@@ -59,8 +59,9 @@ type config struct {
 	KeepaliveInterval   time.Duration
 	KeepaliveRetries    int
 
-	LogLevel  string
-	LogFormat string
+	LogLevel      string
+	LogFormat     string
+	WorkerThreads workerThreads
 
 	XDSHeaders map[string]string // XDS_HEADER_<NAME>
 	CAHeaders  map[string]string // CA_HEADER_<NAME>
@@ -140,6 +141,10 @@ func settings() []setting {
 
 		enum("LOG_LEVEL", "info", "log level (also settable at run time: POST /logging?level=)", []string{"debug", "info", "warn", "error"}, func(c *config) *string { return &c.LogLevel }),
 		enum("LOG_FORMAT", "plain", "log format", []string{"plain", "json"}, func(c *config) *string { return &c.LogFormat }),
+		{env: "ZTUNNEL_WORKER_THREADS", form: "N, N% of the cores, 0 for every core, or empty", help: "threads running Go code at once (GOMAXPROCS); empty: the container's CPU limit or GOMAXPROCS if set, else a quarter of the cores, at least 2", set: func(c *config, v string) (err error) {
+			c.WorkerThreads, err = parseWorkerThreads(v)
+			return err
+		}},
 	}
 }
 

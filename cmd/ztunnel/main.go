@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"syscall"
 	"time"
@@ -42,6 +43,8 @@ func mainExit(args []string) int {
 		fmt.Fprintln(os.Stderr, "ztunnel:", err)
 		return 2
 	}
+	_, gomaxprocsSet := os.LookupEnv("GOMAXPROCS")
+	runtime.GOMAXPROCS(cfg.WorkerThreads.threads(runtime.NumCPU(), runtime.GOMAXPROCS(0), gomaxprocsSet))
 	logLevel := new(slog.LevelVar)
 	logs := newLogWriter(os.Stderr, 100*time.Millisecond)
 	defer logs.Close()

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -136,7 +137,7 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 		n.proxy.Serve(proxyCtx)
 	}()
 
-	slog.Info("ztunnel started", "version", version, "mode", cfg.ProxyMode, "listeners", n.listenerSummary())
+	slog.Info("ztunnel started", "version", version, "mode", cfg.ProxyMode, "threads", runtime.GOMAXPROCS(0), "listeners", n.listenerSummary())
 	if started != nil {
 		started(n)
 	}

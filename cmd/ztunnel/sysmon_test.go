@@ -43,25 +43,11 @@ func TestNodeReexecsWithSysmonPolling(t *testing.T) {
 		{"GODEBUG=gctrace=0", "GODEBUG=gctrace=0," + sysmonPolling},
 		{"GODEBUG=schedtrace=0", "GODEBUG=schedtrace=0"},
 	} {
-		dir := t.TempDir()
-		env := []string{
-			"LOCAL_XDS_PATH=" + filepath.Join("..", "..", "examples", "localhost.yaml"),
-			"CA_PROVIDER=builtin", "CA_DIR=" + filepath.Join(dir, "ca"),
-		}
-		for _, name := range []string{"ADMIN", "STATS", "READINESS", "OUTBOUND", "INBOUND_PLAINTEXT", "INBOUND", "SOCKS5", "DNS_PROXY"} {
-			env = append(env, name+"_ADDR=off")
-		}
+		var env []string
 		if tc.given != "" {
 			env = append(env, tc.given)
 		}
-		p := startProc(t, "ztunnel "+tc.given, env, bin)
-		deadline := time.Now().Add(20 * time.Second)
-		for !strings.Contains(p.out.String(), "ztunnel started") {
-			if p.exited() || time.Now().After(deadline) {
-				t.Fatalf("%s: node did not start:\n%s", tc.given, p.out.String())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		p := startBareNode(t, bin, env...)
 		procDir := "/proc/" + strconv.Itoa(p.cmd.Process.Pid)
 		environ, err := os.ReadFile(procDir + "/environ")
 		if err != nil {
@@ -83,4 +69,26 @@ func TestNodeReexecsWithSysmonPolling(t *testing.T) {
 			t.Errorf("%s: %v\n%s", tc.given, err, p.out.String())
 		}
 	}
+}
+
+// startBareNode runs bin as a node with every listener off, from the bundled local config
+// and a built-in CA, and returns once it has logged that it started.
+func startBareNode(t *testing.T, bin string, extra ...string) *proc {
+	t.Helper()
+	env := []string{
+		"LOCAL_XDS_PATH=" + filepath.Join("..", "..", "examples", "localhost.yaml"),
+		"CA_PROVIDER=builtin", "CA_DIR=" + filepath.Join(t.TempDir(), "ca"),
+	}
+	for _, name := range []string{"ADMIN", "STATS", "READINESS", "OUTBOUND", "INBOUND_PLAINTEXT", "INBOUND", "SOCKS5", "DNS_PROXY"} {
+		env = append(env, name+"_ADDR=off")
+	}
+	p := startProc(t, "ztunnel "+strings.Join(extra, " "), append(env, extra...), bin)
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(p.out.String(), "ztunnel started") {
+		if p.exited() || time.Now().After(deadline) {
+			t.Fatalf("%v: node did not start:\n%s", extra, p.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return p
 }

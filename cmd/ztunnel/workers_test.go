@@ -1,0 +1,62 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestWorkerThreads(t *testing.T) {
+	for _, tc := range []struct {
+		spec             string
+		cores, goDefault int
+		gomaxprocsSet    bool
+		want             int
+	}{
+		{"", 1, 1, false, 1},
+		{"", 2, 2, false, 2},
+		{"", 4, 4, false, 2},
+		{"", 9, 9, false, 3},
+		{"", 64, 64, false, 16},
+		{"", 64, 6, false, 6},  // a CPU limit lowered Go's default
+		{"", 64, 64, true, 64}, // GOMAXPROCS=64 given
+		{"3", 64, 6, false, 3}, // the setting wins over both
+		{"3", 2, 2, true, 3},
+		{"0", 64, 6, false, 64}, // every core
+		{"50%", 64, 64, false, 32},
+		{"10%", 4, 4, false, 1}, // rounded up, at least 1
+		{"100%", 7, 7, false, 7},
+	} {
+		w, err := parseWorkerThreads(tc.spec)
+		if err != nil {
+			t.Fatalf("parse %q: %v", tc.spec, err)
+		}
+		if got := w.threads(tc.cores, tc.goDefault, tc.gomaxprocsSet); got != tc.want {
+			t.Errorf("%q on %d cores (Go default %d, GOMAXPROCS given %v) = %d threads; want %d",
+				tc.spec, tc.cores, tc.goDefault, tc.gomaxprocsSet, got, tc.want)
+		}
+	}
+	for _, bad := range []string{"x", "-1", "0%", "101%", "2.5", "%"} {
+		if _, err := loadConfig(env(map[string]string{"ZTUNNEL_WORKER_THREADS": bad}), nil, nil); err == nil ||
+			!strings.Contains(err.Error(), "ZTUNNEL_WORKER_THREADS") {
+			t.Errorf("ZTUNNEL_WORKER_THREADS=%q: err %v; want one naming the variable", bad, err)
+		}
+	}
+}
+
+// TestNodeRunsWithWorkerThreads starts the binary and reads the thread count it logs.
+func TestNodeRunsWithWorkerThreads(t *testing.T) {
+	bin := buildZtunnel(t)
+	for _, tc := range []struct{ given, want string }{
+		{"ZTUNNEL_WORKER_THREADS=1", "threads=1 "},
+		{"ZTUNNEL_WORKER_THREADS=3", "threads=3 "},
+		{"GOMAXPROCS=5", "threads=5 "},
+	} {
+		p := startBareNode(t, bin, tc.given)
+		if out := p.out.String(); !strings.Contains(out, tc.want) {
+			t.Errorf("%s: the started line does not say %q:\n%s", tc.given, tc.want, out)
+		}
+		if err := p.stop(); err != nil {
+			t.Errorf("%s: %v", tc.given, err)
+		}
+	}
+}
