@@ -44,7 +44,10 @@ func mainExit(args []string) int {
 		return 2
 	}
 	_, gomaxprocsSet := os.LookupEnv("GOMAXPROCS")
-	runtime.GOMAXPROCS(cfg.WorkerThreads.threads(runtime.NumCPU(), runtime.GOMAXPROCS(0), gomaxprocsSet))
+	if n := cfg.WorkerThreads.threads(runtime.NumCPU(), runtime.GOMAXPROCS(0), gomaxprocsSet); n != runtime.GOMAXPROCS(0) {
+		// Only when it differs: setting it stops the runtime following a changed CPU limit.
+		runtime.GOMAXPROCS(n)
+	}
 	logLevel := new(slog.LevelVar)
 	logs := newLogWriter(os.Stderr, 100*time.Millisecond)
 	defer logs.Close()
