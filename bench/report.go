@@ -237,6 +237,14 @@ func (rep *Report) WriteTable(w io.Writer) {
 	for _, p := range rep.Paths {
 		header += fmt.Sprintf("%*s", colW, p)
 	}
+	// writeLine writes one line of the table: a case and label, then a cell per path.
+	writeLine := func(caseLabel, label string, cell func(path string) string) {
+		line := fmt.Sprintf("%-*s%-*s", caseW, caseLabel, labelW-caseW, label)
+		for _, p := range rep.Paths {
+			line += fmt.Sprintf("%*s", colW, cell(p))
+		}
+		fmt.Fprintln(w, line)
+	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, header)
 	fmt.Fprintln(w, strings.Repeat("─", len([]rune(header))))
@@ -255,40 +263,31 @@ func (rep *Report) WriteTable(w io.Writer) {
 		if row.Higher {
 			arrow = "↑"
 		}
-		line := fmt.Sprintf("%-*s%-*s", caseW, caseLabel, labelW-caseW, row.Metric+" "+arrow)
-		for _, p := range rep.Paths {
-			cell := "–"
+		writeLine(caseLabel, row.Metric+" "+arrow, func(p string) string {
 			if v, ok := row.Values[p]; ok {
-				cell = fmt.Sprintf(m.format, v)
+				return fmt.Sprintf(m.format, v)
 			}
-			line += fmt.Sprintf("%*s", colW, cell)
-		}
-		fmt.Fprintln(w, line)
+			return "–"
+		})
 		if len(row.Spread) > 0 {
-			line := fmt.Sprintf("%-*s%-*s", caseW, "", labelW-caseW, "  ± over reps")
-			for _, p := range rep.Paths {
-				cell := ""
+			writeLine("", "  ± over reps", func(p string) string {
 				if v, ok := row.Spread[p]; ok {
-					cell = fmt.Sprintf("±%.0f%%", v*100)
+					return fmt.Sprintf("±%.0f%%", v*100)
 				}
-				line += fmt.Sprintf("%*s", colW, cell)
-			}
-			fmt.Fprintln(w, line)
+				return ""
+			})
 		}
 		for _, b := range rep.baselines() {
 			ratios, ok := row.Ratios[b]
 			if !ok {
 				continue
 			}
-			line := fmt.Sprintf("%-*s%-*s", caseW, "", labelW-caseW, "  × "+b)
-			for _, p := range rep.Paths {
-				cell := ""
+			writeLine("", "  × "+b, func(p string) string {
 				if v, ok := ratios[p]; ok && p != b {
-					cell = fmt.Sprintf("%.2f", v)
+					return fmt.Sprintf("%.2f", v)
 				}
-				line += fmt.Sprintf("%*s", colW, cell)
-			}
-			fmt.Fprintln(w, line)
+				return ""
+			})
 		}
 	}
 	for _, e := range rep.Errors {
