@@ -155,10 +155,12 @@ func (rep *Report) Table() []Row {
 					}
 				}
 			}
-			if len(vals) > 0 {
-				row.Values[p] = median(vals)
+			if len(vals) == 0 {
+				continue
 			}
-			if sp, ok := spread(vals); ok {
+			med := median(vals)
+			row.Values[p] = med
+			if sp, ok := spread(vals, med); ok {
 				if row.Spread == nil {
 					row.Spread = map[string]float64{}
 				}
@@ -192,17 +194,13 @@ func (rep *Report) Table() []Row {
 	return rows
 }
 
-// spread is half the range of v over its median; false for fewer than two values or a
+// spread is half the range of v over its median med; false for fewer than two values or a
 // zero median.
-func spread(v []float64) (float64, bool) {
-	if len(v) < 2 {
+func spread(v []float64, med float64) (float64, bool) {
+	if len(v) < 2 || med == 0 {
 		return 0, false
 	}
-	m := median(v)
-	if m == 0 {
-		return 0, false
-	}
-	return (slices.Max(v) - slices.Min(v)) / 2 / math.Abs(m), true
+	return (slices.Max(v) - slices.Min(v)) / 2 / math.Abs(med), true
 }
 
 func median(v []float64) float64 {
