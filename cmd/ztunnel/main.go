@@ -44,7 +44,8 @@ func mainExit(args []string) int {
 		return 2
 	}
 	_, gomaxprocsSet := os.LookupEnv("GOMAXPROCS")
-	if n := cfg.WorkerThreads.threads(runtime.NumCPU(), runtime.GOMAXPROCS(0), gomaxprocsSet); n != runtime.GOMAXPROCS(0) {
+	goDefault := runtime.GOMAXPROCS(0)
+	if n := cfg.WorkerThreads.threads(runtime.NumCPU(), goDefault, gomaxprocsSet); n != goDefault {
 		// Only when it differs: setting it stops the runtime following a changed CPU limit.
 		runtime.GOMAXPROCS(n)
 	}
