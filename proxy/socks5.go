@@ -39,7 +39,9 @@ const socksHandshakeTimeout = 10 * time.Second
 
 // serveSocks5 handles one SOCKS5 client: a no-auth CONNECT to an IPv4, IPv6 or domain
 // address, then the same outbound flow as captured traffic. Domain names resolve through
-// the workload cache (service hostnames) first, then the system resolver.
+// the workload cache (service hostnames) first, then the system resolver. The reply waits
+// until the tunnel to the destination is up, so a refusal or a policy denial reaches the
+// client as its RFC 1928 code rather than as a closed connection after "succeeded".
 func (p *Proxy) serveSocks5(ctx context.Context, c *net.TCPConn) {
 	src, client, dst, ok := p.socks5Handshake(ctx, c)
 	if !ok {
