@@ -610,9 +610,13 @@ func TestDrainServerNode(t *testing.T) {
 	shutdown := make(chan error, 1)
 	go func() { shutdown <- m.b.shutdown(ctx) }()
 
+	// A connect may still get through before node B has begun to drain; the backend
+	// accepts those too.
+	openedEarly := int64(0)
 	eventually(t, "new connections through node A to draining node B to fail", func() bool {
 		nc, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
 		if err == nil {
+			openedEarly++
 			nc.Close()
 		}
 		return err != nil
@@ -635,8 +639,8 @@ func TestDrainServerNode(t *testing.T) {
 			t.Fatal("client connection still open after node B closed its stream")
 		}
 	}
-	if got := be.accepted.Load(); got != 1 {
-		t.Errorf("backend accepted %d connections, want 1", got)
+	if got, want := be.accepted.Load(), 1+openedEarly; got != want {
+		t.Errorf("backend accepted %d connections, want %d (the live one and %d opened before the drain began)", got, want, openedEarly)
 	}
 }
 
