@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,7 +46,7 @@ const socksHandshakeTimeout = 10 * time.Second
 func (p *Proxy) serveSocks5(ctx context.Context, c *net.TCPConn) {
 	src, client, dst, ok := p.socks5Handshake(ctx, c)
 	if !ok {
-		c.Close()
+		closeRefused(c)
 		return
 	}
 	p.outbound(ctx, c, src, client, dst, func(err error) { writeSocksReply(c, socksReplyCode(err)) })
@@ -78,6 +79,17 @@ func (p *Proxy) socks5Handshake(ctx context.Context, c *net.TCPConn) (src *state
 	}
 	_ = c.SetDeadline(time.Time{})
 	return src, client, dst, true
+}
+
+// closeRefused closes a client the handshake refused. Closing a socket with unread input
+// makes the kernel answer with a reset, which can cost the client the reply it has not
+// read yet; so the proxy half-closes, discards what the client still sends (for a second
+// at most), then closes.
+func closeRefused(c *net.TCPConn) {
+	_ = c.CloseWrite()
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
+	c.Close()
 }
 
 // socksReplyCode is the reply to a CONNECT whose upstream connected (nil) or failed.
@@ -133,71 +145,70 @@ func socksCode(err error) byte {
 }
 
 // readSocksRequest reads the greeting and the CONNECT request. On a protocol error it
-// returns the reply code to send (0 when the client is gone).
+// returns the reply code to send (0 when the client is gone). A read never runs past the
+// request, since a client may send its first data right behind it; within that, each
+// message takes as few reads as its layout allows (one for the usual greeting, two for a
+// request), as every read(2) here is a system call on the connection's critical path.
 func readSocksRequest(c net.Conn) (host string, port uint16, code byte, err error) {
-	var hdr [2]byte
-	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+	// Greeting: version, method count, methods. The shortest is two bytes (no methods).
+	var g [2 + 255]byte
+	n, err := io.ReadAtLeast(c, g[:3], 2)
+	if err != nil {
 		return "", 0, 0, err
 	}
-	if hdr[0] != socksVersion {
-		return "", 0, 0, fmt.Errorf("proxy: socks5: version %d", hdr[0])
+	if g[0] != socksVersion {
+		return "", 0, 0, fmt.Errorf("proxy: socks5: version %d", g[0])
 	}
-	methods := make([]byte, hdr[1])
-	if _, err := io.ReadFull(c, methods); err != nil {
+	if _, err := io.ReadFull(c, g[n:2+int(g[1])]); err != nil {
 		return "", 0, 0, err
 	}
-	noAuth := false
-	for _, m := range methods {
-		noAuth = noAuth || m == socksNoAuth
-	}
-	if !noAuth {
+	if !slices.Contains(g[2:2+int(g[1])], socksNoAuth) {
 		c.Write([]byte{socksVersion, socksNoAcceptable})
 		return "", 0, 0, errors.New("proxy: socks5: client offers no no-auth method")
 	}
 	if _, err := c.Write([]byte{socksVersion, socksNoAuth}); err != nil {
 		return "", 0, 0, err
 	}
-	var req [4]byte
-	if _, err := io.ReadFull(c, req[:]); err != nil {
+
+	// Request: version, command, reserved, address type, address, port. Its first five
+	// bytes say how long the rest is (a name's length is the fifth).
+	var r [5 + 255 + 2]byte
+	if _, err := io.ReadFull(c, r[:4]); err != nil {
 		return "", 0, 0, err
 	}
-	if req[0] != socksVersion {
-		return "", 0, repGeneralFailure, fmt.Errorf("proxy: socks5: request version %d", req[0])
+	if r[0] != socksVersion {
+		return "", 0, repGeneralFailure, fmt.Errorf("proxy: socks5: request version %d", r[0])
 	}
-	if req[1] != socksConnect {
-		return "", 0, repCommandUnsupported, fmt.Errorf("proxy: socks5: command %d not supported (CONNECT only)", req[1])
+	if r[1] != socksConnect {
+		return "", 0, repCommandUnsupported, fmt.Errorf("proxy: socks5: command %d not supported (CONNECT only)", r[1])
 	}
-	switch req[3] {
+	var rest []byte // address and port
+	switch r[3] {
 	case atypIPv4:
-		var a [4]byte
-		if _, err := io.ReadFull(c, a[:]); err != nil {
-			return "", 0, 0, err
-		}
-		host = netip.AddrFrom4(a).String()
+		rest = r[4 : 4+4+2]
 	case atypIPv6:
-		var a [16]byte
-		if _, err := io.ReadFull(c, a[:]); err != nil {
-			return "", 0, 0, err
-		}
-		host = netip.AddrFrom16(a).String()
+		rest = r[4 : 4+16+2]
 	case atypDomain:
-		var n [1]byte
-		if _, err := io.ReadFull(c, n[:]); err != nil {
+		if _, err := io.ReadFull(c, r[4:5]); err != nil {
 			return "", 0, 0, err
 		}
-		name := make([]byte, n[0])
-		if _, err := io.ReadFull(c, name); err != nil {
-			return "", 0, 0, err
-		}
-		host = string(name)
+		rest = r[5 : 5+int(r[4])+2]
 	default:
-		return "", 0, repAddressUnsupported, fmt.Errorf("proxy: socks5: address type %d", req[3])
+		return "", 0, repAddressUnsupported, fmt.Errorf("proxy: socks5: address type %d", r[3])
 	}
-	var pb [2]byte
-	if _, err := io.ReadFull(c, pb[:]); err != nil {
+	if _, err := io.ReadFull(c, rest); err != nil {
 		return "", 0, 0, err
 	}
-	return host, binary.BigEndian.Uint16(pb[:]), 0, nil
+	addr, pb := rest[:len(rest)-2], rest[len(rest)-2:]
+	switch r[3] {
+	case atypIPv4:
+		host = netip.AddrFrom4([4]byte(addr)).String()
+	case atypIPv6:
+		host = netip.AddrFrom16([16]byte(addr)).String()
+	default:
+		host = string(addr)
+	}
+	return host, binary.BigEndian.Uint16(pb), 0, nil
 }
 
 // readSocksRequestAndReply consumes a request only to refuse it with code.

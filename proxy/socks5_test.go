@@ -73,3 +73,62 @@ func split(b []byte, n int) [][]byte {
 	}
 	return append(out, b)
 }
+
+// Malformed or unsupported SOCKS5 input gets the RFC 1928 answer for it (or a close when
+// there is none) and costs nothing else: the listener goes on serving good clients.
+func TestSocks5BadInput(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := startMesh(t)
+	be := startBackend(t, m.serverIP+":0", echo)
+	ip := netip.MustParseAddr(m.serverIP).As4()
+	port := binary.BigEndian.AppendUint16(nil, be.port())
+	request := func(ver, cmd, atyp byte, addr ...byte) []byte {
+		return append(append([]byte{ver, cmd, 0, atyp}, addr...), port...)
+	}
+	greet := []byte{5, 1, 0}
+	methodOK := []byte{5, 0}
+	reply := func(code byte) []byte { return []byte{5, code, 0, 1, 0, 0, 0, 0, 0, 0} }
+
+	for _, tc := range []struct {
+		name string
+		send []byte
+		want []byte // all the proxy sends before it closes
+	}{
+		{"greeting of version 4", []byte{4, 1, 0}, nil},
+		{"greeting with no methods", []byte{5, 0}, []byte{5, 0xFF}},
+		{"greeting without no-auth", []byte{5, 2, 1, 2}, []byte{5, 0xFF}},
+		{"request of version 4", append(greet, request(4, 1, 1, ip[:]...)...), append(methodOK, reply(1)...)},
+		{"BIND", append(greet, request(5, 2, 1, ip[:]...)...), append(methodOK, reply(7)...)},
+		{"UDP ASSOCIATE", append(greet, request(5, 3, 1, ip[:]...)...), append(methodOK, reply(7)...)},
+		{"address type 5", append(greet, request(5, 1, 5, 1, 2, 3, 4)...), append(methodOK, reply(8)...)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", m.a.socks(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := c.Write(tc.send); err != nil {
+				t.Fatal(err)
+			}
+			got, err := io.ReadAll(c)
+			if err != nil {
+				t.Fatalf("after %d bytes: %v (want the proxy to answer and close)", len(got), err)
+			}
+			if !bytes.Equal(got, tc.want) {
+				t.Fatalf("proxy sent %v, want %v", got, tc.want)
+			}
+		})
+	}
+	// And a good client still gets through.
+	c, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := pingEcho(c, "after the bad clients"); err != nil {
+		t.Fatal(err)
+	}
+}
