@@ -159,10 +159,13 @@ func readSocksRequest(c net.Conn) (host string, port uint16, code byte, err erro
 	if g[0] != socksVersion {
 		return "", 0, 0, fmt.Errorf("proxy: socks5: version %d", g[0])
 	}
-	if _, err := io.ReadFull(c, g[n:2+int(g[1])]); err != nil {
-		return "", 0, 0, err
+	methods := g[2 : 2+int(g[1])]
+	if len(methods) > 0 { // else the third byte read, if any, was not the greeting's
+		if _, err := io.ReadFull(c, g[n:2+len(methods)]); err != nil {
+			return "", 0, 0, err
+		}
 	}
-	if !slices.Contains(g[2:2+int(g[1])], socksNoAuth) {
+	if !slices.Contains(methods, socksNoAuth) {
 		c.Write([]byte{socksVersion, socksNoAcceptable})
 		return "", 0, 0, errors.New("proxy: socks5: client offers no no-auth method")
 	}

@@ -97,6 +97,7 @@ func TestSocks5BadInput(t *testing.T) {
 	}{
 		{"greeting of version 4", []byte{4, 1, 0}, nil},
 		{"greeting with no methods", []byte{5, 0}, []byte{5, 0xFF}},
+		{"greeting with no methods, request behind it", append([]byte{5, 0}, request(5, 1, 1, ip[:]...)...), []byte{5, 0xFF}},
 		{"greeting without no-auth", []byte{5, 2, 1, 2}, []byte{5, 0xFF}},
 		{"request of version 4", append(greet, request(4, 1, 1, ip[:]...)...), append(methodOK, reply(1)...)},
 		{"BIND", append(greet, request(5, 2, 1, ip[:]...)...), append(methodOK, reply(7)...)},
