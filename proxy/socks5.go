@@ -148,7 +148,8 @@ func socksCode(err error) byte {
 // returns the reply code to send (0 when the client is gone). A read never runs past the
 // request, since a client may send its first data right behind it; within that, each
 // message takes as few reads as its layout allows (one for the usual greeting, two for a
-// request), as every read(2) here is a system call on the connection's critical path.
+// request to an IP, three for one to a name): each read is a system call on the way to
+// the client's first byte.
 func readSocksRequest(c net.Conn) (host string, port uint16, code byte, err error) {
 	// Greeting: version, method count, methods. The shortest is two bytes (no methods).
 	var g [2 + 255]byte
@@ -173,8 +174,8 @@ func readSocksRequest(c net.Conn) (host string, port uint16, code byte, err erro
 		return "", 0, 0, err
 	}
 
-	// Request: version, command, reserved, address type, address, port. Its first five
-	// bytes say how long the rest is (a name's length is the fifth).
+	// Request: version, command, reserved, address type, address, port. The address type
+	// says how long the address is, or that its first byte is a name's length.
 	var r [5 + 255 + 2]byte
 	if _, err := io.ReadFull(c, r[:4]); err != nil {
 		return "", 0, 0, err
