@@ -32,12 +32,7 @@ func TestSocks5PipelinedAndDribbled(t *testing.T) {
 		{"a byte at a time", split(handshake, 1)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", m.a.socks(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(10 * time.Second))
+			c := dialRaw(t, m.a.socks(t))
 			for _, w := range tc.writes {
 				if _, err := c.Write(w); err != nil {
 					t.Fatal(err)
@@ -63,6 +58,19 @@ func TestSocks5PipelinedAndDribbled(t *testing.T) {
 			}
 		})
 	}
+}
+
+// dialRaw connects to a SOCKS5 listener for a test that speaks the protocol itself; the
+// connection closes when the test ends, and no read or write waits over 10 s.
+func dialRaw(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c
 }
 
 func split(b []byte, n int) [][]byte {
@@ -105,12 +113,7 @@ func TestSocks5BadInput(t *testing.T) {
 		{"address type 5", append(greet, request(5, 1, 5, 1, 2, 3, 4)...), append(methodOK, reply(8)...)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", m.a.socks(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(10 * time.Second))
+			c := dialRaw(t, m.a.socks(t))
 			if _, err := c.Write(tc.send); err != nil {
 				t.Fatal(err)
 			}
