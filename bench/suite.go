@@ -141,6 +141,9 @@ func RunSuite(ctx context.Context, cfg SuiteConfig) (*Report, error) {
 		Started: time.Now(), CPUs: runtime.NumCPU(), Reps: cfg.Reps, Duration: cfg.Duration,
 	}}
 	defer s.cleanup()
+	if n := haltNote("/sys"); n != "" {
+		s.note("%s", n)
+	}
 	if s.work = cfg.WorkDir; s.work == "" {
 		dir, err := os.MkdirTemp("", "zbench-")
 		if err != nil {
