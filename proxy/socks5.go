@@ -204,13 +204,11 @@ func readSocksRequest(c net.Conn) (host string, port uint16, code byte, err erro
 		return "", 0, 0, err
 	}
 	addr, pb := rest[:len(rest)-2], rest[len(rest)-2:]
-	switch r[3] {
-	case atypIPv4:
-		host = netip.AddrFrom4([4]byte(addr)).String()
-	case atypIPv6:
-		host = netip.AddrFrom16([16]byte(addr)).String()
-	default:
+	if r[3] == atypDomain {
 		host = string(addr)
+	} else {
+		ip, _ := netip.AddrFromSlice(addr) // 4 or 16 bytes, as the address type said
+		host = ip.String()
 	}
 	return host, binary.BigEndian.Uint16(pb), 0, nil
 }
