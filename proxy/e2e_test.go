@@ -754,15 +754,7 @@ func TestUpstreamRefused(t *testing.T) {
 	leaktest.Check(t)
 	checkFDs(t)
 	m := startMesh(t)
-	// A port that was just free: nothing listens there.
-	ln, err := net.Listen("tcp", m.serverIP+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := uint16(ln.Addr().(*net.TCPAddr).Port)
-	ln.Close()
-
-	_, code, err := socksConnect(m.a.socks(t), m.serverIP, port)
+	_, code, err := socksConnect(m.a.socks(t), m.serverIP, closedPort(t, m.serverIP))
 	if err == nil || code != 5 {
 		t.Fatalf("connect to a closed port behind node B: code %d, err %v; want 5 (connection refused)", code, err)
 	}

@@ -492,3 +492,14 @@ func hboneConns(tb testing.TB, ip string) int {
 	}
 	return n
 }
+
+// closedPort is a port on ip that was just free: nothing listens there.
+func closedPort(t *testing.T, ip string) uint16 {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return uint16(ln.Addr().(*net.TCPAddr).Port)
+}

@@ -49,12 +49,17 @@ func (p *Proxy) sourceWorkload(ctx context.Context, clientIP netip.Addr) (*state
 // connection's goroutine lives as long as the connection, and one that never ran the
 // setup (routing, TLS, HPACK, metrics) needs a 4 KiB stack instead of 8.
 func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Workload, clientAddr, dst netip.AddrPort, ready func(error)) {
+	answered := ready != nil // a failure is told to the client, not only shown by the close
 	if ready == nil {
 		ready = func(error) {}
 	}
 	upstream, rec, err := p.connect(ctx, src, clientAddr, dst, ready)
 	if err != nil {
-		client.Close()
+		if answered {
+			closeRefused(client) // so the answer is not lost to a reset
+		} else {
+			client.Close()
+		}
 		p.log.Debug("proxy: outbound", "src", clientAddr, "dst", dst, "err", err)
 		return
 	}

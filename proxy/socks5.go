@@ -81,10 +81,10 @@ func (p *Proxy) socks5Handshake(ctx context.Context, c *net.TCPConn) (src *state
 	return src, client, dst, true
 }
 
-// closeRefused closes a client the handshake refused. Closing a socket with unread input
-// makes the kernel answer with a reset, which can cost the client the reply it has not
-// read yet; so the proxy half-closes, discards what the client still sends (for a second
-// at most), then closes.
+// closeRefused closes a SOCKS5 client after a failure reply, from the handshake or from
+// the tunnel behind it. Closing a socket with unread input makes the kernel answer with a
+// reset, which can cost the client the reply it has not read yet; so the proxy
+// half-closes, discards what the client still sends (for a second at most), then closes.
 func closeRefused(c *net.TCPConn) {
 	_ = c.CloseWrite()
 	_ = c.SetReadDeadline(time.Now().Add(time.Second))

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -97,6 +98,8 @@ func TestSocks5BadInput(t *testing.T) {
 	greet := []byte{5, 1, 0}
 	methodOK := []byte{5, 0}
 	reply := func(code byte) []byte { return []byte{5, code, 0, 1, 0, 0, 0, 0, 0, 0} }
+	closed := binary.BigEndian.AppendUint16(nil, closedPort(t, m.serverIP))
+	refused := append(append(append(slices.Clone(greet), 5, 1, 0, 1), ip[:]...), closed...)
 
 	for _, tc := range []struct {
 		name string
@@ -111,6 +114,8 @@ func TestSocks5BadInput(t *testing.T) {
 		{"BIND", append(greet, request(5, 2, 1, ip[:]...)...), append(methodOK, reply(7)...)},
 		{"UDP ASSOCIATE", append(greet, request(5, 3, 1, ip[:]...)...), append(methodOK, reply(7)...)},
 		{"address type 5", append(greet, request(5, 1, 5, 1, 2, 3, 4)...), append(methodOK, reply(8)...)},
+		// The tunnel fails after the request was read: the reply must still arrive whole.
+		{"refused upstream, data behind the request", append(refused, "GET / HTTP/1.1\r\n\r\n"...), append(methodOK, reply(5)...)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := dialRaw(t, m.a.socks(t))
