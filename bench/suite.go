@@ -32,7 +32,6 @@ type SuiteConfig struct {
 	Reps        int           // repetitions of every run (the table shows medians); zero: 3, short 1
 	Duration    time.Duration // per run; zero: 5s, short 1s
 	IdleConns   int           // connections idle holds; zero: 1000, short 300
-	Awake       bool          // keep every vCPU busy with a SCHED_IDLE loop, so none halts (see keepAwake)
 	WorkDir     string        // logs, binaries, CA; zero: a temporary directory removed afterwards
 	Progress    io.Writer     // where the live progress line goes; nil: nowhere
 	Log         io.Writer     // notes on paths started and skipped, tool output; nil: discarded
@@ -142,6 +141,9 @@ func RunSuite(ctx context.Context, cfg SuiteConfig) (*Report, error) {
 		Started: time.Now(), CPUs: runtime.NumCPU(), Reps: cfg.Reps, Duration: cfg.Duration,
 	}}
 	defer s.cleanup()
+	if n := haltNote("/sys"); n != "" {
+		s.note("%s", n)
+	}
 	if s.work = cfg.WorkDir; s.work == "" {
 		dir, err := os.MkdirTemp("", "zbench-")
 		if err != nil {
@@ -149,16 +151,6 @@ func RunSuite(ctx context.Context, cfg SuiteConfig) (*Report, error) {
 		}
 		s.onEnd(func() { os.RemoveAll(dir) })
 		s.work = dir
-	}
-	if cfg.Awake {
-		loops, err := keepAwake(s.work)
-		if err != nil {
-			return nil, err
-		}
-		s.onEnd(func() { stopAll(loops) })
-		s.note("vCPUs kept awake (--awake): %d SCHED_IDLE busy loops ran beside every run", len(loops))
-	} else if n := haltNote("/sys"); n != "" {
-		s.note("%s", n)
 	}
 	paths, err := s.startPaths(ctx)
 	if err != nil {

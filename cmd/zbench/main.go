@@ -155,7 +155,6 @@ func suite(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.Reps, "reps", 0, "repetitions of every run; the table shows medians (default 3, short 1)")
 	fs.DurationVar(&cfg.Duration, "duration", 0, "length of each run (default 5s, short 1s)")
 	fs.IntVar(&cfg.IdleConns, "idle-conns", 0, "connections the idle case holds (default 1000, short 300)")
-	fs.BoolVar(&cfg.Awake, "awake", false, "keep every vCPU busy with a SCHED_IDLE loop while the suite runs, so none halts: on a host whose idle vCPUs halt, the latency rows then measure the paths rather than the wake-ups (Linux)")
 	fs.StringVar(&cfg.WorkDir, "workdir", "", "keep logs, binaries and the CA here (default: a temporary directory, removed)")
 	jsonPath := fs.String("json", "", "also write the report as JSON to this file (- for stdout, instead of the table)")
 	svgPath := fs.String("svg", "", "also write a chart of the latency distributions to this SVG file")
