@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"slices"
 	"testing"
 	"time"
 
@@ -91,15 +90,14 @@ func TestSocks5BadInput(t *testing.T) {
 	m := startMesh(t)
 	be := startBackend(t, m.serverIP+":0", echo)
 	ip := netip.MustParseAddr(m.serverIP).As4()
-	port := binary.BigEndian.AppendUint16(nil, be.port())
-	request := func(ver, cmd, atyp byte, addr ...byte) []byte {
-		return append(append([]byte{ver, cmd, 0, atyp}, addr...), port...)
+	requestTo := func(port uint16, ver, cmd, atyp byte, addr ...byte) []byte {
+		return binary.BigEndian.AppendUint16(append([]byte{ver, cmd, 0, atyp}, addr...), port)
 	}
+	request := func(ver, cmd, atyp byte, addr ...byte) []byte { return requestTo(be.port(), ver, cmd, atyp, addr...) }
 	greet := []byte{5, 1, 0}
 	methodOK := []byte{5, 0}
 	reply := func(code byte) []byte { return []byte{5, code, 0, 1, 0, 0, 0, 0, 0, 0} }
-	closed := binary.BigEndian.AppendUint16(nil, closedPort(t, m.serverIP))
-	refused := append(append(append(slices.Clone(greet), 5, 1, 0, 1), ip[:]...), closed...)
+	refused := append(greet, requestTo(closedPort(t, m.serverIP), 5, 1, 1, ip[:]...)...)
 
 	for _, tc := range []struct {
 		name string
