@@ -8,6 +8,7 @@ import (
 	"flag"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"sync"
@@ -353,6 +354,65 @@ func TestAbruptCloseMidStream(t *testing.T) {
 	s.Close()
 	if n := e.serverConns(); n != 2 {
 		t.Errorf("%d connections, want 2 (a fresh one after the break)", n)
+	}
+}
+
+// A pooled connection can go stale: the peer's pod is gone and its IP reused, so the first
+// frame written on it draws a reset. A CONNECT that dies that way, unanswered, is retried on
+// a new connection; one that dies on a connection its own Dial just made is not, so a peer
+// that breaks every connection costs one extra dial, not a loop.
+func TestUnansweredConnectOnBrokenConnection(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		kills   int  // requests after the first whose connection the peer resets
+		wantErr bool // the second Dial fails
+	}{
+		{"stale pooled connection is retried", 1, false},
+		{"fresh connection is not", 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			leaktest.Check(t)
+			var (
+				e    *env
+				mu   sync.Mutex
+				seen int
+			)
+			e = newEnv(t, Config{}, func(r *Request) {
+				mu.Lock()
+				seen++
+				kill := seen > 1 && seen <= 1+tc.kills
+				mu.Unlock()
+				if !kill {
+					echo(r)
+					return
+				}
+				e.mu.Lock()
+				raw := e.raws[len(e.raws)-1].(*net.TCPConn)
+				e.mu.Unlock()
+				raw.SetLinger(0) // the reset a reused IP's new owner answers with
+				raw.Close()
+			})
+			e.dial(t, "10.0.0.1:80").Close() // the connection now waits in the pool
+
+			s, err := e.pool.Dial(context.Background(), e.key, "10.0.0.1:80", nil)
+			if tc.wantErr {
+				if !errors.Is(err, ErrConnClosed) {
+					t.Errorf("Dial = %v, want an ErrConnClosed error", err)
+				}
+			} else if err != nil {
+				t.Errorf("Dial = %v, want a retry on a new connection", err)
+			} else {
+				s.Write([]byte("hi"))
+				s.CloseWrite()
+				if got, err := io.ReadAll(s); string(got) != "hi" || err != nil {
+					t.Errorf("echo through the retried stream = %q, %v", got, err)
+				}
+				s.Close()
+			}
+			if n := e.serverConns(); n != 2 {
+				t.Errorf("%d connections, want 2 (the pooled one, then one new)", n)
+			}
+		})
 	}
 }
 

@@ -41,31 +41,38 @@ func NewPool(cfg Config, tlsConfig func(ctx context.Context, k Key) (*tls.Config
 // once the peer answered 200. Any other status is a *StatusError.
 func (p *Pool) Dial(ctx context.Context, k Key, authority string, hdr http.Header) (*Stream, error) {
 	var err error
-	for range 3 { // a stream the peer never processed (GOAWAY, REFUSED_STREAM) is retried
-		var c *conn
-		c, err = p.get(ctx, k)
-		if err != nil {
-			return nil, err
+	for range 3 {
+		c, dialed, gerr := p.get(ctx, k)
+		if gerr != nil {
+			return nil, gerr
 		}
 		var s *Stream
 		s, err = c.open(ctx, authority, hdr)
 		if err == nil {
 			return s, nil
 		}
-		if !errors.Is(err, errRefused) {
+		// Retried: a stream the peer never processed (GOAWAY, REFUSED_STREAM), and one left
+		// unanswered when a pooled connection broke under it. A pooled connection can be
+		// stale (the peer gone and its IP reused, PINGs not yet missed) and only a write
+		// finds out. No data was sent yet, so a new CONNECT loses nothing. A connection
+		// this call dialed itself is not retried: a peer that breaks every connection
+		// would have us dial in a loop.
+		stale := !dialed && errors.Is(err, ErrConnClosed) && ctx.Err() == nil
+		if !errors.Is(err, errRefused) && !stale {
 			return nil, err
 		}
 	}
 	return nil, err
 }
 
-// get returns a connection for k with one stream slot reserved for the caller.
-func (p *Pool) get(ctx context.Context, k Key) (*conn, error) {
+// get returns a connection for k with one stream slot reserved for the caller, and whether
+// it dialed that connection itself.
+func (p *Pool) get(ctx context.Context, k Key) (*conn, bool, error) {
 	for {
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
-			return nil, errClosed
+			return nil, false, errClosed
 		}
 		kp := p.keys[k]
 		if kp == nil {
@@ -75,7 +82,7 @@ func (p *Pool) get(ctx context.Context, k Key) (*conn, error) {
 		for _, c := range kp.conns {
 			if c.tryReserve() {
 				p.mu.Unlock()
-				return c, nil
+				return c, false, nil
 			}
 		}
 		if ch := kp.dialing; ch != nil {
@@ -84,7 +91,7 @@ func (p *Pool) get(ctx context.Context, k Key) (*conn, error) {
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return nil, fmt.Errorf("hbone: waiting for a connection to %s: %w", k.Addr, ctx.Err())
+				return nil, false, fmt.Errorf("hbone: waiting for a connection to %s: %w", k.Addr, ctx.Err())
 			}
 		}
 		ch := make(chan struct{})
@@ -105,16 +112,16 @@ func (p *Pool) get(ctx context.Context, k Key) (*conn, error) {
 			if c != nil {
 				c.closeWith(err)
 			}
-			return nil, err
+			return nil, false, err
 		}
 		kp.conns = append(kp.conns, c)
 		ok := c.tryReserve()
 		p.mu.Unlock()
 		if ok {
-			return c, nil
+			return c, true, nil
 		}
 		if c.limit() == 0 { // SETTINGS_MAX_CONCURRENT_STREAMS = 0: do not dial in a loop
-			return nil, fmt.Errorf("hbone: %s: peer allows no streams", k.Addr)
+			return nil, false, fmt.Errorf("hbone: %s: peer allows no streams", k.Addr)
 		}
 		// Waiters took the new connection's slots first: look again (maybe dial another).
 	}
@@ -266,7 +273,7 @@ func (c *conn) open(ctx context.Context, authority string, hdr http.Header) (*St
 	}
 	if err != nil {
 		c.closeWith(err)
-		return nil, fmt.Errorf("hbone: CONNECT %s: %w", authority, err)
+		return nil, fmt.Errorf("hbone: CONNECT %s: %w: %w", authority, ErrConnClosed, err)
 	}
 	stop := context.AfterFunc(ctx, s.wake)
 	defer stop()

@@ -3,7 +3,8 @@
 //
 // It owns the client side (Pool: connections pooled per source identity, expected peer
 // identities, address and source IP; one dial in flight per key; idle eviction; GOAWAYed
-// connections never reused), the server side (Server: each CONNECT stream handed to a
+// connections never reused; a CONNECT left unanswered by a refusal or by a pooled
+// connection breaking under it retried on another), the server side (Server: each CONNECT stream handed to a
 // Handler with the peer's verified identity), streams that behave like TCP connections
 // (half-close with END_STREAM, abort with RST_STREAM, deadlines), PING keepalive and
 // GOAWAY drain. It does not make certificates or decide policy: *tls.Config comes from
