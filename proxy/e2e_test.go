@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -83,6 +84,48 @@ func TestPayloadsThroughHBONE(t *testing.T) {
 	// One after another, the streams share one pooled HBONE connection.
 	if got := hboneConns(t, m.serverIP); got != 1 {
 		t.Errorf("%d HBONE connections from node A to node B, want 1 reused", got)
+	}
+}
+
+// Connections that come one after another are set up by one goroutine, which keeps the
+// stack setup grew: after each, exactly one goroutine waits in setupLoop, the same one.
+func TestSetupGoroutineReused(t *testing.T) {
+	leaktest.Check(t)
+	m := startMesh(t)
+	be := startBackend(t, m.serverIP+":0", echo)
+	waiting := func() []string {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		var ids []string
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			if strings.Contains(g, "[select") && strings.Contains(g, "proxy.(*Proxy).setupLoop(") {
+				ids = append(ids, strings.Fields(g)[1])
+			}
+		}
+		return ids
+	}
+	var first string
+	for i := range 5 {
+		c, code, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+		if err != nil {
+			t.Fatalf("socks5 connect: code %d: %v", code, err)
+		}
+		sendAndCheck(t, c, 100, uint64(i))
+		c.Close()
+		var ids []string
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if ids = waiting(); len(ids) > 0 {
+				break
+			}
+		}
+		if len(ids) != 1 {
+			t.Fatalf("connection %d: goroutines waiting in setupLoop %v, want one", i, ids)
+		}
+		if i == 0 {
+			first = ids[0]
+		} else if ids[0] != first {
+			t.Fatalf("connection %d set up by goroutine %s, the first by %s; want it reused", i, ids[0], first)
+		}
 	}
 }
 
