@@ -91,6 +91,7 @@ func TestPayloadsThroughHBONE(t *testing.T) {
 // stack setup grew: after each, exactly one goroutine waits in setupLoop, the same one.
 func TestSetupGoroutineReused(t *testing.T) {
 	leaktest.Check(t)
+	proxy.SetSetupIdle(t, time.Minute) // a slow machine must not see the goroutine retire
 	m := startMesh(t)
 	be := startBackend(t, m.serverIP+":0", echo)
 	waiting := func() []string {
