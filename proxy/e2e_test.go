@@ -114,11 +114,7 @@ func TestSetupGoroutineReused(t *testing.T) {
 		sendAndCheck(t, c, 100, uint64(i))
 		c.Close()
 		var ids []string
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-			if ids = waiting(); len(ids) > 0 {
-				break
-			}
-		}
+		eventually(t, "a goroutine waiting in setupLoop", func() bool { ids = waiting(); return len(ids) > 0 })
 		if len(ids) != 1 {
 			t.Fatalf("connection %d: goroutines waiting in setupLoop %v, want one", i, ids)
 		}
