@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/identity"
+	"github.com/gozt/gozt/internal/reuse"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 )
@@ -900,23 +901,7 @@ const handlerIdle = time.Second
 // copy by copy, for every stream.
 func (c *conn) handlerLoop(r *Request) {
 	defer c.wg.Done()
-	var t *time.Timer
-	for {
-		c.runHandler(r)
-		if t == nil {
-			t = time.NewTimer(handlerIdle)
-		} else {
-			t.Reset(handlerIdle)
-		}
-		select {
-		case r = <-c.work:
-		case <-t.C:
-			return
-		case <-c.done:
-			t.Stop()
-			return
-		}
-	}
+	reuse.Loop(r, c.runHandler, c.work, c.done, handlerIdle)
 }
 
 func (c *conn) runHandler(r *Request) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gozt/gozt/hbone"
 	"github.com/gozt/gozt/identity"
+	"github.com/gozt/gozt/internal/reuse"
 	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/xds/state"
@@ -263,22 +264,10 @@ var setupIdle = time.Second
 // setupIdle or the listener has closed. Setup (handshake, routing, tunnel, metrics) grows
 // a fresh goroutine's stack twice, from 2 to 8 KiB, and each growth copies the stack and
 // walks its frames: about 5% of a SOCKS5 node's CPU under connection churn. A reused
-// goroutine has grown its stack already. The copy still starts on a fresh goroutine (handOff), so an idle
-// connection keeps a small stack.
+// goroutine has grown its stack already. The copy still starts on a fresh goroutine
+// (handOff), so an idle connection keeps a small stack.
 func (p *Proxy) setupLoop(ctx context.Context, c *net.TCPConn, handle func(context.Context, *net.TCPConn), next <-chan *net.TCPConn, closed <-chan struct{}) {
-	t := time.NewTimer(setupIdle)
-	defer t.Stop()
-	for {
-		p.handleTracked(ctx, c, handle)
-		t.Reset(setupIdle)
-		select {
-		case c = <-next:
-		case <-t.C:
-			return
-		case <-closed:
-			return
-		}
-	}
+	reuse.Loop(c, func(c *net.TCPConn) { p.handleTracked(ctx, c, handle) }, next, closed, setupIdle)
 }
 
 // handleTracked registers an accepted connection for the drain deadline before its handler
