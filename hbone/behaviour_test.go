@@ -493,3 +493,51 @@ func TestKeyCanonical(t *testing.T) {
 	}
 	_ = http.Header{}
 }
+
+// TestResetRacingWriteReturnsWindow: a Write that has taken connection window and then
+// finds its stream's RST_STREAM already written (a Close raced it for the write lock)
+// sends nothing, so the peer never counts those bytes. The window must come back, or
+// every such race shrinks the connection's window until no stream on it can send.
+func TestResetRacingWriteReturnsWindow(t *testing.T) {
+	leaktest.Check(t)
+	e := newEnv(t, Config{}, func(r *Request) {
+		s, err := r.Accept(nil)
+		if err != nil {
+			return
+		}
+		defer s.Close()
+		io.Copy(io.Discard, s)
+	})
+	s := e.dial(t, "10.0.0.1:80")
+	c := s.c
+	connWindow := func() int64 {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.sendConnAvail
+	}
+	before := connWindow()
+
+	c.lockWrite() // the Write below takes window, then waits for the write lock
+	werr := make(chan error, 1)
+	go func() {
+		_, err := s.Write(make([]byte, 16<<10))
+		werr <- err
+	}()
+	for deadline := time.Now().Add(5 * time.Second); connWindow() == before; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("Write took no connection window")
+		}
+	}
+	s.Close()
+	if _, err := c.writeOpsLocked(); err != nil { // the control writer wins: RST_STREAM first
+		t.Fatal(err)
+	}
+	c.unlockWrite()
+
+	if err := <-werr; !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Write = %v, want net.ErrClosed", err)
+	}
+	if got := connWindow(); got != before {
+		t.Errorf("connection send window %d after the reset, want %d back", got, before)
+	}
+}

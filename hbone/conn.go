@@ -248,12 +248,23 @@ func (c *conn) onTick() {
 
 func (c *conn) flushOps() error {
 	c.lockWrite()
+	closeAfter, err := c.writeOpsLocked()
+	if ferr := c.unlockWrite(); err == nil {
+		err = ferr
+	}
+	if err == nil && closeAfter {
+		c.closeWith(nil)
+	}
+	return err
+}
+
+// writeOpsLocked writes the queued control frames (wmu held) and reports whether the
+// connection is to close after them (a final GOAWAY).
+func (c *conn) writeOpsLocked() (closeAfter bool, err error) {
 	c.mu.Lock()
 	ops := c.ops
 	c.ops = c.opsSpare[:0]
 	c.mu.Unlock()
-	var err error
-	closeAfter := false
 	for i := range ops {
 		op := &ops[i]
 		switch op.kind {
@@ -286,13 +297,7 @@ func (c *conn) flushOps() error {
 	c.mu.Lock()
 	c.opsSpare = ops[:0]
 	c.mu.Unlock()
-	if ferr := c.unlockWrite(); err == nil {
-		err = ferr
-	}
-	if err == nil && closeAfter {
-		c.closeWith(nil)
-	}
-	return err
+	return closeAfter, err
 }
 
 // writeDataLocked writes one DATA frame without END_STREAM (wmu held). Over a coalescing
@@ -731,13 +736,7 @@ func (c *conn) handleWindowUpdate(f *http2.WindowUpdateFrame) error {
 		if c.sendConnAvail > maxWindow {
 			return connError{http2.ErrCodeFlowControl, "connection window overflow"}
 		}
-		if c.connWaiters > 0 {
-			for _, s := range c.streams {
-				if s.waitConn {
-					s.cond.Broadcast()
-				}
-			}
-		}
+		c.wakeConnWaitersLocked()
 		return nil
 	}
 	if c.idleLocked(f.StreamID) {
@@ -754,6 +753,18 @@ func (c *conn) handleWindowUpdate(f *http2.WindowUpdateFrame) error {
 	}
 	s.cond.Broadcast()
 	return nil
+}
+
+// wakeConnWaitersLocked wakes the streams waiting for connection window.
+func (c *conn) wakeConnWaitersLocked() {
+	if c.connWaiters == 0 {
+		return
+	}
+	for _, s := range c.streams {
+		if s.waitConn {
+			s.cond.Broadcast()
+		}
+	}
 }
 
 func (c *conn) handleGoAway(f *http2.GoAwayFrame) {

@@ -369,7 +369,8 @@ func (s *Stream) write(p []byte) (int, error) {
 		c.mu.Unlock()
 		c.lockWrite()
 		var err error
-		if !s.rstWritten {
+		reset := s.rstWritten
+		if !reset {
 			err = c.writeDataLocked(s.id, p[:n])
 		}
 		if ferr := c.unlockWrite(); err == nil {
@@ -379,10 +380,28 @@ func (s *Stream) write(p []byte) (int, error) {
 			c.closeWith(err)
 			return total, fmt.Errorf("hbone: write: %w", err)
 		}
+		if reset {
+			return total, s.unsent(n)
+		}
 		total += int(n)
 		p = p[n:]
 	}
 	return total, nil
+}
+
+// unsent is write's way out when RST_STREAM went out before its DATA (a Close or a
+// reset won the write lock): the peer will not count those n bytes against the
+// connection window, so they go back to it. It returns the error that ends the write.
+func (s *Stream) unsent(n int64) error {
+	c := s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sendConnAvail += n
+	c.wakeConnWaitersLocked()
+	if err := s.writeErrLocked(); err != nil {
+		return err
+	}
+	return errors.New("hbone: write: stream reset")
 }
 
 // ReadFrom copies r into the stream until r's EOF (it does not CloseWrite). Reads grow
