@@ -571,7 +571,8 @@ func (c *conn) handleDataLocked(f *http2.DataFrame) (finish *Stream, err error) 
 	}
 	if len(data) > 0 && s.sink != nil && s.rb.n == 0 && !s.readBusy {
 		data = c.writeDirectLocked(s, data)
-		if s.localClosed {
+		if s.localClosed { // closed during the write: drop the rest, release its window
+			c.releaseConnLocked(int64(len(data)))
 			s.rb.free()
 			return nil, nil
 		}

@@ -210,3 +210,41 @@ func TestDeliverToEndsOnFrameReader(t *testing.T) {
 		t.Fatal("done was not called")
 	}
 }
+
+// A Close while the frame reader's direct write is in flight (the proxy aborting the other
+// direction) drops what the socket did not take. Those bytes were counted against the
+// connection's receive window, so they must be released, or the peer's send window
+// shrinks for good with every such race.
+func TestCloseDuringDirectWriteReleasesWindow(t *testing.T) {
+	leaktest.Check(t)
+	send := make(chan struct{})
+	e := newEnv(t, Config{}, func(r *Request) {
+		s, err := r.Accept(nil)
+		if err != nil {
+			return
+		}
+		defer s.Close()
+		<-send
+		s.Write(make([]byte, 1000))
+		io.Copy(io.Discard, s)
+	})
+	s := e.dial(t, "10.0.0.1:80")
+	_, done := deliver(t, s)
+	c := s.c
+	c.mu.Lock()
+	s.sinkFn = func(uintptr) bool { // the socket takes nothing, and the stream is closed meanwhile
+		s.Close()
+		s.directN = 0
+		return true
+	}
+	c.mu.Unlock()
+	close(send)
+	if r := waitDone(t, done); !errors.Is(r.err, net.ErrClosed) {
+		t.Fatalf("DeliverTo ended with %v, want net.ErrClosed", r.err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if held := int64(c.cfg.ConnWindow) - (c.recvConnAvail + c.connUnacked); held != 0 {
+		t.Errorf("%d bytes of connection window still held after the stream closed, want 0", held)
+	}
+}

@@ -256,3 +256,30 @@ func TestPingTimeout(t *testing.T) {
 		<-p.done
 	})
 }
+
+// A client may send DATA right after its CONNECT HEADERS, before the answer. When the
+// request is rejected that data is dropped, and its connection window must go back to the
+// client, or every rejected request that sent early data shrinks the connection's window.
+func TestRejectReleasesEarlyData(t *testing.T) {
+	leaktest.Check(t)
+	const early = 30000
+	p, _, stop := serveRaw(t, Config{ConnWindow: 65535}, func(r *Request) {
+		c := r.s.c
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			c.mu.Lock()
+			n := r.s.rb.n
+			c.mu.Unlock()
+			if n == early {
+				break
+			}
+		}
+		r.Reject(401)
+	})
+	defer stop()
+	p.headers(1, false, ":method", "CONNECT", ":authority", "10.0.0.1:80")
+	p.write(func() error { return p.fr.WriteData(1, false, make([]byte, early)) })
+	p.waitFor(t, "401", func(f frameSummary) bool { return f.typ == http2.FrameHeaders && f.status == "401" })
+	p.waitFor(t, "connection WINDOW_UPDATE", func(f frameSummary) bool {
+		return f.typ == http2.FrameWindowUpdate && f.stream == 0
+	})
+}

@@ -76,6 +76,7 @@ func (r *Request) Reject(code int) {
 	}
 	c.streamDoneLocked(s)
 	s.localClosed = true
+	c.releaseConnLocked(int64(s.rb.n)) // early data nobody will read
 	s.rb.free()
 	c.mu.Unlock()
 	if ferr := c.unlockWrite(); err == nil {
