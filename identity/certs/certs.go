@@ -287,6 +287,9 @@ func (m *Manager) fetch(e *entry, w *waiter) {
 		if err == nil {
 			if got, ierr := iss.Identity(); ierr != nil || got != e.id {
 				err = fmt.Errorf("certs: CA returned a certificate for %v, asked for %s", got, e.id)
+			} else if !time.Now().Before(iss.NotAfter) {
+				err = fmt.Errorf("certs: CA returned a certificate for %s that expired at %s (is this host's clock ahead?)",
+					e.id, iss.NotAfter.UTC().Format(time.RFC3339))
 			}
 		}
 		if err == nil {
@@ -299,8 +302,7 @@ func (m *Manager) fetch(e *entry, w *waiter) {
 	now := time.Now()
 	if err == nil {
 		e.cur, e.err, e.backoff = newHeld(iss), nil, 0
-		life := iss.NotAfter.Sub(iss.NotBefore)
-		m.scheduleLocked(e, iss.NotBefore.Add(life/2).Sub(now), false)
+		m.scheduleLocked(e, refreshIn(iss, now), false)
 	} else {
 		e.err = err
 		if e.backoff == 0 {
@@ -323,6 +325,15 @@ func (m *Manager) fetch(e *entry, w *waiter) {
 		e.again = false
 		m.startFetchLocked(e, false)
 	}
+}
+
+// refreshIn is when to renew iss: at half its lifetime (as ztunnel does), but no sooner
+// than a quarter of what is left of it. A certificate issued with more than a third of its
+// life gone (a NotBefore backdated that far, a skewed clock) would otherwise be renewed at
+// once, and its successor too, in a loop against the CA.
+func refreshIn(iss *ca.Issued, now time.Time) time.Duration {
+	life := iss.NotAfter.Sub(iss.NotBefore)
+	return max(iss.NotBefore.Add(life/2).Sub(now), iss.NotAfter.Sub(now)/4)
 }
 
 // scheduleLocked arms e's timer to fetch again after d.

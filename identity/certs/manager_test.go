@@ -36,6 +36,7 @@ type gatedCA struct {
 	ids         []identity.ID // identity of each call
 	fail        error
 	hold        chan struct{} // non-nil: Fetch waits for it to close
+	backdate    time.Duration // how long before the call each certificate's validity starts
 	inflight    int
 	maxInflight int
 }
@@ -67,8 +68,8 @@ func (g *gatedCA) Fetch(ctx context.Context, id identity.ID) (*ca.Issued, error)
 	if fail != nil {
 		return nil, fail
 	}
-	now := time.Now()
-	return g.root.IssueErr(id, now, now.Add(g.ttl))
+	start := time.Now().Add(-g.backdate)
+	return g.root.IssueErr(id, start, start.Add(g.ttl))
 }
 
 func (g *gatedCA) Close() error { return nil }
@@ -431,6 +432,41 @@ func BenchmarkCertificateCached(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			m.Certificate(ctx, idA)
+		}
+	})
+}
+
+// A certificate issued with most of its life already gone (a backdated NotBefore, a host
+// clock ahead of the CA's) must not be renewed at once in a loop; one already expired is a
+// failed fetch, retried with backoff, not a certificate.
+func TestCertificatePastHalfLifeOnArrival(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGated(t, time.Hour)
+		g.backdate = 50 * time.Minute // 10 minutes left
+		m := certs.New(certs.Config{}, g)
+		defer m.Close()
+		mustCert(t, m, idA)
+		time.Sleep(150*time.Second - time.Millisecond) // a quarter of what was left
+		synctest.Wait()
+		if n := len(g.callTimes()); n != 1 {
+			t.Fatalf("%d fetches in the first 150 s; want 1", n)
+		}
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		if n := len(g.callTimes()); n != 2 {
+			t.Fatalf("%d fetches after 150 s; want the renewal", n)
+		}
+
+		g.backdate = 2 * time.Hour // expired on arrival
+		_, err := m.Certificate(context.Background(), idB)
+		if err == nil || !strings.Contains(err.Error(), "expired") {
+			t.Fatalf("Certificate = %v, want an error saying the certificate had expired", err)
+		}
+		calls := len(g.callTimes())
+		time.Sleep(800*time.Millisecond - time.Millisecond) // the first retry: 1 s, -20% jitter
+		synctest.Wait()
+		if n := len(g.callTimes()); n != calls {
+			t.Errorf("%d more fetches within 800 ms of an expired certificate; want retries to back off", n-calls)
 		}
 	})
 }
