@@ -17,7 +17,8 @@ import (
 // them mid-transfer from either end, racing their own writes and deliveries. Once every
 // stream has ended, each byte either side sent must have been released back to it
 // (WINDOW_UPDATEs) or still be counted as unacknowledged at the receiver: a connection
-// window that leaks on aborts stalls every stream on the connection for good.
+// window that leaks on aborts stalls every stream on the connection for good. Nor may
+// either side still count a stream as open.
 func TestAbortsKeepWindowsWhole(t *testing.T) {
 	leaktest.Check(t)
 	backend := abortingEcho(t)
@@ -52,7 +53,7 @@ func TestAbortsKeepWindowsWhole(t *testing.T) {
 	srv := onlyConn(t, srvConns)
 	var last string
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if last = windowLeaks(cli, srv); last == "" {
+		if last = leaks(cli, srv); last == "" {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -73,27 +74,34 @@ func onlyConn[V any](t *testing.T, m map[*conn]V) *conn {
 	return nil
 }
 
-// windowLeaks describes how the connection windows between a and b fail to add up, or "".
-func windowLeaks(a, b *conn) string {
+// leaks describes how the connection windows between a and b fail to add up, or which
+// streams they still count, or "".
+func leaks(a, b *conn) string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var leaks string
+	var out string
 	for _, d := range [...]struct {
 		name     string
 		tx, rx   *conn
 		rxWindow int64
 	}{{"client to server", a, b, int64(b.cfg.ConnWindow)}, {"server to client", b, a, int64(a.cfg.ConnWindow)}} {
 		if got := d.tx.sendConnAvail + d.rx.connUnacked; got != d.rxWindow {
-			leaks += fmt.Sprintf("%s: send window %d + unacknowledged %d = %d, want %d; ",
+			out += fmt.Sprintf("%s: send window %d + unacknowledged %d = %d, want %d; ",
 				d.name, d.tx.sendConnAvail, d.rx.connUnacked, got, d.rxWindow)
 		}
 		if got := d.rx.recvConnAvail + d.rx.connUnacked; got != d.rxWindow {
-			leaks += fmt.Sprintf("%s: receiver holds %d bytes nobody will read; ", d.name, d.rxWindow-got)
+			out += fmt.Sprintf("%s: receiver holds %d bytes nobody will read; ", d.name, d.rxWindow-got)
 		}
 	}
-	return leaks
+	for _, c := range [...]*conn{a, b} {
+		if c.active != 0 || len(c.streams) != 0 || c.reserved != 0 {
+			out += fmt.Sprintf("server=%v: %d active, %d in the stream map, %d reserved after every stream ended; ",
+				c.server, c.active, len(c.streams), c.reserved)
+		}
+	}
+	return out
 }
 
 // proxyDeliver serves r as the proxy package does: DeliverTo the backend socket one way,
