@@ -14,7 +14,8 @@ import (
 )
 
 // TestAbortsKeepWindowsWhole runs many streams over one connection and aborts most of
-// them mid-transfer from either end, racing their own writes and deliveries. Once every
+// them mid-transfer from either end (client, handler, backend), racing their own writes
+// and deliveries. Once every
 // stream has ended, each byte either side sent must have been released back to it
 // (WINDOW_UPDATEs) or still be counted as unacknowledged at the receiver: a connection
 // window that leaks on aborts stalls every stream on the connection for good. Nor may
@@ -25,7 +26,7 @@ func TestAbortsKeepWindowsWhole(t *testing.T) {
 	var handled atomic.Int32
 	e := newEnv(t, Config{}, func(r *Request) {
 		defer handled.Add(1)
-		proxyDeliver(r, backend)
+		proxyDeliver(r, backend, rand.IntN(3) == 0)
 	})
 	const streams = 300
 	sem := make(chan struct{}, 60)
@@ -105,8 +106,9 @@ func leaks(a, b *conn) string {
 }
 
 // proxyDeliver serves r as the proxy package does: DeliverTo the backend socket one way,
-// ReadFrom it the other, any failure closing both.
-func proxyDeliver(r *Request, backend string) {
+// ReadFrom it the other, any failure closing both. With abort it also closes the stream
+// at a random moment, as a drain deadline or a policy change would.
+func proxyDeliver(r *Request, backend string, abort bool) {
 	up, err := net.Dial("tcp", backend)
 	if err != nil {
 		r.Reject(503)
@@ -119,6 +121,10 @@ func proxyDeliver(r *Request, backend string) {
 	}
 	defer s.Close()
 	tc := up.(*net.TCPConn)
+	if abort {
+		t := time.AfterFunc(time.Duration(rand.Int64N(int64(5*time.Millisecond))), func() { s.Close() })
+		defer t.Stop()
+	}
 	done := make(chan struct{})
 	if err := s.DeliverTo(tc, func(_ int64, err error) {
 		if err != nil {
