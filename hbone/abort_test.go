@@ -109,18 +109,12 @@ func leaks(a, b *conn) string {
 // ReadFrom it the other, any failure closing both. With abort it also closes the stream
 // at a random moment, as a drain deadline or a policy change would.
 func proxyDeliver(r *Request, backend string, abort bool) {
-	up, err := net.Dial("tcp", backend)
-	if err != nil {
-		r.Reject(503)
+	s, tc, ok := acceptTo(r, backend)
+	if !ok {
 		return
 	}
-	defer up.Close()
-	s, err := r.Accept(nil)
-	if err != nil {
-		return
-	}
+	defer tc.Close()
 	defer s.Close()
-	tc := up.(*net.TCPConn)
 	if abort {
 		t := time.AfterFunc(time.Duration(rand.Int64N(int64(5*time.Millisecond))), func() { s.Close() })
 		defer t.Stop()
@@ -149,36 +143,17 @@ func proxyDeliver(r *Request, backend string, abort bool) {
 // abortingEcho is a TCP echo backend that resets one connection in three after echoing
 // a random number of bytes.
 func abortingEcho(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				tc := c.(*net.TCPConn)
-				defer tc.Close()
-				if rand.IntN(3) == 0 {
-					io.CopyN(tc, tc, rand.Int64N(256<<10))
-					tc.SetLinger(0)
-					return
-				}
-				io.Copy(tc, tc)
-				tc.CloseWrite()
-			}()
+	addr, stop := tcpBackend(t, func(c *net.TCPConn) {
+		if rand.IntN(3) == 0 {
+			io.CopyN(c, c, rand.Int64N(256<<10))
+			c.SetLinger(0)
+			return
 		}
-	}()
-	return ln.Addr().String()
+		io.Copy(c, c)
+		c.CloseWrite()
+	})
+	t.Cleanup(stop)
+	return addr
 }
 
 // abortingClient opens one stream, writes a random amount while reading the echo, and

@@ -13,6 +13,15 @@ import (
 
 // tcpEcho is a loopback TCP echo backend; it returns its address and a stop function.
 func tcpEcho(t testing.TB) (string, func()) {
+	return tcpBackend(t, func(c *net.TCPConn) {
+		io.Copy(c, c)
+		c.CloseWrite()
+	})
+}
+
+// tcpBackend serves each connection with handle, then closes it; it returns the
+// listener's address and a stop function that waits for the handlers.
+func tcpBackend(t testing.TB, handle func(*net.TCPConn)) (string, func()) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -30,12 +39,27 @@ func tcpEcho(t testing.TB) (string, func()) {
 			go func() {
 				defer wg.Done()
 				defer c.Close()
-				io.Copy(c, c)
-				c.(*net.TCPConn).CloseWrite()
+				handle(c.(*net.TCPConn))
 			}()
 		}
 	}()
 	return ln.Addr().String(), func() { ln.Close(); wg.Wait() }
+}
+
+// acceptTo dials backend and accepts r, or rejects it with 503 when the dial fails. The
+// caller closes both on success.
+func acceptTo(r *Request, backend string) (*Stream, *net.TCPConn, bool) {
+	up, err := net.Dial("tcp", backend)
+	if err != nil {
+		r.Reject(503)
+		return nil, nil, false
+	}
+	s, err := r.Accept(nil)
+	if err != nil {
+		up.Close()
+		return nil, nil, false
+	}
+	return s, up.(*net.TCPConn), true
 }
 
 // proxyTo is an inbound-proxy-like handler: CONNECT to a TCP backend, copy both ways
@@ -43,22 +67,17 @@ func tcpEcho(t testing.TB) (string, func()) {
 // frame reader's direct path).
 func proxyTo(backend string) Handler {
 	return func(r *Request) {
-		up, err := net.Dial("tcp", backend)
-		if err != nil {
-			r.Reject(503)
+		s, up, ok := acceptTo(r, backend)
+		if !ok {
 			return
 		}
 		defer up.Close()
-		s, err := r.Accept(nil)
-		if err != nil {
-			return
-		}
 		defer s.Close()
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
 			io.Copy(up, s) // stream -> TCP: WriteTo
-			up.(*net.TCPConn).CloseWrite()
+			up.CloseWrite()
 		}()
 		io.Copy(s, up) // TCP -> stream: ReadFrom
 		s.CloseWrite()
