@@ -1,16 +1,22 @@
 package hbone
 
 import (
+	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/gozt/gozt/identity"
 	"github.com/gozt/gozt/internal/leaktest"
+	"golang.org/x/net/http2"
 )
 
 // TestAbortsKeepWindowsWhole runs many streams over one connection and aborts most of
@@ -182,4 +188,146 @@ func abortingClient(t *testing.T, e *env, seed uint64) {
 	if _, err := io.Copy(io.Discard, s); err != nil && abortAfter < 0 {
 		t.Errorf("stream %d: clean echo of %d bytes: %v", seed, size, err)
 	}
+}
+
+// TestPoolUnderConnectionBreaks dials streams on a few keys while their connections are
+// cut at random, go idle and are dialed again, with four streams per connection so that
+// keys hold several. Dials may fail while a connection breaks under them, but none may
+// hang, most must succeed, and once the streams have ended every connection must go idle
+// and leave the pool: a stream slot or key entry leaked on a failure path would keep a
+// connection (and its goroutines) forever.
+func TestPoolUnderConnectionBreaks(t *testing.T) {
+	leaktest.Check(t)
+	e := newEnv(t, Config{MaxStreamsPerConn: 4, IdleTimeout: 20 * time.Millisecond}, echo)
+	keys := []Key{e.key}
+	for _, src := range []string{"spiffe://cluster.local/ns/a/sa/one", "spiffe://cluster.local/ns/a/sa/two"} {
+		keys = append(keys, NewKey(mustID(src), e.key.Expected(), e.addr, netip.Addr{}))
+	}
+	stop := make(chan struct{})
+	cutter := make(chan struct{})
+	go func() { // cuts a random server-side connection every few milliseconds
+		defer close(cutter)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Duration(rand.IntN(4)+1) * time.Millisecond):
+			}
+			e.mu.Lock()
+			if len(e.raws) > 0 {
+				e.raws[rand.IntN(len(e.raws))].Close()
+			}
+			e.mu.Unlock()
+		}
+	}()
+	const dials = 600
+	var ok atomic.Int32
+	sem := make(chan struct{}, 30)
+	var wg sync.WaitGroup
+	for i := range dials {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			s, err := e.pool.Dial(ctx, keys[i%len(keys)], "10.0.0.1:80", nil)
+			if errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("dial %d hung", i)
+			}
+			if err != nil {
+				return
+			}
+			defer s.Close()
+			if err := pingEchoStream(s); err == nil {
+				ok.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-cutter
+	if n := ok.Load(); n < dials/2 {
+		t.Errorf("%d of %d streams carried an echo, want most", n, dials)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		e.pool.mu.Lock()
+		nk, nc := len(e.pool.keys), len(e.pool.all)
+		var held []string
+		for c := range e.pool.all {
+			c.mu.Lock()
+			held = append(held, fmt.Sprintf("%d active, %d reserved", c.active, c.reserved))
+			c.mu.Unlock()
+		}
+		e.pool.mu.Unlock()
+		if nk == 0 && nc == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after every stream ended: %d keys and %d connections still pooled (%v)", nk, nc, held)
+		}
+	}
+}
+
+// A connection that breaks between its SETTINGS and joining the pool must not stay in
+// it: here the server closes every connection right after its SETTINGS, so the client's
+// frame reader usually ends it before Dial has added it.
+func TestConnectionBrokenBeforePooled(t *testing.T) {
+	leaktest.Check(t)
+	testCA()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", srvTLS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			preface := make([]byte, len(http2.ClientPreface))
+			if _, err := io.ReadFull(c, preface); err == nil {
+				http2.NewFramer(c, c).WriteSettings()
+			}
+			c.Close()
+		}
+	}()
+	pool := NewPool(Config{}, func(context.Context, Key) (*tls.Config, error) { return cliTLS, nil })
+	defer pool.Close()
+	addr := netip.MustParseAddrPort(ln.Addr().String())
+	k := NewKey(mustID(clientID), []identity.ID{mustID(serverID)}, addr, netip.Addr{})
+	for range 20 {
+		if s, err := pool.Dial(t.Context(), k, "10.0.0.1:80", nil); err == nil {
+			s.Close()
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		pool.mu.Lock()
+		n := len(pool.keys)
+		pool.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d keys still pooled after every connection broke", n)
+		}
+	}
+}
+
+// pingEchoStream sends a few bytes on s and reads them back from the echo handler.
+func pingEchoStream(s *Stream) error {
+	s.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := s.Write([]byte("ping")); err != nil {
+		return err
+	}
+	b := make([]byte, 4)
+	if _, err := io.ReadFull(s, b); err != nil {
+		return err
+	}
+	if string(b) != "ping" {
+		return fmt.Errorf("echo %q", b)
+	}
+	return nil
 }

@@ -106,6 +106,11 @@ func (p *Pool) get(ctx context.Context, k Key) (*conn, bool, error) {
 		if err == nil && p.closed {
 			err = errClosed
 		}
+		if err == nil && c.leaving() {
+			// It broke or was sent GOAWAY before it joined the pool: its onClose found
+			// nothing to remove then, so adding it now would keep it (and the key) for good.
+			err = fmt.Errorf("hbone: dial %s: %w", k.Addr, ErrConnClosed)
+		}
 		if err != nil {
 			p.dropKeyLocked(k, kp)
 			p.mu.Unlock()
@@ -222,6 +227,13 @@ func (c *conn) runClientReader() {
 	err := c.readLoop()
 	c.fail(err)
 	c.wg.Wait()
+}
+
+// leaving reports whether c has closed or been sent GOAWAY: no new streams, out of the pool.
+func (c *conn) leaving() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed || c.goaway
 }
 
 // tryReserve claims a stream slot if the connection can take another stream.
