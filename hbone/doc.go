@@ -48,6 +48,10 @@
 //   - WINDOW_UPDATEs are batched: sent once a quarter of a window has been consumed.
 //     Capacity is returned when the consumer takes the data, so a reader that stops
 //     reading stops its peer after one stream window, and memory stays bounded by it.
+//     Data dropped by a Close, a reset or a rejection is released too, and a DATA frame
+//     that loses the race to its stream's RST_STREAM gives its window back: a window
+//     leaked on every aborted stream would stall the whole connection in the end
+//     (TestAbortsKeepWindowsWhole checks that both ends' windows add up).
 //
 // Goroutines: per connection one frame reader and one writer (owned by the Pool, or by
 // the ServeConn call), plus one per server stream running the Handler. Stream.DeliverTo
