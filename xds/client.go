@@ -553,12 +553,11 @@ func (c *Client) handle(resp *discoverypb.DeltaDiscoveryResponse) *discoverypb.D
 
 	c.mu.Lock()
 	vers := c.versions[typ]
-	for _, r := range resp.GetResources() {
-		if v, ok := d.accepted[r.GetName()]; ok {
-			vers[r.GetName()] = v
-		} else {
-			delete(vers, r.GetName()) // rejected: leave it out so the server resends it
-		}
+	// A rejected resource keeps the version we hold, if any: the store keeps that one, and
+	// on reconnect the server then resends the new one or reports it removed. Not listing
+	// it would keep it in the store for good if it went while we were disconnected.
+	for name, v := range d.accepted {
+		vers[name] = v
 	}
 	for _, name := range resp.GetRemovedResources() {
 		delete(vers, name)

@@ -277,8 +277,18 @@ func TestClientStream(t *testing.T) {
 		t.Errorf("istio_xds_message_bytes_total{Address} = %v; want > 100", got)
 	}
 
+	// A bad update of a resource we hold: NACKed, the old one kept (and, below, still
+	// claimed at its old version on reconnect, so the server can update or remove it).
+	push(t, st, xdspb.AddressType, "n6", []*discoverypb.Resource{{Name: "w3", Version: "v2-w3", Resource: bad.Resource}})
+	if r := expectAck(t, srv, xdspb.AddressType, "n6"); !strings.HasPrefix(r.GetErrorDetail().GetMessage(), "w3: ") {
+		t.Errorf("bad update of w3: NACK %q", r.GetErrorDetail().GetMessage())
+	}
+	if store.WorkloadByIP("", netip.MustParseAddr("10.0.0.3")) == nil {
+		t.Error("a rejected update dropped the workload it was to replace")
+	}
+
 	// Server restart: state is kept while disconnected, the client reconnects and sends the
-	// versions it accepted (not the rejected ones).
+	// versions it holds (not those of rejected resources or updates).
 	addr := srv.addr
 	srv.stop()
 	deadline := time.Now().Add(waitFor)
