@@ -35,18 +35,7 @@ func TestAbortsKeepWindowsWhole(t *testing.T) {
 		proxyDeliver(r, backend, rand.IntN(3) == 0)
 	})
 	const streams = 300
-	sem := make(chan struct{}, 60)
-	var wg sync.WaitGroup
-	for i := range streams {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			abortingClient(t, e, uint64(i))
-		}()
-	}
-	wg.Wait()
+	runLimited(streams, 60, func(i int) { abortingClient(t, e, uint64(i)) })
 	for deadline := time.Now().Add(10 * time.Second); handled.Load() != streams; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d of %d handlers returned", handled.Load(), streams)
@@ -222,30 +211,21 @@ func TestPoolUnderConnectionBreaks(t *testing.T) {
 	}()
 	const dials = 600
 	var ok atomic.Int32
-	sem := make(chan struct{}, 30)
-	var wg sync.WaitGroup
-	for i := range dials {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-			defer cancel()
-			s, err := e.pool.Dial(ctx, keys[i%len(keys)], "10.0.0.1:80", nil)
-			if errors.Is(err, context.DeadlineExceeded) {
-				t.Errorf("dial %d hung", i)
-			}
-			if err != nil {
-				return
-			}
-			defer s.Close()
-			if err := pingEchoStream(s); err == nil {
-				ok.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
+	runLimited(dials, 30, func(i int) {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		s, err := e.pool.Dial(ctx, keys[i%len(keys)], "10.0.0.1:80", nil)
+		if errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("dial %d hung", i)
+		}
+		if err != nil {
+			return
+		}
+		defer s.Close()
+		if err := pingEchoStream(s); err == nil {
+			ok.Add(1)
+		}
+	})
 	close(stop)
 	<-cutter
 	if n := ok.Load(); n < dials/2 {
@@ -330,4 +310,20 @@ func pingEchoStream(s *Stream) error {
 		return fmt.Errorf("echo %q", b)
 	}
 	return nil
+}
+
+// runLimited calls f(0) to f(n-1), at most par at once, and returns when all have.
+func runLimited(n, par int, f func(i int)) {
+	sem := make(chan struct{}, par)
+	var wg sync.WaitGroup
+	for i := range n {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			f(i)
+		}()
+	}
+	wg.Wait()
 }
