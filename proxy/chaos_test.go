@@ -347,13 +347,6 @@ func readHeader(r io.Reader) (chaosPlan, error) {
 	}, nil
 }
 
-// payload is size pseudo-random bytes determined by seed.
-func payload(seed uint64, size int64) io.Reader {
-	var key [32]byte
-	binary.LittleEndian.PutUint64(key[:], seed)
-	return io.LimitReader(rand.NewChaCha8(key), size)
-}
-
 var errWrongBytes = errors.New("wrong bytes")
 
 // readPattern reads r to EOF, checking that what arrives is the start of payload(seed,

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -30,11 +31,18 @@ import (
 	"github.com/gozt/gozt/xds/state"
 )
 
+// payload is size pseudo-random bytes determined by seed.
+func payload(seed uint64, size int64) io.Reader {
+	var key [32]byte
+	binary.LittleEndian.PutUint64(key[:], seed)
+	return io.LimitReader(rand.NewChaCha8(key), size)
+}
+
 // sendAndCheck writes size pseudo-random bytes to c, half-closes, and checks that exactly
 // the same bytes come back (by SHA-256) before EOF.
 func sendAndCheck(t testing.TB, c *net.TCPConn, size int64, seed uint64) {
 	t.Helper()
-	src := io.LimitReader(rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8)}), size)
+	src := payload(seed, size)
 	sent := sha256.New()
 	werr := make(chan error, 1)
 	go func() {
