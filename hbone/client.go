@@ -128,7 +128,7 @@ func (p *Pool) get(ctx context.Context, k Key) (*conn, bool, error) {
 		if c.limit() == 0 { // SETTINGS_MAX_CONCURRENT_STREAMS = 0: do not dial in a loop
 			return nil, false, fmt.Errorf("hbone: %s: peer allows no streams", k.Addr)
 		}
-		// Waiters took the new connection's slots first: look again (maybe dial another).
+		// It closed or got GOAWAY after the check above (its onClose removes it): look again.
 	}
 }
 
