@@ -24,6 +24,35 @@ type Config struct {
 	DialTimeout       time.Duration // [10s] TCP+TLS dial; timeout error says "maybe a NetworkPolicy is blocking HBONE port 15008"
 	// Control is applied to dialed sockets (SO_MARK etc.); optional.
 	Control func(network, address string, c syscall.RawConn) error
+	// OnDrop, if set, is told of every stream dropped before it reached a handler's
+	// answer and of every connection closed for abuse (see doc.go, "Limits"). It runs on
+	// the connection's frame reader: it must be quick and must not block.
+	OnDrop func(DropReason)
+}
+
+// DropReason says why a stream or connection was dropped.
+type DropReason uint8
+
+const (
+	// DropRefused: a new stream beyond MAX_CONCURRENT_STREAMS (or while draining) got
+	// RST_STREAM(REFUSED_STREAM).
+	DropRefused DropReason = iota
+	// DropResetUnanswered: the peer reset a stream before the handler answered it.
+	DropResetUnanswered
+	// DropConnCalm: a connection was closed with GOAWAY(ENHANCE_YOUR_CALM).
+	DropConnCalm
+)
+
+func (r DropReason) String() string {
+	switch r {
+	case DropRefused:
+		return "refused"
+	case DropResetUnanswered:
+		return "reset_unanswered"
+	case DropConnCalm:
+		return "enhance_your_calm"
+	}
+	return "unknown"
 }
 
 const (

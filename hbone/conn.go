@@ -51,12 +51,18 @@ type conn struct {
 	work chan *Request // server: hands a new stream to an idle handler goroutine
 	done chan struct{} // closed by closeWith
 	wg   sync.WaitGroup
+	// ctx is the parent of every server stream's Request context; cancelCtx ends it in
+	// closeWith. Set before the frame reader starts (server only), then immutable.
+	ctx       context.Context
+	cancelCtx context.CancelCauseFunc
+	flooded   atomic.Bool // more than maxQueuedControl control frames are queued
 
 	mu             sync.Mutex
 	streams        map[uint32]*Stream
 	nextID         uint32 // client: next stream id to open
 	lastPeerID     uint32 // highest peer-initiated stream id seen
 	active         int    // open or half-closed streams
+	slots          int    // server: streams open or whose handler still runs (limits.go)
 	reserved       int    // client: slots promised by the pool, not yet opened
 	peerMaxStreams uint32
 	peerInitWindow int64
@@ -77,6 +83,8 @@ type conn struct {
 	pingOut        bool
 	pingSent       time.Time
 	ops, opsSpare  []ctrlOp
+	resetBudget    rateBudget // server: refused and early-reset streams (limits.go)
+	junkBudget     rateBudget // frames that carry nothing (limits.go)
 }
 
 type opKind uint8
@@ -188,6 +196,10 @@ func (c *conn) unlockWrite() error {
 // queueLocked adds a control frame for writeLoop. c.mu held.
 func (c *conn) queueLocked(op ctrlOp) {
 	if c.closed {
+		return
+	}
+	if len(c.ops) >= maxQueuedControl {
+		c.flooded.Store(true) // the frame reader ends the connection
 		return
 	}
 	c.ops = append(c.ops, op)
@@ -413,6 +425,9 @@ func (c *conn) closeWith(err error) {
 	}
 	c.ops = nil
 	c.mu.Unlock()
+	if c.cancelCtx != nil {
+		c.cancelCtx(err)
+	}
 	close(c.done)
 	if c.bc != nil {
 		c.bc.Conn.Close() // not tls.Conn.Close: its close_notify would bypass wmu
@@ -429,6 +444,9 @@ func (c *conn) closeWith(err error) {
 func (c *conn) fail(err error) {
 	var ce connError
 	if errors.As(err, &ce) {
+		if ce.Code == http2.ErrCodeEnhanceYourCalm {
+			c.notifyDrop(DropConnCalm)
+		}
 		c.nc.SetWriteDeadline(time.Now().Add(time.Second))
 		c.lockWrite()
 		c.writeGoAwayLocked(ce.Code)
@@ -461,6 +479,9 @@ func (c *conn) readLoop() error {
 		if err := c.handleFrame(f); err != nil {
 			return err
 		}
+		if c.flooded.Load() {
+			return calm("peer does not read the control frames it makes us send")
+		}
 	}
 }
 
@@ -482,30 +503,51 @@ func (c *conn) handleFrame(f http2.Frame) error {
 		return c.handleSettings(f)
 	case *http2.PingFrame:
 		c.mu.Lock()
+		defer c.mu.Unlock()
 		if f.IsAck() {
 			c.pingOut = false
-		} else {
-			c.queueLocked(ctrlOp{kind: opPingAck, data: f.Data})
+			return nil
 		}
-		c.mu.Unlock()
+		c.queueLocked(ctrlOp{kind: opPingAck, data: f.Data})
+		return c.junkLocked()
 	case *http2.WindowUpdateFrame:
 		return c.handleWindowUpdate(f)
 	case *http2.RSTStreamFrame:
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if c.idleLocked(f.StreamID) {
-			return connError{http2.ErrCodeProtocol, "RST_STREAM on idle stream"}
-		}
-		if s := c.streams[f.StreamID]; s != nil {
-			s.peerResetLocked(f.ErrCode)
-		}
+		return c.handleRST(f)
 	case *http2.GoAwayFrame:
 		c.handleGoAway(f)
 	case *http2.PushPromiseFrame:
 		return connError{http2.ErrCodeProtocol, "PUSH_PROMISE not allowed"}
 	}
-	// PRIORITY and unknown frame types are ignored (RFC 9113 §5.5, §5.3.2).
-	return nil
+	// PRIORITY and unknown frame types are ignored (RFC 9113 §5.5, §5.3.2), but counted.
+	return c.junk()
+}
+
+// handleRST ends the stream the peer reset. A server stream reset before its handler
+// answered is counted against the early-reset budget, and its Request context ends at
+// once so the handler's dial stops.
+func (c *conn) handleRST(f *http2.RSTStreamFrame) error {
+	c.mu.Lock()
+	if c.idleLocked(f.StreamID) {
+		c.mu.Unlock()
+		return connError{http2.ErrCodeProtocol, "RST_STREAM on idle stream"}
+	}
+	s := c.streams[f.StreamID]
+	if s == nil {
+		err := c.junkLocked() // a stream that already ended
+		c.mu.Unlock()
+		return err
+	}
+	var err error
+	if s.pending {
+		err = c.droppedLocked(DropResetUnanswered)
+	}
+	if s.cancel != nil {
+		s.cancel(ErrPeerReset) // under c.mu, so Accept never sees the reset before the cause
+	}
+	s.peerResetLocked(f.ErrCode)
+	c.mu.Unlock()
+	return err
 }
 
 // idleLocked reports whether id names a stream that was never opened.
@@ -523,6 +565,9 @@ func (c *conn) idleLocked(id uint32) bool {
 func (c *conn) handleData(f *http2.DataFrame) error {
 	c.mu.Lock()
 	finish, err := c.handleDataLocked(f)
+	if err == nil && f.Length == 0 && !f.StreamEnded() {
+		err = c.junkLocked()
+	}
 	c.mu.Unlock()
 	if finish != nil {
 		finish.drain() // nothing to write: only ends DeliverTo and calls its done
@@ -675,6 +720,9 @@ func (c *conn) streamDoneLocked(s *Stream) {
 	s.done = true
 	delete(c.streams, s.id)
 	c.active--
+	if c.server && !s.handling {
+		c.slots--
+	}
 	if c.active == 0 {
 		c.idleSince = time.Now()
 		if c.draining && c.server || (c.goaway && !c.server && c.reserved == 0) {
@@ -725,7 +773,7 @@ func (c *conn) handleSettings(f *http2.SettingsFrame) error {
 		c.gotSettings = true
 		close(c.settingsCh)
 	}
-	return nil
+	return c.junkLocked()
 }
 
 func (c *conn) handleWindowUpdate(f *http2.WindowUpdateFrame) error {
@@ -810,7 +858,7 @@ func (c *conn) clientHeaders(f *http2.MetaHeadersFrame) error {
 		return nil
 	}
 	if code >= 100 && code < 200 {
-		return nil // informational
+		return c.junkLocked() // informational: nothing for a tunnel
 	}
 	s.status = code
 	s.respFields = append([]hpack.HeaderField{}, f.RegularFields()...)
@@ -850,16 +898,12 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 		// A stream that already ended (e.g. rejected): a stream error, not worth the
 		// connection and its other streams.
 		c.queueLocked(ctrlOp{kind: opRST, id: id, val: uint32(http2.ErrCodeStreamClosed)})
-		return nil
+		return c.junkLocked()
 	}
 	c.lastPeerID = id
-	if c.draining || c.closed {
+	if c.draining || c.closed || c.slots >= int(c.cfg.ServerMaxStreams) {
 		c.queueLocked(ctrlOp{kind: opRST, id: id, val: uint32(http2.ErrCodeRefusedStream)})
-		return nil
-	}
-	if c.active >= int(c.cfg.ServerMaxStreams) {
-		c.queueLocked(ctrlOp{kind: opRST, id: id, val: uint32(http2.ErrCodeRefusedStream)})
-		return nil
+		return c.droppedLocked(DropRefused)
 	}
 	authority := f.PseudoValue("authority")
 	if f.Truncated || f.PseudoValue("method") != "CONNECT" || f.PseudoValue("scheme") != "" ||
@@ -873,6 +917,10 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 	s := c.newStreamLocked(id)
 	s.gotResp = true
 	s.recvEnd = f.StreamEnded()
+	s.handling, s.pending = true, true
+	c.slots++
+	ctx, cancel := context.WithCancelCause(c.ctx)
+	s.cancel = cancel
 	hdr := make(http.Header, len(f.Fields))
 	for _, hf := range f.RegularFields() {
 		k := http.CanonicalHeaderKey(hf.Name)
@@ -885,6 +933,7 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 		LocalAddr:  c.nc.LocalAddr(),
 		RemoteAddr: c.nc.RemoteAddr(),
 		s:          s,
+		ctx:        ctx,
 	}
 	select {
 	case c.work <- req: // an idle handler goroutine takes it
@@ -916,11 +965,23 @@ func (c *conn) handlerLoop(r *Request) {
 	reuse.Loop(r, c.runHandler, c.work, c.done, handlerIdle)
 }
 
+// runHandler runs the handler for r. The stream keeps its slot until the handler has
+// returned, even if the peer reset it long before (limits.go).
 func (c *conn) runHandler(r *Request) {
 	c.handler(r)
 	if !r.answered.Load() {
 		r.Reject(http.StatusServiceUnavailable)
 	}
+	s := r.s
+	c.mu.Lock()
+	s.handling = false
+	if s.done {
+		c.slots--
+	}
+	cancel := s.cancel
+	s.cancel = nil
+	c.mu.Unlock()
+	cancel(nil)
 }
 
 // validAuthority accepts host:port where host is an IP (v6 in brackets) or a DNS name.

@@ -53,6 +53,39 @@
 //     leaked on every aborted stream would stall the whole connection in the end
 //     (TestAbortsKeepWindowsWhole checks that both ends' windows add up).
 //
+// # Limits
+//
+// Port 15008 is reachable by every workload in the mesh, so a peer with a valid
+// certificate is not a trusted one. Before these limits, one connection opening streams
+// and resetting each at once (HTTP/2 rapid reset, CVE-2023-44487) had a node dial about
+// 80,000 backends a second and grow to 500 MB. Every limit applies to both sides of a
+// connection unless it says "server".
+//
+//   - Streams (server): a stream holds its MAX_CONCURRENT_STREAMS slot (200) until it has
+//     ended and its handler has returned, as net/http and nghttp2 do since that CVE: a
+//     reset frees no slot while the handler still dials. A new stream past the limit
+//     gets RST_STREAM(REFUSED_STREAM). So handler goroutines and backend sockets stay
+//     within the limit per connection, whatever the peer resets.
+//   - Early resets (server): a stream refused, or reset by the peer before the handler
+//     answered it, spends a token of a per-connection budget: 2 × the stream limit at
+//     once, then 100 a second. A peer that runs out gets GOAWAY(ENHANCE_YOUR_CALM) and
+//     is closed. (The h2 crate, the Rust ztunnel's, counts the same streams as
+//     max_pending_accept_reset_streams, 20 at a time; a rate also catches a peer whose
+//     resets our handlers keep up with.) The reset ends the Request's context at once,
+//     so the handler's dial stops, and Config.OnDrop hears of each such stream so the
+//     caller can count them rather than log each.
+//   - Junk frames: frames that make us work but carry nothing — PING, SETTINGS,
+//     PRIORITY, empty DATA, RST_STREAM or HEADERS for a stream already gone, unknown
+//     frame types, 1xx responses — spend a second budget: 1000 at once, then 100 a
+//     second; past it, GOAWAY(ENHANCE_YOUR_CALM). Keepalive PINGs come every 10 s.
+//   - Owed control frames (acks, RST_STREAM, WINDOW_UPDATE) queue for the writer: at
+//     most 10,000 (Go's net/http and nghttp2 use the same), then the connection closes.
+//   - Header blocks: 64 KiB decoded on the server, 16 KiB on the client (x/net's Framer
+//     enforces it across CONTINUATION frames); frames up to MaxFrameSize.
+//   - A hostile server can do no more to the client: it gets the same frame budgets,
+//     PUSH_PROMISE is a connection error, a refused CONNECT is retried at most twice, and
+//     Dial's context bounds how long an unanswered CONNECT waits.
+//
 // Goroutines: per connection one frame reader and one writer (owned by the Pool, or by
 // the ServeConn call), plus one per server stream running the Handler. Stream.DeliverTo
 // is WriteTo without a waiting goroutine: the frame reader's direct writes carry the

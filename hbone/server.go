@@ -25,6 +25,7 @@ type Request struct {
 	LocalAddr, RemoteAddr net.Addr    // of the underlying connection
 
 	s        *Stream
+	ctx      context.Context
 	answered atomic.Bool
 }
 
@@ -37,8 +38,13 @@ func (r *Request) Accept(h http.Header) (*Stream, error) {
 	c := s.c
 	c.lockWrite()
 	c.mu.Lock()
-	cerr := c.err
+	cerr, gone := c.err, s.done
+	s.pending = false
 	c.mu.Unlock()
+	if gone && cerr == nil { // reset before we answered: the connection is fine
+		c.unlockWrite()
+		return nil, fmt.Errorf("hbone: accept: %w", ErrPeerReset)
+	}
 	var err error
 	if cerr != nil {
 		err = cerr
@@ -70,6 +76,7 @@ func (r *Request) Reject(code int) {
 	}
 	c.mu.Lock()
 	s.sentEnd = true
+	s.pending = false
 	if !s.recvEnd && !s.done && err == nil {
 		s.rstWritten = true
 		err = c.fr.WriteRSTStream(s.id, http2.ErrCodeNo)
@@ -173,6 +180,7 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, bc *bufConn) error
 	}
 	c := newConn(s.cfg, true, nc, bc)
 	c.handler = s.h
+	c.ctx, c.cancelCtx = context.WithCancelCause(ctx)
 	s.mu.Lock()
 	if s.shutdown {
 		s.mu.Unlock()

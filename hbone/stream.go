@@ -1,6 +1,7 @@
 package hbone
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -59,6 +60,12 @@ type Stream struct {
 	deliverDone  func(int64, error)
 	deliverTotal int64
 	draining     bool
+
+	// Server side, guarded by c.mu: the handler has not returned (the stream holds its
+	// slot) or not answered yet (a reset now is an early reset); cancel ends the
+	// Request's context.
+	handling, pending bool
+	cancel            context.CancelCauseFunc
 
 	rstWritten bool // guarded by c.wmu
 }

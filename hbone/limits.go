@@ -1,0 +1,99 @@
+package hbone
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+// Limits on what one peer may make a connection do; doc.go ("Limits") says why each
+// exists and how a peer that passes one is treated.
+const (
+	// earlyResetBurstPerSlot × ServerMaxStreams early resets may come at once: a client
+	// whose every pending CONNECT was cancelled together (its pod deleted), twice over.
+	earlyResetBurstPerSlot = 2
+	// earlyResetRate early resets a second are allowed after the burst: an app retrying
+	// connects to a black-holed backend, each cancelled before our dial answers, stays
+	// well under it; a rapid-reset flood runs at tens of thousands.
+	earlyResetRate = 100
+	// junkBurst junk frames at once, then junkRate a second: a keepalive PING comes every
+	// 10 s or so, SETTINGS a few times per connection.
+	junkBurst = 1000
+	junkRate  = 100
+	// maxQueuedControl is Go's net/http and nghttp2's bound on control frames owed to a
+	// peer that does not read them.
+	maxQueuedControl = 10000
+)
+
+// ErrPeerReset is the cause (context.Cause) of a Request's context when the peer reset
+// the stream.
+var ErrPeerReset = errors.New("hbone: stream reset by peer")
+
+// rateBudget is a token bucket: burst events at once, then rate a second.
+type rateBudget struct {
+	tokens float64
+	last   time.Time
+}
+
+// take spends one token and reports whether there was one.
+func (b *rateBudget) take(now time.Time, burst, rate float64) bool {
+	if b.last.IsZero() {
+		b.tokens = burst
+	} else {
+		b.tokens = min(burst, b.tokens+now.Sub(b.last).Seconds()*rate)
+	}
+	b.last = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// calm is the connection error for a peer that ran out of a budget.
+func calm(reason string) error { return connError{http2.ErrCodeEnhanceYourCalm, reason} }
+
+// droppedLocked tells the OnDrop hook about a dropped stream and spends a token of the
+// early-reset budget (c.mu held).
+func (c *conn) droppedLocked(r DropReason) error {
+	c.notifyDrop(r)
+	burst := float64(earlyResetBurstPerSlot * c.cfg.ServerMaxStreams)
+	if !c.resetBudget.take(time.Now(), burst, earlyResetRate) {
+		return calm("too many streams refused or reset before they were answered")
+	}
+	return nil
+}
+
+// junkLocked spends a token of the junk-frame budget (c.mu held).
+func (c *conn) junkLocked() error {
+	if !c.junkBudget.take(time.Now(), junkBurst, junkRate) {
+		return calm("too many frames that carry nothing")
+	}
+	return nil
+}
+
+// junk is junkLocked for callers without c.mu.
+func (c *conn) junk() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.junkLocked()
+}
+
+func (c *conn) notifyDrop(r DropReason) {
+	if c.cfg.OnDrop != nil {
+		c.cfg.OnDrop(r)
+	}
+}
+
+// Context is the request's context: it ends when the peer resets the stream (cause
+// ErrPeerReset), when the connection ends, or when the handler returns. Work the
+// handler does for the stream (a dial, a wait for a workload) should use it, so a
+// stream the peer gave up on costs nothing more.
+func (r *Request) Context() context.Context {
+	if r.ctx == nil {
+		return context.Background()
+	}
+	return r.ctx
+}
