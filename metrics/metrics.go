@@ -76,6 +76,10 @@ type Metrics struct {
 	// source_canonical_service, source_canonical_revision.
 	DNSRequests, DNSUpstreamRequests, DNSUpstreamFailures *prometheus.CounterVec
 	DNSUpstreamDuration                                   *prometheus.HistogramVec
+	// HBONEDrops counts, by reason (hbone.DropReason's names: refused, reset_unanswered,
+	// enhance_your_calm), the streams dropped before a handler answered them and the
+	// connections closed for abuse. Such streams get no access-log record of their own.
+	HBONEDrops *prometheus.CounterVec
 	// In-pod (shared) mode workload manager.
 	ActiveProxies, PendingProxies  prometheus.Gauge
 	ProxiesStarted, ProxiesStopped prometheus.Counter
@@ -125,6 +129,7 @@ func New(reg *prometheus.Registry, version string, opts ...Option) *Metrics {
 	m.XDSConnectionTerminations = counter("istio_xds_connection_terminations_total", "The total number of completed connections to xds server (unstable)", []string{"reason"})
 	m.XDSMessages = counter("istio_xds_message_total", "Total number of messages received (unstable)", []string{"url"})
 	m.XDSMessageBytes = counter("istio_xds_message_bytes_total", "Total number of bytes received (unstable)", []string{"url"})
+	m.HBONEDrops = counter("hbone_dropped_total", "HBONE streams refused or reset by the peer before they were answered, and HBONE connections closed with ENHANCE_YOUR_CALM (gozt)", []string{"reason"})
 	m.DNSRequests = counter("istio_dns_requests_total", "Total number of DNS requests (unstable)", dnsLabelNames)
 	m.DNSUpstreamRequests = counter("istio_dns_upstream_requests_total", "Total number of DNS requests forwarded to upstream (unstable)", dnsLabelNames)
 	m.DNSUpstreamFailures = counter("istio_dns_upstream_failures_total", "Total number of DNS failures forwarding to upstream (unstable)", dnsLabelNames)

@@ -76,8 +76,11 @@ func (t *inboundTarget) policyView(peer identity.ID, src netip.Addr) rbac.Conn {
 
 // serveHBONE answers one CONNECT stream: validate, authorize, dial, then 200 and copy.
 // Status codes as ztunnel: 400 bad target, 401 denied, 503 unknown or unreachable.
+//
+// A stream the peer reset before it was answered gets no record: hbone counted it (see
+// onDrop), and a flood of them must cost the node as little as possible.
 func (p *Proxy) serveHBONE(r *hbone.Request) {
-	ctx := p.stopped
+	ctx := r.Context() // ends with the stream, the connection or the proxy
 	client := addrPortOf(r.RemoteAddr)
 	labels := metrics.Labels{
 		Reporter:                 metrics.ReporterDest,
@@ -86,6 +89,11 @@ func (p *Proxy) serveHBONE(r *hbone.Request) {
 	}
 	log := metrics.ConnLog{SrcAddr: client.String(), DstAddr: r.LocalAddr.String(), HBONEAddr: r.Authority, Direction: "inbound"}
 	p.inboundSourceLabels(&labels, r.Peer, client.Addr(), r.Header.Get("Baggage"))
+	failed := func(flag string, err error) {
+		if !errors.Is(context.Cause(ctx), hbone.ErrPeerReset) {
+			p.metrics.Open(labels, log).Close(0, 0, flag, err)
+		}
+	}
 
 	t, ierr := p.inboundTarget(ctx, r.Authority, addrPortOf(r.LocalAddr).Addr())
 	if ierr == nil {
@@ -95,13 +103,13 @@ func (p *Proxy) serveHBONE(r *hbone.Request) {
 	}
 	if ierr != nil {
 		r.Reject(ierr.code)
-		p.metrics.Open(labels, log).Close(0, 0, ierr.flag, ierr.err)
+		failed(ierr.flag, ierr.err)
 		return
 	}
 	up, err := p.dialInbound(ctx, t, client, r.Peer)
 	if err != nil {
 		r.Reject(http.StatusServiceUnavailable)
-		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, err)
+		failed(metrics.FlagConnect, err)
 		return
 	}
 	var resp http.Header
@@ -111,7 +119,7 @@ func (p *Proxy) serveHBONE(r *hbone.Request) {
 	s, err := r.Accept(resp)
 	if err != nil {
 		up.Close()
-		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, err)
+		failed(metrics.FlagConnect, err)
 		return
 	}
 	p.proxyInbound(s, up, t, t.policyView(r.Peer, client.Addr()), labels, log)

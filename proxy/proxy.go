@@ -126,6 +126,7 @@ type Proxy struct {
 
 	listeners map[string]net.Listener
 	conns     tracker
+	drops     dropLog
 
 	// stopped ends when Shutdown gives up waiting: work still waiting (for a workload to
 	// appear, for a dial) stops with it.
@@ -150,6 +151,7 @@ func New(cfg Config, store *state.Store, certs CertSource, m *metrics.Metrics) *
 	if cfg.PacketMark != 0 {
 		p.dialer.Control = sockopt.Control(cfg.PacketMark)
 	}
+	cfg.HBONE.OnDrop = p.onDrop
 	p.pool = hbone.NewPool(cfg.HBONE, func(ctx context.Context, k hbone.Key) (*tls.Config, error) {
 		return certs.ClientConfig(ctx, k.Src, k.Expected())
 	})
