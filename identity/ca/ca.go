@@ -7,6 +7,7 @@
 package ca
 
 import (
+	"bytes"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -18,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"time"
 
 	"github.com/gozt/gozt/identity"
@@ -42,8 +44,8 @@ type Notifier interface {
 type Issued struct {
 	Certificate tls.Certificate     // leaf first, then intermediates; PrivateKey set; Leaf parsed
 	Roots       []*x509.Certificate // trust bundle (may hold several roots; federated bundles included)
-	NotBefore   time.Time
-	NotAfter    time.Time
+	NotBefore   time.Time           // the leaf's
+	NotAfter    time.Time           // the earliest NotAfter on the verified chain: the leaf's, or a CA's that expires first
 }
 
 // Identity returns the identity the leaf carries.
@@ -168,7 +170,7 @@ func ParsePEMCerts(data []byte) ([]*x509.Certificate, error) {
 }
 
 // assemble builds an Issued from a chain (leaf first) and roots, and checks what every
-// provider must guarantee: the leaf carries want, matches key, and chains to the roots.
+// provider must guarantee: the leaf carries want, matches key, and chains to the roots now.
 func assemble(want identity.ID, key crypto.Signer, chain, roots []*x509.Certificate) (*Issued, error) {
 	if len(chain) == 0 {
 		return nil, errors.New("ca: empty certificate chain")
@@ -187,19 +189,15 @@ func assemble(want identity.ID, key crypto.Signer, chain, roots []*x509.Certific
 	if pub, ok := key.Public().(interface{ Equal(crypto.PublicKey) bool }); !ok || !pub.Equal(leaf.PublicKey) {
 		return nil, fmt.Errorf("ca: issued leaf for %s does not match our private key", want)
 	}
-	pool := x509.NewCertPool()
-	for _, r := range roots {
-		pool.AddCert(r)
+	// Checked at the current time; a leaf dated a little in our future (the CA's clock runs
+	// ahead of ours) from its start instead.
+	at := time.Now()
+	if at.Before(leaf.NotBefore) {
+		at = leaf.NotBefore
 	}
-	inter := x509.NewCertPool()
-	for _, c := range chain[1:] {
-		inter.AddCert(c)
-	}
-	if _, err := leaf.Verify(x509.VerifyOptions{
-		Roots: pool, Intermediates: inter, CurrentTime: leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore) / 2),
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
-	}); err != nil {
-		return nil, fmt.Errorf("ca: issued leaf for %s does not chain to the returned roots: %w", want, err)
+	until, err := verifyChain(leaf, chain[1:], roots, at)
+	if err != nil {
+		return nil, fmt.Errorf("ca: issued leaf for %s: %w", want, err)
 	}
 	der := make([][]byte, len(chain))
 	for i, c := range chain {
@@ -209,6 +207,68 @@ func assemble(want identity.ID, key crypto.Signer, chain, roots []*x509.Certific
 		Certificate: tls.Certificate{Certificate: der, PrivateKey: key, Leaf: leaf},
 		Roots:       roots,
 		NotBefore:   leaf.NotBefore,
-		NotAfter:    leaf.NotAfter,
+		NotAfter:    until,
 	}, nil
+}
+
+// verifyChain checks that c chains through inter to one of roots at time at, and returns
+// when that chain stops being valid: the earliest NotAfter on it (on the longest-lasting
+// chain, if several verify). A chain broken by an expired certificate names it.
+func verifyChain(c *x509.Certificate, inter, roots []*x509.Certificate, at time.Time) (time.Time, error) {
+	rootPool, interPool := x509.NewCertPool(), x509.NewCertPool()
+	for _, r := range roots {
+		rootPool.AddCert(r)
+	}
+	for _, i := range inter {
+		interPool.AddCert(i)
+	}
+	chains, err := c.Verify(x509.VerifyOptions{
+		Roots: rootPool, Intermediates: interPool, CurrentTime: at,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
+	})
+	if err != nil {
+		if x := expiredAt(at, append([]*x509.Certificate{c}, inter...), roots); x != nil {
+			return time.Time{}, fmt.Errorf("CA chain expired at %s: %q (serial %s)",
+				x.NotAfter.UTC().Format(time.RFC3339), certName(x), x.SerialNumber)
+		}
+		return time.Time{}, fmt.Errorf("does not chain to the roots: %w", err)
+	}
+	var until time.Time
+	for _, ch := range chains {
+		end := ch[0].NotAfter
+		for _, x := range ch[1:] {
+			if x.NotAfter.Before(end) {
+				end = x.NotAfter
+			}
+		}
+		if end.After(until) {
+			until = end
+		}
+	}
+	return until, nil
+}
+
+// expiredAt returns the first of certs, or of the roots that issued one of them, that has
+// expired at at; nil if none has.
+func expiredAt(at time.Time, certs, roots []*x509.Certificate) *x509.Certificate {
+	for _, c := range certs {
+		if at.After(c.NotAfter) {
+			return c
+		}
+	}
+	for _, r := range roots {
+		issued := slices.ContainsFunc(certs, func(c *x509.Certificate) bool { return bytes.Equal(c.RawIssuer, r.RawSubject) })
+		if issued && at.After(r.NotAfter) {
+			return r
+		}
+	}
+	return nil
+}
+
+// certName is c's subject, or its first URI for a leaf that has no subject.
+func certName(c *x509.Certificate) string {
+	if s := c.Subject.String(); s != "" || len(c.URIs) == 0 {
+		return s
+	}
+	return c.URIs[0].String()
 }

@@ -270,3 +270,44 @@ func BenchmarkFetch(b *testing.B) {
 		}
 	})
 }
+
+// TestIstioIntermediateExpiresFirst: a CA whose intermediate expires before the leaf's
+// mid-life (SPIRE, a plug-in CA, istiod without minTTL) still hands out a good chain; the
+// certificate is usable, and so rotated, only until that intermediate expires.
+func TestIstioIntermediateExpiresFirst(t *testing.T) {
+	leaktest.Check(t)
+	root := catest.NewRoot(t, "root")
+	now := time.Now()
+	inter := root.Intermediate(t, "intermediate", now.Add(-time.Hour), now.Add(time.Hour))
+	srv := catest.StartIstio(t, inter, nil)
+	c := newClient(t, ca.Config{Provider: "istio", Address: "http://" + srv.Addr}) // SECRET_TTL 24h
+	iss, err := fetch(t, c, idA)
+	if err != nil {
+		t.Fatalf("chain with an intermediate valid for another hour: %v", err)
+	}
+	if n := len(iss.Certificate.Certificate); n != 2 {
+		t.Errorf("chain has %d certificates; want leaf and intermediate", n)
+	}
+	if !iss.Certificate.Leaf.NotAfter.After(inter.Cert.NotAfter) {
+		t.Fatalf("leaf ends %v, not after the intermediate's %v: the test does not test", iss.Certificate.Leaf.NotAfter, inter.Cert.NotAfter)
+	}
+	if !iss.NotAfter.Equal(inter.Cert.NotAfter) {
+		t.Errorf("NotAfter = %v; want the intermediate's %v", iss.NotAfter, inter.Cert.NotAfter)
+	}
+}
+
+// TestIstioIntermediateExpired: a chain whose intermediate has expired is refused with an
+// error naming that certificate and when it expired.
+func TestIstioIntermediateExpired(t *testing.T) {
+	leaktest.Check(t)
+	root := catest.NewRoot(t, "root")
+	now := time.Now()
+	inter := root.Intermediate(t, "old intermediate", now.Add(-2*time.Hour), now.Add(-time.Minute))
+	srv := catest.StartIstio(t, inter, nil)
+	c := newClient(t, ca.Config{Provider: "istio", Address: "http://" + srv.Addr})
+	_, err := fetch(t, c, idA)
+	want := "CA chain expired at " + inter.Cert.NotAfter.UTC().Format(time.RFC3339)
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "CN=old intermediate") {
+		t.Fatalf("err = %v; want %q naming CN=old intermediate", err, want)
+	}
+}

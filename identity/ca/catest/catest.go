@@ -31,10 +31,12 @@ import (
 	pb "github.com/gozt/gozt/identity/ca/capb"
 )
 
-// Root is a self-signed ECDSA P-256 CA for tests.
+// Root is an ECDSA P-256 CA for tests: self-signed, or an intermediate made by Intermediate.
 type Root struct {
 	Cert *x509.Certificate
 	Key  *ecdsa.PrivateKey
+
+	parent *Root // the CA that signed Cert; nil when self-signed
 }
 
 // NewRoot generates a root named name, valid from an hour ago for ten years.
@@ -65,14 +67,50 @@ func NewRoot(tb testing.TB, name string) *Root {
 	return &Root{Cert: cert, Key: key}
 }
 
+// Intermediate returns a CA named name signed by r and valid from notBefore to notAfter.
+// Leaves it issues carry it (and any intermediate above it) in their chain; the roots are
+// the self-signed CA at the top.
+func (r *Root) Intermediate(tb testing.TB, name string, notBefore, notAfter time.Time) *Root {
+	tb.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: name},
+		NotBefore:             notBefore,
+		NotAfter:              notAfter,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}, r.Cert, key.Public(), r.Key)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return &Root{Cert: cert, Key: key, parent: r}
+}
+
+// chain returns the intermediates from r up to, not including, the self-signed top, and the top.
+func (r *Root) chain() (inter []*x509.Certificate, top *Root) {
+	for top = r; top.parent != nil; top = top.parent {
+		inter = append(inter, top.Cert)
+	}
+	return inter, top
+}
+
 func serial() *big.Int {
 	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
 	return n
 }
 
-// PEM returns the root certificate as PEM.
+// PEM returns the CA certificate as PEM.
 func (r *Root) PEM() []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.Cert.Raw})
+	return []byte(certPEM(r.Cert))
 }
 
 // sign issues a leaf for pub with the given URI SAN and validity.
@@ -95,7 +133,8 @@ func (r *Root) sign(pub any, uri string, notBefore, notAfter time.Time) (*x509.C
 	return x509.ParseCertificate(der)
 }
 
-// Issue returns a leaf for id with the given validity, its key, and this root as bundle.
+// Issue returns a leaf for id with the given validity and its key, with r's intermediates
+// in the chain and the self-signed top as bundle.
 // Unlike a real CA it does not refuse odd validities: tests use it for expired leaves.
 func (r *Root) Issue(tb testing.TB, id identity.ID, notBefore, notAfter time.Time) *ca.Issued {
 	tb.Helper()
@@ -116,9 +155,14 @@ func (r *Root) IssueErr(id identity.ID, notBefore, notAfter time.Time) (*ca.Issu
 	if err != nil {
 		return nil, err
 	}
+	inter, top := r.chain()
+	der := [][]byte{leaf.Raw}
+	for _, c := range inter {
+		der = append(der, c.Raw)
+	}
 	return &ca.Issued{
-		Certificate: tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: key, Leaf: leaf},
-		Roots:       []*x509.Certificate{r.Cert},
+		Certificate: tls.Certificate{Certificate: der, PrivateKey: key, Leaf: leaf},
+		Roots:       []*x509.Certificate{top.Cert},
 		NotBefore:   leaf.NotBefore,
 		NotAfter:    leaf.NotAfter,
 	}, nil
@@ -171,7 +215,8 @@ type Request struct {
 	MD           metadata.MD
 }
 
-// IstioServer is a real IstioCertificateService on a loopback port signing with a Root.
+// IstioServer is a real IstioCertificateService on a loopback port signing with a Root;
+// with an intermediate, its answer holds the leaf, the intermediates, then the top root.
 type IstioServer struct {
 	pb.UnimplementedIstioCertificateServiceServer
 	Addr string // 127.0.0.1:port
@@ -301,14 +346,21 @@ func (s *IstioServer) CreateCertificate(ctx context.Context, req *pb.IstioCertif
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
 	}
-	roots := s.root.PEM()
-	for _, c := range extra {
-		roots = append(roots, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	inter, top := s.root.chain()
+	resp := &pb.IstioCertificateResponse{CertChain: []string{certPEM(leaf)}}
+	for _, c := range inter {
+		resp.CertChain = append(resp.CertChain, certPEM(c))
 	}
-	return &pb.IstioCertificateResponse{CertChain: []string{
-		string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Raw})),
-		string(roots),
-	}}, nil
+	roots := certPEM(top.Cert)
+	for _, c := range extra {
+		roots += certPEM(c)
+	}
+	resp.CertChain = append(resp.CertChain, roots)
+	return resp, nil
+}
+
+func certPEM(c *x509.Certificate) string {
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw}))
 }
 
 // ErrUnavailable is a ready-made SetFail value.
