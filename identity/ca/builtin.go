@@ -10,10 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"math/big"
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/gozt/gozt/identity"
@@ -30,11 +32,14 @@ const (
 // Builtin is a CA that signs leaves itself, for standalone mode. It reads Istio's cacerts
 // layout from a directory, or generates a self-signed root there on first start.
 type Builtin struct {
+	dir   string
 	key   crypto.Signer
 	cert  *x509.Certificate
 	chain []*x509.Certificate // intermediates between cert and the roots (cert first), roots excluded
 	roots []*x509.Certificate
 	ttl   time.Duration
+
+	capWarn sync.Once // the first leaf cut short by the CA's own expiry logs a warning
 }
 
 var _ Client = (*Builtin)(nil)
@@ -104,7 +109,7 @@ func NewBuiltin(dir string, ttl time.Duration) (*Builtin, error) {
 	for len(chain) > 0 && isRoot(chain[len(chain)-1], roots) {
 		chain = chain[:len(chain)-1]
 	}
-	b := &Builtin{key: key, cert: certs[0], chain: chain, roots: roots, ttl: ttl}
+	b := &Builtin{dir: dir, key: key, cert: certs[0], chain: chain, roots: roots, ttl: ttl}
 	if pub, ok := key.Public().(interface{ Equal(crypto.PublicKey) bool }); !ok || !pub.Equal(b.cert.PublicKey) {
 		return nil, fmt.Errorf("ca: CA_DIR %s does not match %s", CAKeyFile, CACertFile)
 	}
@@ -114,13 +119,28 @@ func NewBuiltin(dir string, ttl time.Duration) (*Builtin, error) {
 // Roots returns the trust roots leaves chain to.
 func (b *Builtin) Roots() []*x509.Certificate { return b.roots }
 
-// Fetch issues a leaf for id valid for the configured TTL from now.
+// Fetch issues a leaf for id valid for the configured TTL from now, but no longer than the
+// CA's own chain: a leaf outliving its issuer is refused by every peer once the issuer
+// expires (istio's CA caps leaves the same way, minTTL in security/pkg/pki/ca).
 func (b *Builtin) Fetch(ctx context.Context, id identity.ID) (*Issued, error) {
 	now := time.Now()
-	return b.Issue(id, now, now.Add(b.ttl))
+	until, err := verifyChain(b.cert, b.chain, b.roots, now)
+	if err != nil {
+		return nil, fmt.Errorf("ca: built-in CA in %s: %w", b.dir, err)
+	}
+	notAfter := now.Add(b.ttl)
+	if until.Before(notAfter) {
+		notAfter = until
+		b.capWarn.Do(func() {
+			slog.Warn("ca: the built-in CA's certificate expires before SECRET_TTL is up; leaves end with it",
+				"caDir", b.dir, "caNotAfter", until, "secretTTL", b.ttl)
+		})
+	}
+	return b.Issue(id, now, notAfter)
 }
 
-// Issue signs a fresh leaf for id with the given validity (tests use it for expired leaves).
+// Issue signs a fresh leaf for id with the given validity, uncapped (Fetch caps it). A leaf
+// that has already expired is refused, as from any CA.
 func (b *Builtin) Issue(id identity.ID, notBefore, notAfter time.Time) (*Issued, error) {
 	if id.IsZero() {
 		return nil, errors.New("ca: fetch for the zero identity")

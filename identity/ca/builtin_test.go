@@ -1,13 +1,12 @@
 package ca_test
 
 import (
+	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
-	"math/big"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gozt/gozt/identity"
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/ca/catest"
 )
@@ -89,29 +89,8 @@ func TestBuiltinSharedDir(t *testing.T) {
 // the intermediate and chain to the root in root-cert.pem.
 func TestBuiltinPluggedCerts(t *testing.T) {
 	root := catest.NewRoot(t, "root")
-	inter := catest.NewRoot(t, "intermediate") // key reused; certificate re-signed by root below
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "intermediate"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour * 48),
-		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, root.Cert, inter.Key.Public(), root.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	interPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	keyDER, _ := x509.MarshalECPrivateKey(inter.Key)
-	dir := t.TempDir()
-	for name, data := range map[string][]byte{
-		ca.CACertFile:    interPEM,
-		ca.CAKeyFile:     pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
-		ca.RootCertFile:  root.PEM(),
-		ca.CertChainFile: append(append([]byte{}, interPEM...), root.PEM()...),
-	} {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	inter := root.Intermediate(t, "intermediate", time.Now().Add(-time.Hour), time.Now().Add(48*time.Hour))
+	dir := writeCACerts(t, root, inter)
 	c, err := ca.NewBuiltin(dir, time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +108,7 @@ func TestBuiltinPluggedCerts(t *testing.T) {
 
 	// A key that does not match ca-cert.pem is refused with a message naming the files.
 	other := catest.NewRoot(t, "other")
-	keyDER, _ = x509.MarshalECPrivateKey(other.Key)
+	keyDER, _ := x509.MarshalECPrivateKey(other.Key)
 	os.WriteFile(filepath.Join(dir, ca.CAKeyFile), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
 	if _, err := ca.NewBuiltin(dir, time.Hour); err == nil {
 		t.Error("mismatched ca-key.pem accepted")
@@ -169,5 +148,68 @@ func TestBuiltinSharedDirProcesses(t *testing.T) {
 		if outs[i] != outs[0] {
 			t.Errorf("process %d loaded %s; process 0 loaded %s", i, outs[i], outs[0])
 		}
+	}
+}
+
+// writeCACerts writes Istio's cacerts layout for inter, an intermediate of root, to a fresh
+// directory and returns it.
+func writeCACerts(t *testing.T, root, inter *catest.Root) string {
+	t.Helper()
+	keyDER, err := x509.MarshalECPrivateKey(inter.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for name, data := range map[string][]byte{
+		ca.CACertFile:    inter.PEM(),
+		ca.CAKeyFile:     pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+		ca.RootCertFile:  root.PEM(),
+		ca.CertChainFile: append(inter.PEM(), root.PEM()...),
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// TestBuiltinShortLivedCA: with a CA certificate valid for one more hour (cert-manager and
+// istio-csr rotate intermediates that often) and SECRET_TTL 24h, leaves end when the CA
+// does, with one warning saying so; once the CA has expired, fetches fail naming it.
+func TestBuiltinShortLivedCA(t *testing.T) {
+	var logs bytes.Buffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+
+	root := catest.NewRoot(t, "root")
+	now := time.Now()
+	inter := root.Intermediate(t, "hourly", now.Add(-time.Minute), now.Add(time.Hour))
+	c, err := ca.NewBuiltin(writeCACerts(t, root, inter), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []identity.ID{idA, idB} {
+		iss, err := c.Fetch(context.Background(), id)
+		if err != nil {
+			t.Fatalf("fetch %s with a one-hour CA: %v", id, err)
+		}
+		if got := iss.Certificate.Leaf.NotAfter; !got.Equal(inter.Cert.NotAfter) {
+			t.Errorf("leaf NotAfter = %v; want the CA's %v", got, inter.Cert.NotAfter)
+		}
+	}
+	if n := strings.Count(logs.String(), "level=WARN"); n != 1 || !strings.Contains(logs.String(), "SECRET_TTL") {
+		t.Errorf("log after two capped leaves:\n%s\nwant one WARN naming SECRET_TTL", logs.String())
+	}
+
+	old := root.Intermediate(t, "expired", now.Add(-2*time.Hour), now.Add(-time.Minute))
+	c, err = ca.NewBuiltin(writeCACerts(t, root, old), 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Fetch(context.Background(), idA)
+	want := "CA chain expired at " + old.Cert.NotAfter.UTC().Format(time.RFC3339)
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "CN=expired") {
+		t.Fatalf("fetch with an expired CA: err = %v; want %q naming CN=expired", err, want)
 	}
 }
