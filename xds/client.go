@@ -40,6 +40,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/gozt/gozt/internal/token"
 	"github.com/gozt/gozt/xds/state"
 	"github.com/gozt/gozt/xds/xdspb"
 	"github.com/gozt/gozt/xds/xdspb/discoverypb"
@@ -77,7 +78,8 @@ type Config struct {
 	RootCA string
 	// AltHostname, when set, is the server name verified instead of the address's host.
 	AltHostname string
-	// TokenFile holds a bearer token sent as "authorization: Bearer ..."; re-read each connect.
+	// TokenFile holds a bearer token sent as "authorization: Bearer ..."; re-read each
+	// connect. A file that does not exist means no token (and one WARN).
 	TokenFile string
 	// ClusterID is sent as the "clusterid" header (default DefaultClusterID).
 	ClusterID string
@@ -149,6 +151,7 @@ type Client struct {
 	metrics *clientMetrics
 	creds   credentials.TransportCredentials
 	target  string
+	token   *token.File
 
 	synced     chan struct{}
 	syncedOnce sync.Once
@@ -182,9 +185,10 @@ func NewClient(cfg Config, store *state.Store, reg prometheus.Registerer) (*Clie
 	if err != nil {
 		return nil, err
 	}
+	log := cfg.Logger.With("component", "xds")
 	return &Client{
-		cfg: cfg, store: store, log: cfg.Logger.With("component", "xds"), metrics: m,
-		creds: creds, target: target,
+		cfg: cfg, store: store, log: log, metrics: m,
+		creds: creds, target: target, token: token.NewFile(cfg.TokenFile, log),
 		synced:   make(chan struct{}),
 		versions: map[string]map[string]string{xdspb.AddressType: {}, xdspb.AuthorizationType: {}},
 		demanded: make(map[string]struct{}),
@@ -343,14 +347,12 @@ func (c *Client) outgoingMD(ctx context.Context) (context.Context, error) {
 	for k, v := range c.cfg.Headers {
 		md.Append(strings.ToLower(k), v)
 	}
-	if c.cfg.TokenFile != "" {
-		tok, err := os.ReadFile(c.cfg.TokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("xds: token: %w", err)
-		}
-		if t := strings.TrimSpace(string(tok)); t != "" {
-			md.Set("authorization", "Bearer "+t)
-		}
+	auth, err := c.token.Authorization()
+	if err != nil {
+		return nil, fmt.Errorf("xds: token: %w", err)
+	}
+	if auth != "" {
+		md.Set("authorization", auth)
 	}
 	return metadata.NewOutgoingContext(ctx, md), nil
 }

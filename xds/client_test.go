@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/netip"
@@ -16,6 +17,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -530,5 +532,88 @@ func TestClientReconnectAfterCleanEnd(t *testing.T) {
 	}
 	if got := counterValue(c.metrics.terminations.WithLabelValues(reasonComplete)); got != 1 {
 		t.Errorf("terminations{Complete} = %v; want 1", got)
+	}
+}
+
+// logRecorder is a slog.Handler keeping every record, for tests that count log lines.
+type logRecorder struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logRecorder) WithGroup(string) slog.Handler            { return l }
+func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	l.records = append(l.records, r.Clone())
+	l.mu.Unlock()
+	return nil
+}
+
+// lines returns the records at level as "message attr=value ..." strings.
+func (l *logRecorder) lines(level slog.Level) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, r := range l.records {
+		if r.Level != level {
+			continue
+		}
+		s := r.Message
+		r.Attrs(func(a slog.Attr) bool { s += " " + a.String(); return true })
+		out = append(out, s)
+	}
+	return out
+}
+
+// TestClientTokenFile: AUTH_TOKEN is "ignored if missing", as the help says: with no file
+// the stream opens without authorization (istiod's plaintext 15010 asks for none) and one
+// WARN names the path; a path that exists but cannot be read is an error.
+func TestClientTokenFile(t *testing.T) {
+	leaktest.Check(t)
+	srv := startADS(t, "127.0.0.1:0")
+	tok := filepath.Join(t.TempDir(), "istio-token")
+	logs := &logRecorder{}
+	c, err := NewClient(Config{Address: "http://" + srv.addr, TokenFile: tok, Logger: slog.New(logs)}, state.NewStore(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, c)
+	srv.stream(t)
+	if got := (<-srv.md).Get("authorization"); len(got) != 0 {
+		t.Errorf("authorization = %q with no token file; want none", got)
+	}
+	if w := logs.lines(slog.LevelWarn); len(w) != 1 || !strings.Contains(w[0], tok) {
+		t.Errorf("warnings = %q; want one naming %s", w, tok)
+	}
+
+	if err := os.WriteFile(tok, []byte("tok-1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv.end <- struct{}{} // the client reconnects at once and reads the token again
+	srv.stream(t)
+	if got := (<-srv.md).Get("authorization"); slices.Compare(got, []string{"Bearer tok-1"}) != 0 {
+		t.Errorf("authorization = %q once the file exists; want Bearer tok-1", got)
+	}
+
+	if err := os.Remove(tok); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(tok, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	srv.end <- struct{}{}
+	deadline := time.Now().Add(waitFor)
+	for !slices.ContainsFunc(logs.lines(slog.LevelWarn), func(l string) bool { return strings.Contains(l, "xds: token") && strings.Contains(l, "is a directory") }) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no token read error logged for a directory; warnings: %q", logs.lines(slog.LevelWarn))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	select {
+	case <-srv.streams:
+		t.Error("stream opened with an unreadable token file")
+	default:
 	}
 }

@@ -62,7 +62,7 @@ type Config struct {
 	Address      string            // CA_ADDRESS [https://localhost:15012]; http:// means plaintext
 	RootCA       string            // CA_ROOT_CA [./var/run/secrets/istio/root-cert.pem]: path, "SYSTEM", or inline PEM; a file is re-checked on every fetch
 	AltHostname  string            // ALT_CA_HOSTNAME: name to verify the CA's certificate against instead of the address host
-	TokenFile    string            // AUTH_TOKEN path (re-read every call), empty = no token
+	TokenFile    string            // AUTH_TOKEN path (re-read every call); empty or a file that does not exist = no token
 	ClusterID    string            // CLUSTER_ID [Kubernetes]
 	Headers      map[string]string // CA_HEADER_*
 	SecretTTL    time.Duration     // SECRET_TTL [24h]

@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/gozt/gozt/identity"
 	pb "github.com/gozt/gozt/identity/ca/capb"
+	"github.com/gozt/gozt/internal/token"
 )
 
 // istioClient speaks istio.v1.auth.IstioCertificateService. The gRPC channel is rebuilt when
@@ -33,6 +35,7 @@ type istioClient struct {
 	target    string // host:port
 	plaintext bool
 	rootFile  string // "" unless CA_ROOT_CA names a file
+	token     *token.File
 
 	mu       sync.Mutex
 	conn     *grpc.ClientConn
@@ -62,7 +65,10 @@ func newIstio(cfg Config) (*istioClient, error) {
 	if u.Port() == "" {
 		host = net.JoinHostPort(u.Hostname(), "15012")
 	}
-	c := &istioClient{cfg: cfg, target: host, plaintext: u.Scheme == "http"}
+	c := &istioClient{
+		cfg: cfg, target: host, plaintext: u.Scheme == "http",
+		token: token.NewFile(cfg.TokenFile, slog.Default().With("component", "ca")),
+	}
 	if !c.plaintext && cfg.RootCA != "SYSTEM" && !strings.Contains(cfg.RootCA, "-----BEGIN") {
 		c.rootFile = cfg.RootCA
 	}
@@ -146,12 +152,12 @@ func (c *istioClient) Fetch(ctx context.Context, id identity.ID) (*Issued, error
 	for k, v := range c.cfg.Headers {
 		md.Set(k, v)
 	}
-	if c.cfg.TokenFile != "" {
-		tok, err := os.ReadFile(c.cfg.TokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("ca: AUTH_TOKEN: %w", err)
-		}
-		md.Set("authorization", "Bearer "+strings.TrimSpace(string(tok)))
+	auth, err := c.token.Authorization()
+	if err != nil {
+		return nil, fmt.Errorf("ca: AUTH_TOKEN: %w", err)
+	}
+	if auth != "" {
+		md.Set("authorization", auth)
 	}
 	key, err := newKey()
 	if err != nil {

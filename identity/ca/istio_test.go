@@ -105,11 +105,43 @@ func TestIstioIssue(t *testing.T) {
 	if got := srv.Requests()[1].MD.Get("authorization"); len(got) != 1 || got[0] != "Bearer tok2" {
 		t.Errorf("after token change authorization = %q; want Bearer tok2", got)
 	}
+}
 
-	// A missing token file is an error naming the variable, not an unauthenticated call.
-	os.Remove(tok)
-	if _, err := fetch(t, c, idB); err == nil || !strings.Contains(err.Error(), "AUTH_TOKEN") {
-		t.Errorf("fetch without token file: err = %v; want AUTH_TOKEN error", err)
+// TestIstioTokenFile: AUTH_TOKEN is "ignored if missing", as the help says: no file means a
+// call without authorization (a CA on its plaintext port asks for none); a path that exists
+// but cannot be read is an error naming the variable.
+func TestIstioTokenFile(t *testing.T) {
+	leaktest.Check(t)
+	srv := catest.StartIstio(t, catest.NewRoot(t, "root"), nil)
+	tok := filepath.Join(t.TempDir(), "token")
+	c := newClient(t, ca.Config{Provider: "istio", Address: "http://" + srv.Addr, TokenFile: tok})
+	if _, err := fetch(t, c, idA); err != nil {
+		t.Fatalf("fetch without a token file: %v", err)
+	}
+	if got := srv.Requests()[0].MD.Get("authorization"); len(got) != 0 {
+		t.Errorf("authorization = %q with no token file; want none", got)
+	}
+	if err := os.WriteFile(tok, []byte("tok1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fetch(t, c, idA); err != nil {
+		t.Fatal(err)
+	}
+	if got := srv.Requests()[1].MD.Get("authorization"); len(got) != 1 || got[0] != "Bearer tok1" {
+		t.Errorf("authorization = %q once the file exists; want Bearer tok1", got)
+	}
+	if err := os.Remove(tok); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(tok, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	_, err := fetch(t, c, idA)
+	if err == nil || !strings.Contains(err.Error(), "AUTH_TOKEN") || !strings.Contains(err.Error(), "is a directory") {
+		t.Errorf("token path is a directory: err = %v; want an AUTH_TOKEN read error", err)
+	}
+	if n := len(srv.Requests()); n != 2 {
+		t.Errorf("server saw %d requests; want none with an unreadable token", n)
 	}
 }
 
