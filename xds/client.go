@@ -93,6 +93,9 @@ type Config struct {
 	OnDemand bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// OnError, if set, is called by Run with the error that ended each failed stream (a
+	// node's readiness shows it).
+	OnError func(error)
 }
 
 type clientMetrics struct {
@@ -263,12 +266,15 @@ func loadRoots(rootCA string) (*x509.CertPool, error) {
 func (c *Client) Synced() <-chan struct{} { return c.synced }
 
 // Run connects, streams and reconnects with ztunnel's backoff until ctx ends; it then returns
-// nil. The Store keeps the last good state while disconnected.
+// nil. The Store keeps the last good state while disconnected. A stream ending as the one
+// before it did, with no response in between, is logged at DEBUG, not WARN: a control
+// plane that stays down is one WARN, not one per retry.
 func (c *Client) Run(ctx context.Context) error {
 	backoff := backoffInitial
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	<-timer.C
+	var warned string // the last error logged at WARN
 	for {
 		gotResponse, err := c.runStream(ctx)
 		if ctx.Err() != nil {
@@ -276,13 +282,23 @@ func (c *Client) Run(ctx context.Context) error {
 		}
 		if gotResponse {
 			backoff = backoffInitial
+			warned = ""
 		}
 		reason, delay := classify(err, gotResponse, backoff)
 		if delay == backoff {
 			backoff = min(backoff*2, backoffMax)
 		}
 		c.metrics.terminations.WithLabelValues(reason).Inc()
-		c.log.Warn("xds stream ended", "reason", reason, "error", err, "retry_in", delay)
+		if reason != reasonComplete && c.cfg.OnError != nil {
+			c.cfg.OnError(err)
+		}
+		level := slog.LevelWarn
+		if msg := fmt.Sprint(err); msg == warned {
+			level = slog.LevelDebug
+		} else {
+			warned = msg
+		}
+		c.log.Log(ctx, level, "xds stream ended", "reason", reason, "error", err, "retry_in", delay)
 		timer.Reset(delay)
 		select {
 		case <-ctx.Done():

@@ -617,3 +617,43 @@ func TestClientTokenFile(t *testing.T) {
 	default:
 	}
 }
+
+// TestClientWarnsOncePerError: a control plane that stays unreachable is one WARN, not one
+// per retry; every failed attempt still reaches OnError (readiness shows the latest).
+func TestClientWarnsOncePerError(t *testing.T) {
+	leaktest.Check(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	logs := &logRecorder{}
+	errs := make(chan error, 100)
+	c, err := NewClient(Config{
+		Address: "http://" + dead, Logger: slog.New(logs),
+		OnError: func(err error) {
+			select {
+			case errs <- err:
+			default:
+			}
+		},
+	}, state.NewStore(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, c)
+	for i := range 4 { // retries 10, 20, 40 ms apart
+		select {
+		case err := <-errs:
+			if !strings.Contains(err.Error(), dead) {
+				t.Errorf("OnError(%v); want the connect error naming %s", err, dead)
+			}
+		case <-time.After(waitFor):
+			t.Fatalf("OnError called %d times; want 4", i)
+		}
+	}
+	if w := logs.lines(slog.LevelWarn); len(w) != 1 {
+		t.Errorf("%d WARNs after 4 failed attempts with the same error; want 1:\n%s", len(w), strings.Join(w, "\n"))
+	}
+}
