@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -32,6 +31,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/logtest"
 	"github.com/gozt/gozt/xds/state"
 	"github.com/gozt/gozt/xds/xdspb"
 	"github.com/gozt/gozt/xds/xdspb/discoverypb"
@@ -535,38 +535,6 @@ func TestClientReconnectAfterCleanEnd(t *testing.T) {
 	}
 }
 
-// logRecorder is a slog.Handler keeping every record, for tests that count log lines.
-type logRecorder struct {
-	mu      sync.Mutex
-	records []slog.Record
-}
-
-func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l *logRecorder) WithGroup(string) slog.Handler            { return l }
-func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
-	l.mu.Lock()
-	l.records = append(l.records, r.Clone())
-	l.mu.Unlock()
-	return nil
-}
-
-// lines returns the records at level as "message attr=value ..." strings.
-func (l *logRecorder) lines(level slog.Level) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for _, r := range l.records {
-		if r.Level != level {
-			continue
-		}
-		s := r.Message
-		r.Attrs(func(a slog.Attr) bool { s += " " + a.String(); return true })
-		out = append(out, s)
-	}
-	return out
-}
-
 // TestClientTokenFile: AUTH_TOKEN is "ignored if missing", as the help says: with no file
 // the stream opens without authorization (istiod's plaintext 15010 asks for none) and one
 // WARN names the path; a path that exists but cannot be read is an error.
@@ -574,8 +542,8 @@ func TestClientTokenFile(t *testing.T) {
 	leaktest.Check(t)
 	srv := startADS(t, "127.0.0.1:0")
 	tok := filepath.Join(t.TempDir(), "istio-token")
-	logs := &logRecorder{}
-	c, err := NewClient(Config{Address: "http://" + srv.addr, TokenFile: tok, Logger: slog.New(logs)}, state.NewStore(), nil)
+	logs := &logtest.Recorder{}
+	c, err := NewClient(Config{Address: "http://" + srv.addr, TokenFile: tok, Logger: logs.Logger()}, state.NewStore(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -584,7 +552,7 @@ func TestClientTokenFile(t *testing.T) {
 	if got := (<-srv.md).Get("authorization"); len(got) != 0 {
 		t.Errorf("authorization = %q with no token file; want none", got)
 	}
-	if w := logs.lines(slog.LevelWarn); len(w) != 1 || !strings.Contains(w[0], tok) {
+	if w := logs.Lines(slog.LevelWarn); len(w) != 1 || !strings.Contains(w[0], tok) {
 		t.Errorf("warnings = %q; want one naming %s", w, tok)
 	}
 
@@ -605,9 +573,9 @@ func TestClientTokenFile(t *testing.T) {
 	}
 	srv.end <- struct{}{}
 	deadline := time.Now().Add(waitFor)
-	for !slices.ContainsFunc(logs.lines(slog.LevelWarn), func(l string) bool { return strings.Contains(l, "xds: token") && strings.Contains(l, "is a directory") }) {
+	for !slices.ContainsFunc(logs.Lines(slog.LevelWarn), func(l string) bool { return strings.Contains(l, "xds: token") && strings.Contains(l, "is a directory") }) {
 		if time.Now().After(deadline) {
-			t.Fatalf("no token read error logged for a directory; warnings: %q", logs.lines(slog.LevelWarn))
+			t.Fatalf("no token read error logged for a directory; warnings: %q", logs.Lines(slog.LevelWarn))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -628,10 +596,10 @@ func TestClientWarnsOncePerError(t *testing.T) {
 	}
 	dead := ln.Addr().String()
 	ln.Close()
-	logs := &logRecorder{}
+	logs := &logtest.Recorder{}
 	errs := make(chan error, 100)
 	c, err := NewClient(Config{
-		Address: "http://" + dead, Logger: slog.New(logs),
+		Address: "http://" + dead, Logger: logs.Logger(),
 		OnError: func(err error) {
 			select {
 			case errs <- err:
@@ -653,7 +621,7 @@ func TestClientWarnsOncePerError(t *testing.T) {
 			t.Fatalf("OnError called %d times; want 4", i)
 		}
 	}
-	if w := logs.lines(slog.LevelWarn); len(w) != 1 {
+	if w := logs.Lines(slog.LevelWarn); len(w) != 1 {
 		t.Errorf("%d WARNs after 4 failed attempts with the same error; want 1:\n%s", len(w), strings.Join(w, "\n"))
 	}
 }
