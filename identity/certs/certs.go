@@ -28,6 +28,7 @@ type Config struct {
 	FetchTimeout time.Duration // [10s] how long Certificate waits for a first fetch
 	MaxInflight  int           // [8] CSRs in flight at once
 	PQCOnly      bool          // COMPLIANCE_POLICY=pqc: key exchange X25519MLKEM768 only, no X25519 fallback
+	Logger       *slog.Logger  // [slog.Default()]
 }
 
 // Backoff bounds for a failing fetch: start, factor 2, ±20% jitter, cap.
@@ -98,6 +99,9 @@ func New(cfg Config, c ca.Client) *Manager {
 	}
 	if cfg.MaxInflight <= 0 {
 		cfg.MaxInflight = 8
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
@@ -293,7 +297,7 @@ func (m *Manager) fetch(e *entry, w *waiter) {
 			}
 		}
 		if err == nil {
-			slog.Debug("certs: fetched", "identity", e.id, "took", time.Since(start), "notAfter", iss.NotAfter)
+			m.cfg.Logger.Debug("certs: fetched", "identity", e.id, "took", time.Since(start), "notAfter", iss.NotAfter)
 		}
 	}
 
@@ -304,6 +308,12 @@ func (m *Manager) fetch(e *entry, w *waiter) {
 		e.cur, e.err, e.backoff = newHeld(iss), nil, 0
 		m.scheduleLocked(e, refreshIn(iss, now), false)
 	} else {
+		// A retry failing as the last attempt did is DEBUG: a CA that stays down is one
+		// WARN per identity, not one per retry.
+		level := slog.LevelWarn
+		if e.err != nil && e.err.Error() == err.Error() {
+			level = slog.LevelDebug
+		}
 		e.err = err
 		if e.backoff == 0 {
 			e.backoff = backoffStart
@@ -312,7 +322,7 @@ func (m *Manager) fetch(e *entry, w *waiter) {
 		}
 		d := jitter(e.backoff)
 		if m.ctx.Err() == nil {
-			slog.Warn("certs: fetch failed", "identity", e.id, "err", err, "retryIn", d, "serving", e.cur.valid(now))
+			m.cfg.Logger.Log(m.ctx, level, "certs: fetch failed", "identity", e.id, "err", err, "retryIn", d, "serving", e.cur.valid(now))
 		}
 		m.scheduleLocked(e, d, true)
 	}

@@ -3,6 +3,7 @@ package certs_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/gozt/gozt/identity/ca/catest"
 	"github.com/gozt/gozt/identity/certs"
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/logtest"
 )
 
 var (
@@ -467,6 +469,45 @@ func TestCertificatePastHalfLifeOnArrival(t *testing.T) {
 		synctest.Wait()
 		if n := len(g.callTimes()); n != calls {
 			t.Errorf("%d more fetches within 800 ms of an expired certificate; want retries to back off", n-calls)
+		}
+	})
+}
+
+// TestWarnOncePerError: a CA failing the same way on every retry is one WARN, not one per
+// retry; a different error, or a failure after a success, warns again.
+func TestWarnOncePerError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGated(t, time.Hour)
+		g.set(errDown, nil)
+		logs := &logtest.Recorder{}
+		m := certs.New(certs.Config{Logger: logs.Logger()}, g)
+		defer m.Close()
+		warns := func() int { return len(logs.Lines(slog.LevelWarn)) }
+		m.Prefetch(idA)
+		time.Sleep(8 * time.Second) // retries after 1, 2 and 4 s (±20%)
+		synctest.Wait()
+		if n := len(g.callTimes()); n < 3 {
+			t.Fatalf("%d fetches in 8 s; want at least 3", n)
+		}
+		if n := warns(); n != 1 {
+			t.Errorf("%d WARNs for %d failures with one error; want 1:\n%s", n, len(g.callTimes()), strings.Join(logs.Lines(slog.LevelWarn), "\n"))
+		}
+
+		g.set(errors.New("gated: another error"), nil)
+		time.Sleep(20 * time.Second)
+		synctest.Wait()
+		if n := warns(); n != 2 {
+			t.Errorf("%d WARNs after the error changed; want 2", n)
+		}
+
+		g.set(nil, nil)
+		time.Sleep(40 * time.Second) // past the longest backoff so far
+		mustCert(t, m, idA)
+		g.set(errDown, nil)
+		time.Sleep(31 * time.Minute) // the refresh at half-life fails
+		synctest.Wait()
+		if n := warns(); n != 3 {
+			t.Errorf("%d WARNs after a failure following a success; want 3", n)
 		}
 	})
 }
