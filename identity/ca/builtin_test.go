@@ -90,7 +90,7 @@ func TestBuiltinSharedDir(t *testing.T) {
 func TestBuiltinPluggedCerts(t *testing.T) {
 	root := catest.NewRoot(t, "root")
 	inter := root.Intermediate(t, "intermediate", time.Now().Add(-time.Hour), time.Now().Add(48*time.Hour))
-	dir := writeCACerts(t, root, inter)
+	dir := inter.WriteCACerts(t)
 	c, err := ca.NewBuiltin(dir, time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -151,28 +151,6 @@ func TestBuiltinSharedDirProcesses(t *testing.T) {
 	}
 }
 
-// writeCACerts writes Istio's cacerts layout for inter, an intermediate of root, to a fresh
-// directory and returns it.
-func writeCACerts(t *testing.T, root, inter *catest.Root) string {
-	t.Helper()
-	keyDER, err := x509.MarshalECPrivateKey(inter.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	for name, data := range map[string][]byte{
-		ca.CACertFile:    inter.PEM(),
-		ca.CAKeyFile:     pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
-		ca.RootCertFile:  root.PEM(),
-		ca.CertChainFile: append(inter.PEM(), root.PEM()...),
-	} {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
-
 // TestBuiltinShortLivedCA: with a CA certificate valid for one more hour (cert-manager and
 // istio-csr rotate intermediates that often) and SECRET_TTL 24h, leaves end when the CA
 // does, with one warning saying so; once the CA has expired, fetches fail naming it.
@@ -185,7 +163,7 @@ func TestBuiltinShortLivedCA(t *testing.T) {
 	root := catest.NewRoot(t, "root")
 	now := time.Now()
 	inter := root.Intermediate(t, "hourly", now.Add(-time.Minute), now.Add(time.Hour))
-	c, err := ca.NewBuiltin(writeCACerts(t, root, inter), 24*time.Hour)
+	c, err := ca.NewBuiltin(inter.WriteCACerts(t), 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +181,7 @@ func TestBuiltinShortLivedCA(t *testing.T) {
 	}
 
 	old := root.Intermediate(t, "expired", now.Add(-2*time.Hour), now.Add(-time.Minute))
-	c, err = ca.NewBuiltin(writeCACerts(t, root, old), 24*time.Hour)
+	c, err = ca.NewBuiltin(old.WriteCACerts(t), 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,8 @@ import (
 	"math/big"
 	"net"
 	"net/url"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -101,6 +103,34 @@ func (r *Root) chain() (inter []*x509.Certificate, top *Root) {
 		inter = append(inter, top.Cert)
 	}
 	return inter, top
+}
+
+// WriteCACerts writes Istio's cacerts layout for r (ca-cert.pem and ca-key.pem; its chain
+// up to the self-signed top in cert-chain.pem; the top in root-cert.pem) to a fresh
+// directory and returns it.
+func (r *Root) WriteCACerts(tb testing.TB) string {
+	tb.Helper()
+	key, err := x509.MarshalECPrivateKey(r.Key)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	inter, top := r.chain()
+	chain := ""
+	for _, c := range append(inter, top.Cert) {
+		chain += certPEM(c)
+	}
+	dir := tb.TempDir()
+	for name, data := range map[string]string{
+		ca.CACertFile:    certPEM(r.Cert),
+		ca.CAKeyFile:     string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: key})),
+		ca.RootCertFile:  certPEM(top.Cert),
+		ca.CertChainFile: chain,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o600); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return dir
 }
 
 func serial() *big.Int {
