@@ -5,25 +5,27 @@ import (
 	"fmt"
 	"html"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/pprof"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 )
 
-// readiness tracks the start-up tasks that must finish before the node reports ready.
+// readiness tracks the start-up tasks that must finish before the node reports ready, and
+// why each one has not: /healthz/ready lists the pending tasks, then each one's last error.
 type readiness struct {
 	mu      sync.Mutex
-	pending map[string]bool
+	pending map[string]error // guarded by mu: pending task -> its last error, nil if none yet
 }
 
-func newReadiness() *readiness { return &readiness{pending: map[string]bool{}} }
+func newReadiness() *readiness { return &readiness{pending: map[string]error{}} }
 
 // add registers a task; done clears it. A task that is never added is never waited for.
 func (r *readiness) add(task string) {
 	r.mu.Lock()
-	r.pending[task] = true
+	r.pending[task] = nil
 	r.mu.Unlock()
 }
 
@@ -33,15 +35,34 @@ func (r *readiness) done(task string) {
 	r.mu.Unlock()
 }
 
-func (r *readiness) pendingTasks() []string {
+// failed records err as why task is still pending; a task that is done stays done.
+func (r *readiness) failed(task string, err error) {
+	r.mu.Lock()
+	if _, ok := r.pending[task]; ok {
+		r.pending[task] = err
+	}
+	r.mu.Unlock()
+}
+
+// report is what /healthz/ready answers while tasks are pending ("" when none are): the
+// line Istio's ztunnel writes, then "task: error" for each line of each task's last error.
+func (r *readiness) report() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []string
-	for t := range r.pending {
-		out = append(out, t)
+	if len(r.pending) == 0 {
+		return ""
 	}
-	sort.Strings(out)
-	return out
+	tasks := slices.Sorted(maps.Keys(r.pending))
+	var b strings.Builder
+	fmt.Fprintf(&b, "not ready, pending: %s\n", strings.Join(tasks, ", "))
+	for _, t := range tasks {
+		if err := r.pending[t]; err != nil {
+			for line := range strings.Lines(err.Error()) {
+				fmt.Fprintf(&b, "%s: %s\n", t, strings.TrimSuffix(line, "\n"))
+			}
+		}
+	}
+	return b.String()
 }
 
 func (r *readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
@@ -49,9 +70,9 @@ func (r *readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		http.NotFound(w, req)
 		return
 	}
-	if p := r.pendingTasks(); len(p) > 0 {
+	if p := r.report(); p != "" {
 		w.WriteHeader(http.StatusInternalServerError)
-		fmt.Fprintf(w, "not ready, pending: %s\n", strings.Join(p, ", "))
+		fmt.Fprint(w, p)
 		return
 	}
 	fmt.Fprint(w, "ready\n")

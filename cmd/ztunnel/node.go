@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -177,7 +179,9 @@ func (n *node) startConfigSources(goBG func(string, func(context.Context) error)
 		goBG("local config", local.Run)
 	}
 	if cfg.XDSAddress != "" {
-		client, err := xds.NewClient(xdsConfig(cfg), n.store, n.registry)
+		xc := xdsConfig(cfg)
+		xc.OnError = func(err error) { n.ready.failed(taskState, err) }
+		client, err := xds.NewClient(xc, n.store, n.registry)
 		if err != nil {
 			return fmt.Errorf("XDS_ADDRESS: %w", err)
 		}
@@ -231,16 +235,18 @@ func (n *node) startHTTP() ([]*http.Server, error) {
 
 // prefetchCertificates keeps a certificate ready for every workload this node serves:
 // fetched when the workload appears, forgotten when the last one with that identity goes.
-// The node is ready once the current set has been fetched; failures are retried every 5s.
+// The node is ready once the current set has been fetched; failures are retried every 5s
+// and shown at readiness (the certificate manager logs them).
 func (n *node) prefetchCertificates(ctx context.Context) error {
 	have := map[identity.ID]bool{}
 	changes := n.store.Subscribe(ctx)
 	for {
 		var retry <-chan time.Time
-		if n.syncCertificates(ctx, have) {
-			n.ready.done(taskCerts)
-		} else {
+		if err := n.syncCertificates(ctx, have); err != nil {
+			n.ready.failed(taskCerts, err)
 			retry = time.After(5 * time.Second)
+		} else {
+			n.ready.done(taskCerts)
 		}
 		select {
 		case _, open := <-changes:
@@ -252,9 +258,9 @@ func (n *node) prefetchCertificates(ctx context.Context) error {
 	}
 }
 
-// syncCertificates prefetches new identities, forgets gone ones and reports whether every
-// wanted certificate is available.
-func (n *node) syncCertificates(ctx context.Context, have map[identity.ID]bool) bool {
+// syncCertificates prefetches new identities, forgets gone ones and returns why a wanted
+// certificate is not available, nil when every one is.
+func (n *node) syncCertificates(ctx context.Context, have map[identity.ID]bool) error {
 	want := map[identity.ID]bool{}
 	for _, w := range n.localWorkloads() {
 		if w.Protocol == state.TunnelHBONE || w.NativeTunnel {
@@ -267,21 +273,23 @@ func (n *node) syncCertificates(ctx context.Context, have map[identity.ID]bool) 
 			delete(have, id)
 		}
 	}
-	// A dedicated proxy is not ready until its workload is known.
-	ok := len(want) > 0 || n.cfg.ProxyMode == "shared"
-	for id := range want {
+	var errs []error
+	if len(want) == 0 && n.cfg.ProxyMode == "dedicated" {
+		errs = append(errs, fmt.Errorf("no HBONE workload %s (PROXY_WORKLOAD_INFO) in the workload store yet", n.cfg.ProxyWorkloadInfo))
+	}
+	byName := func(a, b identity.ID) int { return strings.Compare(a.String(), b.String()) }
+	for _, id := range slices.SortedFunc(maps.Keys(want), byName) {
 		if !have[id] {
 			n.certs.Prefetch(id)
 			have[id] = true
 		}
 		fetchCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		if _, err := n.certs.Certificate(fetchCtx, id); err != nil {
-			slog.Warn("certificate not ready", "identity", id, "err", err)
-			ok = false
+			errs = append(errs, err)
 		}
 		cancel()
 	}
-	return ok
+	return errors.Join(errs...)
 }
 
 // localWorkloads are the workloads this node proxies.

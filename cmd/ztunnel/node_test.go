@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gozt/gozt/identity/ca/catest"
 	"github.com/gozt/gozt/internal/leaktest"
 )
 
@@ -118,5 +119,24 @@ func TestAdminReadinessStats(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("node did not stop after /quitquitquit")
+	}
+}
+
+// TestReadinessNamesCertificateError: a built-in CA whose certificate has expired keeps the
+// node unready, and /healthz/ready says so with the error, not only the task's name.
+func TestReadinessNamesCertificateError(t *testing.T) {
+	leaktest.Check(t)
+	root := catest.NewRoot(t, "root")
+	now := time.Now()
+	expired := root.Intermediate(t, "expired intermediate", now.Add(-2*time.Hour), now.Add(-time.Minute))
+	n, _ := startNode(t, testConfig(t, map[string]string{
+		"CA_DIR": expired.WriteCACerts(t), "INBOUND_ADDR": "127.0.0.1:0",
+		"PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": "default/local/default",
+	}))
+	want := "certificates: certs: spiffe://cluster.local/ns/default/sa/default"
+	code, body := waitReady(t, n, want)
+	if code != 500 || !strings.Contains(body, "pending: certificates\n") || !strings.Contains(body, want) ||
+		!strings.Contains(body, "CA chain expired at "+expired.Cert.NotAfter.UTC().Format(time.RFC3339)) {
+		t.Fatalf("readiness with an expired CA: %d %q; want 500 with the certificate's error", code, body)
 	}
 }

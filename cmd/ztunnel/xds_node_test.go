@@ -4,6 +4,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gozt/gozt/internal/leaktest"
 )
@@ -19,11 +20,27 @@ func TestNodeWaitsForControlPlane(t *testing.T) {
 	dead := ln.Addr().String()
 	ln.Close() // nothing listens here: the xDS client keeps retrying with backoff
 	n, _ := startNode(t, testConfig(t, map[string]string{"XDS_ADDRESS": "http://" + dead}))
-	code, body := get(t, "http://"+n.addrs["READINESS_ADDR"].String()+"/healthz/ready")
-	if code != 500 || !strings.Contains(body, "state manager") {
-		t.Fatalf("readiness with an unreachable control plane: %d %q; want 500 naming the state manager", code, body)
+	// Until the first attempt fails the task has no error yet; then it says why.
+	code, body := waitReady(t, n, "state manager: xds: connect: ")
+	if code != 500 || !strings.Contains(body, "pending: state manager\n") || !strings.Contains(body, dead+": connect: connection refused") {
+		t.Fatalf("readiness with an unreachable control plane: %d %q; want 500 naming the state manager and its error", code, body)
 	}
 	if n.xds == nil {
 		t.Fatal("node did not start an xDS client for XDS_ADDRESS")
+	}
+}
+
+// waitReady polls the node's /healthz/ready until its body contains want, and returns the
+// last answer.
+func waitReady(t *testing.T, n *node, want string) (int, string) {
+	t.Helper()
+	url := "http://" + n.addrs["READINESS_ADDR"].String() + "/healthz/ready"
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, body := get(t, url)
+		if strings.Contains(body, want) || time.Now().After(deadline) {
+			return code, body
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
