@@ -124,7 +124,9 @@ type localPolicy struct {
 	Rules     [][][]localMatch `yaml:"rules"`
 }
 
-// localStringMatch is {Exact: x}, {Prefix: x}, {Suffix: x} or the scalar Presence.
+// localStringMatch is {Exact: x}, {Prefix: x}, {Suffix: x}, or presence: the bare Presence
+// or {Presence: []}, the form the Rust ztunnel writes for its StringMatch::Presence() (and
+// istioctl prints back from /config_dump); {Presence: {}} is taken too.
 type localStringMatch struct{ m *securitypb.StringMatch }
 
 func (l *localStringMatch) UnmarshalYAML(n *yaml.Node) error {
@@ -133,18 +135,29 @@ func (l *localStringMatch) UnmarshalYAML(n *yaml.Node) error {
 		return nil
 	}
 	if n.Kind != yaml.MappingNode || len(n.Content) != 2 {
-		return fmt.Errorf("line %d: string match must be {Exact|Prefix|Suffix: value} or Presence", n.Line)
+		return fmt.Errorf("line %d: string match must be {Exact|Prefix|Suffix: value}, Presence or {Presence: []}", n.Line)
 	}
-	k, v := n.Content[0].Value, n.Content[1].Value
+	k, v := n.Content[0].Value, n.Content[1]
+	if k == "Presence" {
+		if (v.Kind != yaml.SequenceNode && v.Kind != yaml.MappingNode) || len(v.Content) > 0 {
+			return fmt.Errorf("line %d: Presence takes no value: write {Presence: []} or Presence", v.Line)
+		}
+		l.m = &securitypb.StringMatch{MatchType: &securitypb.StringMatch_Presence{}}
+		return nil
+	}
+	if k != "Exact" && k != "Prefix" && k != "Suffix" {
+		return fmt.Errorf("line %d: unknown string match %q (want Exact, Prefix, Suffix or Presence)", n.Line, k)
+	}
+	if v.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: %s takes a string", v.Line, k)
+	}
 	switch k {
 	case "Exact":
-		l.m = &securitypb.StringMatch{MatchType: &securitypb.StringMatch_Exact{Exact: v}}
+		l.m = &securitypb.StringMatch{MatchType: &securitypb.StringMatch_Exact{Exact: v.Value}}
 	case "Prefix":
-		l.m = &securitypb.StringMatch{MatchType: &securitypb.StringMatch_Prefix{Prefix: v}}
-	case "Suffix":
-		l.m = &securitypb.StringMatch{MatchType: &securitypb.StringMatch_Suffix{Suffix: v}}
+		l.m = &securitypb.StringMatch{MatchType: &securitypb.StringMatch_Prefix{Prefix: v.Value}}
 	default:
-		return fmt.Errorf("line %d: unknown string match %q (want Exact, Prefix, Suffix or Presence)", n.Line, k)
+		l.m = &securitypb.StringMatch{MatchType: &securitypb.StringMatch_Suffix{Suffix: v.Value}}
 	}
 	return nil
 }

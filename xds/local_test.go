@@ -137,6 +137,21 @@ func TestLocalFullShape(t *testing.T) {
 	}
 }
 
+// A presence match is the bare Presence or the Rust ztunnel's form, {Presence: []} (what
+// istioctl prints back from /config_dump); {Presence: {}} is taken too.
+func TestLocalPresenceForms(t *testing.T) {
+	for _, form := range []string{"Presence", "{Presence: []}", "{Presence: {}}"} {
+		b, err := ParseLocal("p.yaml", []byte("policies:\n  - name: p\n    rules: [[[ {notPrincipals: ["+form+"]} ]]]\n"))
+		if err != nil {
+			t.Errorf("%s: %v", form, err)
+			continue
+		}
+		if m := b.Policies[0].Rules[0].Clauses[0].Matches[0]; len(m.NotPrincipals) != 1 || m.NotPrincipals[0].Kind != state.MatchPresence {
+			t.Errorf("%s: match = %+v; want one presence", form, m)
+		}
+	}
+}
+
 func TestLocalErrors(t *testing.T) {
 	for _, tc := range []struct{ name, yaml, want string }{
 		{"unknown field", "workloads:\n  - name: a\n    colour: blue\n", "xds: bad.yaml: line 3: field colour not found in type"},
@@ -145,6 +160,8 @@ func TestLocalErrors(t *testing.T) {
 		{"bad vip", "services:\n  - hostname: h\n    vips: [\"nope\"]\n", `line 3: services[0].vips[0]: invalid address "nope"`},
 		{"missing hostname", "services:\n  - name: h\n    namespace: n\n", `line 2: services[0]: service "n/": hostname: empty`},
 		{"bad string match", "policies:\n  - name: p\n    rules: [[[ {namespaces: [{Regex: x}]} ]]]\n", `line 3: unknown string match "Regex"`},
+		{"presence with a value", "policies:\n  - name: p\n    rules: [[[ {principals: [{Presence: [x]}]} ]]]\n", `line 3: Presence takes no value`},
+		{"exact with a list", "policies:\n  - name: p\n    rules: [[[ {principals: [{Exact: [x]}]} ]]]\n", `line 3: Exact takes a string`},
 		{"bad policy cidr", "policies:\n  - name: p\n    rules:\n      - - - sourceIps: [10.0.0.0/99]\n", `line 4: policies[0].rules[0][0][0].sourceIps[0]: invalid CIDR`},
 		{"bad type", "workloads:\n  - name: a\n    capacity: lots\n", "line 3: cannot unmarshal"},
 		{"bad gateway", "workloads:\n  - name: a\n    waypoint: {destination: nowhere}\n", `line 3: workloads[0].waypoint: destination "nowhere"`},
