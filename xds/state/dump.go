@@ -102,7 +102,7 @@ type PolicyDump struct {
 	DryRun    bool            `json:"dryRun"`
 }
 
-// MatchDump is one Match in the dump (string matches as {"Exact": x} etc., like ztunnel).
+// MatchDump is one Match in the dump (string matches as {"Exact": x} ... or {"Presence": []}, like ztunnel).
 type MatchDump struct {
 	Namespaces          []any    `json:"namespaces,omitempty"`
 	NotNamespaces       []any    `json:"notNamespaces,omitempty"`
@@ -263,7 +263,10 @@ func stringMatchesDump(ms []StringMatch) []any {
 		case MatchSuffix:
 			out[i] = map[string]string{"Suffix": m.Value}
 		default:
-			out[i] = "Presence"
+			// {"Presence": []}, as serde writes the Rust ztunnel's StringMatch::Presence()
+			// tuple variant: istioctl reads it into its StringMatch's any-typed Presence
+			// field, where a bare "Presence" string fails to decode the whole dump.
+			out[i] = map[string][]string{"Presence": {}}
 		}
 	}
 	return out

@@ -45,7 +45,7 @@ func TestDumpJSON(t *testing.T) {
 		t.Errorf("vips = %v", svc["vips"])
 	}
 	js := string(b)
-	for _, frag := range []string{`"action":"Deny"`, `"scope":"Namespace"`, `"notPrincipals":["Presence"]`, `"destinationPorts":[80]`, `"ports":{"80":8080}`} {
+	for _, frag := range []string{`"action":"Deny"`, `"scope":"Namespace"`, `"notPrincipals":[{"Presence":[]}]`, `"destinationPorts":[80]`, `"ports":{"80":8080}`} {
 		if !strings.Contains(js, frag) {
 			t.Errorf("dump lacks %s: %s", frag, js)
 		}
