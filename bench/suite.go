@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -21,7 +22,7 @@ import (
 // baseline.
 type SuiteConfig struct {
 	Repo        string        // repository root; zero: found upward from the working directory
-	Ztunnel     string        // a built ztunnel binary; zero: go build ./cmd/ztunnel
+	Ztunnel     string        // a built ztunnel binary, checked before anything starts; zero: go build ./cmd/ztunnel
 	NoZtunnel   bool          // leave the ztunnel path (two nodes on loopback, SOCKS5) out
 	NoCapture   bool          // leave the network-namespace paths (capture and veth) out
 	Only        []string      // cases to run (rr, idle, pingpong, connrate, throughput/1, throughput/8; throughput is both); zero: all
@@ -85,6 +86,17 @@ func (cfg *SuiteConfig) setDefaults() error {
 			return err
 		}
 		cfg.Repo = repo
+	}
+	if cfg.Ztunnel != "" {
+		// Absolute: the nodes run it from other directories (ip netns exec, for capture).
+		bin, err := filepath.Abs(cfg.Ztunnel)
+		if err == nil {
+			_, err = exec.LookPath(bin)
+		}
+		if err != nil {
+			return fmt.Errorf("bench: suite: ztunnel binary: %w", err)
+		}
+		cfg.Ztunnel = bin
 	}
 	if cfg.PeersScript == "" {
 		cfg.PeersScript = filepath.Join(cfg.Repo, "..", "shared", "bench", "peers.sh")

@@ -155,3 +155,35 @@ func TestSuiteSmokePeers(t *testing.T) {
 		}
 	}
 }
+
+// A ztunnel binary given as a relative path is made absolute up front (the capture path runs
+// it from another directory), and one that cannot run stops the suite before anything starts.
+func TestSuiteZtunnelBinary(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	if err := os.Mkdir("bin", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, mode := range map[string]os.FileMode{"bin/ztunnel": 0o755, "bin/plain": 0o644} {
+		if err := os.WriteFile(name, []byte("#!/bin/sh\n"), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := SuiteConfig{Repo: dir, Ztunnel: "bin/ztunnel"}
+	if err := cfg.setDefaults(); err != nil || cfg.Ztunnel != filepath.Join(dir, "bin", "ztunnel") {
+		t.Errorf("ztunnel %q, err %v; want %s", cfg.Ztunnel, err, filepath.Join(dir, "bin", "ztunnel"))
+	}
+	for _, tc := range []struct{ bin, want string }{
+		{"bin/plain", "permission denied"},
+		{"bin/missing", "no such file or directory"},
+		{"bin", "is a directory"},
+	} {
+		cfg := smokeConfig(t)
+		cfg.Repo, cfg.Ztunnel = dir, tc.bin
+		rep, err := RunSuite(context.Background(), cfg)
+		if rep != nil || err == nil || !strings.HasPrefix(err.Error(), "bench: suite: ztunnel binary: ") ||
+			!strings.Contains(err.Error(), filepath.Join(dir, tc.bin)) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ztunnel %s: report %v, err %v; want no report and an error naming %s: %s", tc.bin, rep != nil, err, filepath.Join(dir, tc.bin), tc.want)
+		}
+	}
+}
