@@ -87,16 +87,22 @@ func (cfg *SuiteConfig) setDefaults() error {
 		}
 		cfg.Repo = repo
 	}
-	if cfg.Ztunnel != "" {
-		// Absolute: the nodes run it from other directories (ip netns exec, for capture).
-		bin, err := filepath.Abs(cfg.Ztunnel)
-		if err == nil {
-			_, err = exec.LookPath(bin)
+	// Absolute paths: the nodes run in other directories (the repository, the capture work
+	// directory, through ip netns exec) and are handed paths under Repo and WorkDir.
+	for _, p := range []*string{&cfg.Repo, &cfg.WorkDir, &cfg.Ztunnel} {
+		if *p == "" {
+			continue
 		}
+		abs, err := filepath.Abs(*p)
 		if err != nil {
+			return fmt.Errorf("bench: suite: %w", err)
+		}
+		*p = abs
+	}
+	if cfg.Ztunnel != "" {
+		if _, err := exec.LookPath(cfg.Ztunnel); err != nil {
 			return fmt.Errorf("bench: suite: ztunnel binary: %w", err)
 		}
-		cfg.Ztunnel = bin
 	}
 	if cfg.PeersScript == "" {
 		cfg.PeersScript = filepath.Join(cfg.Repo, "..", "shared", "bench", "peers.sh")

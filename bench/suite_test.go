@@ -156,9 +156,10 @@ func TestSuiteSmokePeers(t *testing.T) {
 	}
 }
 
-// A ztunnel binary given as a relative path is made absolute up front (the capture path runs
-// it from another directory), and one that cannot run stops the suite before anything starts.
-func TestSuiteZtunnelBinary(t *testing.T) {
+// Relative paths are made absolute up front (the nodes run in other directories and are
+// handed paths under Repo and WorkDir), and a ztunnel binary that cannot run stops the
+// suite before anything starts.
+func TestSuitePaths(t *testing.T) {
 	dir := t.TempDir()
 	t.Chdir(dir)
 	if err := os.Mkdir("bin", 0o755); err != nil {
@@ -169,9 +170,9 @@ func TestSuiteZtunnelBinary(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cfg := SuiteConfig{Repo: dir, Ztunnel: "bin/ztunnel"}
-	if err := cfg.setDefaults(); err != nil || cfg.Ztunnel != filepath.Join(dir, "bin", "ztunnel") {
-		t.Errorf("ztunnel %q, err %v; want %s", cfg.Ztunnel, err, filepath.Join(dir, "bin", "ztunnel"))
+	cfg := SuiteConfig{Repo: ".", WorkDir: "work", Ztunnel: "bin/ztunnel"}
+	if err := cfg.setDefaults(); err != nil || cfg.Repo != dir || cfg.WorkDir != filepath.Join(dir, "work") || cfg.Ztunnel != filepath.Join(dir, "bin", "ztunnel") {
+		t.Errorf("repo %q, workdir %q, ztunnel %q, err %v; want all under %s", cfg.Repo, cfg.WorkDir, cfg.Ztunnel, err, dir)
 	}
 	for _, tc := range []struct{ bin, want string }{
 		{"bin/plain", "permission denied"},
