@@ -217,12 +217,18 @@ func newFixedCA(t *testing.T, id identity.ID) fixedCA {
 	if err != nil {
 		t.Fatal(err)
 	}
-	root, _ := x509.ParseCertificate(rootDER)
+	root, err := x509.ParseCertificate(rootDER)
+	if err != nil {
+		t.Fatal(err)
+	}
 	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, root, leafKey.Public(), rootKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaf, _ := x509.ParseCertificate(leafDER)
+	leaf, err := x509.ParseCertificate(leafDER)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return fixedCA{&ca.Issued{
 		Certificate: tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: leafKey, Leaf: leaf},
 		Roots:       []*x509.Certificate{root}, NotBefore: from, NotAfter: until,
