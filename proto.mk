@@ -1,5 +1,5 @@
-# --- proto: generated Go for xds/xdspb (istio.workload, istio.security, delta ADS) and
-# identity/ca/capb (Istio's CA API) ---
+# --- proto: generated Go for xds/xdspb (istio.workload, istio.security, delta ADS),
+# identity/ca/capb (Istio's CA API) and inpod/zdspb (istio.workload.zds, the in-pod ZDS API) ---
 # Needs protoc from Debian's protobuf-compiler (apt-get install -y protobuf-compiler) and the
 # plugins pinned below (go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION),
 # go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)).
@@ -12,12 +12,13 @@ PROTOC_GEN_GO ?= $(shell go env GOPATH)/bin/protoc-gen-go
 PROTOC_GEN_GO_GRPC ?= $(shell go env GOPATH)/bin/protoc-gen-go-grpc
 PROTO_DIR := xds/xdspb
 PROTO_FILES := $(PROTO_DIR)/workload.proto $(PROTO_DIR)/authorization.proto \
-	$(PROTO_DIR)/node.proto $(PROTO_DIR)/discovery.proto identity/ca/capb/ca.proto
+	$(PROTO_DIR)/node.proto $(PROTO_DIR)/discovery.proto identity/ca/capb/ca.proto \
+	inpod/zdspb/zds.proto
 PROTO_GRPC_FILES := $(PROTO_DIR)/discovery.proto identity/ca/capb/ca.proto
 PROTO_OUT := $(PROTO_DIR)/workloadpb/workload.pb.go $(PROTO_DIR)/securitypb/authorization.pb.go \
 	$(PROTO_DIR)/discoverypb/node.pb.go $(PROTO_DIR)/discoverypb/discovery.pb.go \
 	$(PROTO_DIR)/discoverypb/discovery_grpc.pb.go \
-	identity/ca/capb/ca.pb.go identity/ca/capb/ca_grpc.pb.go
+	identity/ca/capb/ca.pb.go identity/ca/capb/ca_grpc.pb.go inpod/zdspb/zds.pb.go
 PROTO_GEN = $(PROTOC) -I . -I $(PROTO_DIR)/include -I /usr/include \
 	--plugin=protoc-gen-go=$(PROTOC_GEN_GO) --plugin=protoc-gen-go-grpc=$(PROTOC_GEN_GO_GRPC) \
 	--go_opt=module=github.com/gozt/gozt --go-grpc_opt=module=github.com/gozt/gozt
