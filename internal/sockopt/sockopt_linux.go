@@ -82,6 +82,12 @@ func SetMark(c syscall.RawConn, mark uint32) error {
 	return setInts(c, "SO_MARK", opt{unix.SOL_SOCKET, unix.SO_MARK, int(mark)})
 }
 
+// SetReusePort sets SO_REUSEPORT, which lets a second process bind the same address (the old
+// and new ztunnel serving one pod during an upgrade). Call it before bind.
+func SetReusePort(c syscall.RawConn) error {
+	return setInts(c, "SO_REUSEPORT", opt{unix.SOL_SOCKET, unix.SO_REUSEPORT, 1})
+}
+
 // SetTransparent lets the socket bind to, and accept for, non-local addresses (TPROXY and
 // spoofed-source dials): IP_TRANSPARENT and IP_FREEBIND, or their IPv6 forms when v6. It
 // needs CAP_NET_ADMIN.

@@ -73,6 +73,25 @@ func TestSetMark(t *testing.T) {
 	}
 }
 
+// Two listeners can bind one port once both set SO_REUSEPORT (no privilege needed).
+func TestSetReusePort(t *testing.T) {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error { return SetReusePort(c) }}
+	a, err := lc.Listen(t.Context(), "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := lc.Listen(t.Context(), "tcp4", a.Addr().String())
+	if err != nil {
+		t.Fatalf("second listener on %s: %v", a.Addr(), err)
+	}
+	b.Close()
+	if c, err := net.Listen("tcp4", a.Addr().String()); err == nil {
+		c.Close()
+		t.Fatal("a listener without SO_REUSEPORT bound the same port")
+	}
+}
+
 func TestControlDialer(t *testing.T) {
 	requireRoot(t)
 	leaktest.Check(t)

@@ -22,6 +22,11 @@ func SetMark(c syscall.RawConn, mark uint32) error {
 	return fmt.Errorf("sockopt: set SO_MARK: %w", errors.ErrUnsupported)
 }
 
+// SetReusePort is Linux-only here.
+func SetReusePort(c syscall.RawConn) error {
+	return fmt.Errorf("sockopt: set SO_REUSEPORT: %w", errors.ErrUnsupported)
+}
+
 // SetTransparent is Linux-only.
 func SetTransparent(c syscall.RawConn, v6 bool) error {
 	return fmt.Errorf("sockopt: set IP_TRANSPARENT: %w", errors.ErrUnsupported)
