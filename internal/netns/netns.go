@@ -1,8 +1,18 @@
-// Package netns runs test code inside Linux network namespaces that the test creates: several
-// "hosts" joined by veth pairs on one machine, for redirection and cross-node tests.
+// Package netns enters Linux network namespaces: NetNS is an open namespace (such as the pod
+// netns istio-cni hands ztunnel over ZDS) that runs code on a thread switched into it, and
+// Sockets is the socket factory built on it (listen and dial inside the namespace, with
+// SO_MARK and SO_REUSEPORT) that a per-pod proxy takes. CheckCapabilities tells at start-up
+// whether the process may do both.
 //
-// It needs root and iproute2's `ip`; Require skips the test with a clear message otherwise.
-// Namespaces are named gozt-<name>-<pid> and deleted when the test ends.
+// The package also holds the test helpers that build several "hosts" joined by veth pairs on
+// one machine, for redirection and cross-node tests. They need root and iproute2's `ip`;
+// Require skips the test with a clear message otherwise. Named namespaces are called
+// gozt-<name>-<pid> and deleted when the test ends. The helpers take TB, not TB, so
+// that the binary, which links NetNS, does not link package testing.
+//
+// It does not create pod namespaces or install redirection rules: that is istio-cni's job
+// (internal/cnirules for tests). Elsewhere than Linux every operation fails with
+// errors.ErrUnsupported.
 package netns
 
 import (
@@ -12,14 +22,20 @@ import (
 	"runtime"
 	"strings"
 	"sync/atomic"
-	"testing"
-
-	"golang.org/x/sys/unix"
 )
 
-// Require skips t unless namespaces can be made here (root, Linux, `ip` installed). Each
-// tool named in tools (e.g. "iptables", "curl") must be on PATH too.
-func Require(t testing.TB, tools ...string) {
+// TB is the part of testing.TB the helpers use.
+type TB interface {
+	Helper()
+	Cleanup(func())
+	Fatalf(format string, args ...any)
+	Skip(args ...any)
+	Skipf(format string, args ...any)
+}
+
+// RequireRoot skips t unless it runs as root on Linux, which entering and creating
+// namespaces needs.
+func RequireRoot(t TB) {
 	t.Helper()
 	if runtime.GOOS != "linux" {
 		t.Skip("netns: network namespaces need Linux")
@@ -27,6 +43,13 @@ func Require(t testing.TB, tools ...string) {
 	if os.Geteuid() != 0 {
 		t.Skip("netns: needs root to create network namespaces (CI runs as root)")
 	}
+}
+
+// Require skips t unless namespaces can be made here (root, Linux, `ip` installed). Each
+// tool named in tools (e.g. "iptables", "curl") must be on PATH too.
+func Require(t TB, tools ...string) {
+	t.Helper()
+	RequireRoot(t)
 	for _, tool := range append([]string{"ip"}, tools...) {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("netns: %s is not installed (apt-get install -y iproute2 iptables curl; .ci/run does)", tool)
@@ -42,7 +65,7 @@ type NS struct {
 var seq atomic.Int32
 
 // New creates a namespace with loopback up and deletes it when t ends.
-func New(t testing.TB, name string) *NS {
+func New(t TB, name string) *NS {
 	t.Helper()
 	ns := &NS{Name: fmt.Sprintf("gozt-%s-%d-%d", name, os.Getpid(), seq.Add(1))}
 	run(t, "ip", "netns", "add", ns.Name)
@@ -57,7 +80,7 @@ func (ns *NS) Exec(args ...string) ([]byte, error) {
 }
 
 // MustExec is Exec that fails t on error.
-func (ns *NS) MustExec(t testing.TB, args ...string) string {
+func (ns *NS) MustExec(t TB, args ...string) string {
 	t.Helper()
 	out, err := ns.Exec(args...)
 	if err != nil {
@@ -66,43 +89,19 @@ func (ns *NS) MustExec(t testing.TB, args ...string) string {
 	return string(out)
 }
 
-// Do runs fn on an OS thread switched into the namespace. Sockets fn creates belong to the
-// namespace for their whole life, so fn may open listeners that other goroutines then serve.
+// Do runs fn on an OS thread switched into the namespace (see NetNS.Do).
 func (ns *NS) Do(fn func() error) error {
-	target, err := unix.Open("/var/run/netns/"+ns.Name, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	n, err := Open("/var/run/netns/" + ns.Name)
 	if err != nil {
-		return fmt.Errorf("netns: open %s: %w", ns.Name, err)
+		return err
 	}
-	defer unix.Close(target)
-	errc := make(chan error, 1)
-	// A fresh goroutine whose thread is discarded if it cannot be switched back keeps a
-	// half-switched thread from ever running other goroutines.
-	go func() {
-		runtime.LockOSThread()
-		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- fmt.Errorf("netns: open own namespace: %w", err)
-			return // thread stays locked and is discarded
-		}
-		defer unix.Close(orig)
-		if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("netns: setns %s: %w", ns.Name, err)
-			return
-		}
-		ferr := fn()
-		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("netns: restore namespace: %w (after fn: %v)", err, ferr)
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
+	defer n.Close()
+	return n.Do(fn)
 }
 
 // Link joins a and b with a veth pair and gives each end an address in CIDR form
 // ("10.0.0.1/24"); both ends are brought up.
-func Link(t testing.TB, a *NS, aAddr string, b *NS, bAddr string) {
+func Link(t TB, a *NS, aAddr string, b *NS, bAddr string) {
 	t.Helper()
 	id := seq.Add(1)
 	va, vb := fmt.Sprintf("gz%da%d", os.Getpid()%100000, id), fmt.Sprintf("gz%db%d", os.Getpid()%100000, id)
@@ -115,7 +114,7 @@ func Link(t testing.TB, a *NS, aAddr string, b *NS, bAddr string) {
 	b.MustExec(t, "ip", "link", "set", vb, "up")
 }
 
-func run(t testing.TB, args ...string) {
+func run(t TB, args ...string) {
 	t.Helper()
 	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
 		t.Fatalf("netns: %s: %v\n%s", strings.Join(args, " "), err, out)

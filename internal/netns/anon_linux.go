@@ -1,0 +1,62 @@
+//go:build linux
+
+package netns
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// NewAnonymous creates an unnamed namespace with loopback up, for tests that need a pod's
+// netns without `ip`: it lives as long as some fd refers to it, and t's cleanup closes the
+// returned one. It skips t without root.
+func NewAnonymous(t TB) *NetNS {
+	t.Helper()
+	RequireRoot(t)
+	var fd int
+	err := onThread(func() error {
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("netns: unshare: %w", err)
+		}
+		return nil
+	}, func() (err error) {
+		if fd, err = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+			return err
+		}
+		return loopbackUp()
+	})
+	if err != nil {
+		if fd > 0 {
+			unix.Close(fd)
+		}
+		t.Fatalf("netns: new anonymous namespace: %v", err)
+	}
+	n, err := FromFD(fd)
+	if err != nil {
+		t.Fatalf("netns: new anonymous namespace: %v", err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+// loopbackUp sets IFF_UP on lo in the calling thread's namespace.
+func loopbackUp() error {
+	s, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(s)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(s, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("netns: get lo flags: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(s, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("netns: set lo up: %w", err)
+	}
+	return nil
+}

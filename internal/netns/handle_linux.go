@@ -1,0 +1,269 @@
+//go:build linux
+
+package netns
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"runtime"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gozt/gozt/internal/sockopt"
+)
+
+// nsGetNSType is NS_GET_NSTYPE, _IO(0xb7, 0x3) from linux/nsfs.h (Linux 4.11); x/sys does
+// not define it.
+const nsGetNSType = 0xb703
+
+// ErrClosed is returned by a NetNS used after Close.
+var ErrClosed = errors.New("netns: namespace closed")
+
+// NetNS is an open network namespace (an fd received over SCM_RIGHTS, or a file such as
+// /proc/<pid>/ns/net or /var/run/netns/<name>). It is safe for concurrent use.
+type NetNS struct {
+	id ID
+
+	mu sync.RWMutex // guards fd: held for reading while a thread enters the namespace
+	fd int          // -1 after Close
+}
+
+// ID identifies a namespace: two fds refer to the same namespace when their IDs are equal.
+type ID struct{ Dev, Ino uint64 }
+
+func (id ID) String() string { return fmt.Sprintf("net:[%d] dev %d", id.Ino, id.Dev) }
+
+// FromFD takes ownership of fd, which must be a network namespace; when it is not, FromFD
+// closes it and fails.
+func FromFD(fd int) (*NetNS, error) {
+	id, err := check(fd)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return &NetNS{id: id, fd: fd}, nil
+}
+
+// Open opens the network namespace at path.
+func Open(path string) (*NetNS, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("netns: open %s: %w", path, err)
+	}
+	return FromFD(fd)
+}
+
+// check reports fd's ID if fd is a network namespace. Kernels before 4.11 lack
+// NS_GET_NSTYPE; there any nsfs file passes.
+func check(fd int) (ID, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return ID{}, fmt.Errorf("netns: fstat: %w", err)
+	}
+	typ, err := unix.IoctlRetInt(fd, nsGetNSType)
+	switch {
+	case err == nil && typ != unix.CLONE_NEWNET:
+		return ID{}, fmt.Errorf("netns: fd is a namespace of type %#x, not a network namespace", typ)
+	case err != nil:
+		var fs unix.Statfs_t
+		if serr := unix.Fstatfs(fd, &fs); serr != nil || fs.Type != unix.NSFS_MAGIC {
+			return ID{}, fmt.Errorf("netns: fd is not a network namespace (NS_GET_NSTYPE: %w)", err)
+		}
+	}
+	return ID{Dev: st.Dev, Ino: st.Ino}, nil
+}
+
+// ID returns the namespace's identity; it stays valid after Close.
+func (n *NetNS) ID() ID { return n.id }
+
+// Close closes the fd. Sockets already opened in the namespace keep working; Do fails
+// afterwards. Close is idempotent.
+func (n *NetNS) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.fd < 0 {
+		return nil
+	}
+	err := unix.Close(n.fd)
+	n.fd = -1
+	return err
+}
+
+// Do runs fn on an OS thread inside the namespace and returns fn's error. A socket fn creates
+// belongs to the namespace for its whole life, so fn may open listeners that other goroutines
+// then serve. fn must not start goroutines that create sockets: they run elsewhere.
+func (n *NetNS) Do(fn func() error) error {
+	return onThread(func() error {
+		n.mu.RLock()
+		defer n.mu.RUnlock()
+		if n.fd < 0 {
+			return ErrClosed
+		}
+		if err := unix.Setns(n.fd, unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("netns: setns %s: %w", n.id, err)
+		}
+		return nil
+	}, fn)
+}
+
+// onThread runs enter and then fn on a fresh goroutine locked to its OS thread, then moves the
+// thread back to the network namespace it started in. enter either moves the thread into
+// another namespace or fails leaving it where it was. A thread that cannot be moved back stays
+// locked, and the runtime discards it when the goroutine exits, so no other goroutine ever runs
+// in the wrong namespace.
+func onThread(enter, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() { // owned by onThread, which waits for its one result
+		runtime.LockOSThread()
+		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("netns: open own namespace: %w", err)
+			return
+		}
+		defer unix.Close(orig)
+		if err := enter(); err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		ferr := fn()
+		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+			errc <- errors.Join(ferr, fmt.Errorf("netns: return to own namespace: %w", err))
+			return // still locked: the thread dies with this goroutine
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+// Sockets opens sockets inside one network namespace with the options in-pod mode needs: the
+// socket factory a per-pod proxy takes. The zero value opens plain sockets in the process's
+// own namespace.
+type Sockets struct {
+	NS        *NetNS // nil: the process's own namespace
+	Mark      uint32 // SO_MARK on every socket, listeners and dials (PACKET_MARK); 0: none
+	ReusePort bool   // SO_REUSEPORT on listeners (INPOD_PORT_REUSE)
+}
+
+// Listen opens a stream listener (net.ListenConfig.Listen) inside the namespace.
+func (s Sockets) Listen(ctx context.Context, network, address string) (net.Listener, error) {
+	lc := net.ListenConfig{Control: s.listenControl}
+	var ln net.Listener
+	err := s.do(func() (err error) {
+		ln, err = lc.Listen(ctx, network, address)
+		return err
+	})
+	return ln, err
+}
+
+// ListenPacket opens a packet listener (net.ListenConfig.ListenPacket) inside the namespace.
+func (s Sockets) ListenPacket(ctx context.Context, network, address string) (net.PacketConn, error) {
+	lc := net.ListenConfig{Control: s.listenControl}
+	var pc net.PacketConn
+	err := s.do(func() (err error) {
+		pc, err = lc.ListenPacket(ctx, network, address)
+		return err
+	})
+	return pc, err
+}
+
+// Dial connects from inside the namespace with d's settings (nil: a zero net.Dialer); d's own
+// Control or ControlContext runs after the mark is set. With a namespace, address must be an
+// IP and port: a name could resolve to several addresses, which net.Dialer races on goroutines
+// that run outside the namespace. The dial holds one OS thread until it connects or fails.
+func (s Sockets) Dial(ctx context.Context, d *net.Dialer, network, address string) (net.Conn, error) {
+	if s.NS != nil {
+		if _, err := netip.ParseAddrPort(address); err != nil {
+			return nil, fmt.Errorf("netns: dial %s: want an IP address and port: %w", address, err)
+		}
+	}
+	var dd net.Dialer
+	if d != nil {
+		dd = *d
+	}
+	control, controlCtx := dd.Control, dd.ControlContext
+	dd.Control = nil
+	dd.ControlContext = func(ctx context.Context, network, address string, c syscall.RawConn) error {
+		if s.Mark != 0 {
+			if err := sockopt.SetMark(c, s.Mark); err != nil {
+				return err
+			}
+		}
+		switch {
+		case controlCtx != nil:
+			return controlCtx(ctx, network, address, c)
+		case control != nil:
+			return control(network, address, c)
+		}
+		return nil
+	}
+	var conn net.Conn
+	err := s.do(func() (err error) {
+		conn, err = dd.DialContext(ctx, network, address)
+		return err
+	})
+	return conn, err
+}
+
+func (s Sockets) listenControl(_, _ string, c syscall.RawConn) error {
+	if s.Mark != 0 {
+		if err := sockopt.SetMark(c, s.Mark); err != nil {
+			return err
+		}
+	}
+	if s.ReusePort {
+		return sockopt.SetReusePort(c)
+	}
+	return nil
+}
+
+func (s Sockets) do(fn func() error) error {
+	if s.NS == nil {
+		return fn()
+	}
+	return s.NS.Do(fn)
+}
+
+// CheckCapabilities reports whether this process can do what in-pod mode needs: enter a
+// network namespace (setns, which needs CAP_SYS_ADMIN) and mark its sockets (SO_MARK, which
+// needs CAP_NET_ADMIN, or CAP_NET_RAW since Linux 5.17). The error names each capability
+// that is missing.
+func CheckCapabilities() error {
+	errc := make(chan error, 1)
+	go func() { // owned by CheckCapabilities, which waits for its result
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread() // checkThread leaves the thread as it found it
+		errc <- checkThread()
+	}()
+	return <-errc
+}
+
+// checkThread runs the checks on the calling (locked) thread: setns into the namespace it is
+// already in, and SO_MARK on a fresh socket.
+func checkThread() error {
+	var errs []error
+	if fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+		errs = append(errs, fmt.Errorf("netns: open own namespace: %w", err))
+	} else {
+		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			errs = append(errs, fmt.Errorf("netns: setns: %w (needs CAP_SYS_ADMIN)", err))
+		}
+		unix.Close(fd)
+	}
+	if s, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
+		errs = append(errs, fmt.Errorf("netns: socket: %w", err))
+	} else {
+		if err := unix.SetsockoptInt(s, unix.SOL_SOCKET, unix.SO_MARK, 1); err != nil {
+			errs = append(errs, fmt.Errorf("netns: set SO_MARK: %w (needs CAP_NET_ADMIN, or CAP_NET_RAW on Linux 5.17+)", err))
+		}
+		unix.Close(s)
+	}
+	return errors.Join(errs...)
+}
