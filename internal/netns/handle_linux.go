@@ -126,14 +126,17 @@ func onThread(enter, fn func() error) error {
 			errc <- fmt.Errorf("netns: open own namespace: %w", err)
 			return
 		}
-		defer unix.Close(orig)
+		// orig is closed before the result is sent, so that no fd outlives the call.
 		if err := enter(); err != nil {
+			unix.Close(orig)
 			runtime.UnlockOSThread()
 			errc <- err
 			return
 		}
 		ferr := fn()
-		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+		err = unix.Setns(orig, unix.CLONE_NEWNET)
+		unix.Close(orig)
+		if err != nil {
 			errc <- errors.Join(ferr, fmt.Errorf("netns: return to own namespace: %w", err))
 			return // still locked: the thread dies with this goroutine
 		}
