@@ -37,6 +37,9 @@ var Rules = []Rule{
 	{Pkg: "identity/certs", Forbid: []string{"proxy...", "xds...", "hbone..."}, Why: "the certificate manager knows nothing of the data plane"},
 	{Pkg: "metrics", Forbid: []string{"*"}, Allow: []string{"identity"}, Why: "a leaf every layer may record into"},
 	{Pkg: "dns", Forbid: []string{"proxy...", "hbone...", "xds"}, Why: "the DNS proxy reads the cache only"},
+	{Pkg: "inpod/zdspb", Forbid: []string{"*"}, Why: "generated ZDS protos are a leaf"},
+	{Pkg: "inpod", Subtree: true, Forbid: []string{"xds", "identity/certs..."}, Why: "a pod is acknowledged without waiting on xDS or the CA; proxies get both from cmd's wiring"},
+	{Pkg: "proxy", Subtree: true, Forbid: []string{"inpod..."}, Why: "the data plane takes a socket factory (internal/netns) and knows nothing of ZDS"},
 	{Pkg: "internal", Subtree: true, Forbid: []string{"cmd...", "proxy...", "hbone...", "xds...", "identity/ca...", "identity/certs...", "metrics", "bench..."}, Why: "small shared pieces sit below everything"},
 	{Pkg: "*", Forbid: []string{"cmd...", "bench..."}, Why: "nothing imports a command or the load generator"},
 }

@@ -52,6 +52,8 @@ func TestCheckCatchesViolations(t *testing.T) {
 		{Path: "proxy/rbac", Imports: []string{"net"}, Deps: []string{m("identity"), m("xds/state"), "net"}},
 		{Path: "proxy", Deps: []string{m("xds/state"), m("hbone"), m("identity/certs")}},
 		{Path: "xds", Deps: []string{m("cmd/ztunnel")}},
+		{Path: "inpod", Deps: []string{m("inpod/zdspb"), m("xds/state"), m("xds")}},
+		{Path: "proxy", Deps: []string{m("inpod")}},
 		{Path: "metrics", Deps: []string{m("identity")}},            // allowed
 		{Path: "cmd/ztunnel", Deps: []string{m("proxy"), m("xds")}}, // allowed
 	}
@@ -59,7 +61,9 @@ func TestCheckCatchesViolations(t *testing.T) {
 	want := []string{
 		"hbone imports xds/state",
 		"identity imports metrics",
+		"inpod imports xds ",
 		"proxy imports identity/certs",
+		"proxy imports inpod ",
 		"proxy/rbac imports net directly",
 		"xds imports cmd/ztunnel",
 	}
