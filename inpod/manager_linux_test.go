@@ -180,16 +180,20 @@ func openFDs(t *testing.T) int {
 	return len(ents)
 }
 
-func newManager(t *testing.T, path string, p inpod.Proxies) *inpod.Manager {
+// setup starts an agent and a Manager with proxies f, and checks for leaked goroutines.
+func setup(t *testing.T, f *inpodtest.Proxies) (*inpod.Manager, *agent) {
 	t.Helper()
+	leaktest.Check(t) // first, so that its check runs after every other cleanup
+	path := socketPath(t)
+	a := newAgent(t, path)
 	m := inpod.New(inpod.Config{
 		Path:          path,
 		RetryInterval: 50 * time.Millisecond,
 		MinBackoff:    time.Millisecond,
 		MaxBackoff:    50 * time.Millisecond,
-	}, p)
+	}, f)
 	t.Cleanup(func() { m.Close() })
-	return m
+	return m, a
 }
 
 func eventually(t *testing.T, what string, cond func() bool) {
@@ -217,12 +221,9 @@ func wantAck(t *testing.T, got string) {
 
 // The whole exchange on one connection: hello, Add/Keep, SnapshotSent, Del.
 func TestSnapshotThenDel(t *testing.T) {
-	leaktest.Check(t)
 	nsA := netns.NewAnonymous(t)
-	path := socketPath(t)
-	a := newAgent(t, path)
 	f := &inpodtest.Proxies{}
-	m := newManager(t, path, f)
+	m, a := setup(t, f)
 	c := a.accept()
 
 	wantAck(t, c.add("a", nsA))
@@ -263,12 +264,9 @@ func TestSnapshotThenDel(t *testing.T) {
 // An agent restart replays its cache: running pods it names keep running untouched, a pod
 // it no longer names is drained.
 func TestAgentRestart(t *testing.T) {
-	leaktest.Check(t)
 	nsA, nsB := netns.NewAnonymous(t), netns.NewAnonymous(t)
-	path := socketPath(t)
-	a := newAgent(t, path)
 	f := &inpodtest.Proxies{}
-	m := newManager(t, path, f)
+	m, a := setup(t, f)
 	c := a.accept()
 	wantAck(t, c.add("a", nsA))
 	wantAck(t, c.add("b", nsB))
@@ -279,7 +277,7 @@ func TestAgentRestart(t *testing.T) {
 	c.c.Close()
 	a.ln.Close()
 	eventually(t, "not ready while disconnected", func() bool { return !m.Ready() })
-	a = newAgent(t, path)
+	a = newAgent(t, a.path)
 	c = a.accept()
 	wantAck(t, c.add("a", nsA)) // same netns, new fd
 	wantAck(t, c.send(keepReq("b")))
@@ -313,12 +311,9 @@ func TestAgentRestart(t *testing.T) {
 
 // The same netns twice is one Start; a new netns for the uid replaces the proxy.
 func TestAddSameAndNewNetns(t *testing.T) {
-	leaktest.Check(t)
 	ns1, ns2 := netns.NewAnonymous(t), netns.NewAnonymous(t)
-	path := socketPath(t)
-	a := newAgent(t, path)
 	f := &inpodtest.Proxies{Listen: "127.0.0.1:15008"}
-	m := newManager(t, path, f)
+	m, a := setup(t, f)
 	c := a.accept()
 	before := openFDs(t)
 	wantAck(t, c.add("a", ns1))
@@ -340,12 +335,9 @@ func TestAddSameAndNewNetns(t *testing.T) {
 
 // Del stops only its pod.
 func TestDelStopsOnlyThatPod(t *testing.T) {
-	leaktest.Check(t)
 	ns := netns.NewAnonymous(t)
-	path := socketPath(t)
-	a := newAgent(t, path)
 	f := &inpodtest.Proxies{}
-	m := newManager(t, path, f)
+	m, a := setup(t, f)
 	c := a.accept()
 	for _, uid := range []string{"a", "b", "c"} {
 		wantAck(t, c.add(uid, ns))
@@ -362,16 +354,13 @@ func TestDelStopsOnlyThatPod(t *testing.T) {
 // A pod whose proxy cannot bind is NACKed, kept pending (not ready) and retried until it
 // starts; the connection stays up throughout.
 func TestStartFailureRetried(t *testing.T) {
-	leaktest.Check(t)
 	ns := netns.NewAnonymous(t)
 	blocker, err := netns.Sockets{NS: ns}.Listen(t.Context(), "tcp", "127.0.0.1:15008")
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := socketPath(t)
-	a := newAgent(t, path)
 	f := &inpodtest.Proxies{Listen: "127.0.0.1:15008"}
-	m := newManager(t, path, f)
+	m, a := setup(t, f)
 	c := a.accept()
 
 	got := c.add("a", ns)
@@ -420,12 +409,9 @@ func TestStartFailureRetried(t *testing.T) {
 // Malformed packets are NACKed as read errors and protocol errors as process errors; either
 // drops the connection, ztunnel redials, and no fd leaks.
 func TestBadInput(t *testing.T) {
-	leaktest.Check(t)
 	ns := netns.NewAnonymous(t)
-	path := socketPath(t)
-	a := newAgent(t, path)
 	f := &inpodtest.Proxies{}
-	m := newManager(t, path, f)
+	m, a := setup(t, f)
 
 	marshal := func(req *zdspb.WorkloadRequest) []byte {
 		b, err := proto.Marshal(req)
@@ -511,12 +497,9 @@ func TestBadInput(t *testing.T) {
 
 // 500 add/delete cycles leave fds and goroutines where they were.
 func TestAddDelCycles(t *testing.T) {
-	leaktest.Check(t)
 	ns := netns.NewAnonymous(t)
-	path := socketPath(t)
-	a := newAgent(t, path)
 	f := &inpodtest.Proxies{Listen: "127.0.0.1:15008"}
-	m := newManager(t, path, f)
+	m, a := setup(t, f)
 	c := a.accept()
 	wantAck(t, c.send(snapshotReq()))
 	before := openFDs(t)
@@ -538,12 +521,9 @@ func TestAddDelCycles(t *testing.T) {
 
 // Close drains every proxy gracefully and releases pending pods' namespaces.
 func TestCloseDrains(t *testing.T) {
-	leaktest.Check(t)
 	ns := netns.NewAnonymous(t)
-	path := socketPath(t)
-	a := newAgent(t, path)
 	f := &inpodtest.Proxies{}
-	m := newManager(t, path, f)
+	m, a := setup(t, f)
 	c := a.accept()
 	before := openFDs(t)
 	wantAck(t, c.add("b", ns))
