@@ -7,7 +7,7 @@
 // The package also holds the test helpers that build several "hosts" joined by veth pairs on
 // one machine, for redirection and cross-node tests. They need root and iproute2's `ip`;
 // Require skips the test with a clear message otherwise. Named namespaces are called
-// gozt-<name>-<pid> and deleted when the test ends. The helpers take TB, not TB, so
+// gozt-<name>-<pid> and deleted when the test ends. The helpers take TB, not testing.TB, so
 // that the binary, which links NetNS, does not link package testing.
 //
 // It does not create pod namespaces or install redirection rules: that is istio-cni's job
