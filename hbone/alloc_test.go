@@ -58,7 +58,7 @@ func TestZeroAllocsPerDataFrame(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.tryReserve()
+	c.tryReserve(true)
 	s, err := c.open(context.Background(), "10.0.0.1:80", nil)
 	if err != nil {
 		t.Fatal(err)

@@ -29,7 +29,14 @@ type Pool struct {
 type keyPool struct {
 	conns   []*conn
 	dialing chan struct{} // non-nil while the key's one dial is in flight; closed when it ends
+	extra   int           // conns dialed only because the others were congested (see get)
 }
+
+// maxCongestionDials caps the connections per key that get dials only because every other
+// one is congested. Past it new streams share a congested connection again, so stalled
+// streams can hold at most (1 + maxCongestionDials) connection windows per key: 80 MiB
+// with the defaults. A variable for tests.
+var maxCongestionDials = 4
 
 // NewPool returns a pool. tlsConfig is asked once per new connection for a client config
 // (client certificate, peer verification against k.Expected()); ALPN h2 is added if missing.
@@ -79,10 +86,26 @@ func (p *Pool) get(ctx context.Context, k Key) (*conn, bool, error) {
 			kp = &keyPool{}
 			p.keys[k] = kp
 		}
+		// A congested connection (its receive window held by streams whose readers
+		// stopped) would make a new stream wait behind them: head-of-line blocking, a
+		// known complaint against the Rust ztunnel (istio/ztunnel#1945). Skip those,
+		// unless the key has dialed its share of connections for congestion already.
+		congested := false
 		for _, c := range kp.conns {
-			if c.tryReserve() {
+			switch c.tryReserve(false) {
+			case reserved:
 				p.mu.Unlock()
 				return c, false, nil
+			case congestedConn:
+				congested = true
+			}
+		}
+		if congested && kp.extra >= maxCongestionDials {
+			for _, c := range kp.conns {
+				if c.tryReserve(true) == reserved {
+					p.mu.Unlock()
+					return c, false, nil
+				}
 			}
 		}
 		if ch := kp.dialing; ch != nil {
@@ -120,7 +143,11 @@ func (p *Pool) get(ctx context.Context, k Key) (*conn, bool, error) {
 			return nil, false, err
 		}
 		kp.conns = append(kp.conns, c)
-		ok := c.tryReserve()
+		if congested && kp.extra < maxCongestionDials {
+			c.extra = true
+			kp.extra++
+		}
+		ok := c.tryReserve(true) == reserved
 		p.mu.Unlock()
 		if ok {
 			return c, true, nil
@@ -142,8 +169,11 @@ func (p *Pool) dropKeyLocked(k Key, kp *keyPool) {
 func (p *Pool) remove(k Key, c *conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if kp := p.keys[k]; kp != nil {
+	if kp := p.keys[k]; kp != nil && slices.Contains(kp.conns, c) {
 		kp.conns = slices.DeleteFunc(kp.conns, func(x *conn) bool { return x == c })
+		if c.extra {
+			kp.extra--
+		}
 		p.dropKeyLocked(k, kp)
 	}
 }
@@ -236,18 +266,36 @@ func (c *conn) leaving() bool {
 	return c.closed || c.goaway
 }
 
-// tryReserve claims a stream slot if the connection can take another stream.
-func (c *conn) tryReserve() bool {
+type reservation uint8
+
+const (
+	full          reservation = iota // closed, going away or at its stream limit
+	congestedConn                    // has a slot, but congested and not allowed
+	reserved
+)
+
+// tryReserve claims a stream slot if the connection can take another stream; a
+// congested one only when allowCongested.
+func (c *conn) tryReserve(allowCongested bool) reservation {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || c.goaway {
-		return false
+	if c.closed || c.goaway || c.active+c.reserved >= c.limitLocked() {
+		return full
 	}
-	if c.active+c.reserved >= c.limitLocked() {
-		return false
+	if !allowCongested && c.congestedLocked() {
+		return congestedConn
 	}
 	c.reserved++
-	return true
+	return reserved
+}
+
+// congestedLocked reports whether so much of the connection's receive window is held by
+// data nobody has read that a new stream could not get going at full speed: less than a
+// stream window of room left (or half the connection window, if that is smaller). Room
+// comes back as the readers catch up.
+func (c *conn) congestedLocked() bool {
+	room := c.recvConnAvail + c.connUnacked
+	return room < min(int64(c.cfg.StreamWindow), int64(c.cfg.ConnWindow)/2)
 }
 
 // limitLocked is the stream capacity: min(MaxStreamsPerConn, peer's MAX_CONCURRENT_STREAMS).

@@ -36,6 +36,7 @@ type conn struct {
 	peer    identity.ID
 	fr      *http2.Framer
 	onClose func(*conn) // pool bookkeeping; called once, without c.mu held
+	extra   bool        // client: dialed because the key's other conns were congested; guarded by Pool.mu
 
 	// Write side. wmu serialises frames; waiters counts goroutines queued for it so that
 	// the last one out flushes bc (one write(2) for a batch of frames).
