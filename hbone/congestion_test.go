@@ -113,7 +113,8 @@ func TestCongestedConnectionsCapped(t *testing.T) {
 	defer func(old int) { maxCongestionDials = old }(maxCongestionDials)
 	maxCongestionDials = 1
 	e := newEnv(t, Config{}, download)
-	stalled := stallStreams(t, e, 8) // the first four congest conn 1, the next four conn 2
+	stalled := stallStreams(t, e, 4)                    // congest conn 1
+	stalled = append(stalled, stallStreams(t, e, 4)...) // then conn 2
 	defer func() {
 		for _, s := range stalled {
 			s.Close()

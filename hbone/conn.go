@@ -60,11 +60,12 @@ type conn struct {
 
 	mu             sync.Mutex
 	streams        map[uint32]*Stream
-	nextID         uint32 // client: next stream id to open
-	lastPeerID     uint32 // highest peer-initiated stream id seen
-	active         int    // open or half-closed streams
-	slots          int    // server: streams open or whose handler still runs (limits.go)
-	reserved       int    // client: slots promised by the pool, not yet opened
+	nextID         uint32     // client: next stream id to open
+	lastPeerID     uint32     // highest peer-initiated stream id seen
+	active         int        // open or half-closed streams
+	handlers       int        // server: handlers running, at most ServerMaxStreams (limits.go)
+	waiting        []*Request // server: open streams waiting for a handler, FIFO (limits.go)
+	reserved       int        // client: slots promised by the pool, not yet opened
 	peerMaxStreams uint32
 	peerInitWindow int64
 	peerMaxFrame   uint32
@@ -721,9 +722,6 @@ func (c *conn) streamDoneLocked(s *Stream) {
 	s.done = true
 	delete(c.streams, s.id)
 	c.active--
-	if c.server && !s.handling {
-		c.slots--
-	}
 	if c.active == 0 {
 		c.idleSince = time.Now()
 		if c.draining && c.server || (c.goaway && !c.server && c.reserved == 0) {
@@ -781,6 +779,11 @@ func (c *conn) handleWindowUpdate(f *http2.WindowUpdateFrame) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	inc := int64(f.Increment)
+	if inc < minUsefulWindowUpdate {
+		if err := c.junkLocked(); err != nil {
+			return err
+		}
+	}
 	if f.StreamID == 0 {
 		c.sendConnAvail += inc
 		if c.sendConnAvail > maxWindow {
@@ -902,7 +905,7 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 		return c.junkLocked()
 	}
 	c.lastPeerID = id
-	if c.draining || c.closed || c.slots >= int(c.cfg.ServerMaxStreams) {
+	if c.draining || c.closed || c.active >= int(c.cfg.ServerMaxStreams) {
 		c.queueLocked(ctrlOp{kind: opRST, id: id, val: uint32(http2.ErrCodeRefusedStream)})
 		return c.droppedLocked(DropRefused)
 	}
@@ -918,8 +921,7 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 	s := c.newStreamLocked(id)
 	s.gotResp = true
 	s.recvEnd = f.StreamEnded()
-	s.handling, s.pending = true, true
-	c.slots++
+	s.pending = true
 	ctx, cancel := context.WithCancelCause(c.ctx)
 	s.cancel = cancel
 	hdr := make(http.Header, len(f.Fields))
@@ -936,6 +938,14 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 		s:          s,
 		ctx:        ctx,
 	}
+	if c.handlers >= int(c.cfg.ServerMaxStreams) {
+		// Every handler is busy, some of them for streams the peer has already reset:
+		// the stream waits for one to return (limits.go). Waiting streams are open
+		// ones, so there are never more than ServerMaxStreams.
+		c.waiting = append(c.waiting, req)
+		return nil
+	}
+	c.handlers++
 	select {
 	case c.work <- req: // an idle handler goroutine takes it
 	default:
@@ -966,23 +976,42 @@ func (c *conn) handlerLoop(r *Request) {
 	reuse.Loop(r, c.runHandler, c.work, c.done, handlerIdle)
 }
 
-// runHandler runs the handler for r. The stream keeps its slot until the handler has
-// returned, even if the peer reset it long before (limits.go).
+// runHandler runs the handler for r, then for each stream waiting for a handler: a
+// handler's place passes on only when it returns, however early the peer reset its
+// stream (limits.go).
 func (c *conn) runHandler(r *Request) {
-	c.handler(r)
-	if !r.answered.Load() {
-		r.Reject(http.StatusServiceUnavailable)
+	for r != nil {
+		c.handler(r)
+		if !r.answered.Load() {
+			r.Reject(http.StatusServiceUnavailable)
+		}
+		c.mu.Lock()
+		cancel := r.s.cancel
+		r.s.cancel = nil
+		r = c.nextWaitingLocked()
+		if r == nil {
+			c.handlers--
+		}
+		c.mu.Unlock()
+		cancel(nil)
 	}
-	s := r.s
-	c.mu.Lock()
-	s.handling = false
-	if s.done {
-		c.slots--
+}
+
+// nextWaitingLocked takes the first waiting stream the peer has not reset meanwhile.
+func (c *conn) nextWaitingLocked() *Request {
+	for len(c.waiting) > 0 {
+		r := c.waiting[0]
+		c.waiting[0] = nil
+		c.waiting = c.waiting[1:]
+		if !r.s.done {
+			return r
+		}
+		if r.s.cancel != nil {
+			r.s.cancel(nil)
+			r.s.cancel = nil
+		}
 	}
-	cancel := s.cancel
-	s.cancel = nil
-	c.mu.Unlock()
-	cancel(nil)
+	return nil
 }
 
 // validAuthority accepts host:port where host is an IP (v6 in brackets) or a DNS name.

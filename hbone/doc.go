@@ -61,11 +61,13 @@
 // 80,000 backends a second and grow to 500 MB. Every limit applies to both sides of a
 // connection unless it says "server".
 //
-//   - Streams (server): a stream holds its MAX_CONCURRENT_STREAMS slot (200) until it has
-//     ended and its handler has returned, as net/http and nghttp2 do since that CVE: a
-//     reset frees no slot while the handler still dials. A new stream past the limit
-//     gets RST_STREAM(REFUSED_STREAM). So handler goroutines and backend sockets stay
-//     within the limit per connection, whatever the peer resets.
+//   - Streams and handlers (server): at most MAX_CONCURRENT_STREAMS (200) streams are
+//     open, and a new one past that gets RST_STREAM(REFUSED_STREAM). At most as many
+//     handlers run at once, however early the peer reset their streams: when all are
+//     busy, a new stream waits for one to return, as net/http does since that CVE
+//     (refusing it instead would refuse an honest client whose closed streams' handlers
+//     are still finishing). So handler goroutines and backend sockets stay within the
+//     limit per connection, whatever the peer resets.
 //   - Early resets (server): a stream refused, or reset by the peer before the handler
 //     answered it, spends a token of a per-connection budget: 2 × the stream limit at
 //     once, then 100 a second. A peer that runs out gets GOAWAY(ENHANCE_YOUR_CALM) and
@@ -75,8 +77,8 @@
 //     so the handler's dial stops, and Config.OnDrop hears of each such stream so the
 //     caller can count them rather than log each.
 //   - Junk frames: frames that make us work but carry nothing — PING, SETTINGS,
-//     PRIORITY, empty DATA, RST_STREAM or HEADERS for a stream already gone, unknown
-//     frame types, 1xx responses — spend a second budget: 1000 at once, then 100 a
+//     PRIORITY, empty DATA, WINDOW_UPDATE under 1 KiB, RST_STREAM or HEADERS for a
+//     stream already gone, unknown frame types, 1xx responses — spend a second budget: 1000 at once, then 100 a
 //     second; past it, GOAWAY(ENHANCE_YOUR_CALM). Keepalive PINGs come every 10 s.
 //   - Owed control frames (acks, RST_STREAM, WINDOW_UPDATE) queue for the writer: at
 //     most 10,000 (Go's net/http and nghttp2 use the same), then the connection closes.

@@ -22,6 +22,9 @@ const (
 	// 10 s or so, SETTINGS a few times per connection.
 	junkBurst = 1000
 	junkRate  = 100
+	// minUsefulWindowUpdate: a WINDOW_UPDATE smaller than this counts as junk. Peers
+	// return window in larger steps (x/net at least 4 KiB, the h2 crate half a window).
+	minUsefulWindowUpdate = 1024
 	// maxQueuedControl is Go's net/http and nghttp2's bound on control frames owed to a
 	// peer that does not read them.
 	maxQueuedControl = 10000

@@ -61,11 +61,10 @@ type Stream struct {
 	deliverTotal int64
 	draining     bool
 
-	// Server side, guarded by c.mu: the handler has not returned (the stream holds its
-	// slot) or not answered yet (a reset now is an early reset); cancel ends the
-	// Request's context.
-	handling, pending bool
-	cancel            context.CancelCauseFunc
+	// Server side, guarded by c.mu: pending until the handler answers (a reset before
+	// that is an early reset, limits.go); cancel ends the Request's context.
+	pending bool
+	cancel  context.CancelCauseFunc
 
 	rstWritten bool // guarded by c.wmu
 }
