@@ -44,7 +44,10 @@ func TestAbortsKeepWindowsWhole(t *testing.T) {
 
 	cli := onlyConn(t, e.pool.all)
 	e.srv.mu.Lock()
-	srvConns := e.srv.conns
+	srvConns := map[*conn]bool{}
+	for _, c := range e.srv.connsLocked(false) {
+		srvConns[c] = true
+	}
 	e.srv.mu.Unlock()
 	srv := onlyConn(t, srvConns)
 	var last string

@@ -529,7 +529,7 @@ func TestResetRacingWriteReturnsWindow(t *testing.T) {
 		}
 	}
 	s.Close()
-	if _, err := c.writeOpsLocked(); err != nil { // the control writer wins: RST_STREAM first
+	if _, err := c.writeOpsWLocked(); err != nil { // the control writer wins: RST_STREAM first
 		t.Fatal(err)
 	}
 	c.unlockWrite()

@@ -58,3 +58,133 @@ func (b *bufConn) Flush() error {
 	b.buf = b.buf[:0]
 	return err
 }
+
+// copyBuf lends ReadFrom a pooled buffer sized by what the socket has been giving: 16 KiB
+// for request/response traffic, one tier larger after a read that filled its buffer (bulk
+// data is waiting), and back down after a read that would have fit a quarter of the tier
+// below. Sizing by the bytes a stream has carried instead made a long-lived chatty
+// connection borrow 1 MiB for every 1 KiB message, and the pools keep what is borrowed.
+type copyBuf struct {
+	cur  []byte
+	tier int // 0: 16 KiB, 1: 256 KiB, 2: 1 MiB
+	b16  *[16 << 10]byte
+	b256 *[256 << 10]byte
+	b1m  *[1 << 20]byte
+}
+
+var copyTiers = [...]int{16 << 10, 256 << 10, 1 << 20}
+
+// get returns a buffer of the current tier, holding no other.
+func (c *copyBuf) get() []byte {
+	if c.cur != nil && len(c.cur) == copyTiers[c.tier] {
+		return c.cur
+	}
+	c.release()
+	switch c.tier {
+	case 2:
+		c.b1m = copyPool1M.Get().(*[1 << 20]byte)
+		c.cur = c.b1m[:]
+	case 1:
+		c.b256 = copyPool256K.Get().(*[256 << 10]byte)
+		c.cur = c.b256[:]
+	default:
+		c.b16 = copyPool16K.Get().(*[16 << 10]byte)
+		c.cur = c.b16[:]
+	}
+	return c.cur
+}
+
+// adapt picks the next read's tier from this read's n bytes.
+func (c *copyBuf) adapt(n int) {
+	switch {
+	case n >= copyTiers[c.tier] && c.tier < len(copyTiers)-1:
+		c.tier++
+	case c.tier > 0 && n <= copyTiers[c.tier-1]/4:
+		c.tier--
+	}
+}
+
+// release returns the buffers to their pools.
+func (c *copyBuf) release() {
+	if c.b16 != nil {
+		copyPool16K.Put(c.b16)
+		c.b16 = nil
+	}
+	if c.b256 != nil {
+		copyPool256K.Put(c.b256)
+		c.b256 = nil
+	}
+	if c.b1m != nil {
+		copyPool1M.Put(c.b1m)
+		c.b1m = nil
+	}
+	c.cur = nil
+}
+
+// recvBuf is a queue of pooled chunks holding received, unread data.
+type recvBuf struct {
+	chunks []*[chunkSize]byte
+	r, w   int // read offset in chunks[0], write offset in the last chunk
+	n      int
+}
+
+func (b *recvBuf) write(p []byte) {
+	for len(p) > 0 {
+		if len(b.chunks) == 0 || b.w == chunkSize {
+			b.chunks = append(b.chunks, getChunk())
+			b.w = 0
+		}
+		k := copy(b.chunks[len(b.chunks)-1][b.w:], p)
+		b.w += k
+		b.n += k
+		p = p[k:]
+	}
+}
+
+func (b *recvBuf) peek() []byte {
+	if b.n == 0 {
+		return nil
+	}
+	end := chunkSize
+	if len(b.chunks) == 1 {
+		end = b.w
+	}
+	return b.chunks[0][b.r:end]
+}
+
+func (b *recvBuf) advance(k int) {
+	b.r += k
+	b.n -= k
+	if len(b.chunks) == 1 && b.r == b.w {
+		putChunk(b.chunks[0])
+		b.chunks[0] = nil
+		b.chunks = b.chunks[:0]
+		b.r, b.w = 0, 0
+	} else if b.r == chunkSize {
+		putChunk(b.chunks[0])
+		copy(b.chunks, b.chunks[1:])
+		b.chunks[len(b.chunks)-1] = nil
+		b.chunks = b.chunks[:len(b.chunks)-1]
+		b.r = 0
+	}
+}
+
+func (b *recvBuf) read(p []byte) int {
+	total := 0
+	for len(p) > 0 && b.n > 0 {
+		k := copy(p, b.peek())
+		b.advance(k)
+		p = p[k:]
+		total += k
+	}
+	return total
+}
+
+func (b *recvBuf) free() {
+	for i, ch := range b.chunks {
+		putChunk(ch)
+		b.chunks[i] = nil
+	}
+	b.chunks = b.chunks[:0]
+	b.r, b.w, b.n = 0, 0, 0
+}

@@ -327,7 +327,7 @@ func (c *conn) open(ctx context.Context, authority string, hdr http.Header) (*St
 	c.nextID += 2
 	s := c.newStreamLocked(id)
 	c.mu.Unlock()
-	err := c.writeHeadersLocked(id, false, 0, authority, hdr)
+	err := c.writeHeadersWLocked(id, false, 0, authority, hdr)
 	if ferr := c.unlockWrite(); err == nil {
 		err = ferr
 	}

@@ -102,7 +102,7 @@ func (c Config) withDefaults() Config {
 // requests share connections only when every field matches.
 type Key struct {
 	Src   identity.ID    // our identity: the client certificate presented
-	Dst   string         // canonical (sorted, deduplicated, comma-joined) expected peer IDs
+	Peers string         // canonical (sorted, deduplicated, comma-joined) expected peer IDs
 	Addr  netip.AddrPort // peer's HBONE address (usually port 15008)
 	SrcIP netip.Addr     // local address to bind, if valid
 }
@@ -118,15 +118,15 @@ func NewKey(src identity.ID, expected []identity.ID, addr netip.AddrPort, srcIP 
 	}
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
-	return Key{Src: src, Dst: strings.Join(ids, ","), Addr: addr, SrcIP: srcIP}
+	return Key{Src: src, Peers: strings.Join(ids, ","), Addr: addr, SrcIP: srcIP}
 }
 
-// Expected returns the expected peer identities encoded in Dst.
+// Expected returns the expected peer identities encoded in Peers.
 func (k Key) Expected() []identity.ID {
-	if k.Dst == "" {
+	if k.Peers == "" {
 		return nil
 	}
-	parts := strings.Split(k.Dst, ",")
+	parts := strings.Split(k.Peers, ",")
 	out := make([]identity.ID, 0, len(parts))
 	for _, p := range parts {
 		if id, err := identity.Parse(p); err == nil {

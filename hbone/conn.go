@@ -35,7 +35,8 @@ type conn struct {
 	bc      *bufConn // coalescing layer under TLS, nil when the caller built the TLS conn
 	peer    identity.ID
 	fr      *http2.Framer
-	onClose func(*conn) // pool bookkeeping; called once, without c.mu held
+	onClose func(*conn) // pool bookkeeping: the connection leaves the pool; see leavePool
+	left    atomic.Bool // onClose has run
 	extra   bool        // client: dialed because the key's other conns were congested; guarded by Pool.mu
 
 	// Write side. wmu serialises frames; waiters counts goroutines queued for it so that
@@ -262,7 +263,7 @@ func (c *conn) onTick() {
 
 func (c *conn) flushOps() error {
 	c.lockWrite()
-	closeAfter, err := c.writeOpsLocked()
+	closeAfter, err := c.writeOpsWLocked()
 	if ferr := c.unlockWrite(); err == nil {
 		err = ferr
 	}
@@ -272,9 +273,9 @@ func (c *conn) flushOps() error {
 	return err
 }
 
-// writeOpsLocked writes the queued control frames (wmu held) and reports whether the
+// writeOpsWLocked writes the queued control frames (wmu held) and reports whether the
 // connection is to close after them (a final GOAWAY).
-func (c *conn) writeOpsLocked() (closeAfter bool, err error) {
+func (c *conn) writeOpsWLocked() (closeAfter bool, err error) {
 	c.mu.Lock()
 	ops := c.ops
 	c.ops = c.opsSpare[:0]
@@ -296,11 +297,11 @@ func (c *conn) writeOpsLocked() (closeAfter bool, err error) {
 			}
 			err = c.fr.WriteRSTStream(op.id, http2.ErrCode(op.val))
 		case opStatus:
-			err = c.writeHeadersLocked(op.id, true, int(op.val), "", nil)
+			err = c.writeHeadersWLocked(op.id, true, int(op.val), "", nil)
 		case opGoAway:
-			err = c.writeGoAwayLocked(http2.ErrCode(op.val))
+			err = c.writeGoAwayWLocked(http2.ErrCode(op.val))
 		case opGoAwayEnd:
-			err = c.writeGoAwayLocked(http2.ErrCodeNo)
+			err = c.writeGoAwayWLocked(http2.ErrCodeNo)
 			closeAfter = true
 		}
 		op.s = nil
@@ -314,14 +315,14 @@ func (c *conn) writeOpsLocked() (closeAfter bool, err error) {
 	return closeAfter, err
 }
 
-// writeDataLocked writes one DATA frame without END_STREAM (wmu held). Over a coalescing
+// writeDataWLocked writes one DATA frame without END_STREAM (wmu held). Over a coalescing
 // TLS conn the 9-byte header goes out as its own tiny TLS record, which shares the batch's
 // write(2), so the payload is encrypted straight from p instead of being copied into the
 // Framer's buffer first.
 //
 // A small payload is instead copied behind its header into one record: the copy is
 // cheaper than a second record's seal on this side and its open on the peer's.
-func (c *conn) writeDataLocked(id uint32, p []byte) error {
+func (c *conn) writeDataWLocked(id uint32, p []byte) error {
 	if c.bc == nil || len(p) <= smallData {
 		return c.fr.WriteData(id, false, p)
 	}
@@ -341,7 +342,7 @@ func (c *conn) writeDataLocked(id uint32, p []byte) error {
 // (a record carries at most 16 KiB).
 const smallData = 16<<10 - 9
 
-func (c *conn) writeGoAwayLocked(code http2.ErrCode) error {
+func (c *conn) writeGoAwayWLocked(code http2.ErrCode) error {
 	if c.goawaySent && code == http2.ErrCodeNo {
 		return nil
 	}
@@ -352,9 +353,9 @@ func (c *conn) writeGoAwayLocked(code http2.ErrCode) error {
 	return c.fr.WriteGoAway(last, code, nil)
 }
 
-// writeHeadersLocked encodes and writes a header block (wmu held). For a response, status
+// writeHeadersWLocked encodes and writes a header block (wmu held). For a response, status
 // is non-zero; for a request, authority is set.
-func (c *conn) writeHeadersLocked(id uint32, end bool, status int, authority string, h http.Header) error {
+func (c *conn) writeHeadersWLocked(id uint32, end bool, status int, authority string, h http.Header) error {
 	c.mu.Lock()
 	maxFrame, tbl := c.peerMaxFrame, c.peerHdrTable
 	c.mu.Unlock()
@@ -405,6 +406,27 @@ func hopByHop(name string) bool {
 	return false
 }
 
+// leavePool runs onClose once, without c.mu held: at GOAWAY or at close, whichever
+// comes first.
+func (c *conn) leavePool() {
+	if c.onClose != nil && !c.left.Swap(true) {
+		c.onClose(c)
+	}
+}
+
+// startDrain sends GOAWAY and takes no new streams; the connection closes once its
+// streams have ended (Server.Shutdown).
+func (c *conn) startDrain() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.draining = true
+	c.goaway = true
+	c.queueLocked(ctrlOp{kind: opGoAway, val: uint32(http2.ErrCodeNo)})
+	if c.active == 0 {
+		c.queueLocked(ctrlOp{kind: opGoAwayEnd})
+	}
+}
+
 // closeWith tears the connection down once; every stream still open sees err (wrapped in
 // ErrConnClosed). A nil err is a clean close.
 func (c *conn) closeWith(err error) {
@@ -436,9 +458,7 @@ func (c *conn) closeWith(err error) {
 	} else {
 		c.nc.Close()
 	}
-	if c.onClose != nil {
-		c.onClose(c)
-	}
+	c.leavePool()
 }
 
 // fail answers a connection error with GOAWAY (best effort, bounded by a write deadline)
@@ -451,7 +471,7 @@ func (c *conn) fail(err error) {
 		}
 		c.nc.SetWriteDeadline(time.Now().Add(time.Second))
 		c.lockWrite()
-		c.writeGoAwayLocked(ce.Code)
+		c.writeGoAwayWLocked(ce.Code)
 		c.unlockWrite()
 	}
 	c.closeWith(err)
@@ -636,8 +656,8 @@ func (c *conn) handleDataLocked(f *http2.DataFrame) (finish *Stream, err error) 
 		s.recvEnd = true
 		c.maybeDoneLocked(s)
 		wake = true
-		if s.deliverDone != nil && !s.draining && s.rb.n == 0 {
-			s.draining = true // so signalLocked starts no drain goroutine
+		if s.deliverDone != nil && !s.delivering && s.rb.n == 0 {
+			s.delivering = true // so signalLocked starts no drain goroutine
 			finish = s
 		}
 	}
@@ -836,9 +856,7 @@ func (c *conn) handleGoAway(f *http2.GoAwayFrame) {
 		c.queueLocked(ctrlOp{kind: opGoAwayEnd})
 	}
 	c.mu.Unlock()
-	if c.onClose != nil {
-		c.onClose(c) // leave the pool now; the connection closes when its streams end
-	}
+	c.leavePool() // now; the connection closes when its streams end
 }
 
 func (c *conn) clientHeaders(f *http2.MetaHeadersFrame) error {

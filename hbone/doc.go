@@ -88,6 +88,16 @@
 //     PUSH_PROMISE is a connection error, a refused CONNECT is retried at most twice, and
 //     Dial's context bounds how long an unanswered CONNECT waits.
 //
+// # Locks
+//
+// Taken in this order, never the other way: Pool.mu → conn.mu; Stream.wmu → conn.wmu →
+// conn.mu; Stream.rmu → conn.mu; Server.mu is never held with a conn's lock. conn.wmu
+// (the write lock: the Framer's write side, the HPACK encoder, the coalescing buffer)
+// is held by whoever writes frames; functions that need it end in WLocked. conn.mu (the
+// state lock: streams, windows, settings, the control-frame queue) guards the rest of
+// conn and Stream's fields marked so; functions that need it end in Locked. The frame
+// reader owns the Framer's read side alone.
+//
 // Goroutines: per connection one frame reader and one writer (owned by the Pool, or by
 // the ServeConn call), plus one per server stream running the Handler. Stream.DeliverTo
 // is WriteTo without a waiting goroutine: the frame reader's direct writes carry the

@@ -39,8 +39,9 @@ func TestContinuationFlood(t *testing.T) {
 			break // the server closed the connection
 		}
 	}
+	var err error
 	select {
-	case err := <-done:
+	case err = <-done:
 		if err == nil {
 			t.Errorf("ServeConn = nil, want a connection error")
 		}
@@ -51,7 +52,7 @@ func TestContinuationFlood(t *testing.T) {
 	if sent >= 64<<20 {
 		t.Errorf("the server read %d bytes of one header block before giving up", sent)
 	}
-	t.Logf("connection ended after %d KiB of CONTINUATION: %v", sent>>10, <-done)
+	t.Logf("connection ended after %d KiB of CONTINUATION: %v", sent>>10, err)
 }
 
 // An HPACK bomb: one large header in the dynamic table, then referenced by its one-byte

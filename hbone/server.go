@@ -49,7 +49,7 @@ func (r *Request) Accept(h http.Header) (*Stream, error) {
 	if cerr != nil {
 		err = cerr
 	} else if !s.rstWritten {
-		err = c.writeHeadersLocked(s.id, false, http.StatusOK, "", h)
+		err = c.writeHeadersWLocked(s.id, false, http.StatusOK, "", h)
 	}
 	if ferr := c.unlockWrite(); err == nil {
 		err = ferr
@@ -72,7 +72,7 @@ func (r *Request) Reject(code int) {
 	c.lockWrite()
 	var err error
 	if !s.rstWritten {
-		err = c.writeHeadersLocked(s.id, true, code, "", nil)
+		err = c.writeHeadersWLocked(s.id, true, code, "", nil)
 	}
 	c.mu.Lock()
 	s.sentEnd = true
@@ -105,8 +105,7 @@ type Server struct {
 	h   Handler
 
 	mu       sync.Mutex
-	conns    map[*conn]struct{}
-	raws     map[net.Conn]struct{} // every connection inside ServeConn, from before its handshake
+	raws     map[net.Conn]*conn // every connection inside ServeConn, from before its handshake; nil until it serves HTTP/2
 	lns      map[net.Listener]struct{}
 	shutdown bool
 	idle     chan struct{} // closed when the last conn leaves during Shutdown
@@ -114,8 +113,7 @@ type Server struct {
 
 // NewServer returns a server calling h for every valid CONNECT.
 func NewServer(cfg Config, h Handler) *Server {
-	return &Server{cfg: cfg.withDefaults(), h: h, conns: make(map[*conn]struct{}),
-		raws: make(map[net.Conn]struct{}), lns: make(map[net.Listener]struct{})}
+	return &Server{cfg: cfg.withDefaults(), h: h, raws: make(map[net.Conn]*conn), lns: make(map[net.Listener]struct{})}
 }
 
 // ServeTLS runs the TLS server handshake itself over raw (a TCP conn) so that outgoing
@@ -139,7 +137,7 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, bc *bufConn) error
 		raw.Close()
 		return errClosed
 	}
-	s.raws[raw] = struct{}{}
+	s.raws[raw] = nil
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
@@ -187,9 +185,8 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, bc *bufConn) error
 		raw.Close()
 		return errClosed
 	}
-	s.conns[c] = struct{}{}
+	s.raws[raw] = c
 	s.mu.Unlock()
-	defer s.removeConn(c)
 	cstop := context.AfterFunc(ctx, func() { c.closeWith(ctx.Err()) })
 	defer cstop()
 	if err := c.writePreface(); err != nil {
@@ -209,12 +206,6 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, bc *bufConn) error
 		return fmt.Errorf("hbone: serve %s: %w", raw.RemoteAddr(), cause)
 	}
 	return nil // the peer or we closed the connection
-}
-
-func (s *Server) removeConn(c *conn) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.conns, c)
 }
 
 // Serve accepts connections from ln (which yields TLS conns) and serves each in its own
@@ -263,26 +254,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for ln := range s.lns {
 		ln.Close()
 	}
-	for raw := range s.raws {
-		if _, serving := s.connFor(raw); !serving {
-			raw.Close()
-		}
-	}
-	conns := make([]*conn, 0, len(s.conns))
-	for c := range s.conns {
-		conns = append(conns, c)
-	}
+	conns := s.connsLocked(true)
 	empty := len(s.raws) == 0
 	s.mu.Unlock()
 	for _, c := range conns {
-		c.mu.Lock()
-		c.draining = true
-		c.goaway = true
-		c.queueLocked(ctrlOp{kind: opGoAway, val: uint32(http2.ErrCodeNo)})
-		if c.active == 0 {
-			c.queueLocked(ctrlOp{kind: opGoAwayEnd})
-		}
-		c.mu.Unlock()
+		c.startDrain()
 	}
 	if empty {
 		return nil
@@ -296,19 +272,6 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 }
 
-// connFor reports whether raw already serves HTTP/2 (s.mu held).
-func (s *Server) connFor(raw net.Conn) (*conn, bool) {
-	for c := range s.conns {
-		if c.nc == raw {
-			return c, true
-		}
-		if tc, ok := c.nc.(*tls.Conn); ok && (tc.NetConn() == raw || c.bc != nil && c.bc.Conn == raw) {
-			return c, true
-		}
-	}
-	return nil, false
-}
-
 // Close closes every connection and listener now. Idempotent.
 func (s *Server) Close() error {
 	s.mu.Lock()
@@ -316,16 +279,27 @@ func (s *Server) Close() error {
 	for ln := range s.lns {
 		ln.Close()
 	}
+	conns := s.connsLocked(false)
 	for raw := range s.raws {
 		raw.Close()
-	}
-	conns := make([]*conn, 0, len(s.conns))
-	for c := range s.conns {
-		conns = append(conns, c)
 	}
 	s.mu.Unlock()
 	for _, c := range conns {
 		c.closeWith(errClosed)
 	}
 	return nil
+}
+
+// connsLocked returns the connections serving HTTP/2; with closeOthers it closes those
+// still in their handshake (s.mu held).
+func (s *Server) connsLocked(closeOthers bool) []*conn {
+	conns := make([]*conn, 0, len(s.raws))
+	for raw, c := range s.raws {
+		if c != nil {
+			conns = append(conns, c)
+		} else if closeOthers {
+			raw.Close()
+		}
+	}
+	return conns
 }
