@@ -14,16 +14,12 @@ package xds
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
-	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -32,26 +28,17 @@ import (
 	statuspb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/gozt/gozt/internal/token"
+	"github.com/gozt/gozt/internal/istiogrpc"
 	"github.com/gozt/gozt/xds/state"
 	"github.com/gozt/gozt/xds/xdspb"
 	"github.com/gozt/gozt/xds/xdspb/discoverypb"
 	"github.com/gozt/gozt/xds/xdspb/securitypb"
 	"github.com/gozt/gozt/xds/xdspb/workloadpb"
-)
-
-// Defaults for Config's zero values.
-const (
-	DefaultRootCA    = "./var/run/secrets/istio/root-cert.pem"
-	DefaultClusterID = "Kubernetes"
 )
 
 // Timings ztunnel uses.
@@ -70,21 +57,16 @@ const (
 
 // Config configures the delta ADS client. The zero value of each field is its documented default.
 type Config struct {
-	// Address is XDS_ADDRESS: "http://host:port" is plaintext (istiod's 15010); "https://" (the
-	// default scheme) is TLS verified with RootCA.
-	Address string
-	// RootCA is XDS_ROOT_CA: a file path (default DefaultRootCA), "SYSTEM" for the OS roots, or
-	// inline PEM.
-	RootCA string
-	// AltHostname, when set, is the server name verified instead of the address's host.
+	// Address (XDS_ADDRESS), RootCA (XDS_ROOT_CA), AltHostname (ALT_XDS_HOSTNAME),
+	// TokenFile (AUTH_TOKEN), ClusterID (CLUSTER_ID) and Headers (XDS_HEADER_*) describe the
+	// control plane's endpoint, with internal/istiogrpc's defaults: "host:port" is TLS,
+	// "http://" plaintext; the root file and the token are read again at each connect.
+	Address     string
+	RootCA      string
 	AltHostname string
-	// TokenFile holds a bearer token sent as "authorization: Bearer ..."; re-read each
-	// connect. A file that does not exist means no token (and one WARN).
-	TokenFile string
-	// ClusterID is sent as the "clusterid" header (default DefaultClusterID).
-	ClusterID string
-	// Headers are extra gRPC metadata (XDS_HEADER_*).
-	Headers map[string]string
+	TokenFile   string
+	ClusterID   string
+	Headers     map[string]string
 	// NodeID is "ztunnel~IP~pod.ns~ns.svc.cluster.local"; istiod keys the proxy type off it.
 	NodeID string
 	// Metadata are the node metadata string fields (NAME, NAMESPACE, INSTANCE_IPS, ...).
@@ -152,9 +134,7 @@ type Client struct {
 	store   *state.Store
 	log     *slog.Logger
 	metrics *clientMetrics
-	creds   credentials.TransportCredentials
-	target  string
-	token   *token.File
+	ep      *istiogrpc.Endpoint
 
 	synced     chan struct{}
 	syncedOnce sync.Once
@@ -174,13 +154,14 @@ func NewClient(cfg Config, store *state.Store, reg prometheus.Registerer) (*Clie
 	if store == nil {
 		return nil, errors.New("xds: nil store")
 	}
-	if cfg.ClusterID == "" {
-		cfg.ClusterID = DefaultClusterID
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	creds, target, err := transport(cfg)
+	log := cfg.Logger.With("component", "xds")
+	ep, err := istiogrpc.New(istiogrpc.Config{
+		Name: "XDS", Address: cfg.Address, RootCA: cfg.RootCA, AltHostname: cfg.AltHostname,
+		TokenFile: cfg.TokenFile, ClusterID: cfg.ClusterID, Headers: cfg.Headers, Logger: log,
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -188,78 +169,15 @@ func NewClient(cfg Config, store *state.Store, reg prometheus.Registerer) (*Clie
 	if err != nil {
 		return nil, err
 	}
-	log := cfg.Logger.With("component", "xds")
 	return &Client{
 		cfg: cfg, store: store, log: log, metrics: m,
-		creds: creds, target: target, token: token.NewFile(cfg.TokenFile, log),
+		ep:       ep,
 		synced:   make(chan struct{}),
 		versions: map[string]map[string]string{xdspb.AddressType: {}, xdspb.AuthorizationType: {}},
 		demanded: make(map[string]struct{}),
 		waiters:  make(map[string][]chan struct{}),
 		seen:     make(map[string]bool),
 	}, nil
-}
-
-// transport parses Address into gRPC transport credentials and a dial target.
-func transport(cfg Config) (credentials.TransportCredentials, string, error) {
-	addr := cfg.Address
-	if addr == "" {
-		return nil, "", errors.New("xds: empty address")
-	}
-	if !strings.Contains(addr, "://") {
-		addr = "https://" + addr
-	}
-	u, err := url.Parse(addr)
-	if err != nil {
-		return nil, "", fmt.Errorf("xds: address %q: %w", cfg.Address, err)
-	}
-	host := u.Host
-	if _, _, err := net.SplitHostPort(host); err != nil {
-		if u.Scheme == "http" {
-			host = net.JoinHostPort(u.Hostname(), "80")
-		} else {
-			host = net.JoinHostPort(u.Hostname(), "443")
-		}
-	}
-	switch u.Scheme {
-	case "http":
-		return insecure.NewCredentials(), host, nil
-	case "https":
-	default:
-		return nil, "", fmt.Errorf("xds: address %q: unsupported scheme %q", cfg.Address, u.Scheme)
-	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: u.Hostname(), NextProtos: []string{"h2"}}
-	if cfg.AltHostname != "" {
-		tc.ServerName = cfg.AltHostname
-	}
-	roots, err := loadRoots(cfg.RootCA)
-	if err != nil {
-		return nil, "", err
-	}
-	tc.RootCAs = roots
-	return credentials.NewTLS(tc), host, nil
-}
-
-func loadRoots(rootCA string) (*x509.CertPool, error) {
-	if rootCA == "SYSTEM" {
-		return nil, nil // crypto/tls uses the system pool
-	}
-	pem := []byte(rootCA)
-	if !strings.Contains(rootCA, "-----BEGIN") {
-		path := rootCA
-		if path == "" {
-			path = DefaultRootCA
-		}
-		var err error
-		if pem, err = os.ReadFile(path); err != nil {
-			return nil, fmt.Errorf("xds: root CA: %w", err)
-		}
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, errors.New("xds: root CA: no certificates found")
-	}
-	return pool, nil
 }
 
 // Synced is closed once every non-on-demand type has had its first response handled.
@@ -348,7 +266,7 @@ func (c *Client) dialOptions() []grpc.DialOption {
 		},
 	}
 	return []grpc.DialOption{
-		grpc.WithTransportCredentials(c.creds),
+		grpc.WithTransportCredentials(c.ep.Credentials()),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			return dialer.DialContext(ctx, "tcp", addr)
 		}),
@@ -356,21 +274,6 @@ func (c *Client) dialOptions() []grpc.DialOption {
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsgSize)),
 		grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: connectTimeout}),
 	}
-}
-
-func (c *Client) outgoingMD(ctx context.Context) (context.Context, error) {
-	md := metadata.Pairs("clusterid", c.cfg.ClusterID)
-	for k, v := range c.cfg.Headers {
-		md.Append(strings.ToLower(k), v)
-	}
-	auth, err := c.token.Authorization()
-	if err != nil {
-		return nil, fmt.Errorf("xds: token: %w", err)
-	}
-	if auth != "" {
-		md.Set("authorization", auth)
-	}
-	return metadata.NewOutgoingContext(ctx, md), nil
 }
 
 func (c *Client) node() *discoverypb.Node {
@@ -423,14 +326,14 @@ func (c *Client) send(req *discoverypb.DeltaDiscoveryRequest) error {
 
 // runStream runs one connection and stream until it fails or ctx ends.
 func (c *Client) runStream(ctx context.Context) (gotResponse bool, err error) {
-	cc, err := grpc.NewClient("passthrough:///"+c.target, c.dialOptions()...)
+	cc, err := grpc.NewClient(c.ep.Target(), c.dialOptions()...)
 	if err != nil {
 		return false, &connectError{err}
 	}
 	defer cc.Close()
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	sctx, err = c.outgoingMD(sctx)
+	sctx, err = c.ep.Outgoing(sctx)
 	if err != nil {
 		return false, &connectError{err}
 	}

@@ -573,7 +573,9 @@ func TestClientTokenFile(t *testing.T) {
 	}
 	srv.end <- struct{}{}
 	deadline := time.Now().Add(waitFor)
-	for !slices.ContainsFunc(logs.Lines(slog.LevelWarn), func(l string) bool { return strings.Contains(l, "xds: token") && strings.Contains(l, "is a directory") }) {
+	for !slices.ContainsFunc(logs.Lines(slog.LevelWarn), func(l string) bool {
+		return strings.Contains(l, "xds: AUTH_TOKEN") && strings.Contains(l, "is a directory")
+	}) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no token read error logged for a directory; warnings: %q", logs.Lines(slog.LevelWarn))
 		}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gozt/gozt/internal/istiogrpc"
 )
 
 // config is every setting of the binary, read once at start from the environment (Istio
@@ -100,7 +102,7 @@ func settings() []setting {
 		}},
 		str("NODE_NAME", "", "this node's name; workloads on it are served in shared mode", func(c *config) *string { return &c.NodeName }),
 		str("NETWORK", "", "this node's network", func(c *config) *string { return &c.Network }),
-		str("CLUSTER_ID", "Kubernetes", "cluster id sent to the control plane and CA", func(c *config) *string { return &c.ClusterID }),
+		str("CLUSTER_ID", istiogrpc.DefaultClusterID, "cluster id sent to the control plane and CA", func(c *config) *string { return &c.ClusterID }),
 		str("CLUSTER_DOMAIN", "cluster.local", "Kubernetes cluster DNS domain", func(c *config) *string { return &c.ClusterDomain }),
 		str("TRUST_DOMAIN", "cluster.local", "trust domain of ztunnel's own identity", func(c *config) *string { return &c.TrustDomain }),
 		str("POD_NAME", "", "ztunnel's pod name (node id)", func(c *config) *string { return &c.PodName }),
@@ -108,7 +110,7 @@ func settings() []setting {
 		str("INSTANCE_IP", "", "ztunnel's IP (node id)", func(c *config) *string { return &c.InstanceIP }),
 
 		str("XDS_ADDRESS", "", "xDS control plane (https://istiod.istio-system.svc:15012; http:// = plaintext); empty = no control plane", func(c *config) *string { return &c.XDSAddress }),
-		str("XDS_ROOT_CA", "./var/run/secrets/istio/root-cert.pem", "root for the xDS server's certificate: path, SYSTEM or inline PEM", func(c *config) *string { return &c.XDSRootCA }),
+		str("XDS_ROOT_CA", istiogrpc.DefaultRootCA, "root for the xDS server's certificate: path (re-read at each connection), SYSTEM or inline PEM", func(c *config) *string { return &c.XDSRootCA }),
 		str("ALT_XDS_HOSTNAME", "", "extra accepted xDS server name", func(c *config) *string { return &c.AltXDSHostname }),
 		str("AUTH_TOKEN", "./var/run/secrets/tokens/istio-token", "bearer token file for xDS and the CA (re-read on every call; ignored if missing)", func(c *config) *string { return &c.AuthToken }),
 		boolean("XDS_ON_DEMAND", "false", "ask the control plane for addresses on demand", func(c *config) *bool { return &c.XDSOnDemand }),
@@ -116,7 +118,7 @@ func settings() []setting {
 
 		enum("CA_PROVIDER", "", "istio | spiffe | builtin; empty: spiffe if SPIFFE_ENDPOINT_SOCKET is set, builtin if LOCAL_XDS_PATH is set and CA_ADDRESS is not, else istio", []string{"", "istio", "spiffe", "builtin"}, func(c *config) *string { return &c.CAProvider }),
 		str("CA_ADDRESS", "", "Istio CA (IstioCertificateService) address; default https://localhost:15012 for the istio provider", func(c *config) *string { return &c.CAAddress }),
-		str("CA_ROOT_CA", "./var/run/secrets/istio/root-cert.pem", "root for the CA's certificate: path (watched), SYSTEM or inline PEM", func(c *config) *string { return &c.CARootCA }),
+		str("CA_ROOT_CA", istiogrpc.DefaultRootCA, "root for the CA's certificate: path (re-read at each connection), SYSTEM or inline PEM", func(c *config) *string { return &c.CARootCA }),
 		str("ALT_CA_HOSTNAME", "", "extra accepted CA server name", func(c *config) *string { return &c.AltCAHostname }),
 		str("CA_DIR", "./var/lib/gozt/ca", "built-in CA directory (Istio cacerts layout; a root is generated on first start)", func(c *config) *string { return &c.CADir }),
 		str("SPIFFE_ENDPOINT_SOCKET", "", "SPIFFE Workload API socket (unix:///path), for the spiffe provider", func(c *config) *string { return &c.SpiffeSocket }),

@@ -59,11 +59,11 @@ func (i *Issued) Identity() (identity.ID, error) {
 // Config mirrors the environment (cmd/ztunnel fills it): zero values mean the documented defaults.
 type Config struct {
 	Provider     string            // "istio" | "spiffe" | "builtin" | "" (auto, see New)
-	Address      string            // CA_ADDRESS [https://localhost:15012]; http:// means plaintext
-	RootCA       string            // CA_ROOT_CA [./var/run/secrets/istio/root-cert.pem]: path, "SYSTEM", or inline PEM; a file is re-checked on every fetch
+	Address      string            // CA_ADDRESS [DefaultAddress]; host:port is TLS, http:// plaintext
+	RootCA       string            // CA_ROOT_CA: path (re-read at each connection), "SYSTEM", or inline PEM
 	AltHostname  string            // ALT_CA_HOSTNAME: name to verify the CA's certificate against instead of the address host
-	TokenFile    string            // AUTH_TOKEN path (re-read every call); empty or a file that does not exist = no token
-	ClusterID    string            // CLUSTER_ID [Kubernetes]
+	TokenFile    string            // AUTH_TOKEN path (re-read every call)
+	ClusterID    string            // CLUSTER_ID
 	Headers      map[string]string // CA_HEADER_*
 	SecretTTL    time.Duration     // SECRET_TTL [24h]
 	Impersonate  bool              // shared mode: send ImpersonatedIdentity metadata
@@ -72,11 +72,10 @@ type Config struct {
 	LocalXDS     bool              // LOCAL_XDS_PATH set (for the auto rule)
 }
 
-// Defaults applied by New.
+// Defaults applied by New. The endpoint fields (Address to Headers) take
+// internal/istiogrpc's defaults, the same as the xDS client's.
 const (
 	DefaultAddress   = "https://localhost:15012"
-	DefaultRootCA    = "./var/run/secrets/istio/root-cert.pem"
-	DefaultClusterID = "Kubernetes"
 	DefaultSecretTTL = 24 * time.Hour
 )
 

@@ -1,140 +1,62 @@
 package ca
 
 import (
-	"bytes"
+	"cmp"
 	"context"
 	"crypto"
-	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/url"
-	"os"
-	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/gozt/gozt/identity"
 	pb "github.com/gozt/gozt/identity/ca/capb"
-	"github.com/gozt/gozt/internal/token"
+	"github.com/gozt/gozt/internal/istiogrpc"
 )
 
-// istioClient speaks istio.v1.auth.IstioCertificateService. The gRPC channel is rebuilt when
-// the CA_ROOT_CA file changes, checked (one stat) at every fetch, so a rotated istiod root
-// takes effect without a restart and without a watcher goroutine.
+// istioClient speaks istio.v1.auth.IstioCertificateService over one gRPC channel. The
+// endpoint (internal/istiogrpc) reads a CA_ROOT_CA file again at every TLS handshake, so a
+// rotated istiod root applies to the channel's next connection without a restart and
+// without a watcher goroutine.
 type istioClient struct {
-	cfg       Config
-	target    string // host:port
-	plaintext bool
-	rootFile  string // "" unless CA_ROOT_CA names a file
-	token     *token.File
+	cfg Config
+	ep  *istiogrpc.Endpoint
 
-	mu       sync.Mutex
-	conn     *grpc.ClientConn
-	rootSeen []byte // content of rootFile the conn was built with
-	closed   bool
+	mu     sync.Mutex
+	conn   *grpc.ClientConn // guarded by mu
+	closed bool             // guarded by mu
 }
 
 func newIstio(cfg Config) (*istioClient, error) {
-	if cfg.Address == "" {
-		cfg.Address = DefaultAddress
-	}
-	if cfg.RootCA == "" {
-		cfg.RootCA = DefaultRootCA
-	}
-	if cfg.ClusterID == "" {
-		cfg.ClusterID = DefaultClusterID
-	}
-	addr := cfg.Address
-	if !strings.Contains(addr, "://") {
-		addr = "https://" + addr
-	}
-	u, err := url.Parse(addr)
-	if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
-		return nil, fmt.Errorf("ca: CA_ADDRESS %q is not https://host:port or http://host:port", cfg.Address)
-	}
-	host := u.Host
-	if u.Port() == "" {
-		host = net.JoinHostPort(u.Hostname(), "15012")
-	}
-	c := &istioClient{
-		cfg: cfg, target: host, plaintext: u.Scheme == "http",
-		token: token.NewFile(cfg.TokenFile, slog.Default().With("component", "ca")),
-	}
-	if !c.plaintext && cfg.RootCA != "SYSTEM" && !strings.Contains(cfg.RootCA, "-----BEGIN") {
-		c.rootFile = cfg.RootCA
-	}
-	if !c.plaintext {
-		if _, err := c.readRootPEM(); err != nil {
-			return nil, err
-		}
-	}
-	return c, nil
-}
-
-// readRootPEM loads the CA_ROOT_CA roots; nil means the system roots.
-func (c *istioClient) readRootPEM() ([]byte, error) {
-	switch {
-	case c.cfg.RootCA == "SYSTEM":
-		return nil, nil
-	case c.rootFile == "":
-		return []byte(c.cfg.RootCA), nil
-	}
-	data, err := os.ReadFile(c.rootFile)
+	ep, err := istiogrpc.New(istiogrpc.Config{
+		Name: "CA", Address: cmp.Or(cfg.Address, DefaultAddress), RootCA: cfg.RootCA, AltHostname: cfg.AltHostname,
+		TokenFile: cfg.TokenFile, ClusterID: cfg.ClusterID, Headers: cfg.Headers,
+		Logger: slog.Default().With("component", "ca"),
+	})
 	if err != nil {
-		return nil, fmt.Errorf("ca: CA_ROOT_CA: %w", err)
+		return nil, err
 	}
-	return data, nil
+	return &istioClient{cfg: cfg, ep: ep}, nil
 }
 
-// connLocked returns the channel, rebuilding it if the root file changed.
+// connLocked returns the channel, creating it on first use.
 func (c *istioClient) connLocked() (*grpc.ClientConn, error) {
 	if c.closed {
 		return nil, errors.New("ca: client closed")
 	}
-	var rootPEM []byte
-	if !c.plaintext {
-		var err error
-		if rootPEM, err = c.readRootPEM(); err != nil {
-			return nil, err
+	if c.conn == nil {
+		conn, err := grpc.NewClient(c.ep.Target(), grpc.WithTransportCredentials(c.ep.Credentials()))
+		if err != nil {
+			return nil, fmt.Errorf("ca: dial %s: %w", c.ep.Addr(), err)
 		}
-		if c.conn != nil && !bytes.Equal(rootPEM, c.rootSeen) {
-			c.conn.Close()
-			c.conn = nil
-		}
+		c.conn = conn
 	}
-	if c.conn != nil {
-		return c.conn, nil
-	}
-	creds := insecure.NewCredentials()
-	if !c.plaintext {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12}
-		if rootPEM != nil {
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(rootPEM) {
-				return nil, fmt.Errorf("ca: CA_ROOT_CA %q holds no PEM certificate", c.rootFile)
-			}
-			tc.RootCAs = pool
-		}
-		if c.cfg.AltHostname != "" {
-			tc.ServerName = c.cfg.AltHostname
-		}
-		creds = credentials.NewTLS(tc)
-	}
-	conn, err := grpc.NewClient("passthrough:///"+c.target, grpc.WithTransportCredentials(creds))
-	if err != nil {
-		return nil, fmt.Errorf("ca: dial %s: %w", c.target, err)
-	}
-	c.conn, c.rootSeen = conn, rootPEM
-	return conn, nil
+	return c.conn, nil
 }
 
 // Fetch sends a CSR for id and checks that the leaf in the answer carries id.
@@ -148,16 +70,9 @@ func (c *istioClient) Fetch(ctx context.Context, id identity.ID) (*Issued, error
 	if err != nil {
 		return nil, err
 	}
-	md := metadata.MD{"clusterid": []string{c.cfg.ClusterID}}
-	for k, v := range c.cfg.Headers {
-		md.Set(k, v)
-	}
-	auth, err := c.token.Authorization()
+	octx, err := c.ep.Outgoing(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("ca: AUTH_TOKEN: %w", err)
-	}
-	if auth != "" {
-		md.Set("authorization", auth)
+		return nil, err
 	}
 	key, err := newKey()
 	if err != nil {
@@ -173,9 +88,9 @@ func (c *istioClient) Fetch(ctx context.Context, id identity.ID) (*Issued, error
 			"ImpersonatedIdentity": structpb.NewStringValue(id.String()),
 		}}
 	}
-	resp, err := pb.NewIstioCertificateServiceClient(conn).CreateCertificate(metadata.NewOutgoingContext(ctx, md), req)
+	resp, err := pb.NewIstioCertificateServiceClient(conn).CreateCertificate(octx, req)
 	if err != nil {
-		return nil, fmt.Errorf("ca: create certificate for %s at %s: %w", id, c.target, err)
+		return nil, fmt.Errorf("ca: create certificate for %s at %s: %w", id, c.ep.Addr(), err)
 	}
 	return fromIstioChain(id, key, resp.GetCertChain())
 }
