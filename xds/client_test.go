@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -625,5 +626,72 @@ func TestClientWarnsOncePerError(t *testing.T) {
 	}
 	if w := logs.Lines(slog.LevelWarn); len(w) != 1 {
 		t.Errorf("%d WARNs after 4 failed attempts with the same error; want 1:\n%s", len(w), strings.Join(w, "\n"))
+	}
+}
+
+// TestClientRoots: the endpoint's roots through the client, on an address with no scheme
+// (TLS): inline PEM verifies, SYSTEM is the OS roots (which do not hold this test's), and a
+// root file is read again when the client reconnects, so a rotated root needs no restart.
+func TestClientRoots(t *testing.T) {
+	leaktest.Check(t)
+	dir := t.TempDir()
+	oldCert, oldPEM := selfSigned(t, dir)
+	newCert, newPEM := selfSigned(t, dir)
+	var mu sync.Mutex
+	serving := &oldCert
+	srv := startADS(t, "127.0.0.1:0", grpc.Creds(credentials.NewTLS(&tls.Config{
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return serving, nil
+		},
+	})))
+	const alt = "istiod.istio-system.svc"
+	newC := func(rootCA string) *Client {
+		c, err := NewClient(Config{Address: srv.addr, RootCA: rootCA, AltHostname: alt}, state.NewStore(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+
+	stop := runClient(t, newC(oldPEM))
+	srv.stream(t)
+	if got := (<-srv.md).Get("clusterid"); slices.Compare(got, []string{"Kubernetes"}) != 0 {
+		t.Errorf("default clusterid = %q; want Kubernetes", got)
+	}
+	srv.initial(t)
+	stop()
+
+	system := newC("SYSTEM")
+	runClient(t, system)
+	deadline := time.Now().Add(waitFor)
+	for counterValue(system.metrics.terminations.WithLabelValues(reasonConnectionError)) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("RootCA SYSTEM accepted a server whose root the OS does not hold")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	rootFile := filepath.Join(dir, "root.pem")
+	if err := os.WriteFile(rootFile, []byte(oldPEM), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runClient(t, newC(rootFile))
+	srv.stream(t)
+	srv.initial(t)
+	mu.Lock()
+	serving = &newCert
+	mu.Unlock()
+	if err := os.WriteFile(rootFile, []byte(newPEM), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv.end <- struct{}{} // the client reconnects at once, to the server's new certificate
+	srv.stream(t)
+	srv.initial(t)
+	select {
+	case <-srv.streams:
+		t.Error("SYSTEM client opened a stream")
+	default:
 	}
 }

@@ -208,7 +208,9 @@ func TestIstioSeveralRoots(t *testing.T) {
 }
 
 // TestIstioRootRotation: the CA's serving certificate moves to a new root and CA_ROOT_CA is
-// rewritten; the same client keeps working without a restart.
+// rewritten; the same client keeps working without a restart (its channel's connection
+// stays up; internal/istiogrpc's TestRootFileReread shows the next connection reads the
+// new file).
 func TestIstioRootRotation(t *testing.T) {
 	leaktest.Check(t)
 	signer := catest.NewRoot(t, "signer")
@@ -250,6 +252,42 @@ func TestIstioAltHostname(t *testing.T) {
 	c = newClient(t, ca.Config{Provider: "istio", Address: srv.Addr, RootCA: string(root.PEM()), AltHostname: "istiod.istio-system.svc"})
 	if _, err := fetch(t, c, idA); err != nil {
 		t.Fatalf("with ALT_CA_HOSTNAME: %v", err)
+	}
+}
+
+// TestIstioEndpoint: the endpoint through the CA client, as Istio's chart configures it:
+// host:port with no scheme is TLS, verified against a root file and ALT_CA_HOSTNAME, with
+// clusterid and CA_HEADER_* reaching the server; SYSTEM is the OS roots, which do not
+// hold this test's.
+func TestIstioEndpoint(t *testing.T) {
+	leaktest.Check(t)
+	root := catest.NewRoot(t, "root")
+	cert := root.ServingCert(t, "istiod.istio-system.svc")
+	srv := catest.StartIstio(t, root, &cert)
+	rootFile := filepath.Join(t.TempDir(), "root-cert.pem")
+	if err := os.WriteFile(rootFile, root.PEM(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, ca.Config{
+		Provider: "istio", Address: srv.Addr, RootCA: rootFile, AltHostname: "istiod.istio-system.svc",
+		ClusterID: "c1", Headers: map[string]string{"X-Extra": "v"},
+	})
+	if _, err := fetch(t, c, idA); err != nil {
+		t.Fatal(err)
+	}
+	md := srv.Requests()[0].MD
+	if got := md.Get("clusterid"); len(got) != 1 || got[0] != "c1" {
+		t.Errorf("clusterid = %q; want c1", got)
+	}
+	if got := md.Get("x-extra"); len(got) != 1 || got[0] != "v" {
+		t.Errorf("x-extra = %q; want v", got)
+	}
+	system := newClient(t, ca.Config{Provider: "istio", Address: srv.Addr, RootCA: "SYSTEM", AltHostname: "istiod.istio-system.svc"})
+	if _, err := fetch(t, system, idA); err == nil || !strings.Contains(err.Error(), "unknown authority") {
+		t.Errorf("CA_ROOT_CA=SYSTEM: err = %v; want unknown authority", err)
+	}
+	if n := len(srv.Requests()); n != 1 {
+		t.Errorf("server saw %d requests; want 1", n)
 	}
 }
 
