@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/netip"
 
+	"github.com/gozt/gozt/internal/istiogrpc"
 	"github.com/gozt/gozt/xds/state"
 	"github.com/gozt/gozt/xds/xdspb/securitypb"
 	"github.com/gozt/gozt/xds/xdspb/workloadpb"
@@ -120,7 +121,7 @@ func convertWorkload(p *workloadpb.Workload) (*state.Workload, error) {
 		w.ServiceAccount = state.DefaultServiceAccount
 	}
 	if w.ClusterID == "" {
-		w.ClusterID = state.DefaultClusterID
+		w.ClusterID = istiogrpc.DefaultClusterID
 	}
 	if c := p.GetCapacity(); c != nil {
 		w.Capacity = c.GetValue()

@@ -16,6 +16,7 @@ import (
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/gozt/gozt/internal/istiogrpc"
 	"github.com/gozt/gozt/xds/state"
 	"github.com/gozt/gozt/xds/xdspb/securitypb"
 	"github.com/gozt/gozt/xds/xdspb/workloadpb"
@@ -276,7 +277,7 @@ func (lw *localWorkload) proto(loc func(...any) string) (*workloadpb.Workload, e
 	if p.Uid == "" {
 		cluster := lw.ClusterID
 		if cluster == "" {
-			cluster = state.DefaultClusterID
+			cluster = istiogrpc.DefaultClusterID
 		}
 		p.Uid = cluster + "//v1/Pod/" + lw.Namespace + "/" + lw.Name
 	}

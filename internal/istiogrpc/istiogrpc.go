@@ -41,7 +41,8 @@ import (
 )
 
 // Defaults for Config's zero values, and the defaults cmd/ztunnel shows for CLUSTER_ID,
-// XDS_ROOT_CA and CA_ROOT_CA.
+// XDS_ROOT_CA and CA_ROOT_CA. DefaultClusterID, Istio's name for a cluster nobody named, is
+// also what xds gives a workload record without a cluster id.
 const (
 	DefaultRootCA    = "./var/run/secrets/istio/root-cert.pem"
 	DefaultClusterID = "Kubernetes"

@@ -29,7 +29,6 @@ const HBONEPort = 15008
 const (
 	DefaultTrustDomain    = identity.DefaultTrustDomain
 	DefaultServiceAccount = "default"
-	DefaultClusterID      = "Kubernetes"
 )
 
 // NetworkMode says whether a workload shares its node's network (and so its IPs).
