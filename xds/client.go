@@ -34,6 +34,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/gozt/gozt/internal/istiogrpc"
+	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/xds/state"
 	"github.com/gozt/gozt/xds/xdspb"
 	"github.com/gozt/gozt/xds/xdspb/discoverypb"
@@ -80,46 +81,6 @@ type Config struct {
 	OnError func(error)
 }
 
-type clientMetrics struct {
-	terminations *prometheus.CounterVec
-	messages     *prometheus.CounterVec
-	bytes        *prometheus.CounterVec
-}
-
-func newClientMetrics(reg prometheus.Registerer) (*clientMetrics, error) {
-	m := &clientMetrics{
-		terminations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "istio_xds_connection_terminations_total",
-			Help: "The total number of completed connections to xds server (unstable)",
-		}, []string{"reason"}),
-		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "istio_xds_message_total",
-			Help: "Total number of messages received (unstable)",
-		}, []string{"url"}),
-		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "istio_xds_message_bytes_total",
-			Help: "Total number of bytes received (unstable)",
-		}, []string{"url"}),
-	}
-	if reg != nil {
-		for _, v := range []**prometheus.CounterVec{&m.terminations, &m.messages, &m.bytes} {
-			if err := reg.Register(*v); err != nil {
-				// The metrics package registers Istio's xDS families with the rest; share them.
-				var are prometheus.AlreadyRegisteredError
-				if !errors.As(err, &are) {
-					return nil, fmt.Errorf("xds: register metrics: %w", err)
-				}
-				existing, ok := are.ExistingCollector.(*prometheus.CounterVec)
-				if !ok {
-					return nil, fmt.Errorf("xds: register metrics: %w", err)
-				}
-				*v = existing
-			}
-		}
-	}
-	return m, nil
-}
-
 // Termination reasons, the values of istio_xds_connection_terminations_total{reason}.
 const (
 	reasonConnectionError = "ConnectionError"
@@ -133,7 +94,7 @@ type Client struct {
 	cfg     Config
 	store   *state.Store
 	log     *slog.Logger
-	metrics *clientMetrics
+	metrics *metrics.Metrics // the istio_xds_* families
 	ep      *istiogrpc.Endpoint
 
 	synced     chan struct{}
@@ -149,8 +110,10 @@ type Client struct {
 	seen     map[string]bool              // type URLs with a handled response
 }
 
-// NewClient checks cfg and builds a client; it does not connect.
-func NewClient(cfg Config, store *state.Store, reg prometheus.Registerer) (*Client, error) {
+// NewClient checks cfg and builds a client; it does not connect. It counts into m's xDS
+// families (metrics.New declares them with the rest of Istio's); nil m counts into a
+// registry of its own that nothing scrapes.
+func NewClient(cfg Config, store *state.Store, m *metrics.Metrics) (*Client, error) {
 	if store == nil {
 		return nil, errors.New("xds: nil store")
 	}
@@ -165,9 +128,8 @@ func NewClient(cfg Config, store *state.Store, reg prometheus.Registerer) (*Clie
 	if err != nil {
 		return nil, err
 	}
-	m, err := newClientMetrics(reg)
-	if err != nil {
-		return nil, err
+	if m == nil {
+		m = metrics.New(prometheus.NewRegistry(), "")
 	}
 	return &Client{
 		cfg: cfg, store: store, log: log, metrics: m,
@@ -206,7 +168,7 @@ func (c *Client) Run(ctx context.Context) error {
 		if delay == backoff {
 			backoff = min(backoff*2, backoffMax)
 		}
-		c.metrics.terminations.WithLabelValues(reason).Inc()
+		c.metrics.XDSConnectionTerminations.WithLabelValues(reason).Inc()
 		if reason != reasonComplete && c.cfg.OnError != nil {
 			c.cfg.OnError(err)
 		}
@@ -462,8 +424,8 @@ func decodeResource(typ string, r *discoverypb.Resource, b *state.Batch) error {
 // handle applies one response and returns its ACK or NACK.
 func (c *Client) handle(resp *discoverypb.DeltaDiscoveryResponse) *discoverypb.DeltaDiscoveryRequest {
 	typ := resp.GetTypeUrl()
-	c.metrics.messages.WithLabelValues(typ).Inc()
-	c.metrics.bytes.WithLabelValues(typ).Add(float64(proto.Size(resp)))
+	c.metrics.XDSMessages.WithLabelValues(typ).Inc()
+	c.metrics.XDSMessageBytes.WithLabelValues(typ).Add(float64(proto.Size(resp)))
 	ack := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typ, ResponseNonce: resp.GetNonce()}
 	if typ != xdspb.AddressType && typ != xdspb.AuthorizationType {
 		c.log.Warn("xds: ignoring unknown type", "type_url", typ)

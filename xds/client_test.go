@@ -33,6 +33,7 @@ import (
 
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/logtest"
+	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/xds/state"
 	"github.com/gozt/gozt/xds/xdspb"
 	"github.com/gozt/gozt/xds/xdspb/discoverypb"
@@ -204,7 +205,7 @@ func TestClientStream(t *testing.T) {
 	c, err := NewClient(Config{
 		Address: "http://" + srv.addr, NodeID: "ztunnel~10.0.0.9~ztunnel-x.istio-system~istio-system.svc.cluster.local",
 		Metadata: map[string]string{"NAME": "ztunnel-x", "NODE_NAME": "node-a"},
-	}, store, reg)
+	}, store, metrics.New(reg, "test"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,11 +274,14 @@ func TestClientStream(t *testing.T) {
 	if store.WorkloadByUID("w3") == nil {
 		t.Error("valid resource in a partly bad push not applied")
 	}
-	if got := counterValue(c.metrics.messages.WithLabelValues(xdspb.AddressType)); got != 3 {
+	if got := counterValue(c.metrics.XDSMessages.WithLabelValues(xdspb.AddressType)); got != 3 {
 		t.Errorf("istio_xds_message_total{Address} = %v; want 3", got)
 	}
-	if got := counterValue(c.metrics.bytes.WithLabelValues(xdspb.AddressType)); got < 100 {
+	if got := counterValue(c.metrics.XDSMessageBytes.WithLabelValues(xdspb.AddressType)); got < 100 {
 		t.Errorf("istio_xds_message_bytes_total{Address} = %v; want > 100", got)
+	}
+	if got := gathered(t, reg, "istio_xds_message_total", xdspb.AddressType); got != 3 {
+		t.Errorf("the registry's istio_xds_message_total{Address} = %v; want 3: the client counts into the families it was handed", got)
 	}
 
 	// A bad update of a resource we hold: NACKed, the old one kept (and, below, still
@@ -295,7 +299,7 @@ func TestClientStream(t *testing.T) {
 	addr := srv.addr
 	srv.stop()
 	deadline := time.Now().Add(waitFor)
-	for counterValue(c.metrics.terminations.WithLabelValues(reasonReconnect))+counterValue(c.metrics.terminations.WithLabelValues(reasonError)) == 0 {
+	for counterValue(c.metrics.XDSConnectionTerminations.WithLabelValues(reasonReconnect))+counterValue(c.metrics.XDSConnectionTerminations.WithLabelValues(reasonError)) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("no termination counted")
 		}
@@ -440,14 +444,13 @@ func TestClientTLSAndHeaders(t *testing.T) {
 	srv.initial(t)
 
 	// The wrong server name never gets a stream: TLS verification is on.
-	reg := prometheus.NewRegistry()
-	bad, err := NewClient(Config{Address: "https://" + srv.addr, RootCA: rootPEM}, state.NewStore(), reg)
+	bad, err := NewClient(Config{Address: "https://" + srv.addr, RootCA: rootPEM}, state.NewStore(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	runClient(t, bad)
 	deadline := time.Now().Add(waitFor)
-	for counterValue(bad.metrics.terminations.WithLabelValues(reasonConnectionError)) < 2 {
+	for counterValue(bad.metrics.XDSConnectionTerminations.WithLabelValues(reasonConnectionError)) < 2 {
 		if time.Now().After(deadline) {
 			t.Fatal("no connection errors counted for a bad server name")
 		}
@@ -501,6 +504,23 @@ func TestClassify(t *testing.T) {
 
 func statusErr(code uint32, msg string) error { return status.Error(codes.Code(code), msg) }
 
+// gathered is the value of the series of family whose one label has value label in reg.
+func gathered(t *testing.T, reg *prometheus.Registry, family, label string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			if f.GetName() == family && len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == label {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
 func counterValue(c prometheus.Counter) float64 {
 	var m dto.Metric
 	if err := c.Write(&m); err != nil {
@@ -531,7 +551,7 @@ func TestClientReconnectAfterCleanEnd(t *testing.T) {
 	if !slices.Contains(r.GetResourceNamesSubscribe(), "default/echo.svc") || r.GetInitialResourceVersions()["default/echo.svc"] != "v-default/echo.svc" {
 		t.Errorf("reconnect request = %v; want the demanded name resubscribed with its version", r)
 	}
-	if got := counterValue(c.metrics.terminations.WithLabelValues(reasonComplete)); got != 1 {
+	if got := counterValue(c.metrics.XDSConnectionTerminations.WithLabelValues(reasonComplete)); got != 1 {
 		t.Errorf("terminations{Complete} = %v; want 1", got)
 	}
 }
@@ -666,7 +686,7 @@ func TestClientRoots(t *testing.T) {
 	system := newC("SYSTEM")
 	runClient(t, system)
 	deadline := time.Now().Add(waitFor)
-	for counterValue(system.metrics.terminations.WithLabelValues(reasonConnectionError)) < 1 {
+	for counterValue(system.metrics.XDSConnectionTerminations.WithLabelValues(reasonConnectionError)) < 1 {
 		if time.Now().After(deadline) {
 			t.Fatal("RootCA SYSTEM accepted a server whose root the OS does not hold")
 		}

@@ -181,7 +181,7 @@ func (n *node) startConfigSources(goBG func(string, func(context.Context) error)
 	if cfg.XDSAddress != "" {
 		xc := xdsConfig(cfg)
 		xc.OnError = func(err error) { n.ready.failed(taskState, err) }
-		client, err := xds.NewClient(xc, n.store, n.registry)
+		client, err := xds.NewClient(xc, n.store, n.metrics)
 		if err != nil {
 			return fmt.Errorf("XDS_ADDRESS: %w", err)
 		}
