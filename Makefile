@@ -7,7 +7,7 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 RUN_DIR   ?= .tmp/run
 
-.PHONY: all build run demo test check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean
+.PHONY: all build run demo test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean
 
 all: build
 
@@ -35,11 +35,22 @@ run: build
 demo: build
 	ZTUNNEL_BIN=$(BIN)/ztunnel scripts/demo.sh
 
-# The second line runs the tests that only mean something without the race detector
-# (stack sizes).
-test:
+# test-norace runs again, without the race detector, the tests that only mean something
+# there: allocation budgets (sync.Pool drops items at random under -race, and the hot-path
+# ones skip) and stack sizes (-race makes every frame larger). By convention every test that
+# asserts an allocation count has "Allocs" in its name; alloc-names fails on one that does
+# not (a function calling testing.AllocsPerRun must be named *Allocs*).
+NORACE_TESTS := Allocs|^TestIdleConnectionStacks$$
+test: alloc-names
 	$(GO) test -race -timeout 15m ./...
-	$(GO) test -count=1 -run 'TestIdleConnectionStacks' ./proxy
+	$(MAKE) --no-print-directory test-norace
+
+test-norace:
+	$(GO) test -count=1 -run '$(NORACE_TESTS)' ./...
+
+alloc-names:
+	@bad=$$(awk '/^func /{f=$$0} /testing\.AllocsPerRun/ && f !~ /^func [A-Za-z0-9_]*[Aa]llocs/ {print FILENAME": "f}' $$(git ls-files '*_test.go')); \
+	 if [ -n "$$bad" ]; then echo "allocation tests must have Allocs in their name (make test-norace runs them):"; echo "$$bad"; exit 1; fi
 
 check: fmt-check vet staticcheck tidy-check proto-check test bench-smoke
 
