@@ -1,6 +1,7 @@
 // Package deptest enforces the import rules of docs/ARCHITECTURE.md: imports point down,
 // never up. Its test lists every package of the module with `go list -deps` and fails on any
-// import the table below forbids.
+// import the table below forbids, and on a rule naming a package that no longer exists
+// (which would check nothing).
 package deptest
 
 import (
@@ -27,7 +28,7 @@ var Rules = []Rule{
 	{Pkg: "identity", Forbid: []string{"*"}, Why: "leaf: SPIFFE ID value types everything uses"},
 	{Pkg: "xds/xdspb", Forbid: []string{"*"}, Why: "generated protobuf code is a leaf"},
 	{Pkg: "xds/xdspb/discoverypb", Forbid: []string{"*"}, Why: "generated delta ADS protos and gRPC stubs are a leaf"},
-	{Pkg: "xds/state", Forbid: []string{"xds", "xds/xdspb", "proxy...", "hbone..."}, Direct: []string{"google.golang.org/protobuf/..."}, Why: "the cache holds plain Go types; protos are converted in xds"},
+	{Pkg: "xds/state", Forbid: []string{"xds", "xds/xdspb", "proxy...", "hbone..."}, Direct: []string{"google.golang.org/protobuf..."}, Why: "the cache holds plain Go types; protos are converted in xds"},
 	{Pkg: "hbone", Subtree: true, Forbid: []string{"xds...", "proxy...", "identity/certs"}, Why: "the wire protocol knows nothing of workloads or where certificates come from"},
 	{Pkg: "proxy", Forbid: []string{"xds", "identity/certs...", "identity/ca..."}, Why: "the data plane gets state and certificates through interfaces, not from their sources"},
 	{Pkg: "proxy/rbac", Forbid: []string{"*"}, Allow: []string{"identity", "xds/state"}, Direct: []string{"net", "net/http", "os", "io", "log/slog"}, Why: "pure authorization: no I/O"},
@@ -75,6 +76,54 @@ func Check(pkgs []Package, rules []Rule) []string {
 						out = append(out, fmt.Sprintf("%s imports %s directly (%s)", p.Path, imp, r.Why))
 					}
 				}
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Stale returns one line per name in rules that matches no package of pkgs, sorted: a rule
+// about a package that was renamed or removed checks nothing and must be updated. Pkg,
+// Forbid and Allow are matched against the module's packages ("..." against the subtree,
+// "*" always matches); Direct against everything they import.
+func Stale(pkgs []Package, rules []Rule) []string {
+	module := make(map[string]bool, len(pkgs))
+	deps := make(map[string]bool)
+	for _, p := range pkgs {
+		module[p.Path] = true
+		for _, d := range p.Deps {
+			deps[d] = true
+		}
+	}
+	exists := func(set map[string]bool, pattern string) bool {
+		if pattern == "*" || set[strings.TrimSuffix(pattern, "...")] {
+			return true
+		}
+		for p := range set {
+			if match(pattern, p) {
+				return true
+			}
+		}
+		return false
+	}
+	var out []string
+	for _, r := range rules {
+		pkg := r.Pkg
+		if r.Subtree {
+			pkg += "..."
+		}
+		if !exists(module, pkg) {
+			out = append(out, fmt.Sprintf("rule for %s: no such package", r.Pkg))
+		}
+		for _, f := range append(append([]string(nil), r.Forbid...), r.Allow...) {
+			if !exists(module, f) {
+				out = append(out, fmt.Sprintf("rule for %s names %s: no such package", r.Pkg, f))
+			}
+		}
+		for _, f := range r.Direct {
+			if !exists(deps, f) {
+				out = append(out, fmt.Sprintf("rule for %s names %s: no package of the module imports it", r.Pkg, f))
 			}
 		}
 	}

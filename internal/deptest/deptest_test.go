@@ -41,6 +41,37 @@ func TestImportRules(t *testing.T) {
 	for _, v := range Check(pkgs, Rules) {
 		t.Error(v)
 	}
+	for _, v := range Stale(pkgs, Rules) {
+		t.Error(v)
+	}
+}
+
+// TestStaleCatchesMissingPackages shows a rule naming a package the module no longer has
+// is reported, in each place a rule can name one.
+func TestStaleCatchesMissingPackages(t *testing.T) {
+	pkgs := []Package{
+		{Path: "hbone", Deps: []string{"net"}},
+		{Path: "internal/reuse"},
+		{Path: "xds/state"},
+	}
+	rules := []Rule{
+		{Pkg: "hbone", Forbid: []string{"xds...", "*"}, Direct: []string{"net"}},                  // all exist
+		{Pkg: "internal", Subtree: true, Forbid: []string{"xds/state"}, Allow: []string{"hbone"}}, // subtree without a root package
+		{Pkg: "gone", Forbid: []string{"xds/gone", "old..."}, Allow: []string{"was"}, Direct: []string{"net/nope"}},
+		{Pkg: "xds", Subtree: false},
+	}
+	got := Stale(pkgs, rules)
+	want := []string{
+		"rule for gone names net/nope: no package of the module imports it",
+		"rule for gone names old...: no such package",
+		"rule for gone names was: no such package",
+		"rule for gone names xds/gone: no such package",
+		"rule for gone: no such package",
+		"rule for xds: no such package",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("Stale =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
 }
 
 // TestCheckCatchesViolations shows each kind of forbidden import is reported.
@@ -54,6 +85,7 @@ func TestCheckCatchesViolations(t *testing.T) {
 		{Path: "xds", Deps: []string{m("cmd/ztunnel")}},
 		{Path: "inpod", Deps: []string{m("inpod/zdspb"), m("xds/state"), m("xds")}},
 		{Path: "proxy", Deps: []string{m("inpod")}},
+		{Path: "xds/state", Imports: []string{"google.golang.org/protobuf/proto"}},
 		{Path: "metrics", Deps: []string{m("identity")}},            // allowed
 		{Path: "cmd/ztunnel", Deps: []string{m("proxy"), m("xds")}}, // allowed
 	}
@@ -66,6 +98,7 @@ func TestCheckCatchesViolations(t *testing.T) {
 		"proxy imports inpod ",
 		"proxy/rbac imports net directly",
 		"xds imports cmd/ztunnel",
+		"xds/state imports google.golang.org/protobuf/proto directly",
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %d violations; want %d:\n%s", len(got), len(want), strings.Join(got, "\n"))
