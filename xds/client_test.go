@@ -449,13 +449,7 @@ func TestClientTLSAndHeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	runClient(t, bad)
-	deadline := time.Now().Add(waitFor)
-	for counterValue(bad.metrics.XDSConnectionTerminations.WithLabelValues(reasonConnectionError)) < 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("no connection errors counted for a bad server name")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitConnectionErrors(t, bad, 2, "a bad server name")
 	select {
 	case <-srv.streams:
 		t.Fatal("stream opened despite failing server verification")
@@ -519,6 +513,18 @@ func gathered(t *testing.T, reg *prometheus.Registry, family, label string) floa
 		}
 	}
 	return 0
+}
+
+// waitConnectionErrors waits until c has counted n ConnectionError terminations.
+func waitConnectionErrors(t *testing.T, c *Client, n float64, what string) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for counterValue(c.metrics.XDSConnectionTerminations.WithLabelValues(reasonConnectionError)) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than %v connection errors counted for %s", n, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func counterValue(c prometheus.Counter) float64 {
@@ -685,13 +691,7 @@ func TestClientRoots(t *testing.T) {
 
 	system := newC("SYSTEM")
 	runClient(t, system)
-	deadline := time.Now().Add(waitFor)
-	for counterValue(system.metrics.XDSConnectionTerminations.WithLabelValues(reasonConnectionError)) < 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("RootCA SYSTEM accepted a server whose root the OS does not hold")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitConnectionErrors(t, system, 1, "RootCA SYSTEM (the OS does not hold the test's root)")
 
 	rootFile := filepath.Join(dir, "root.pem")
 	if err := os.WriteFile(rootFile, []byte(oldPEM), 0o600); err != nil {

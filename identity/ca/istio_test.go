@@ -217,10 +217,7 @@ func TestIstioRootRotation(t *testing.T) {
 	oldRoot, newRoot := catest.NewRoot(t, "old"), catest.NewRoot(t, "new")
 	cert := oldRoot.ServingCert(t, "127.0.0.1")
 	srv := catest.StartIstio(t, signer, &cert)
-	rootFile := filepath.Join(t.TempDir(), "root-cert.pem")
-	if err := os.WriteFile(rootFile, oldRoot.PEM(), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	rootFile := oldRoot.WriteRootFile(t)
 	c := newClient(t, ca.Config{Provider: "istio", Address: "https://" + srv.Addr, RootCA: rootFile})
 	if _, err := fetch(t, c, idA); err != nil {
 		t.Fatal(err)
@@ -240,33 +237,18 @@ func TestIstioRootRotation(t *testing.T) {
 	}
 }
 
-func TestIstioAltHostname(t *testing.T) {
-	leaktest.Check(t)
-	root := catest.NewRoot(t, "root")
-	cert := root.ServingCert(t, "istiod.istio-system.svc")
-	srv := catest.StartIstio(t, root, &cert)
-	c := newClient(t, ca.Config{Provider: "istio", Address: srv.Addr, RootCA: string(root.PEM())})
-	if _, err := fetch(t, c, idA); err == nil || !strings.Contains(err.Error(), "127.0.0.1") {
-		t.Fatalf("without ALT_CA_HOSTNAME: err = %v; want name mismatch", err)
-	}
-	c = newClient(t, ca.Config{Provider: "istio", Address: srv.Addr, RootCA: string(root.PEM()), AltHostname: "istiod.istio-system.svc"})
-	if _, err := fetch(t, c, idA); err != nil {
-		t.Fatalf("with ALT_CA_HOSTNAME: %v", err)
-	}
-}
-
 // TestIstioEndpoint: the endpoint through the CA client, as Istio's chart configures it:
 // host:port with no scheme is TLS, verified against a root file and ALT_CA_HOSTNAME, with
-// clusterid and CA_HEADER_* reaching the server; SYSTEM is the OS roots, which do not
-// hold this test's.
+// clusterid and CA_HEADER_* reaching the server. Without ALT_CA_HOSTNAME the address's
+// host is verified; SYSTEM is the OS roots, which do not hold this test's.
 func TestIstioEndpoint(t *testing.T) {
 	leaktest.Check(t)
 	root := catest.NewRoot(t, "root")
-	cert := root.ServingCert(t, "istiod.istio-system.svc")
-	srv := catest.StartIstio(t, root, &cert)
-	rootFile := filepath.Join(t.TempDir(), "root-cert.pem")
-	if err := os.WriteFile(rootFile, root.PEM(), 0o600); err != nil {
-		t.Fatal(err)
+	srv := catest.StartIstioTLS(t, root, "istiod.istio-system.svc")
+	rootFile := root.WriteRootFile(t)
+	inline := newClient(t, ca.Config{Provider: "istio", Address: srv.Addr, RootCA: string(root.PEM())})
+	if _, err := fetch(t, inline, idA); err == nil || !strings.Contains(err.Error(), "127.0.0.1") {
+		t.Fatalf("without ALT_CA_HOSTNAME: err = %v; want a name mismatch for 127.0.0.1", err)
 	}
 	c := newClient(t, ca.Config{
 		Provider: "istio", Address: srv.Addr, RootCA: rootFile, AltHostname: "istiod.istio-system.svc",
@@ -286,8 +268,12 @@ func TestIstioEndpoint(t *testing.T) {
 	if _, err := fetch(t, system, idA); err == nil || !strings.Contains(err.Error(), "unknown authority") {
 		t.Errorf("CA_ROOT_CA=SYSTEM: err = %v; want unknown authority", err)
 	}
-	if n := len(srv.Requests()); n != 1 {
-		t.Errorf("server saw %d requests; want 1", n)
+	inline = newClient(t, ca.Config{Provider: "istio", Address: srv.Addr, RootCA: string(root.PEM()), AltHostname: "istiod.istio-system.svc"})
+	if _, err := fetch(t, inline, idA); err != nil {
+		t.Fatalf("inline root with ALT_CA_HOSTNAME: %v", err)
+	}
+	if n := len(srv.Requests()); n != 2 {
+		t.Errorf("server saw %d requests; want 2", n)
 	}
 }
 

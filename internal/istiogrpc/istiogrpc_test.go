@@ -118,12 +118,8 @@ func TestConfigErrors(t *testing.T) {
 func TestRoots(t *testing.T) {
 	leaktest.Check(t)
 	root := catest.NewRoot(t, "root")
-	cert := root.ServingCert(t, "istiod.istio-system.svc")
-	srv := catest.StartIstio(t, root, &cert)
-	rootFile := filepath.Join(t.TempDir(), "root-cert.pem")
-	if err := os.WriteFile(rootFile, root.PEM(), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	srv := catest.StartIstioTLS(t, root, "istiod.istio-system.svc")
+	rootFile := root.WriteRootFile(t)
 	const alt = "istiod.istio-system.svc"
 	for _, tc := range []struct {
 		name, rootCA, alt, wantErr string
@@ -154,10 +150,7 @@ func TestRootFileReread(t *testing.T) {
 	signer, oldRoot, newRoot := catest.NewRoot(t, "signer"), catest.NewRoot(t, "old"), catest.NewRoot(t, "new")
 	cert := oldRoot.ServingCert(t, "127.0.0.1")
 	srv := catest.StartIstio(t, signer, &cert)
-	rootFile := filepath.Join(t.TempDir(), "root-cert.pem")
-	if err := os.WriteFile(rootFile, oldRoot.PEM(), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	rootFile := oldRoot.WriteRootFile(t)
 	ep := newEndpoint(t, istiogrpc.Config{Address: srv.Addr, RootCA: rootFile})
 	if _, err := call(t, ep, srv); err != nil {
 		t.Fatal(err)

@@ -105,6 +105,17 @@ func (r *Root) chain() (inter []*x509.Certificate, top *Root) {
 	return inter, top
 }
 
+// WriteRootFile writes r's PEM to root-cert.pem in a fresh directory and returns its path,
+// as CA_ROOT_CA or XDS_ROOT_CA name it.
+func (r *Root) WriteRootFile(tb testing.TB) string {
+	tb.Helper()
+	path := filepath.Join(tb.TempDir(), "root-cert.pem")
+	if err := os.WriteFile(path, r.PEM(), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	return path
+}
+
 // WriteCACerts writes Istio's cacerts layout for r (ca-cert.pem and ca-key.pem; its chain
 // up to the self-signed top in cert-chain.pem; the top in root-cert.pem) to a fresh
 // directory and returns it.
@@ -291,6 +302,14 @@ func StartIstio(tb testing.TB, root *Root, tlsCert *tls.Certificate) *IstioServe
 	}()
 	tb.Cleanup(s.Stop)
 	return s
+}
+
+// StartIstioTLS starts the server over TLS with a serving certificate from root for names
+// (DNS names or IPs), as istiod serves on 15012.
+func StartIstioTLS(tb testing.TB, root *Root, names ...string) *IstioServer {
+	tb.Helper()
+	cert := root.ServingCert(tb, names...)
+	return StartIstio(tb, root, &cert)
 }
 
 // Stop stops the server and waits for it; it is idempotent.
