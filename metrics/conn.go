@@ -89,6 +89,7 @@ type series struct {
 	opened, closed, received, sent, failed prometheus.Counter
 	sockets                                prometheus.Gauge
 	isFailure                              bool
+	open                                   atomic.Int64 // connections open on these labels (unflagged series only)
 }
 
 // lookup returns the series for k, creating them on first use.
@@ -151,6 +152,7 @@ func (m *Metrics) Open(l Labels, log ConnLog) *Conn {
 	}
 	c.s.opened.Inc()
 	c.s.sockets.Inc()
+	c.s.open.Add(1)
 	if ctx := context.Background(); m.log.Enabled(ctx, slog.LevelDebug) {
 		var buf [20]slog.Attr
 		m.logAccess(ctx, slog.LevelDebug, "connection opened", c.appendAttrs(buf[:0]))
@@ -175,6 +177,7 @@ func (c *Conn) Close(sent, received int64, flag string, err error) {
 		s = c.m.lookup(&k)
 	}
 	c.s.sockets.Dec()
+	c.s.open.Add(-1)
 	s.closed.Inc()
 	if sent > 0 {
 		s.sent.Add(float64(sent))
@@ -259,4 +262,46 @@ func appendKnown(a []slog.Attr, k, v string) []slog.Attr {
 		return a
 	}
 	return append(a, slog.String(k, v))
+}
+
+// Forget drops the series of connections to or from workloads that have left, so that
+// churning workloads (jobs, bare pods: each run a new workload name) do not grow /metrics
+// without bound, a known complaint against the Rust ztunnel. A series goes when no
+// connection on its labels is open and gone(namespace, workload) holds for its source or
+// its destination workload ("unknown" ones are kept: they cannot be looked up). It
+// returns how many label sets were dropped.
+//
+// A connection that opens on a label set as it is dropped counts into series no longer
+// exported; gone should only hold for workloads the cache no longer has, which open no
+// connections.
+func (m *Metrics) Forget(gone func(namespace, workload string) bool) int {
+	if m == nil {
+		return 0
+	}
+	left := func(ns, w string) bool { return w != Unknown && gone(ns, w) }
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	doomed := map[Labels]bool{}
+	for k, s := range m.series {
+		if k.flag == NoFlag && s.open.Load() == 0 &&
+			(left(k.SourceWorkloadNamespace, k.SourceWorkload) || left(k.DestinationWorkloadNamespace, k.DestinationWorkload)) {
+			doomed[k.Labels] = true
+		}
+	}
+	for k, s := range m.series {
+		if !doomed[k.Labels] {
+			continue
+		}
+		vs := k.values(k.flag)
+		for _, v := range []*prometheus.CounterVec{m.closed, m.received, m.sent} {
+			v.DeleteLabelValues(vs...)
+		}
+		if s.isFailure {
+			m.failed.DeleteLabelValues(vs...)
+		} else {
+			m.opened.DeleteLabelValues(vs...)
+		}
+		delete(m.series, k)
+	}
+	return len(doomed)
 }

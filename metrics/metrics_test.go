@@ -515,3 +515,52 @@ func TestAccessLogWorkloadFallback(t *testing.T) {
 		t.Errorf("src.identity logged without mTLS")
 	}
 }
+
+// Series of workloads that have left are dropped: 10,000 short-lived source workloads
+// (a job's runs, each a new name) leave /metrics the size it had before them, except for
+// the one whose connection is still open.
+func TestForgetChurnedWorkloads(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg, "test", WithAccessLog(slog.New(slog.DiscardHandler)))
+	size := func() int {
+		rec := httptest.NewRecorder()
+		m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		return rec.Body.Len()
+	}
+	labels := func(src string) Labels {
+		return Labels{Reporter: ReporterDest, SourceWorkload: src, SourceWorkloadNamespace: "batch",
+			DestinationWorkload: "server", DestinationWorkloadNamespace: "default"}
+	}
+	m.Open(labels("server-client"), ConnLog{}).Close(10, 10, "", nil) // a workload that stays
+	base := size()
+	for i := range 10000 {
+		flag := ""
+		if i%10 == 0 {
+			flag = FlagDeny
+		}
+		m.Open(labels(fmt.Sprintf("job-%d", i)), ConnLog{}).Close(1, 2, flag, nil)
+	}
+	live := m.Open(labels("job-live"), ConnLog{})
+	grown := size()
+	gone := func(ns, w string) bool { return ns == "batch" && strings.HasPrefix(w, "job-") }
+	if n := m.Forget(gone); n != 10000 {
+		t.Errorf("Forget dropped %d label sets, want 10000 (not the one with an open connection)", n)
+	}
+	after := size()
+	t.Logf("/metrics: %d bytes before the churn, %d after it, %d after Forget", base, grown, after)
+	if grown < base*10 {
+		t.Fatalf("the churn grew /metrics from %d to only %d bytes: the test measures nothing", base, grown)
+	}
+	// What is left beyond the baseline: job-live's four series (opened, closed, sent,
+	// received: ~750 bytes of labels each); server-client's are kept.
+	if after > base+4096 {
+		t.Errorf("/metrics is %d bytes after Forget, want about its %d before the churn", after, base)
+	}
+	live.Close(0, 0, "", nil)
+	if n := m.Forget(gone); n != 1 {
+		t.Errorf("Forget after the last connection closed dropped %d, want 1", n)
+	}
+	if got := size(); got > base+512 {
+		t.Errorf("/metrics is %d bytes once every churned series is gone, want about %d", got, base)
+	}
+}
