@@ -62,8 +62,12 @@ type config struct {
 	KeepaliveRetries    int
 
 	LogLevel      string
+	LogScopes     map[string]string // level per log scope (access, dns), from RUST_LOG
 	LogFormat     string
 	WorkerThreads workerThreads
+	CPULimit      int // whole cores, from the chart's CPU limit variables; 0 = none given
+
+	chart chartEnv // Istio chart variables, mapped by resolveChart
 
 	XDSHeaders map[string]string // XDS_HEADER_<NAME>
 	CAHeaders  map[string]string // CA_HEADER_<NAME>
@@ -78,6 +82,9 @@ type setting struct {
 	form string // accepted forms, shown in errors and docs
 	help string
 	set  func(c *config, v string) error
+	// unused: accepted so Istio's chart runs gozt unchanged, reported once at start, not
+	// acted on.
+	unused bool
 }
 
 func settings() []setting {
@@ -102,7 +109,7 @@ func settings() []setting {
 		}},
 		str("NODE_NAME", "", "this node's name; workloads on it are served in shared mode", func(c *config) *string { return &c.NodeName }),
 		str("NETWORK", "", "this node's network", func(c *config) *string { return &c.Network }),
-		str("CLUSTER_ID", istiogrpc.DefaultClusterID, "cluster id sent to the control plane and CA", func(c *config) *string { return &c.ClusterID }),
+		str("CLUSTER_ID", istiogrpc.DefaultClusterID, "cluster id sent to the control plane and CA; unset, ISTIO_META_CLUSTER_ID if that is set (the chart sets it)", func(c *config) *string { return &c.ClusterID }),
 		str("CLUSTER_DOMAIN", "cluster.local", "Kubernetes cluster DNS domain", func(c *config) *string { return &c.ClusterDomain }),
 		str("TRUST_DOMAIN", "cluster.local", "trust domain of ztunnel's own identity", func(c *config) *string { return &c.TrustDomain }),
 		str("POD_NAME", "", "ztunnel's pod name (node id)", func(c *config) *string { return &c.PodName }),
@@ -150,6 +157,9 @@ func settings() []setting {
 	}
 }
 
+// allSettings is every variable gozt reads: its own, then the chart's.
+func allSettings() []setting { return append(settings(), chartSettings()...) }
+
 // prefixed are the variable families collected by prefix.
 var prefixed = []struct {
 	prefix, help string
@@ -166,7 +176,7 @@ func loadConfig(getenv func(string) (string, bool), environ []string, args []str
 	c := &config{}
 	values := map[string]string{}
 	explicit := map[string]bool{}
-	table := settings()
+	table := allSettings()
 	for _, s := range table {
 		values[s.env] = s.def
 		if v, ok := getenv(s.env); ok {
@@ -200,6 +210,14 @@ func loadConfig(getenv func(string) (string, bool), environ []string, args []str
 			}
 		}
 		*p.field(c) = m
+	}
+	for _, s := range table {
+		if s.unused && explicit[s.env] {
+			c.chart.unused = append(c.chart.unused, s.env+": "+s.help)
+		}
+	}
+	if err := resolveChart(c, explicit); err != nil {
+		return nil, err
 	}
 	if !c.EnableSocks5 && !explicit["SOCKS5_ADDR"] {
 		c.Socks5Addr = "" // SOCKS5 is opt-in
@@ -313,6 +331,7 @@ func usage() string {
 
 Usage:
   ztunnel [--flag=value ...]   run the proxy
+  ztunnel proxy ztunnel [...]  the same: the command line Istio's ztunnel chart uses
   ztunnel version              print the version
   ztunnel --help               this text
 
@@ -325,7 +344,7 @@ runtime's sysmon thread polling instead of being woken by nearly every message; 
 already in GODEBUG is kept (GODEBUG=schedtrace=0 turns this off).
 
 `)
-	for _, s := range settings() {
+	for _, s := range allSettings() {
 		def := s.def
 		if def == "" {
 			def = `""`
@@ -342,7 +361,7 @@ already in GODEBUG is kept (GODEBUG=schedtrace=0 turns this off).
 func markdownTable() string {
 	var b strings.Builder
 	b.WriteString("| variable | default | meaning |\n| --- | --- | --- |\n")
-	for _, s := range settings() {
+	for _, s := range allSettings() {
 		def := "`" + s.def + "`"
 		if s.def == "" {
 			def = "–"

@@ -122,7 +122,7 @@ func TestReadmeConfigTable(t *testing.T) {
 
 func TestHelpDocumentsEverySetting(t *testing.T) {
 	h := usage()
-	for _, s := range settings() {
+	for _, s := range allSettings() {
 		if !strings.Contains(h, s.env) || !strings.Contains(h, "--"+flagName(s.env)) {
 			t.Errorf("--help does not document %s", s.env)
 		}

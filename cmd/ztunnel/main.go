@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"runtime"
@@ -24,6 +25,11 @@ func main() {
 }
 
 func mainExit(args []string) int {
+	// Istio's chart runs the image with args [proxy, ztunnel] (pilot-agent's command line
+	// for this proxy type).
+	if len(args) >= 2 && args[0] == "proxy" && args[1] == "ztunnel" {
+		args = args[2:]
+	}
 	if len(args) > 0 {
 		switch args[0] {
 		case "version", "--version", "-version":
@@ -45,7 +51,7 @@ func mainExit(args []string) int {
 	}
 	_, gomaxprocsSet := os.LookupEnv("GOMAXPROCS")
 	goDefault := runtime.GOMAXPROCS(0)
-	if n := cfg.WorkerThreads.threads(runtime.NumCPU(), goDefault, gomaxprocsSet); n != goDefault {
+	if n := cfg.WorkerThreads.threads(runtime.NumCPU(), cfg.CPULimit, goDefault, gomaxprocsSet); n != goDefault {
 		// Only when it differs: setting it stops the runtime following a changed CPU limit.
 		runtime.GOMAXPROCS(n)
 	}
@@ -53,6 +59,9 @@ func mainExit(args []string) int {
 	logs := newLogWriter(os.Stderr, 100*time.Millisecond)
 	defer logs.Close()
 	slog.SetDefault(newLogger(cfg, logLevel, logs))
+	for _, u := range cfg.chart.unused {
+		slog.Info("chart variable accepted, not acted on", "variable", u)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -66,10 +75,23 @@ func mainExit(args []string) int {
 func newLogger(cfg *config, level *slog.LevelVar, w io.Writer) *slog.Logger {
 	_ = level.UnmarshalText([]byte(cfg.LogLevel))
 	opts := &slog.HandlerOptions{Level: level}
-	if cfg.LogFormat == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+	if len(cfg.LogScopes) > 0 {
+		opts.Level = slog.Level(math.MinInt) // scopeHandler decides
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	var h slog.Handler = slog.NewTextHandler(w, opts)
+	if cfg.LogFormat == "json" {
+		h = slog.NewJSONHandler(w, opts)
+	}
+	if len(cfg.LogScopes) > 0 {
+		scopes := map[string]slog.Level{}
+		for s, l := range cfg.LogScopes {
+			var lv slog.Level
+			_ = lv.UnmarshalText([]byte(l))
+			scopes[s] = lv
+		}
+		h = &scopeHandler{Handler: h, scopes: scopes, level: level}
+	}
+	return slog.New(h)
 }
 
 func versionString() string {

@@ -32,12 +32,21 @@ func parseWorkerThreads(v string) (workerThreads, error) {
 }
 
 // threads returns the GOMAXPROCS to run with on a machine with cores usable cores, where
-// the Go runtime chose goDefault (it follows the container's CPU limit). Unset, it keeps
-// goDefault when GOMAXPROCS was given or a CPU limit lowered it, and is otherwise a quarter
-// of the cores, at least 2, as Rust ztunnel's default is.
-func (w workerThreads) threads(cores, goDefault int, gomaxprocsSet bool) int {
+// the Go runtime chose goDefault (it follows the container's CPU limit) and limit is the CPU
+// limit the chart passes in ZTUNNEL_CPU_LIMIT (0: none). A limit below cores counts as the
+// cores, as in the Rust ztunnel. Unset, it keeps goDefault when GOMAXPROCS was given or a CPU
+// limit lowered it, and is otherwise a quarter of the cores, at least 2, as Rust ztunnel's
+// default is.
+func (w workerThreads) threads(cores, limit, goDefault int, gomaxprocsSet bool) int {
+	limited := goDefault < cores
+	if limit > 0 && limit < cores {
+		cores, limited = limit, true
+		if !gomaxprocsSet {
+			goDefault = min(goDefault, limit)
+		}
+	}
 	switch {
-	case !w.set && (gomaxprocsSet || goDefault < cores):
+	case !w.set && (gomaxprocsSet || limited):
 		return goDefault
 	case !w.set:
 		return min(cores, max(2, (cores+3)/4))

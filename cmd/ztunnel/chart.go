@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// chartSettings are the variables Istio's ztunnel chart sets that have no gozt name of their
+// own (manifests/charts/ztunnel), so the DaemonSet runs gozt unchanged. Each maps onto a
+// gozt setting in resolveChart, or is accepted and reported by unusedChartVars.
+func chartSettings() []setting {
+	return []setting{
+		str("RUST_LOG", "", "log level when LOG_LEVEL is unset: a level (trace, debug, info, warn, error, off) and target=level pairs, comma-separated; targets access and dns map to gozt's log scopes, others are reported at start and ignored", func(c *config) *string { return &c.chart.rustLog }),
+		str("TERMINATION_GRACE_PERIOD_SECONDS", "", "the pod's grace period; when CONNECTION_TERMINATION_DEADLINE is unset the drain deadline is this minus 5s (minus 1s at 10s or less), at least 1s, as the Rust ztunnel does", func(c *config) *string { return &c.chart.gracePeriod }),
+		str("ZTUNNEL_CPU_LIMIT", "", "the container's CPU limit in whole cores (downward API limits.cpu); caps the cores ZTUNNEL_WORKER_THREADS counts", func(c *config) *string { return &c.chart.cpuLimit }),
+		str("ZTUNNEL_RESOURCE_CPU_LIMIT", "", "the chart's resources.limits.cpu (a quantity: 2, 500m), rounded up to cores; same use as ZTUNNEL_CPU_LIMIT", func(c *config) *string { return &c.chart.resourceCPULimit }),
+		chartOnly("ZTUNNEL_RESOURCE_CPU_REQUEST", "the chart's resources.requests.cpu; not used (threads follow the limit)"),
+		chartOnly("SERVICE_ACCOUNT", "ztunnel's service account; not used (gozt has no identity of its own)"),
+		chartOnly("INPOD_ENABLED", "set by the chart; not used (in-pod mode follows PROXY_MODE, as in the Rust ztunnel today)"),
+		chartOnly("RUST_BACKTRACE", "set by the chart; not used (Go prints every goroutine's stack on a crash; see GOTRACEBACK)"),
+	}
+}
+
+// chartOnly is a variable that is accepted and reported at start, never acted on.
+func chartOnly(env, help string) setting {
+	return setting{env: env, form: "any string", help: help, unused: true, set: func(*config, string) error { return nil }}
+}
+
+// chartEnv holds the raw chart variables until resolveChart maps them.
+type chartEnv struct {
+	rustLog, gracePeriod, cpuLimit, resourceCPULimit string
+	unused                                           []string // variables set but not acted on, with why
+}
+
+// resolveChart maps the chart's variables onto gozt settings; a gozt variable that was set
+// explicitly wins.
+func resolveChart(c *config, explicit map[string]bool) error {
+	if id := c.ProxyMeta["CLUSTER_ID"]; id != "" && !explicit["CLUSTER_ID"] {
+		c.ClusterID = id
+	}
+	if v := c.chart.rustLog; v != "" && !explicit["LOG_LEVEL"] {
+		level, scopes, ignored, err := parseRustLog(v)
+		if err != nil {
+			return fmt.Errorf("config: RUST_LOG=%q: %v; accepted: a level (trace, debug, info, warn, error, off) and target=level pairs", v, err)
+		}
+		c.LogLevel, c.LogScopes = level, scopes
+		for _, t := range ignored {
+			c.chart.unused = append(c.chart.unused, "RUST_LOG target "+t+" (no such gozt log scope)")
+		}
+	}
+	if v := c.chart.gracePeriod; v != "" {
+		secs, err := strconv.ParseUint(v, 10, 32)
+		if err != nil {
+			return fmt.Errorf("config: TERMINATION_GRACE_PERIOD_SECONDS=%q: %v; accepted: whole seconds", v, err)
+		}
+		if !explicit["CONNECTION_TERMINATION_DEADLINE"] {
+			c.TerminationDeadline = drainDeadline(secs)
+		}
+	}
+	for _, lim := range []struct{ env, v string }{{"ZTUNNEL_CPU_LIMIT", c.chart.cpuLimit}, {"ZTUNNEL_RESOURCE_CPU_LIMIT", c.chart.resourceCPULimit}} {
+		if lim.v == "" {
+			continue
+		}
+		n, err := cpuCores(lim.v)
+		if err != nil {
+			return fmt.Errorf("config: %s=%q: %v; accepted: a CPU quantity such as 2 or 500m", lim.env, lim.v, err)
+		}
+		if c.CPULimit == 0 || n < c.CPULimit {
+			c.CPULimit = n
+		}
+	}
+	return nil
+}
+
+// drainDeadline leaves Kubernetes' SIGKILL a margin after gozt's own forced close (which
+// ends streams and TLS cleanly), as the Rust ztunnel derives it from the grace period.
+func drainDeadline(graceSecs uint64) time.Duration {
+	d := graceSecs - 1
+	if graceSecs > 10 {
+		d = graceSecs - 5
+	}
+	if graceSecs == 0 {
+		d = 0
+	}
+	return time.Duration(max(d, 1)) * time.Second
+}
+
+// cpuCores reads a Kubernetes CPU quantity (2, 1.5, 500m) as whole cores, rounded up.
+func cpuCores(v string) (int, error) {
+	milli := false
+	if n, ok := strings.CutSuffix(v, "m"); ok {
+		v, milli = n, true
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f <= 0 || math.IsInf(f, 0) {
+		return 0, errors.New("not a positive number")
+	}
+	if milli {
+		f /= 1000
+	}
+	return int(min(math.Ceil(f), 1<<16)), nil
+}
+
+// logScopes are the RUST_LOG targets gozt has: the scope attribute of its loggers.
+var logScopes = []string{"access", "dns"}
+
+// parseRustLog reads an env_logger/tracing directive list such as "info,access=debug": the
+// bare level is the default, target=level sets one scope. Targets gozt has no logger for are
+// returned in ignored.
+func parseRustLog(v string) (level string, scopes map[string]string, ignored []string, err error) {
+	level = "info"
+	for _, d := range strings.Split(v, ",") {
+		d = strings.TrimSpace(d)
+		if d == "" {
+			continue
+		}
+		target, lv, hasTarget := strings.Cut(d, "=")
+		if !hasTarget {
+			target, lv = "", d
+		}
+		l, err := rustLevel(lv)
+		if err != nil {
+			return "", nil, nil, err
+		}
+		switch {
+		case !hasTarget:
+			level = l
+		case slices.Contains(logScopes, target):
+			if scopes == nil {
+				scopes = map[string]string{}
+			}
+			scopes[target] = l
+		default:
+			ignored = append(ignored, target)
+		}
+	}
+	return level, scopes, ignored, nil
+}
+
+// rustLevel maps a Rust log level onto slog's: trace is debug, off is above error.
+func rustLevel(v string) (string, error) {
+	switch l := strings.ToLower(v); l {
+	case "trace", "debug":
+		return "debug", nil
+	case "info", "warn", "error":
+		return l, nil
+	case "off":
+		return "error+8", nil
+	}
+	return "", fmt.Errorf("unknown level %q", v)
+}
+
+// scopeHandler gives loggers carrying a scope attribute (access, dns) their own level; the
+// rest follow the default level, which POST /logging changes at run time.
+type scopeHandler struct {
+	slog.Handler
+	scopes map[string]slog.Level
+	level  slog.Leveler // this logger's level: the default or its scope's
+}
+
+func (h *scopeHandler) Enabled(_ context.Context, l slog.Level) bool {
+	return l >= h.level.Level()
+}
+
+func (h *scopeHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	next := &scopeHandler{Handler: h.Handler.WithAttrs(attrs), scopes: h.scopes, level: h.level}
+	for _, a := range attrs {
+		if l, ok := h.scopes[a.Value.String()]; ok && a.Key == "scope" {
+			next.level = l
+		}
+	}
+	return next
+}
+
+func (h *scopeHandler) WithGroup(name string) slog.Handler {
+	return &scopeHandler{Handler: h.Handler.WithGroup(name), scopes: h.scopes, level: h.level}
+}
