@@ -20,7 +20,10 @@ type Rule struct {
 	Forbid  []string // module-relative packages; "..." suffix = subtree; "*" = the whole module
 	Allow   []string // exceptions to Forbid (module-relative)
 	Direct  []string // standard packages Pkg itself must not import directly (e.g. I/O)
-	Why     string
+	// External: packages outside the module ("..." suffix = subtree) Pkg must not depend on,
+	// directly or transitively.
+	External []string
+	Why      string
 }
 
 // Rules is the table from docs/ARCHITECTURE.md.
@@ -43,7 +46,11 @@ var Rules = []Rule{
 	{Pkg: "proxy", Subtree: true, Forbid: []string{"inpod..."}, Why: "the data plane takes a socket factory (internal/netns) and knows nothing of ZDS"},
 	{Pkg: "internal", Subtree: true, Forbid: []string{"cmd...", "proxy...", "hbone...", "xds...", "identity/ca...", "identity/certs...", "metrics", "bench..."}, Why: "small shared pieces sit below everything"},
 	{Pkg: "*", Forbid: []string{"cmd...", "bench..."}, Why: "nothing imports a command or the load generator"},
+	{Pkg: "cmd/ztunnel", External: buildTooling, Why: "the node binary links no image or chart tooling (cmd/mkimage, tools/)"},
+	{Pkg: "*", External: buildTooling, Why: "image and chart tooling is for cmd/mkimage and tools/ only"},
 }
+
+var buildTooling = []string{"github.com/google/go-containerregistry...", "helm.sh/helm..."}
 
 // Package is one node of the import graph: its module-relative path and what it imports,
 // directly and transitively (full import paths).
@@ -62,6 +69,11 @@ func Check(pkgs []Package, rules []Rule) []string {
 				continue
 			}
 			for _, d := range p.Deps {
+				for _, e := range r.External {
+					if match(e, d) {
+						out = append(out, fmt.Sprintf("%s imports %s (%s)", p.Path, d, r.Why))
+					}
+				}
 				rel, inModule := relative(d)
 				if !inModule || rel == p.Path || (r.Pkg == "*" && strings.HasPrefix(p.Path, "cmd")) {
 					continue
