@@ -7,7 +7,7 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 RUN_DIR   ?= .tmp/run
 
-.PHONY: all build image run demo test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean
+.PHONY: all build image helm manifests chart-check run demo test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean
 
 all: build
 
@@ -29,6 +29,22 @@ IMAGE_DIR ?= .tmp/image
 image:
 	CGO_ENABLED=0 $(GO) build -trimpath -tags $(TAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/image/ztunnel ./cmd/ztunnel
 	$(GO) run ./cmd/mkimage -bin $(BIN)/image/ztunnel -tag $(IMAGE) -arch $$($(GO) env GOARCH) -out $(IMAGE_DIR)
+
+# The Helm chart (deploy/charts/ztunnel, Istio's ztunnel chart's values): helm lint, a render
+# checked against Istio's DaemonSet, and deploy/manifests/ztunnel.yaml compared with the
+# chart's output. tools/helm is a module of its own, so helm's Kubernetes dependencies stay
+# out of go.mod; the first build takes about 3 minutes, the Go build cache makes later runs
+# take seconds.
+chart-check:
+	cd tools/helm && $(GO) test ./...
+
+# Regenerates deploy/manifests/ztunnel.yaml from the chart.
+manifests:
+	cd tools/helm && $(GO) test -run TestManifests . -update
+
+# The helm command, into .tools/ (git-ignored).
+helm:
+	cd tools/helm && $(GO) build -o ../../.tools/helm helm.sh/helm/v3/cmd/helm
 
 # The standalone node: workloads from examples/localhost.yaml, the built-in CA (its root is
 # kept in $(RUN_DIR)/ca), SOCKS5 on 127.0.0.1:15080. Reach a local server through the tunnel:
@@ -62,7 +78,7 @@ alloc-names:
 	@bad=$$(awk '/^func /{f=$$0} /testing\.AllocsPerRun/ && f !~ /^func [A-Za-z0-9_]*[Aa]llocs/ {print FILENAME": "f}' $$(git ls-files '*_test.go')); \
 	 if [ -n "$$bad" ]; then echo "allocation tests must have Allocs in their name (make test-norace runs them):"; echo "$$bad"; exit 1; fi
 
-check: fmt-check vet staticcheck tidy-check proto-check test bench-smoke
+check: fmt-check vet staticcheck tidy-check proto-check test chart-check bench-smoke
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
