@@ -30,8 +30,8 @@ import (
 // epoch is every timestamp in the image: the layer's files and the config's created time.
 var epoch = time.Unix(0, 0).UTC()
 
-// Entrypoint is where the binary sits in the image.
-const Entrypoint = "/ztunnel"
+// entrypoint is where the binary sits in the image.
+const entrypoint = "/ztunnel"
 
 func main() {
 	bin := flag.String("bin", "bin/image/ztunnel", "static ztunnel binary (CGO_ENABLED=0)")
@@ -95,7 +95,7 @@ func image(bin, arch string) (v1.Image, error) {
 	base = mutate.ConfigMediaType(base, types.OCIConfigJSON)
 	img, err := mutate.Append(base, mutate.Addendum{
 		Layer:   layer,
-		History: v1.History{Created: v1.Time{Time: epoch}, CreatedBy: "mkimage: COPY ztunnel " + Entrypoint},
+		History: v1.History{Created: v1.Time{Time: epoch}, CreatedBy: "mkimage: COPY ztunnel " + entrypoint},
 	})
 	if err != nil {
 		return nil, err
@@ -108,7 +108,7 @@ func image(bin, arch string) (v1.Image, error) {
 	cf.Architecture, cf.OS = arch, "linux"
 	cf.Created = v1.Time{Time: epoch}
 	cf.Config = v1.Config{
-		Entrypoint: []string{Entrypoint},
+		Entrypoint: []string{entrypoint},
 		User:       "0:1337", // the chart's runAsUser and runAsGroup
 		WorkingDir: "/",
 		Env:        []string{"PATH=/"},
@@ -135,7 +135,7 @@ func layerTar(exe []byte) ([]byte, error) {
 			return nil, err
 		}
 	}
-	if err := hdr(&tar.Header{Typeflag: tar.TypeReg, Name: Entrypoint[1:], Mode: 0o755, Size: int64(len(exe))}); err != nil {
+	if err := hdr(&tar.Header{Typeflag: tar.TypeReg, Name: entrypoint[1:], Mode: 0o755, Size: int64(len(exe))}); err != nil {
 		return nil, err
 	}
 	if _, err := tw.Write(exe); err != nil {
