@@ -999,7 +999,12 @@ func (c *conn) handlerLoop(r *Request) {
 // stream (limits.go).
 func (c *conn) runHandler(r *Request) {
 	for r != nil {
-		c.handler(r)
+		c.mu.Lock()
+		gone := r.s.done // reset before its handler could start: nothing to do for it
+		c.mu.Unlock()
+		if !gone {
+			c.handler(r)
+		}
 		if !r.answered.Load() {
 			r.Reject(http.StatusServiceUnavailable)
 		}
