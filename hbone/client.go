@@ -193,7 +193,12 @@ func (p *Pool) dial(ctx context.Context, k Key) (*conn, error) {
 	if k.SrcIP.IsValid() {
 		d.LocalAddr = &net.TCPAddr{IP: k.SrcIP.AsSlice()}
 	}
-	raw, err := d.DialContext(ctx, "tcp", k.Addr.String())
+	var raw net.Conn
+	if p.cfg.Dial != nil {
+		raw, err = p.cfg.Dial(ctx, &d, "tcp", k.Addr.String())
+	} else {
+		raw, err = d.DialContext(ctx, "tcp", k.Addr.String())
+	}
 	if err != nil {
 		return nil, dialErr(k, err, ctx)
 	}

@@ -1,6 +1,8 @@
 package hbone
 
 import (
+	"context"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -24,6 +26,10 @@ type Config struct {
 	DialTimeout       time.Duration // [10s] TCP+TLS dial; timeout error says "maybe a NetworkPolicy is blocking HBONE port 15008"
 	// Control is applied to dialed sockets (SO_MARK etc.); optional.
 	Control func(network, address string, c syscall.RawConn) error
+	// Dial, if set, opens the TCP connection under each pooled connection with d (which
+	// carries Control and the local address) instead of d.DialContext: in-pod mode dials
+	// from inside the pod's network namespace this way.
+	Dial func(ctx context.Context, d *net.Dialer, network, address string) (net.Conn, error)
 	// OnDrop, if set, is told of every stream dropped before it reached a handler's
 	// answer and of every connection closed for abuse (see doc.go, "Limits"). It runs on
 	// the connection's frame reader: it must be quick and must not block.

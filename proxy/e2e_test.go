@@ -964,16 +964,16 @@ func TestDrainWithIdleSocksClient(t *testing.T) {
 	}
 }
 
-// TestSharedMode runs both nodes in shared mode (NODE_NAME node-a / node-b): node A finds
+// TestNodeCaptureMode runs both nodes in node-capture mode (NODE_NAME node-a / node-b): node A finds
 // the client workload by the SOCKS5 client's source address, node B the server workload by
 // the address the HBONE connection was sent to.
-func TestSharedMode(t *testing.T) {
+func TestNodeCaptureMode(t *testing.T) {
 	leaktest.Check(t)
 	checkFDs(t)
 	m := newMesh(t)
-	bcfg := proxy.Config{Mode: proxy.Shared, Node: "node-b", InboundAddr: m.serverIP + ":15008"}
+	bcfg := proxy.Config{Mode: proxy.NodeCapture, Node: "node-b", InboundAddr: m.serverIP + ":15008"}
 	m.b = startNode(t, "node-b", m.caDir, m.yaml, bcfg)
-	acfg := proxy.Config{Mode: proxy.Shared, Node: "node-a", Socks5Addr: m.clientIP + ":0", WorkloadWait: 200 * time.Millisecond}
+	acfg := proxy.Config{Mode: proxy.NodeCapture, Node: "node-a", Socks5Addr: m.clientIP + ":0", WorkloadWait: 200 * time.Millisecond}
 	m.a = startNode(t, "node-a", m.caDir, m.yaml, acfg)
 	be := startBackend(t, m.serverIP+":0", echo)
 

@@ -282,13 +282,7 @@ func (p *Proxy) dialTransparent(ctx context.Context, dst netip.AddrPort, src net
 		}
 		return sockopt.Control(p.cfg.PacketMark)(network, address, c)
 	}
-	c, err := d.DialContext(ctx, "tcp", dst.String())
-	if err != nil {
-		return nil, err
-	}
-	tc := c.(*net.TCPConn)
-	p.tuneSocket(tc)
-	return tc, nil
+	return p.dialWith(ctx, &d, dst)
 }
 
 // inboundSourceLabels fills the source labels from the client's workload when the cache

@@ -29,14 +29,24 @@ type CertSource interface {
 	ServerConfig(local func(*tls.ClientHelloInfo) (identity.ID, error)) *tls.Config
 }
 
+// Sockets opens a proxy's listeners and dials its connections. internal/netns.Sockets
+// implements it for in-pod mode: every socket inside the pod's network namespace, marked.
+type Sockets interface {
+	Listen(ctx context.Context, network, address string) (net.Listener, error)
+	// Dial connects with d's settings (timeout, local address, Control).
+	Dial(ctx context.Context, d *net.Dialer, network, address string) (net.Conn, error)
+}
+
 // Mode says which workloads a node proxies.
 type Mode string
 
 const (
-	// Shared serves every workload on Config.Node; an outbound connection's source workload
-	// is the local workload with the connection's source IP.
-	Shared Mode = "shared"
-	// Dedicated serves the one workload named by Config.Workload.
+	// NodeCapture serves every workload on Config.Node from the proxy's own network
+	// namespace (node-level redirection, for hosts without istio-cni); an outbound
+	// connection's source workload is the local workload with the connection's source IP.
+	NodeCapture Mode = "node"
+	// Dedicated serves the one workload named by Config.Workload: a dedicated ztunnel, or
+	// one pod's proxy in in-pod mode.
 	Dedicated Mode = "dedicated"
 )
 
@@ -46,10 +56,12 @@ type WorkloadRef struct{ Namespace, Name, ServiceAccount string }
 // Config is the data plane's configuration. The zero value of each field is its default
 // (listeners with an empty address are not started).
 type Config struct {
-	Mode     Mode        // [Shared]
+	Mode     Mode        // [NodeCapture]
 	Workload WorkloadRef // the workload of a Dedicated proxy
-	Node     string      // NODE_NAME, for Shared
-	Network  string      // the local network
+	// Node is NODE_NAME: NodeCapture serves its workloads; a Dedicated proxy with Node set
+	// (a pod's, in in-pod mode) serves its workload only if it is on Node.
+	Node    string
+	Network string // the local network
 
 	OutboundAddr         string // 15001
 	InboundPlaintextAddr string // 15006
@@ -57,6 +69,10 @@ type Config struct {
 	Socks5Addr           string // 15080
 
 	HBONE hbone.Config
+
+	// Sockets opens every listener and dials every connection, HBONE included; nil: the
+	// process's own sockets.
+	Sockets Sockets
 
 	PacketMark uint32 // SO_MARK on dialed sockets (0 = none)
 	// OrigSrc makes inbound dials to a workload leave from the client's IP (IP_TRANSPARENT),
@@ -77,7 +93,7 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	if c.Mode == "" {
-		c.Mode = Shared
+		c.Mode = NodeCapture
 	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = 10 * time.Second
@@ -99,6 +115,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.HBONE.Control == nil && c.PacketMark != 0 {
 		c.HBONE.Control = sockopt.Control(c.PacketMark)
+	}
+	if c.HBONE.Dial == nil && c.Sockets != nil {
+		c.HBONE.Dial = c.Sockets.Dial
 	}
 }
 
@@ -172,9 +191,7 @@ func (p *Proxy) Listen() error {
 		if l.addr == "" {
 			continue
 		}
-		// KeepAlive -1: tuneSocket sets ztunnel's keepalive (or none) once, instead of Go's
-		// default being set first and then overwritten on every accepted connection.
-		ln, err := (&net.ListenConfig{KeepAlive: -1}).Listen(context.Background(), "tcp", l.addr)
+		ln, err := p.listen(l.addr)
 		if err != nil {
 			for _, open := range p.listeners {
 				open.Close()
@@ -185,6 +202,15 @@ func (p *Proxy) Listen() error {
 		p.listeners[l.name] = ln
 	}
 	return nil
+}
+
+func (p *Proxy) listen(addr string) (net.Listener, error) {
+	if p.cfg.Sockets != nil {
+		return p.cfg.Sockets.Listen(context.Background(), "tcp", addr)
+	}
+	// KeepAlive -1: tuneSocket sets ztunnel's keepalive (or none) once, instead of Go's
+	// default being set first and then overwritten on every accepted connection.
+	return (&net.ListenConfig{KeepAlive: -1}).Listen(context.Background(), "tcp", addr)
 }
 
 // Addrs returns the bound address of each listener by name (ListenerOutbound, ...).
@@ -296,7 +322,18 @@ func (p *Proxy) tuneSocket(c *net.TCPConn) {
 // dialTCP dials a plain TCP leg (marked, with keepalive) and returns it as *net.TCPConn so
 // the copy can splice.
 func (p *Proxy) dialTCP(ctx context.Context, dst netip.AddrPort) (*net.TCPConn, error) {
-	c, err := p.dialer.DialContext(ctx, "tcp", dst.String())
+	return p.dialWith(ctx, &p.dialer, dst)
+}
+
+// dialWith dials dst with d, through Config.Sockets when set.
+func (p *Proxy) dialWith(ctx context.Context, d *net.Dialer, dst netip.AddrPort) (*net.TCPConn, error) {
+	var c net.Conn
+	var err error
+	if p.cfg.Sockets != nil {
+		c, err = p.cfg.Sockets.Dial(ctx, d, "tcp", dst.String())
+	} else {
+		c, err = d.DialContext(ctx, "tcp", dst.String())
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -349,7 +386,7 @@ func (p *Proxy) localIdentity(hello *tls.ClientHelloInfo) (identity.ID, error) {
 func (p *Proxy) localWorkload(ctx context.Context, ip netip.Addr) (*state.Workload, error) {
 	find := func() *state.Workload {
 		if p.cfg.Mode == Dedicated {
-			w := p.store.FindWorkload(p.cfg.Workload.Namespace, p.cfg.Workload.Name)
+			w := p.dedicatedWorkload()
 			if w == nil || (ip.IsValid() && !w.HasAddress(ip) && !ip.IsLoopback() && !ip.IsUnspecified()) {
 				return nil
 			}
@@ -380,6 +417,18 @@ func (p *Proxy) localWorkload(ctx context.Context, ip netip.Addr) (*state.Worklo
 			return nil, p.unknownLocal(ip)
 		}
 	}
+}
+
+// dedicatedWorkload is the workload Config.Workload names, as the Rust ztunnel's
+// find_by_info matches a pod: same namespace and service account (when given), then name,
+// and on Config.Node when set. Names are unique in a namespace, so the name index finds it.
+func (p *Proxy) dedicatedWorkload() *state.Workload {
+	ref := p.cfg.Workload
+	w := p.store.FindWorkload(ref.Namespace, ref.Name)
+	if w == nil || (ref.ServiceAccount != "" && w.ServiceAccount != ref.ServiceAccount) || (p.cfg.Node != "" && w.Node != p.cfg.Node) {
+		return nil
+	}
+	return w
 }
 
 func (p *Proxy) unknownLocal(ip netip.Addr) error {
