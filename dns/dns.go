@@ -80,6 +80,10 @@ type Config struct {
 	// Dial dials upstream nameservers ("udp" or "tcp"); nil uses a net.Dialer. Set it to
 	// send upstream queries from the pod's network namespace.
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
+	// Listen and ListenPacket open the TCP and UDP listeners; nil uses package net. Set
+	// them (internal/netns.Sockets) to serve inside a pod's network namespace.
+	Listen       func(ctx context.Context, network, address string) (net.Listener, error)
+	ListenPacket func(ctx context.Context, network, address string) (net.PacketConn, error)
 	// Logger receives the per-query debug log [slog.Default()], with scope=dns.
 	Logger *slog.Logger
 }
@@ -137,6 +141,13 @@ func New(cfg Config, store *state.Store, m *metrics.Metrics) *Server {
 		var d net.Dialer
 		s.dial = d.DialContext
 	}
+	var lc net.ListenConfig
+	if s.cfg.Listen == nil {
+		s.cfg.Listen = lc.Listen
+	}
+	if s.cfg.ListenPacket == nil {
+		s.cfg.ListenPacket = lc.ListenPacket
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s
 }
@@ -171,7 +182,7 @@ func (s *Server) Listen() error {
 		return fmt.Errorf("dns: listen %s: already listening", s.cfg.Addr)
 	}
 	for i, h := range hosts {
-		pc, ln, err := listenPair(h, port)
+		pc, ln, err := s.listenPair(h, port)
 		if err != nil {
 			if i > 0 && host == "localhost" {
 				// IPv6 loopback is optional (IPv4-only hosts and pods).
@@ -192,14 +203,15 @@ func (s *Server) Listen() error {
 
 // listenPair binds UDP and TCP on the same port; with port 0 it retries when the UDP port
 // it got is taken for TCP.
-func listenPair(host, port string) (net.PacketConn, net.Listener, error) {
+func (s *Server) listenPair(host, port string) (net.PacketConn, net.Listener, error) {
+	ctx := context.Background()
 	for attempt := 0; ; attempt++ {
-		pc, err := net.ListenPacket("udp", net.JoinHostPort(host, port))
+		pc, err := s.cfg.ListenPacket(ctx, "udp", net.JoinHostPort(host, port))
 		if err != nil {
 			return nil, nil, err
 		}
 		p := fmt.Sprint(pc.LocalAddr().(*net.UDPAddr).Port)
-		ln, err := net.Listen("tcp", net.JoinHostPort(host, p))
+		ln, err := s.cfg.Listen(ctx, "tcp", net.JoinHostPort(host, p))
 		if err == nil {
 			return pc, ln, nil
 		}

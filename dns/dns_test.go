@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -88,7 +89,7 @@ type upstream struct {
 func startUpstream(t testing.TB) *upstream {
 	t.Helper()
 	u := &upstream{}
-	pc, ln, err := listenPair("127.0.0.1", "0")
+	pc, ln, err := New(Config{}, nil, nil).listenPair("127.0.0.1", "0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -738,4 +739,45 @@ func TestConcurrentQueries(t *testing.T) {
 	}
 	close(stop)
 	<-updated
+}
+
+// TestListenFactory: Config.Listen and ListenPacket open every socket (a pod's netns in
+// in-pod mode); "localhost" asks for both loopbacks, and a failing ::1 (a pod without IPv6
+// on lo, istio/ztunnel#1707) leaves the IPv4 pair serving.
+func TestListenFactory(t *testing.T) {
+	leaktest.Check(t)
+	var mu sync.Mutex
+	var calls []string
+	var lc net.ListenConfig
+	cfg := Config{
+		Addr: "localhost:0", Upstreams: []string{"127.0.0.1:1"},
+		Listen: func(ctx context.Context, network, address string) (net.Listener, error) {
+			mu.Lock()
+			calls = append(calls, network+" "+address)
+			mu.Unlock()
+			if strings.HasPrefix(address, "[::1]") {
+				return nil, errors.New("no IPv6 loopback")
+			}
+			return lc.Listen(ctx, network, address)
+		},
+		ListenPacket: func(ctx context.Context, network, address string) (net.PacketConn, error) {
+			mu.Lock()
+			calls = append(calls, network+" "+address)
+			mu.Unlock()
+			return lc.ListenPacket(ctx, network, address)
+		},
+	}
+	s := New(cfg, state.NewStore(), nil)
+	defer s.Close()
+	if err := s.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	port := s.Addr().(*net.UDPAddr).Port
+	want := fmt.Sprintf("udp 127.0.0.1:0, tcp 127.0.0.1:%d, udp [::1]:%d, tcp [::1]:%d", port, port, port)
+	mu.Lock()
+	got := strings.Join(calls, ", ")
+	mu.Unlock()
+	if got != want {
+		t.Errorf("factory calls: %s; want %s", got, want)
+	}
 }
