@@ -1,6 +1,7 @@
-// Package cnirules holds the iptables rules istio-cni installs in a pod's network namespace
-// next to a dedicated ztunnel, so that the namespace tests and the load generator's
-// capture topology redirect traffic the same way, from one list.
+// Package cnirules holds the iptables rules istio-cni installs in a pod's network namespace,
+// so that the namespace tests and the load generator's capture topology redirect traffic
+// the same way, from one list: Redirect, a simplified set next to a dedicated ztunnel, and
+// InPod, istio-cni's in-pod rules exactly.
 package cnirules
 
 // Redirect returns the nat-table rules, each the arguments that follow
@@ -22,5 +23,54 @@ func Redirect(mark, loopback, excludedPort string) [][]string {
 		{"-A", "GOZT_PREROUTING", "-p", "tcp", "--dport", excludedPort, "-j", "RETURN"},
 		{"-A", "GOZT_PREROUTING", "-p", "tcp", "-j", "REDIRECT", "--to-ports", "15006"},
 		{"-A", "PREROUTING", "!", "-i", "lo", "-p", "tcp", "-j", "GOZT_PREROUTING"},
+	}
+}
+
+// In-pod marks and addresses, as istio-cni's in-pod rules use them.
+const (
+	InPodMark     = "0x539/0xfff" // ztunnel's own sockets (PACKET_MARK 1337)
+	InPodConnMark = "0x111/0xfff" // a connection of ztunnel's, restored for policy routing
+	ProbeSNAT     = "169.254.7.127"
+)
+
+// InPod returns the IPv4 iptables rules istio-cni installs in each pod's network namespace
+// in in-pod ("shared") mode, each the arguments that follow `iptables -w`: chains
+// ISTIO_PRERT and ISTIO_OUTPUT in the mangle, nat and raw tables, hooked from PREROUTING
+// and OUTPUT, holding exactly the rules of istio-cni's default.golden (REFERENCE §13).
+// Outbound TCP goes to 15001, inbound TCP other than HBONE to 15006, DNS to 15053, unless
+// the packet carries ztunnel's mark; kubelet probes (SNATed to ProbeSNAT) pass.
+func InPod() [][]string {
+	var rules [][]string
+	for _, table := range []string{"mangle", "nat", "raw"} {
+		rules = append(rules,
+			[]string{"-t", table, "-N", "ISTIO_PRERT"},
+			[]string{"-t", table, "-N", "ISTIO_OUTPUT"},
+			[]string{"-t", table, "-A", "PREROUTING", "-j", "ISTIO_PRERT"},
+			[]string{"-t", table, "-A", "OUTPUT", "-j", "ISTIO_OUTPUT"})
+	}
+	return append(rules,
+		[]string{"-t", "mangle", "-A", "ISTIO_PRERT", "-m", "mark", "--mark", InPodMark, "-j", "CONNMARK", "--set-xmark", InPodConnMark},
+		[]string{"-t", "mangle", "-A", "ISTIO_OUTPUT", "-m", "connmark", "--mark", InPodConnMark, "-j", "CONNMARK", "--restore-mark", "--nfmask", "0xffffffff", "--ctmask", "0xffffffff"},
+		[]string{"-t", "nat", "-A", "ISTIO_PRERT", "-s", ProbeSNAT + "/32", "-p", "tcp", "-m", "tcp", "-j", "ACCEPT"},
+		[]string{"-t", "nat", "-A", "ISTIO_PRERT", "!", "-d", "127.0.0.1/32", "-p", "tcp", "!", "--dport", "15008", "-m", "mark", "!", "--mark", InPodMark, "-j", "REDIRECT", "--to-ports", "15006"},
+		[]string{"-t", "nat", "-A", "ISTIO_OUTPUT", "-d", ProbeSNAT + "/32", "-p", "tcp", "-m", "tcp", "-j", "ACCEPT"},
+		[]string{"-t", "nat", "-A", "ISTIO_OUTPUT", "!", "-o", "lo", "-p", "udp", "-m", "mark", "!", "--mark", InPodMark, "-m", "udp", "--dport", "53", "-j", "REDIRECT", "--to-ports", "15053"},
+		[]string{"-t", "nat", "-A", "ISTIO_OUTPUT", "!", "-d", "127.0.0.1/32", "-p", "tcp", "-m", "tcp", "--dport", "53", "-m", "mark", "!", "--mark", InPodMark, "-j", "REDIRECT", "--to-ports", "15053"},
+		[]string{"-t", "nat", "-A", "ISTIO_OUTPUT", "-p", "tcp", "-m", "mark", "--mark", InPodConnMark, "-j", "ACCEPT"},
+		[]string{"-t", "nat", "-A", "ISTIO_OUTPUT", "!", "-d", "127.0.0.1/32", "-o", "lo", "-j", "ACCEPT"},
+		[]string{"-t", "nat", "-A", "ISTIO_OUTPUT", "!", "-d", "127.0.0.1/32", "-p", "tcp", "-m", "mark", "!", "--mark", InPodMark, "-j", "REDIRECT", "--to-ports", "15001"},
+		[]string{"-t", "raw", "-A", "ISTIO_OUTPUT", "-p", "udp", "-m", "mark", "--mark", InPodMark, "-m", "udp", "--dport", "53", "-j", "CT", "--zone", "1"},
+		[]string{"-t", "raw", "-A", "ISTIO_PRERT", "-p", "udp", "-m", "mark", "!", "--mark", InPodMark, "-m", "udp", "--sport", "53", "-j", "CT", "--zone", "1"},
+	)
+}
+
+// InPodRoutes returns the policy routing istio-cni adds next to InPod, each the arguments
+// that follow `ip`: packets of ztunnel's connections (connmark restored to the mark) look
+// up table 100, which delivers everything locally, so replies to a spoofed source reach
+// ztunnel's transparent sockets.
+func InPodRoutes() [][]string {
+	return [][]string{
+		{"rule", "add", "fwmark", InPodConnMark, "pref", "32764", "lookup", "100"},
+		{"route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", "100"},
 	}
 }
