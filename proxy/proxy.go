@@ -419,6 +419,15 @@ func (p *Proxy) localWorkload(ctx context.Context, ip netip.Addr) (*state.Worklo
 	}
 }
 
+// Workload returns the workload a Dedicated proxy serves, or nil while it is not known (and
+// in NodeCapture mode). It does not wait: a pod's DNS proxy asks it per query.
+func (p *Proxy) Workload() *state.Workload {
+	if p.cfg.Mode != Dedicated {
+		return nil
+	}
+	return p.dedicatedWorkload()
+}
+
 // dedicatedWorkload is the workload Config.Workload names, as the Rust ztunnel's
 // find_by_info matches a pod: same namespace and service account (when given), then name,
 // and on Config.Node when set. Names are unique in a namespace, so the name index finds it.

@@ -17,10 +17,21 @@ import (
 // why each one has not: /healthz/ready lists the pending tasks, then each one's last error.
 type readiness struct {
 	mu      sync.Mutex
-	pending map[string]error // guarded by mu: pending task -> its last error, nil if none yet
+	pending map[string]error        // guarded by mu: pending task -> its last error, nil if none yet
+	checks  map[string]func() error // guarded by mu: task -> asked at each report; nil = ready
 }
 
-func newReadiness() *readiness { return &readiness{pending: map[string]error{}} }
+func newReadiness() *readiness {
+	return &readiness{pending: map[string]error{}, checks: map[string]func() error{}}
+}
+
+// watch adds a task whose state is asked for at each report: pending while check fails
+// (the workload manager's readiness comes and goes with the node agent).
+func (r *readiness) watch(task string, check func() error) {
+	r.mu.Lock()
+	r.checks[task] = check
+	r.mu.Unlock()
+}
 
 // add registers a task; done clears it. A task that is never added is never waited for.
 func (r *readiness) add(task string) {
@@ -49,14 +60,20 @@ func (r *readiness) failed(task string, err error) {
 func (r *readiness) report() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.pending) == 0 {
+	pending := maps.Clone(r.pending)
+	for task, check := range r.checks {
+		if err := check(); err != nil {
+			pending[task] = err
+		}
+	}
+	if len(pending) == 0 {
 		return ""
 	}
-	tasks := slices.Sorted(maps.Keys(r.pending))
+	tasks := slices.Sorted(maps.Keys(pending))
 	var b strings.Builder
 	fmt.Fprintf(&b, "not ready, pending: %s\n", strings.Join(tasks, ", "))
 	for _, t := range tasks {
-		if err := r.pending[t]; err != nil {
+		if err := pending[t]; err != nil {
 			for line := range strings.Lines(err.Error()) {
 				fmt.Fprintf(&b, "%s: %s\n", t, strings.TrimSuffix(line, "\n"))
 			}
@@ -83,7 +100,7 @@ func (r *readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 func adminHandler(level *slog.LevelVar, dump func() map[string]any, quit func()) http.Handler {
 	mux := http.NewServeMux()
 	endpoints := []struct{ path, help string }{
-		{"/config_dump", "workloads, services, policies, certificates, config and version as JSON"},
+		{"/config_dump", "workloads, services, policies, certificates, config, version and (in-pod mode) workloadState as JSON"},
 		{"/logging", "POST ?level=debug|info|warn|error sets the log level"},
 		{"/quitquitquit", "POST starts a graceful shutdown"},
 		{"/debug/pprof/", "Go profiles"},

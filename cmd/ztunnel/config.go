@@ -22,7 +22,10 @@ type config struct {
 	DNSProxyAddr                                                string
 	EnableSocks5                                                bool
 
-	ProxyMode         string // shared | dedicated
+	ProxyMode         string // shared (in-pod) | node | dedicated
+	InpodUDS          string
+	InpodPortReuse    bool
+	IPv6Enabled       bool
 	ProxyWorkloadInfo string // namespace/name/serviceaccount
 	NodeName          string
 	Network           string
@@ -92,14 +95,17 @@ func settings() []setting {
 		addr("ADMIN_ADDR", "localhost:15000", "admin server: /config_dump, /logging, /quitquitquit, /debug/pprof", func(c *config) *string { return &c.AdminAddr }),
 		addr("STATS_ADDR", "[::]:15020", "Prometheus metrics (/metrics, /stats/prometheus)", func(c *config) *string { return &c.StatsAddr }),
 		addr("READINESS_ADDR", "[::]:15021", "readiness (/healthz/ready)", func(c *config) *string { return &c.ReadinessAddr }),
-		addr("OUTBOUND_ADDR", "[::]:15001", "outbound capture (original destination from SO_ORIGINAL_DST)", func(c *config) *string { return &c.OutboundAddr }),
+		addr("OUTBOUND_ADDR", "[::]:15001", "outbound capture (original destination from SO_ORIGINAL_DST); in shared mode only the port counts for the 15001/15006/15008 listeners, opened in each pod on the wildcard address", func(c *config) *string { return &c.OutboundAddr }),
 		addr("INBOUND_PLAINTEXT_ADDR", "[::]:15006", "inbound plaintext capture", func(c *config) *string { return &c.InboundPlaintextAddr }),
 		addr("INBOUND_ADDR", "[::]:15008", "inbound HBONE (mTLS HTTP/2 CONNECT); peers always dial port 15008 of a pod IP", func(c *config) *string { return &c.InboundAddr }),
 		addr("SOCKS5_ADDR", "127.0.0.1:15080", "SOCKS5 outbound; on when UNSTABLE_ENABLE_SOCKS5=true or this is set", func(c *config) *string { return &c.Socks5Addr }),
 		addr("DNS_PROXY_ADDR", "localhost:15053", "DNS proxy (UDP and TCP)", func(c *config) *string { return &c.DNSProxyAddr }),
 		boolean("UNSTABLE_ENABLE_SOCKS5", "false", "start the SOCKS5 listener", func(c *config) *bool { return &c.EnableSocks5 }),
 
-		enum("PROXY_MODE", "shared", "shared: every workload on NODE_NAME; dedicated: the one workload of PROXY_WORKLOAD_INFO", []string{"shared", "dedicated"}, func(c *config) *string { return &c.ProxyMode }),
+		enum("PROXY_MODE", "shared", "shared: in-pod mode, as in Istio: istio-cni hands over each pod's network namespace on INPOD_UDS and the pod's listeners open inside it; node: every workload on NODE_NAME, captured by node-level redirection into ztunnel's own namespace (hosts without istio-cni); dedicated: the one workload of PROXY_WORKLOAD_INFO", []string{"shared", "node", "dedicated"}, func(c *config) *string { return &c.ProxyMode }),
+		str("INPOD_UDS", "/var/run/ztunnel/ztunnel.sock", "in-pod mode: the istio-cni node agent's ZDS socket (SOCK_SEQPACKET)", func(c *config) *string { return &c.InpodUDS }),
+		boolean("INPOD_PORT_REUSE", "true", "in-pod mode: SO_REUSEPORT on each pod's listeners, so an old and a new ztunnel can serve a pod at once during an upgrade", func(c *config) *bool { return &c.InpodPortReuse }),
+		boolean("IPV6_ENABLED", "true", "in-pod mode: pod listeners bind [::] (false: 0.0.0.0); false also drops AAAA answers for mesh services", func(c *config) *bool { return &c.IPv6Enabled }),
 		{env: "PROXY_WORKLOAD_INFO", form: "namespace/name/serviceaccount", help: "the workload a dedicated proxy serves (required when PROXY_MODE=dedicated)", set: func(c *config, v string) error {
 			if v != "" && (strings.Count(v, "/") != 2 || strings.Contains(v, "//") || strings.HasPrefix(v, "/") || strings.HasSuffix(v, "/")) {
 				return errors.New("want three non-empty parts")
@@ -107,7 +113,7 @@ func settings() []setting {
 			c.ProxyWorkloadInfo = v
 			return nil
 		}},
-		str("NODE_NAME", "", "this node's name; workloads on it are served in shared mode", func(c *config) *string { return &c.NodeName }),
+		str("NODE_NAME", "", "this node's name; in shared and node mode the workloads on it are served (and their certificates prefetched)", func(c *config) *string { return &c.NodeName }),
 		str("NETWORK", "", "this node's network", func(c *config) *string { return &c.Network }),
 		str("CLUSTER_ID", istiogrpc.DefaultClusterID, "cluster id sent to the control plane and CA; unset, ISTIO_META_CLUSTER_ID if that is set (the chart sets it)", func(c *config) *string { return &c.ClusterID }),
 		str("CLUSTER_DOMAIN", "cluster.local", "Kubernetes cluster DNS domain", func(c *config) *string { return &c.ClusterDomain }),

@@ -83,7 +83,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	}{
 		{env: map[string]string{"ADMIN_ADDR": "nope"}, want: []string{"ADMIN_ADDR", "host:port"}},
 		{env: map[string]string{"INBOUND_ADDR": "1.2.3.4:99999"}, want: []string{"INBOUND_ADDR", "bad port"}},
-		{env: map[string]string{"PROXY_MODE": "sidecar"}, want: []string{"PROXY_MODE", "shared, dedicated"}},
+		{env: map[string]string{"PROXY_MODE": "sidecar"}, want: []string{"PROXY_MODE", "shared, node, dedicated"}},
 		{env: map[string]string{"SECRET_TTL": "tomorrow"}, want: []string{"SECRET_TTL", "duration"}},
 		{env: map[string]string{"SECRET_TTL": "-1h"}, want: []string{"SECRET_TTL", "positive"}},
 		{env: map[string]string{"HTTP2_STREAM_WINDOW_SIZE": "4Gi"}, want: []string{"HTTP2_STREAM_WINDOW_SIZE", "Ki or Mi"}},

@@ -578,7 +578,7 @@ func TestNetnsDedicated(t *testing.T) {
 	}
 }
 
-// nodeRedirect installs node-level redirection for shared mode on a node that routes for
+// nodeRedirect installs node-level redirection for node mode on a node that routes for
 // the pods in podCIDR: their outbound TCP goes to 15001; TCP addressed to one of them goes
 // to 15008 when it is HBONE and to 15006 otherwise. REDIRECT keeps the pod address as the
 // original destination (SO_ORIGINAL_DST), which is how ztunnel knows the pod meant.
@@ -595,12 +595,12 @@ func nodeRedirect(t *testing.T, ns *netns.NS, podCIDR string) {
 	}
 }
 
-// TestNetnsShared is shared mode at node level: each node namespace routes for a pod
-// namespace behind it and runs one ztunnel (PROXY_MODE=shared, NODE_NAME) for every pod
-// on the node, which it tells apart by source address (outbound) and original destination
-// (inbound). In-pod redirection, with listeners inside each pod's namespace, is a later
-// step; this is the topology it replaces.
-func TestNetnsShared(t *testing.T) {
+// TestNetnsNodeCapture is node mode, capture at node level for hosts without istio-cni:
+// each node namespace routes for a pod namespace behind it and runs one ztunnel
+// (PROXY_MODE=node, NODE_NAME) for every pod on the node, which it tells apart by source
+// address (outbound) and original destination (inbound). TestNetnsInPod is the in-pod
+// topology that replaces it where istio-cni runs.
+func TestNetnsNodeCapture(t *testing.T) {
 	netns.Require(t, "iptables", "curl")
 	leaktest.Check(t)
 	bin := buildZtunnel(t)
@@ -628,8 +628,8 @@ func TestNetnsShared(t *testing.T) {
 	dir := t.TempDir()
 	writeWorkloads(t, dir, clientPod, serverPod, vip)
 	server := startPodServer(t, podB, serverPod, "8080", "8081")
-	ztB := startNodeIn(t, bin, nodeB, dir, "PROXY_MODE=shared", "NODE_NAME=node-b")
-	ztA := startNodeIn(t, bin, nodeA, dir, "PROXY_MODE=shared", "NODE_NAME=node-a")
+	ztB := startNodeIn(t, bin, nodeB, dir, "PROXY_MODE=node", "NODE_NAME=node-b")
+	ztA := startNodeIn(t, bin, nodeA, dir, "PROXY_MODE=node", "NODE_NAME=node-a")
 
 	clientID := "spiffe://cluster.local/ns/default/sa/client"
 	serverID := "spiffe://cluster.local/ns/default/sa/server"

@@ -22,6 +22,8 @@ import (
 	"github.com/gozt/gozt/identity"
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/certs"
+	"github.com/gozt/gozt/inpod"
+	"github.com/gozt/gozt/internal/netns"
 	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/proxy"
@@ -40,7 +42,9 @@ type node struct {
 	store    *state.Store
 	xds      *xds.Client // nil without XDS_ADDRESS
 	certs    *certs.Manager
-	proxy    *proxy.Proxy
+	proxy    *proxy.Proxy   // the node's own listeners (node and dedicated mode)
+	inpod    *inpod.Manager // in-pod (shared) mode only
+	pods     *podProxies    // in-pod mode: the pods' proxies the Manager drives
 
 	quitOnce sync.Once
 	quit     chan struct{} // closed by POST /quitquitquit
@@ -52,6 +56,7 @@ type node struct {
 const (
 	taskState = "state manager"
 	taskCerts = "certificates"
+	taskInpod = "workload manager"
 )
 
 // run starts a node and blocks until ctx ends or /quitquitquit is called, then drains:
@@ -105,7 +110,15 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 		pcfg.Demand = n.xds.Demand
 	}
 	n.proxy = proxy.New(pcfg, n.store, n.certs, n.metrics)
-	if cfg.enableProxy() {
+	inPod := cfg.ProxyMode == "shared"
+	if inPod {
+		// Every pod's listeners open inside its netns, so the node opens none of its own.
+		if err := netns.CheckCapabilities(); err != nil {
+			return fmt.Errorf("PROXY_MODE=shared (in-pod) cannot enter pod namespaces or mark sockets: %w", err)
+		}
+		n.ready.add(taskCerts)
+		goBG("certificate prefetch", n.prefetchCertificates)
+	} else if cfg.enableProxy() {
 		if err := n.proxy.Listen(); err != nil {
 			return err
 		}
@@ -116,7 +129,7 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 		goBG("certificate prefetch", n.prefetchCertificates)
 	}
 
-	if cfg.DNSProxyAddr != "" {
+	if cfg.DNSProxyAddr != "" && !inPod {
 		d := dns.New(n.dnsConfig(), n.store, n.metrics)
 		if err := d.Listen(); err != nil {
 			n.proxy.Shutdown(context.Background())
@@ -138,6 +151,11 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 		defer close(proxyDone)
 		n.proxy.Serve(proxyCtx)
 	}()
+	if inPod {
+		n.pods = newPodProxies(n)
+		n.inpod = inpod.New(inpod.Config{Path: cfg.InpodUDS, Metrics: n.metrics}, n.pods)
+		n.ready.watch(taskInpod, n.inpodReady)
+	}
 
 	slog.Info("ztunnel started", "version", version, "mode", cfg.ProxyMode, "threads", runtime.GOMAXPROCS(0), "listeners", n.listenerSummary())
 	if started != nil {
@@ -151,6 +169,10 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 	slog.Info("draining", "deadline", cfg.TerminationDeadline)
 	drainCtx, cancel := context.WithTimeout(context.Background(), cfg.TerminationDeadline)
 	defer cancel()
+	if n.inpod != nil {
+		n.inpod.Close() // drains every pod's proxy, in the background...
+		n.pods.wait()   // ...each within CONNECTION_TERMINATION_DEADLINE
+	}
 	err = n.proxy.Shutdown(drainCtx)
 	stopProxy()
 	<-proxyDone
@@ -323,6 +345,9 @@ func (n *node) configDump() map[string]any {
 	if sd, ok := n.store.Dump().(*state.Dump); ok {
 		d["workloads"], d["services"], d["policies"] = sd.Workloads, sd.Services, sd.Policies
 	}
+	if n.inpod != nil {
+		d["workloadState"] = n.inpod.WorkloadState() // uid -> {state: Up|Pending, info}
+	}
 	return d
 }
 
@@ -334,6 +359,7 @@ func (n *node) dnsConfig() dns.Config {
 		ClusterDomain: n.cfg.ClusterDomain,
 		Network:       n.cfg.Network,
 		Dedicated:     n.cfg.ProxyMode == "dedicated",
+		DisableIPv6:   !n.cfg.IPv6Enabled,
 		Source: func(client netip.Addr) *state.Workload {
 			if n.cfg.ProxyMode == "dedicated" {
 				if ws := n.localWorkloads(); len(ws) > 0 {
@@ -370,10 +396,14 @@ func workloadRef(info string) proxy.WorkloadRef {
 }
 
 func proxyConfig(c *config) proxy.Config {
+	mode, node := proxy.NodeCapture, c.NodeName
+	if c.ProxyMode == "dedicated" {
+		mode, node = proxy.Dedicated, "" // NODE_NAME does not restrict a dedicated proxy
+	}
 	return proxy.Config{
-		Mode:                 proxy.Mode(c.ProxyMode),
+		Mode:                 mode,
 		Workload:             workloadRef(c.ProxyWorkloadInfo),
-		Node:                 c.NodeName,
+		Node:                 node,
 		Network:              c.Network,
 		OutboundAddr:         c.OutboundAddr,
 		InboundPlaintextAddr: c.InboundPlaintextAddr,
@@ -405,7 +435,7 @@ func caConfig(c *config) ca.Config {
 		ClusterID:    c.ClusterID,
 		Headers:      headerNames(c.CAHeaders),
 		SecretTTL:    c.SecretTTL,
-		Impersonate:  c.ProxyMode == "shared",
+		Impersonate:  c.ProxyMode != "dedicated", // one ztunnel, many workload identities
 		Dir:          c.CADir,
 		SpiffeSocket: c.SpiffeSocket,
 		LocalXDS:     c.LocalXDSPath != "",

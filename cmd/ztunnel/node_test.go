@@ -17,6 +17,7 @@ import (
 func testConfig(t *testing.T, extra map[string]string) *config {
 	t.Helper()
 	m := map[string]string{
+		"PROXY_MODE": "node", // in-pod mode (the default, shared) needs a node agent
 		"ADMIN_ADDR": "127.0.0.1:0", "STATS_ADDR": "127.0.0.1:0", "READINESS_ADDR": "127.0.0.1:0",
 		"OUTBOUND_ADDR": "off", "INBOUND_PLAINTEXT_ADDR": "off", "INBOUND_ADDR": "off", "DNS_PROXY_ADDR": "off",
 		"CONNECTION_TERMINATION_DEADLINE": "2s",

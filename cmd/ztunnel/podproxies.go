@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/gozt/gozt/dns"
+	"github.com/gozt/gozt/inpod"
+	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/proxy"
+	"github.com/gozt/gozt/xds/state"
+)
+
+var (
+	_ inpod.Proxies = (*podProxies)(nil)
+	_ proxy.Sockets = netns.Sockets{}
+)
+
+// podProxies runs in-pod mode's per-pod proxies for the workload manager: for each pod a
+// Dedicated proxy.Proxy for the pod's workload and a DNS proxy, every socket of both opened
+// inside the pod's network namespace and marked, sharing the node's store, certificate
+// manager and metrics. Each pod gets its own HBONE pool and serves its own identity on 15008.
+type podProxies struct {
+	n  *node
+	wg sync.WaitGroup // one count per pod from Start until its shutdown has finished
+
+	mu   sync.Mutex
+	pods map[string]*podProxy // guarded by mu: running pods by UID
+}
+
+type podProxy struct {
+	uid    string
+	ns     *netns.NetNS // owned from Start on; closed once both servers have stopped
+	proxy  *proxy.Proxy
+	dns    *dns.Server // nil with DNS_PROXY_ADDR=off
+	cancel context.CancelFunc
+	served chan struct{} // closed when servePod has returned
+}
+
+func newPodProxies(n *node) *podProxies {
+	return &podProxies{n: n, pods: map[string]*podProxy{}}
+}
+
+// Start binds the pod's listeners in its netns and serves them in the background. It waits
+// for neither xDS nor the CA: the pod's workload is looked up per connection (waiting up to
+// 5 s for it to appear), its certificate at the first handshake.
+func (pp *podProxies) Start(p inpod.Pod) error {
+	cfg := pp.n.cfg
+	log := slog.Default().With("pod", p.Info.Namespace+"/"+p.Info.Name, "uid", p.UID)
+	sockets := netns.Sockets{NS: p.NetNS, Mark: cfg.PacketMark, ReusePort: cfg.InpodPortReuse}
+	pcfg := proxyConfig(cfg)
+	pcfg.Mode = proxy.Dedicated
+	pcfg.Workload = proxy.WorkloadRef{Namespace: p.Info.Namespace, Name: p.Info.Name, ServiceAccount: p.Info.ServiceAccount}
+	pcfg.Node = cfg.NodeName
+	pcfg.OutboundAddr = podAddr(cfg.OutboundAddr, cfg.IPv6Enabled)
+	pcfg.InboundPlaintextAddr = podAddr(cfg.InboundPlaintextAddr, cfg.IPv6Enabled)
+	pcfg.InboundAddr = podAddr(cfg.InboundAddr, cfg.IPv6Enabled)
+	pcfg.Sockets = sockets
+	pcfg.Logger = log
+	px := proxy.New(pcfg, pp.n.store, pp.n.certs, pp.n.metrics)
+	if err := px.Listen(); err != nil {
+		px.Shutdown(context.Background())
+		return err
+	}
+	var d *dns.Server
+	if cfg.DNSProxyAddr != "" {
+		dc := pp.n.dnsConfig()
+		dc.Dedicated = false // the search list is the client's namespace, not ztunnel's resolv.conf
+		dc.Source = func(netip.Addr) *state.Workload { return px.Workload() }
+		dc.Listen, dc.ListenPacket = sockets.Listen, sockets.ListenPacket
+		dc.Dial = func(ctx context.Context, network, address string) (net.Conn, error) {
+			return sockets.Dial(ctx, nil, network, address)
+		}
+		dc.Logger = log
+		d = dns.New(dc, pp.n.store, pp.n.metrics)
+		if err := d.Listen(); err != nil {
+			d.Close()
+			px.Shutdown(context.Background())
+			return err
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	pod := &podProxy{uid: p.UID, ns: p.NetNS, proxy: px, dns: d, cancel: cancel, served: make(chan struct{})}
+	pp.mu.Lock()
+	pp.pods[p.UID] = pod
+	pp.mu.Unlock()
+	pp.wg.Add(1)
+	go servePod(ctx, pod)
+	return nil
+}
+
+// servePod runs a pod's proxy and DNS proxy until both stop.
+func servePod(ctx context.Context, pod *podProxy) {
+	defer close(pod.served)
+	var wg sync.WaitGroup
+	if pod.dns != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := pod.dns.Serve(ctx); err != nil {
+				slog.Error("pod dns proxy stopped", "uid", pod.uid, "err", err)
+			}
+		}()
+	}
+	pod.proxy.Serve(ctx)
+	wg.Wait()
+}
+
+// Drain shuts the pod's proxy down gracefully: live connections get
+// CONNECTION_TERMINATION_DEADLINE to finish.
+func (pp *podProxies) Drain(uid string) { pp.end(uid, pp.n.cfg.TerminationDeadline) }
+
+// Stop shuts the pod's proxy down at once: the pod is gone.
+func (pp *podProxies) Stop(uid string) { pp.end(uid, 0) }
+
+func (pp *podProxies) end(uid string, deadline time.Duration) {
+	pp.mu.Lock()
+	pod := pp.pods[uid]
+	delete(pp.pods, uid)
+	pp.mu.Unlock()
+	if pod == nil {
+		return
+	}
+	go pp.shutdownPod(pod, deadline)
+}
+
+// shutdownPod stops the pod's listeners, lets connections finish until deadline, then
+// releases the pod's network namespace.
+func (pp *podProxies) shutdownPod(pod *podProxy, deadline time.Duration) {
+	defer pp.wg.Done()
+	if pod.dns != nil {
+		pod.dns.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	if err := pod.proxy.Shutdown(ctx); err != nil {
+		slog.Warn("pod proxy shutdown", "uid", pod.uid, "err", err)
+	}
+	pod.cancel()
+	<-pod.served
+	pod.ns.Close()
+}
+
+// wait returns once every pod whose proxy was stopped has finished shutting down. The
+// workload manager drains every pod when it closes, so after Manager.Close none is left.
+func (pp *podProxies) wait() { pp.wg.Wait() }
+
+// podAddr is a pod listener's address: the setting's port on the wildcard address ([::],
+// or 0.0.0.0 with IPV6_ENABLED=false); "" stays off.
+func podAddr(setting string, ipv6 bool) string {
+	if setting == "" {
+		return ""
+	}
+	_, port, err := net.SplitHostPort(setting)
+	if err != nil {
+		return setting // loadConfig checked it; Listen reports it
+	}
+	if ipv6 {
+		return net.JoinHostPort("::", port)
+	}
+	return net.JoinHostPort("0.0.0.0", port)
+}
+
+// inpodReady is the readiness check of in-pod mode: the workload manager has reconciled the
+// node agent's snapshot and no pod's proxy is pending.
+func (n *node) inpodReady() error {
+	if n.inpod.Ready() {
+		return nil
+	}
+	if st := n.inpod.Stats(); st.Pending > 0 {
+		return fmt.Errorf("%d pod proxies failed to start (retried every 5s)", st.Pending)
+	}
+	return fmt.Errorf("no snapshot yet from the istio-cni node agent on %s", n.cfg.InpodUDS)
+}
