@@ -281,9 +281,15 @@ func metricSum(text, metric string, want map[string]string) float64 {
 // client sees the end.
 func waitMetric(t *testing.T, ns *netns.NS, node, metric string, labels map[string]string, atLeast float64) {
 	t.Helper()
+	waitMetricFrom(t, func() string { return scrape(t, ns) }, node, metric, labels, atLeast)
+}
+
+// waitMetricFrom is waitMetric with the node's metrics read by scrape.
+func waitMetricFrom(t *testing.T, scrape func() string, node, metric string, labels map[string]string, atLeast float64) {
+	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		text := scrape(t, ns)
+		text := scrape()
 		got := metricSum(text, metric, labels)
 		if got >= atLeast {
 			return

@@ -1,0 +1,354 @@
+//go:build linux
+
+package main
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/gozt/gozt/inpod/inpodtest"
+	"github.com/gozt/gozt/inpod/zdspb"
+	"github.com/gozt/gozt/internal/cnirules"
+	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/netns"
+)
+
+// inPodRules installs istio-cni's in-pod rules in a pod's namespace, as its node agent does
+// before it hands the pod to ztunnel.
+func inPodRules(t *testing.T, pod *netns.NS) {
+	t.Helper()
+	for _, rule := range cnirules.InPod() {
+		pod.MustExec(t, append([]string{"iptables", "-w"}, rule...)...)
+	}
+	for _, args := range cnirules.InPodRoutes() {
+		pod.MustExec(t, append([]string{"ip"}, args...)...)
+	}
+}
+
+// openNS opens a handle on a named namespace, closed when the test ends.
+func openNS(t *testing.T, ns *netns.NS) *netns.NetNS {
+	t.Helper()
+	h, err := netns.Open("/var/run/netns/" + ns.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+// dialIn connects from inside ns.
+func dialIn(ns *netns.NS, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := ns.Do(func() (err error) {
+		c, err = net.DialTimeout(network, addr, 5*time.Second)
+		return err
+	})
+	return c, err
+}
+
+// TestNetnsInPod is in-pod mode end to end: two pods as network namespaces behind veth
+// pairs from a node namespace, each with istio-cni's in-pod rules exactly, and one ztunnel
+// (in this process, PROXY_MODE=shared) that a real SOCK_SEQPACKET node agent hands both
+// pods' namespaces. Each pod gets its listeners inside its own namespace: pod A's curl is
+// captured on A's 15001 and carried over HBONE from A's IP to B's 15008, plain TCP from
+// outside the mesh is captured on B's 15006, a DNS query is redirected to A's 15053, and
+// DelWorkload closes B's listeners only.
+func TestNetnsInPod(t *testing.T) {
+	netns.Require(t, "iptables", "curl")
+	leaktest.Check(t)
+	http.DefaultClient.Transport = &http.Transport{DisableKeepAlives: true}
+
+	const (
+		podA, podB = "10.31.1.2", "10.31.2.2"
+		nodeToA    = "10.31.1.1"
+		vip        = "10.96.0.12"
+	)
+	node := netns.New(t, "inpod-node")
+	nsA, nsB := netns.New(t, "pod-a"), netns.New(t, "pod-b")
+	netns.Link(t, nsA, podA+"/24", node, nodeToA+"/24")
+	netns.Link(t, nsB, podB+"/24", node, "10.31.2.1/24")
+	nsA.MustExec(t, "ip", "route", "add", "default", "via", nodeToA)
+	nsB.MustExec(t, "ip", "route", "add", "default", "via", "10.31.2.1")
+	node.MustExec(t, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
+	inPodRules(t, nsA)
+	inPodRules(t, nsB)
+
+	dir := t.TempDir()
+	writeWorkloads(t, dir, podA, podB, vip)
+	// Both pods on this one node.
+	file := filepath.Join(dir, "workloads.yaml")
+	yaml, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte(strings.ReplaceAll(string(yaml), "node: node-b", "node: node-a")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	server := startPodServer(t, nsB, podB, "8080", "8081")
+
+	agent := inpodtest.NewAgent(t, inpodtest.SocketPath(t))
+	n, _ := startNode(t, testConfig(t, map[string]string{
+		"PROXY_MODE": "shared", "NODE_NAME": "node-a", "INPOD_UDS": agent.Path,
+		"LOCAL_XDS_PATH": file, "CA_DIR": filepath.Join(dir, "ca"),
+		"OUTBOUND_ADDR": "[::]:15001", "INBOUND_PLAINTEXT_ADDR": "[::]:15006", "INBOUND_ADDR": "[::]:15008",
+		"DNS_PROXY_ADDR": "localhost:15053",
+	}))
+	ready := "http://" + n.addrs["READINESS_ADDR"].String() + "/healthz/ready"
+	if code, body := get(t, ready); code != 500 || !strings.Contains(body, "workload manager") {
+		t.Errorf("readiness before the snapshot: %d %q; want 500 naming the workload manager", code, body)
+	}
+	pods := []struct {
+		uid  string
+		info *zdspb.WorkloadInfo
+		ns   *netns.NS
+	}{
+		{"uid-a", &zdspb.WorkloadInfo{Name: "client", Namespace: "default", ServiceAccount: "client"}, nsA},
+		{"uid-b", &zdspb.WorkloadInfo{Name: "server", Namespace: "default", ServiceAccount: "server"}, nsB},
+	}
+	// addPods replays both pods and the snapshot, as the agent does on each connection.
+	addPods := func(c *inpodtest.AgentConn) {
+		t.Helper()
+		for _, p := range pods {
+			if nack := c.AddPod(p.uid, p.info, openNS(t, p.ns)); nack != "" {
+				t.Fatalf("add %s: NACK %q", p.uid, nack)
+			}
+		}
+		if nack := c.Send(inpodtest.SnapshotReq()); nack != "" {
+			t.Fatalf("snapshot: NACK %q", nack)
+		}
+	}
+	c := agent.Accept()
+	addPods(c)
+	if code, body := waitReady(t, n, "ready\n"); code != 200 {
+		t.Fatalf("readiness after the snapshot: %d %q", code, body)
+	}
+
+	metrics := func() string {
+		_, body := get(t, "http://"+n.addrs["STATS_ADDR"].String()+"/metrics")
+		return body
+	}
+	clientID := "spiffe://cluster.local/ns/default/sa/client"
+	serverID := "spiffe://cluster.local/ns/default/sa/server"
+
+	t.Run("pod to pod over HBONE", func(t *testing.T) {
+		upload := filepath.Join(dir, "upload")
+		f, err := os.Create(upload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := sha256.New()
+		const size = 4 << 20
+		if _, err := io.CopyN(io.MultiWriter(f, h), &patternReader{}, size); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		out := strings.TrimSpace(nsA.MustExec(t, "curl", "-sS", "-m", "20", "--data-binary", "@"+upload, "http://"+podB+":8080/sha256"))
+		if want := fmt.Sprintf("%x %d", h.Sum(nil), size); out != want {
+			t.Errorf("upload through the mesh: server got %q; want %q", out, want)
+		}
+		// Pod B's proxy dialed the app from inside pod B (ENABLE_ORIG_SRC unset).
+		if got := server.lastClient("8080"); got != podB {
+			t.Errorf("server saw the request from %s; want pod B's own %s", got, podB)
+		}
+		// B's side names the peer by its certificate and the pod IP the connection came
+		// from: outbound HBONE left from inside pod A.
+		waitMetricFrom(t, metrics, "node", "istio_tcp_connections_closed_total", map[string]string{
+			"reporter": "destination", "connection_security_policy": "mutual_tls", "response_flags": "-",
+			"source_principal": clientID, "source_workload": "client", "destination_principal": serverID, "destination_workload": "server",
+		}, 1)
+		waitMetricFrom(t, metrics, "node", "istio_tcp_connections_closed_total", map[string]string{
+			"reporter": "source", "connection_security_policy": "mutual_tls", "source_workload": "client", "destination_workload": "server",
+		}, 1)
+	})
+
+	t.Run("pod to service VIP over HBONE", func(t *testing.T) {
+		out := nsA.MustExec(t, "curl", "-sS", "-m", "10", "http://"+vip+"/vip")
+		if want := "server pod port 8080 got GET /vip"; !strings.Contains(out, want) {
+			t.Errorf("curl got %q; want %q", out, want)
+		}
+		waitMetricFrom(t, metrics, "node", "istio_tcp_connections_closed_total", map[string]string{
+			"reporter": "source", "connection_security_policy": "mutual_tls", "destination_service": "echo.default.svc.cluster.local",
+		}, 1)
+	})
+
+	t.Run("DNS redirected to the pod's DNS proxy", func(t *testing.T) {
+		for _, network := range []string{"udp", "tcp"} {
+			// To the node's address: the pod's rules send port 53 to its own 15053.
+			conn, err := dialIn(nsA, network, nodeToA+":53")
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := new(dns.Msg)
+			req.SetQuestion("echo.default.svc.cluster.local.", dns.TypeA)
+			resp, _, err := (&dns.Client{Net: network, Timeout: 5 * time.Second}).ExchangeWithConn(req, &dns.Conn{Conn: conn})
+			conn.Close()
+			if err != nil {
+				t.Fatalf("%s query: %v", network, err)
+			}
+			if len(resp.Answer) != 1 || !strings.HasSuffix(resp.Answer[0].String(), vip) {
+				t.Errorf("%s answer %v; want the service VIP %s", network, resp.Answer, vip)
+			}
+		}
+	})
+
+	t.Run("plaintext from outside the mesh captured on 15006", func(t *testing.T) {
+		before := server.count("8080")
+		out, err := plainGet(node, 0, podB+":8080", "/plain")
+		if err != nil || !strings.Contains(out, "server pod port 8080 got GET /plain") {
+			t.Errorf("plaintext GET: %v %q", err, out)
+		}
+		if got := server.count("8080"); got != before+1 {
+			t.Errorf("server saw %d requests on 8080; want %d", got, before+1)
+		}
+		waitMetricFrom(t, metrics, "node", "istio_tcp_connections_closed_total", map[string]string{
+			"reporter": "destination", "connection_security_policy": "unknown", "destination_workload": "server",
+		}, 1)
+	})
+
+	t.Run("deny policy", func(t *testing.T) {
+		if out, err := nsA.Exec("curl", "-sS", "-m", "10", "http://"+podB+":8081/denied"); err == nil || strings.Contains(string(out), "server pod") {
+			t.Errorf("curl over HBONE to a denied port: %v %q; want a failure", err, out)
+		}
+		if out, _ := plainGet(node, 0, podB+":8081", "/denied"); strings.Contains(out, "server pod") {
+			t.Errorf("plaintext GET to a denied port got through: %q", out)
+		}
+		if got := server.count("8081"); got != 0 {
+			t.Errorf("server saw %d requests on the denied port", got)
+		}
+	})
+
+	t.Run("workloadState in config_dump", func(t *testing.T) {
+		_, body := get(t, "http://"+n.addrs["ADMIN_ADDR"].String()+"/config_dump")
+		var dump struct {
+			WorkloadState map[string]struct {
+				State string
+				Info  struct{ Name, Namespace, ServiceAccount string }
+			}
+		}
+		if err := json.Unmarshal([]byte(body), &dump); err != nil {
+			t.Fatal(err)
+		}
+		if got := dump.WorkloadState["uid-b"]; got.State != "Up" || got.Info.Name != "server" || got.Info.ServiceAccount != "server" || len(dump.WorkloadState) != 2 {
+			t.Errorf("workloadState %+v; want uid-a and uid-b Up, uid-b the server", dump.WorkloadState)
+		}
+	})
+
+	top := t // the new agent outlives the subtest
+	t.Run("node agent restart keeps live connections", func(t *testing.T) {
+		// A keep-alive HTTP connection from pod A, captured and tunneled.
+		conn, err := dialIn(nsA, "tcp", podB+":8080")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(20 * time.Second))
+		br := bufio.NewReader(conn)
+		roundTrip := func(path string) error {
+			if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: server\r\n\r\n", path); err != nil {
+				return err
+			}
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err == nil && !strings.Contains(string(b), "GET "+path) {
+				err = fmt.Errorf("response %q", b)
+			}
+			return err
+		}
+		if err := roundTrip("/before-restart"); err != nil {
+			t.Fatal(err)
+		}
+		c.C.Close()
+		agent.Close()
+		eventually(t, "not ready while the node agent is away", func() bool { code, _ := get(t, ready); return code == 500 })
+		agent = inpodtest.NewAgent(top, agent.Path)
+		c = agent.Accept()
+		addPods(c) // the same netns again: no-op ACKs
+		if code, body := waitReady(t, n, "ready\n"); code != 200 {
+			t.Fatalf("readiness after the new snapshot: %d %q", code, body)
+		}
+		if err := roundTrip("/after-restart"); err != nil {
+			t.Errorf("live connection after the agent restarted: %v", err)
+		}
+	})
+
+	t.Run("DelWorkload closes only that pod's listeners", func(t *testing.T) {
+		// The test holds a handle per addPods; ztunnel holds one, having closed the fd of the
+		// repeated Add.
+		const testHandles = 2
+		if got := nsFDs(t, nsB); got != testHandles+1 {
+			t.Errorf("%d fds of pod B's netns before Del; want %d", got, testHandles+1)
+		}
+		if nack := c.Send(inpodtest.DelReq("uid-b")); nack != "" {
+			t.Fatalf("del: NACK %q", nack)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			conn, err := dialIn(node, "tcp", podB+":15008")
+			if err != nil {
+				break
+			}
+			conn.Close()
+			if time.Now().After(deadline) {
+				t.Fatal("pod B's 15008 still accepts after DelWorkload")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		conn, err := dialIn(node, "tcp", podA+":15008")
+		if err != nil {
+			t.Fatalf("pod A's 15008 after pod B's DelWorkload: %v", err)
+		}
+		conn.Close()
+		// ztunnel closed its fd of pod B's namespace; the test's own handles remain.
+		eventually(t, "ztunnel to release pod B's netns", func() bool { return nsFDs(t, nsB) == testHandles })
+		if _, err := plainGet(node, 0, podB+":8080", "/after-del"); err == nil {
+			t.Error("plaintext to pod B still served after DelWorkload")
+		}
+	})
+}
+
+// nsFDs counts this process's fds that refer to ns.
+func nsFDs(t *testing.T, ns *netns.NS) int {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat("/var/run/netns/"+ns.Name, &st); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		var fst syscall.Stat_t
+		if syscall.Stat("/proc/self/fd/"+e.Name(), &fst) == nil && fst.Dev == st.Dev && fst.Ino == st.Ino {
+			n++
+		}
+	}
+	return n
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
