@@ -672,29 +672,11 @@ func TestNetnsNodeCapture(t *testing.T) {
 
 	t.Run("plaintext inbound redirected to 15006", func(t *testing.T) {
 		// From node A's own namespace, which no rule captures: plain TCP arrives at node B.
-		before := server.count("8080")
-		out, err := plainGet(nodeA, 0, serverPod+":8080", "/plain")
-		if err != nil || !strings.Contains(out, "server pod port 8080 got GET /plain") {
-			t.Errorf("plaintext GET: %v %q", err, out)
-		}
-		if got := server.count("8080"); got != before+1 {
-			t.Errorf("server saw %d requests on 8080; want %d", got, before+1)
-		}
-		waitMetric(t, nodeB, "B", "istio_tcp_connections_closed_total", map[string]string{
-			"reporter": "destination", "connection_security_policy": "unknown", "destination_workload": "server",
-		}, 1)
+		checkPlaintextInbound(t, nodeA, server, serverPod, func() string { return scrape(t, nodeB) })
 	})
 
 	t.Run("deny policy", func(t *testing.T) {
-		if out, err := podA.Exec("curl", "-sS", "-m", "10", "http://"+serverPod+":8081/denied"); err == nil || strings.Contains(string(out), "server pod") {
-			t.Errorf("curl over HBONE to a denied port: %v %q; want a failure", err, out)
-		}
-		if out, _ := plainGet(nodeA, 0, serverPod+":8081", "/denied"); strings.Contains(out, "server pod") {
-			t.Errorf("plaintext GET to a denied port got through: %q", out)
-		}
-		if got := server.count("8081"); got != 0 {
-			t.Errorf("server saw %d requests on the denied port", got)
-		}
+		checkDenyPolicy(t, podA, nodeA, server, serverPod)
 		waitMetric(t, nodeB, "B", "istio_tcp_connections_failed_total", map[string]string{
 			"reporter": "destination", "response_flags": "DENY",
 		}, 2)
@@ -704,5 +686,38 @@ func TestNetnsNodeCapture(t *testing.T) {
 		if err := p.stop(); err != nil {
 			t.Errorf("node %s after SIGTERM: %v; want exit 0", name, err)
 		}
+	}
+}
+
+// checkPlaintextInbound sends plain HTTP from outside the mesh (from, which no rule
+// captures) to the server pod's port 8080: the server's ztunnel captures it on 15006,
+// delivers it, and reports it without mTLS in the metrics scrape reads.
+func checkPlaintextInbound(t *testing.T, from *netns.NS, server *podServer, serverIP string, scrape func() string) {
+	t.Helper()
+	before := server.count("8080")
+	out, err := plainGet(from, 0, serverIP+":8080", "/plain")
+	if err != nil || !strings.Contains(out, "server pod port 8080 got GET /plain") {
+		t.Errorf("plaintext GET: %v %q", err, out)
+	}
+	if got := server.count("8080"); got != before+1 {
+		t.Errorf("server saw %d requests on 8080; want %d", got, before+1)
+	}
+	waitMetricFrom(t, scrape, "server's", "istio_tcp_connections_closed_total", map[string]string{
+		"reporter": "destination", "connection_security_policy": "unknown", "destination_workload": "server",
+	}, 1)
+}
+
+// checkDenyPolicy checks that the deny-8081 policy of writeWorkloads stops both HBONE from
+// the client pod and plain TCP from outside the mesh.
+func checkDenyPolicy(t *testing.T, clientPod, outside *netns.NS, server *podServer, serverIP string) {
+	t.Helper()
+	if out, err := clientPod.Exec("curl", "-sS", "-m", "10", "http://"+serverIP+":8081/denied"); err == nil || strings.Contains(string(out), "server pod") {
+		t.Errorf("curl over HBONE to a denied port: %v %q; want a failure", err, out)
+	}
+	if out, _ := plainGet(outside, 0, serverIP+":8081", "/denied"); strings.Contains(out, "server pod") {
+		t.Errorf("plaintext GET to a denied port got through: %q", out)
+	}
+	if got := server.count("8081"); got != 0 {
+		t.Errorf("server saw %d requests on the denied port", got)
 	}
 }
