@@ -155,9 +155,10 @@ type Sockets struct {
 	ReusePort bool   // SO_REUSEPORT on listeners (INPOD_PORT_REUSE)
 }
 
-// Listen opens a stream listener (net.ListenConfig.Listen) inside the namespace.
+// Listen opens a stream listener (net.ListenConfig.Listen) inside the namespace. Accepted
+// connections get no TCP keepalive from Go: the proxy sets its own (KEEPALIVE_*), or none.
 func (s Sockets) Listen(ctx context.Context, network, address string) (net.Listener, error) {
-	lc := net.ListenConfig{Control: s.listenControl}
+	lc := net.ListenConfig{Control: s.listenControl, KeepAlive: -1}
 	var ln net.Listener
 	err := s.do(func() (err error) {
 		ln, err = lc.Listen(ctx, network, address)
