@@ -26,6 +26,7 @@ func TestConfigDefaults(t *testing.T) {
 		{"Socks5Addr (off by default)", c.Socks5Addr, ""},
 		{"DNSProxyAddr", c.DNSProxyAddr, "localhost:15053"},
 		{"ProxyMode", c.ProxyMode, "shared"},
+		{"InpodUDS", c.InpodUDS, "/var/run/ztunnel/ztunnel.sock"},
 		{"ClusterID", c.ClusterID, "Kubernetes"},
 	} {
 		if tc.got != tc.want {
@@ -40,6 +41,28 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	if c.PacketMark != 1337 || c.SecretTTL != 24*time.Hour || !c.KeepaliveEnabled {
 		t.Errorf("mark/ttl/keepalive = %d %v %v", c.PacketMark, c.SecretTTL, c.KeepaliveEnabled)
+	}
+	if !c.InpodPortReuse || !c.IPv6Enabled {
+		t.Errorf("INPOD_PORT_REUSE/IPV6_ENABLED = %v/%v; want true/true", c.InpodPortReuse, c.IPv6Enabled)
+	}
+}
+
+// TestPodAddr: a pod's listeners keep the setting's port on the wildcard address of the
+// families IPV6_ENABLED allows.
+func TestPodAddr(t *testing.T) {
+	for _, tc := range []struct {
+		setting string
+		ipv6    bool
+		want    string
+	}{
+		{"[::]:15001", true, "[::]:15001"},
+		{"[::]:15001", false, "0.0.0.0:15001"},
+		{"127.0.0.1:16008", true, "[::]:16008"},
+		{"", true, ""},
+	} {
+		if got := podAddr(tc.setting, tc.ipv6); got != tc.want {
+			t.Errorf("podAddr(%q, %v) = %q; want %q", tc.setting, tc.ipv6, got, tc.want)
+		}
 	}
 }
 
