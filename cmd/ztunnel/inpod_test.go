@@ -4,6 +4,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
@@ -335,5 +336,45 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
+	}
+}
+
+// TestNetnsInPodStartFails: a pod whose port 15008 is taken by a socket without
+// SO_REUSEPORT is NACKed with "failure to start proxy", shows Pending and keeps the node
+// unready until the retry, 5 s later, succeeds once the port is free.
+func TestNetnsInPodStartFails(t *testing.T) {
+	netns.RequireRoot(t)
+	leaktest.Check(t)
+	http.DefaultClient.Transport = &http.Transport{DisableKeepAlives: true}
+	pod := netns.NewAnonymous(t)
+	blocker, err := (netns.Sockets{NS: pod}).Listen(context.Background(), "tcp", "[::]:15008")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Close()
+
+	agent := inpodtest.NewAgent(t, inpodtest.SocketPath(t))
+	n, _ := startNode(t, testConfig(t, map[string]string{
+		"PROXY_MODE": "shared", "INPOD_UDS": agent.Path,
+		"OUTBOUND_ADDR": "[::]:15001", "INBOUND_PLAINTEXT_ADDR": "[::]:15006", "INBOUND_ADDR": "[::]:15008",
+		"DNS_PROXY_ADDR": "localhost:15053",
+	}))
+	c := agent.Accept()
+	info := &zdspb.WorkloadInfo{Name: "busy", Namespace: "default", ServiceAccount: "default"}
+	if nack := c.AddPod("uid-busy", info, pod); !strings.HasPrefix(nack, "failure to start proxy : ") || !strings.Contains(nack, "15008") {
+		t.Fatalf("add with 15008 taken: %q; want a start failure naming the port", nack)
+	}
+	if nack := c.Send(inpodtest.SnapshotReq()); nack != "" {
+		t.Fatalf("snapshot: NACK %q", nack)
+	}
+	if code, body := waitReady(t, n, "failed to start"); code != 500 {
+		t.Errorf("readiness with a pending pod: %d %q; want 500 saying a proxy failed to start", code, body)
+	}
+	if st := n.inpod.WorkloadState()["uid-busy"]; st.State != "Pending" {
+		t.Errorf("workloadState %+v; want Pending", st)
+	}
+	blocker.Close()
+	if code, body := waitReady(t, n, "ready\n"); code != 200 {
+		t.Errorf("readiness after the port was freed: %d %q; want ready after the retry", code, body)
 	}
 }
