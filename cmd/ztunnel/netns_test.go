@@ -661,13 +661,7 @@ func TestNetnsNodeCapture(t *testing.T) {
 	})
 
 	t.Run("pod to service VIP over HBONE", func(t *testing.T) {
-		out := podA.MustExec(t, "curl", "-sS", "-m", "10", "http://"+vip+"/vip")
-		if want := "server pod port 8080 got GET /vip"; !strings.Contains(out, want) {
-			t.Errorf("curl got %q; want %q", out, want)
-		}
-		waitMetric(t, nodeA, "A", "istio_tcp_connections_closed_total", map[string]string{
-			"reporter": "source", "destination_service": "echo.default.svc.cluster.local", "connection_security_policy": "mutual_tls",
-		}, 1)
+		checkVIP(t, podA, vip, func() string { return scrape(t, nodeA) })
 	})
 
 	t.Run("plaintext inbound redirected to 15006", func(t *testing.T) {
@@ -720,4 +714,17 @@ func checkDenyPolicy(t *testing.T, clientPod, outside *netns.NS, server *podServ
 	if got := server.count("8081"); got != 0 {
 		t.Errorf("server saw %d requests on the denied port", got)
 	}
+}
+
+// checkVIP sends HTTP from the client pod to the echo service's VIP: its ztunnel carries it
+// over HBONE to the server pod's 8080 and reports the service in the metrics scrape reads.
+func checkVIP(t *testing.T, clientPod *netns.NS, vip string, scrape func() string) {
+	t.Helper()
+	out := clientPod.MustExec(t, "curl", "-sS", "-m", "10", "http://"+vip+"/vip")
+	if want := "server pod port 8080 got GET /vip"; !strings.Contains(out, want) {
+		t.Errorf("curl got %q; want %q", out, want)
+	}
+	waitMetricFrom(t, scrape, "client's", "istio_tcp_connections_closed_total", map[string]string{
+		"reporter": "source", "destination_service": "echo.default.svc.cluster.local", "connection_security_policy": "mutual_tls",
+	}, 1)
 }
