@@ -119,11 +119,13 @@ func TestNetnsInPod(t *testing.T) {
 		{"uid-a", &zdspb.WorkloadInfo{Name: "client", Namespace: "default", ServiceAccount: "client"}, nsA},
 		{"uid-b", &zdspb.WorkloadInfo{Name: "server", Namespace: "default", ServiceAccount: "server"}, nsB},
 	}
-	// addPods replays both pods and the snapshot, as the agent does on each connection.
-	addPods := func(c *inpodtest.AgentConn) {
+	// addPods replays both pods and the snapshot, as the agent does on each connection. The
+	// namespace handles live as long as the whole test.
+	top := t
+	addPods := func(t *testing.T, c *inpodtest.AgentConn) {
 		t.Helper()
 		for _, p := range pods {
-			if nack := c.AddPod(p.uid, p.info, openNS(t, p.ns)); nack != "" {
+			if nack := c.AddPod(p.uid, p.info, openNS(top, p.ns)); nack != "" {
 				t.Fatalf("add %s: NACK %q", p.uid, nack)
 			}
 		}
@@ -132,7 +134,7 @@ func TestNetnsInPod(t *testing.T) {
 		}
 	}
 	c := agent.Accept()
-	addPods(c)
+	addPods(t, c)
 	if code, body := waitReady(t, n, "ready\n"); code != 200 {
 		t.Fatalf("readiness after the snapshot: %d %q", code, body)
 	}
@@ -224,7 +226,6 @@ func TestNetnsInPod(t *testing.T) {
 		}
 	})
 
-	top := t // the new agent outlives the subtest
 	t.Run("node agent restart keeps live connections", func(t *testing.T) {
 		// A keep-alive HTTP connection from pod A, captured and tunneled.
 		conn, err := dialIn(nsA, "tcp", podB+":8080")
@@ -255,9 +256,9 @@ func TestNetnsInPod(t *testing.T) {
 		c.C.Close()
 		agent.Close()
 		eventually(t, "not ready while the node agent is away", func() bool { code, _ := get(t, ready); return code == 500 })
-		agent = inpodtest.NewAgent(top, agent.Path)
+		agent = inpodtest.NewAgent(top, agent.Path) // outlives the subtest
 		c = agent.Accept()
-		addPods(c) // the same netns again: no-op ACKs
+		addPods(t, c) // the same netns again: no-op ACKs
 		if code, body := waitReady(t, n, "ready\n"); code != 200 {
 			t.Fatalf("readiness after the new snapshot: %d %q", code, body)
 		}
