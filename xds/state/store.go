@@ -373,6 +373,16 @@ func (s *Store) FindWorkload(namespace, name string) *Workload {
 	return w
 }
 
+// EachWorkload calls f for every workload, in no order, under the store's read lock: f
+// must not call the store.
+func (s *Store) EachWorkload(f func(*Workload)) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, w := range s.idx.workloads {
+		f(w)
+	}
+}
+
 // WorkloadsOnNode returns the workloads scheduled on node, sorted by uid.
 func (s *Store) WorkloadsOnNode(node string) []*Workload {
 	s.mu.RLock()
