@@ -184,7 +184,7 @@ func TestRapidReset(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n, c, k := rapidReset(t, e.ln.Addr().String(), "10.0.0.1:80", 3*time.Second)
+			n, c, k := rapidReset(t, e.ln.Addr().String(), "10.0.0.1:80", 2*time.Second)
 			opened.Add(int64(n))
 			conns.Add(int64(c))
 			calmed.Add(int64(k))
@@ -215,7 +215,7 @@ func TestRapidReset(t *testing.T) {
 		t.Errorf("fds peaked at %d during the attack (before: %d), want at most %d", fPeak, f0, limit)
 	}
 	if served < 50 {
-		t.Errorf("the victim completed %d requests in the 3 s of the attack, want at least 50", served)
+		t.Errorf("the victim completed %d requests in the 2 s of the attack, want at least 50", served)
 	}
 	if early.Load() == 0 {
 		t.Errorf("drops counted: refused %d, reset unanswered %d; want streams reset unanswered", refused.Load(), early.Load())

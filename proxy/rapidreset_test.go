@@ -113,7 +113,7 @@ func TestRapidResetThroughNodes(t *testing.T) {
 	runtime.ReadMemStats(&ms)
 	heap0, g0, f0 := ms.HeapInuse, runtime.NumGoroutine(), fdCount(t)
 
-	const attackers, attack = 4, 3 * time.Second
+	const attackers, attack = 4, 2 * time.Second
 	deadline := time.Now().Add(attack)
 	var heapPeak uint64
 	var gPeak, fPeak int
