@@ -1,6 +1,7 @@
 // Package dns is ztunnel's DNS proxy (port 15053, UDP and TCP): it answers A and AAAA queries
 // for mesh services authoritatively from the xds/state workload cache and forwards every other
-// query to the upstream nameservers (REFERENCE §7), counting the istio_dns_* metrics.
+// query to the upstream nameservers, as the Rust ztunnel's src/dns/server.rs does, counting
+// the istio_dns_* metrics.
 //
 // Name lookup: the query, its Kubernetes expansions by label count and the query with each
 // search domain stripped (plus their expansions) are tried in that order, each first exactly

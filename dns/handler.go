@@ -181,7 +181,7 @@ func (s *Server) answer(ctx context.Context, req *dns.Msg, src *state.Workload, 
 	return resp
 }
 
-// logQuery writes the per-query debug record (REFERENCE §7's fields).
+// logQuery writes the per-query debug record (the Rust ztunnel's fields).
 func (s *Server) logQuery(ctx context.Context, src *state.Workload, q dns.Question, result string, endpoints int) {
 	if !s.log.Enabled(ctx, slog.LevelDebug) {
 		return

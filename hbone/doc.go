@@ -28,7 +28,7 @@
 //
 // net/http's HTTP/2 server cannot send END_STREAM while still reading the request body,
 // so it cannot half-close a CONNECT tunnel, and its layering costs were measured at about
-// 2.4 CPU-seconds per GB more than Go's TLS alone (see PERFORMANCE.md). This package
+// 2.4 CPU-seconds per GB more than Go's TLS alone (docs/PERFORMANCE.md). This package
 // drives golang.org/x/net/http2's Framer and hpack directly:
 //
 //   - One frame reader per connection delivers DATA: when the stream's consumer is a

@@ -10,9 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Labels are the traffic labels of REFERENCE §8. Empty fields take Istio's defaults:
-// "unknown" for all, except RequestProtocol "tcp". ConnectionSecurityPolicy is "mutual_tls"
-// or "unknown". Principals are full "spiffe://..." URIs. response_flags is not here: it is
+// Labels are the traffic labels of Istio's standard TCP metrics (the Rust ztunnel's
+// src/proxy/metrics.rs). Empty fields take Istio's defaults: "unknown" for all, except
+// RequestProtocol "tcp". ConnectionSecurityPolicy is "mutual_tls" or "unknown". Principals are full "spiffe://..." URIs. response_flags is not here: it is
 // known only when the connection ends and is passed to Conn.Close.
 type Labels struct {
 	Reporter string // ReporterSource (outbound) or ReporterDest (inbound)

@@ -1,4 +1,4 @@
-// Package metrics owns ztunnel's Prometheus metric families (REFERENCE §8), the
+// Package metrics owns ztunnel's Prometheus metric families (Istio's standard TCP metrics), the
 // once-per-connection result recorder that feeds them and writes the access log, and the
 // /metrics and /stats/prometheus handler.
 //

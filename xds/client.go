@@ -188,7 +188,8 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 }
 
-// classify maps a stream's end to a termination reason and a retry delay (REFERENCE §3).
+// classify maps a stream's end to a termination reason and a retry delay, as the Rust
+// ztunnel's src/xds/client.rs does.
 func classify(err error, gotResponse bool, backoff time.Duration) (string, time.Duration) {
 	if err == nil || errors.Is(err, io.EOF) {
 		return reasonComplete, 0

@@ -10,7 +10,7 @@ import (
 	"github.com/gozt/gozt/inpod/zdspb"
 )
 
-// TestWireNumbers pins every field number of REFERENCE.md §1, so an edit of zds.proto cannot
+// TestWireNumbers pins every field number of istio/istio's pkg/zdsapi/zds.proto, so an edit of zds.proto cannot
 // drift from istio-cni's wire.
 func TestWireNumbers(t *testing.T) {
 	fields := map[proto.Message]map[string]int{

@@ -36,7 +36,7 @@ const (
 // InPod returns the IPv4 iptables rules istio-cni installs in each pod's network namespace
 // in in-pod ("shared") mode, each the arguments that follow `iptables -w`: chains
 // ISTIO_PRERT and ISTIO_OUTPUT in the mangle, nat and raw tables, hooked from PREROUTING
-// and OUTPUT, holding exactly the rules of istio-cni's default.golden (REFERENCE §13).
+// and OUTPUT, holding exactly the rules of istio-cni's default.golden (istio/istio cni/pkg/iptables/testdata).
 // Outbound TCP goes to 15001, inbound TCP other than HBONE to 15006, DNS to 15053, unless
 // the packet carries ztunnel's mark; kubelet probes (SNATed to ProbeSNAT) pass.
 func InPod() [][]string {

@@ -7,7 +7,7 @@ import (
 	"syscall"
 )
 
-// RaiseFileLimit raises the soft RLIMIT_NOFILE to the hard limit (ztunnel issue #1585) and
+// RaiseFileLimit raises the soft RLIMIT_NOFILE to the hard limit (istio/ztunnel#1585) and
 // returns the new soft limit. The Go runtime already does this at start on most systems
 // (Go 1.19+), so this mostly confirms it and reports the figure; it matters when something
 // lowered the limit since.

@@ -11,8 +11,8 @@ import (
 	"github.com/gozt/gozt/xds/state"
 )
 
-// This file fuzzes Check against an independent, deliberately naive reading of REFERENCE §5
-// (oracle below) and checks invariants that must hold for any policy set:
+// This file fuzzes Check against an independent, deliberately naive reading of Istio's
+// AuthorizationPolicy rules (oracle below) and checks invariants that must hold for any policy set:
 //
 //   - Check never panics, whatever the policies (nil entries, empty rules, clauses, matches,
 //     unknown StringMatch kinds, zero prefixes).
@@ -183,7 +183,7 @@ func (g *gen) conn() Conn {
 	}
 }
 
-// oracle is REFERENCE §5 written as plainly as possible, sharing no code with rbac.go.
+// oracle is those rules written as plainly as possible, sharing no code with rbac.go.
 func oracle(policies []*state.Policy, c Conn) Decision {
 	live := func(p *state.Policy) bool { return p != nil && !p.DryRun }
 	for _, p := range policies {

@@ -1,6 +1,7 @@
 // Package rbac decides whether an inbound connection is allowed by Istio authorization
-// policies (REFERENCE §5): given the policies that apply to the destination workload and what
-// can be seen of the connection, it returns allow or deny and which policy decided.
+// policies, with the semantics of the Rust ztunnel's src/rbac.rs: given the policies that
+// apply to the destination workload and what can be seen of the connection, it returns
+// allow or deny and which policy decided.
 //
 // It owns the matching rules only. It does not select which policies apply to a workload
 // (xds/state does), does no I/O, does not log, and does not allocate per check.
@@ -49,7 +50,7 @@ func (d Decision) String() string {
 	return d.Reason + ": " + d.Policy
 }
 
-// Check applies REFERENCE §5 in order: a matching non-dry-run DENY policy denies; with no
+// Check applies the rules in Istio's order: a matching non-dry-run DENY policy denies; with no
 // non-dry-run ALLOW policy the connection is allowed; a matching ALLOW policy allows;
 // otherwise it is denied ("allow policies exist, but none allowed"). Dry-run policies never
 // decide. Check does not allocate (the policy key comes from a small intern cache).
@@ -91,7 +92,7 @@ func Matches(p *state.Policy, c Conn) bool {
 }
 
 // DryRunMatches yields the dry-run policies that match the connection, so the proxy can log
-// what they would have done (REFERENCE §5: dry-run policies are only logged). It is separate
+// what they would have done (dry-run policies are only logged). It is separate
 // from Check to keep Check's cost independent of dry-run policies.
 func DryRunMatches(policies []*state.Policy, c Conn) iter.Seq[*state.Policy] {
 	c = c.normalize()

@@ -186,7 +186,7 @@ func TestStructure(t *testing.T) {
 	}
 }
 
-// TestCheck covers the decision order of REFERENCE §5.
+// TestCheck covers the decision order of Istio's AuthorizationPolicy.
 func TestCheck(t *testing.T) {
 	hit := state.Match{DestinationPorts: []uint16{8080}}
 	miss := state.Match{DestinationPorts: []uint16{1}}

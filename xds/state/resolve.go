@@ -20,7 +20,7 @@ var (
 )
 
 // Resolve decides where an outbound connection from src (nil: unknown source on the local
-// network) to dst goes, following REFERENCE §6: workload by IP, else service by VIP (with
+// network) to dst goes, following the Rust ztunnel (src/state.rs): workload by IP, else service by VIP (with
 // visibility and namespace preference), waypoints (weighted), load balancing by routing
 // preference and capacity, network gateways, else passthrough.
 func (s *Store) Resolve(src *Workload, dst netip.AddrPort) (Route, error) {

@@ -11,8 +11,8 @@
 // serialised; a small push (under 512 resources, the usual delta) updates the index in place
 // under the write lock for a few microseconds; a large one (initial sync, resync) is applied
 // to a copy of the index built without the lock and swapped in, so readers wait at most for
-// a pointer swap. A pure immutable snapshot would copy every index on each small delta
-// (~25 ms and 17 MB at 100k workloads, against ~6 µs in place); see bench_test.go.
+// a pointer swap. A pure immutable snapshot would copy every index on each small delta;
+// docs/ARCHITECTURE.md (decision 2) has the figures, bench_test.go measures them.
 package state
 
 import (
@@ -405,7 +405,7 @@ func (s *Store) ServiceByKey(key string) *Service {
 }
 
 // ServiceByVIP returns the service a client in srcNamespace reaches at ip on network, or nil.
-// Exact VIPs win over CIDR VIPs; ties are broken as REFERENCE §6 says.
+// Exact VIPs win over CIDR VIPs; ties are broken as the Rust ztunnel breaks them.
 func (s *Store) ServiceByVIP(network string, ip netip.Addr, srcNamespace string) *Service {
 	s.mu.RLock()
 	defer s.mu.RUnlock()

@@ -10,8 +10,8 @@ import (
 	_ "github.com/gozt/gozt/xds/xdspb/workloadpb"
 )
 
-// TestWireNumbers pins every field number and enum value of REFERENCE.md §3 (Istio's
-// istio.workload and istio.security), so an edit of the .proto files cannot drift from the wire.
+// TestWireNumbers pins every field number and enum value of Istio's istio.workload and
+// istio.security protos, so an edit of the .proto files cannot drift from the wire.
 func TestWireNumbers(t *testing.T) {
 	fields := map[string]map[string]int{
 		"istio.workload.Address": {"workload": 1, "service": 2},
