@@ -77,8 +77,8 @@ type config struct {
 	ProxyMeta  map[string]string // ISTIO_META_<NAME>
 }
 
-// setting is one row of the configuration table: it drives parsing, --help and the README
-// table (a test checks the README against it, so they cannot drift).
+// setting is one row of the configuration table: it drives parsing, --help and
+// docs/CONFIGURATION.md (a test checks that file against it, so they cannot drift).
 type setting struct {
 	env  string
 	def  string
@@ -363,7 +363,7 @@ already in GODEBUG is kept (GODEBUG=schedtrace=0 turns this off).
 	return b.String()
 }
 
-// markdownTable is the README's configuration table.
+// markdownTable is docs/CONFIGURATION.md's configuration table.
 func markdownTable() string {
 	var b strings.Builder
 	b.WriteString("| variable | default | meaning |\n| --- | --- | --- |\n")

@@ -131,15 +131,15 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	}
 }
 
-// The README's configuration table is generated from the settings table; this keeps them
+// docs/CONFIGURATION.md's table is generated from the settings table; this keeps them
 // from drifting. Regenerate with: go run ./cmd/ztunnel config-table
 func TestReadmeConfigTable(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/CONFIGURATION.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(readme), markdownTable()) {
-		t.Fatal("README.md's configuration table is stale: replace it with the output of `go run ./cmd/ztunnel config-table`")
+		t.Fatal("docs/CONFIGURATION.md's configuration table is stale: replace it with the output of `go run ./cmd/ztunnel config-table`")
 	}
 }
 
