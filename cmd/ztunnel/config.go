@@ -50,6 +50,7 @@ type config struct {
 	CADir         string
 	SpiffeSocket  string
 	SecretTTL     time.Duration
+	Compliance    string // COMPLIANCE_POLICY: "" or pqc
 
 	PoolMaxStreams      int
 	PoolUnusedRelease   time.Duration
@@ -136,6 +137,7 @@ func settings() []setting {
 		str("CA_DIR", "./var/lib/gozt/ca", "built-in CA directory (Istio cacerts layout; a root is generated on first start)", func(c *config) *string { return &c.CADir }),
 		str("SPIFFE_ENDPOINT_SOCKET", "", "SPIFFE Workload API socket (unix:///path), for the spiffe provider", func(c *config) *string { return &c.SpiffeSocket }),
 		duration("SECRET_TTL", "24h", "requested workload certificate lifetime", func(c *config) *time.Duration { return &c.SecretTTL }),
+		enum("COMPLIANCE_POLICY", "", "pqc: HBONE key exchange X25519MLKEM768 only, no classical fallback (Istio's post-quantum policy); empty: Go's defaults", []string{"", "pqc"}, func(c *config) *string { return &c.Compliance }),
 
 		integer("POOL_MAX_STREAMS_PER_CONNECTION", "100", "HBONE streams per pooled connection", func(c *config) *int { return &c.PoolMaxStreams }),
 		duration("POOL_UNUSED_RELEASE_TIMEOUT", "5m", "an HBONE connection with no streams for this long is closed", func(c *config) *time.Duration { return &c.PoolUnusedRelease }),

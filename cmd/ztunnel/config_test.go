@@ -97,6 +97,14 @@ func TestConfigOverrides(t *testing.T) {
 	}
 }
 
+// COMPLIANCE_POLICY=pqc reaches the certificate manager's TLS configurations.
+func TestCompliancePolicy(t *testing.T) {
+	c, err := loadConfig(env(map[string]string{"COMPLIANCE_POLICY": "pqc"}), nil, nil)
+	if err != nil || c.Compliance != "pqc" {
+		t.Fatalf("COMPLIANCE_POLICY=pqc: %q, %v", c.Compliance, err)
+	}
+}
+
 // Bad config refuses to start with a message naming the variable and the accepted forms.
 func TestConfigErrorsNameTheVariable(t *testing.T) {
 	for _, tc := range []struct {
@@ -108,6 +116,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{env: map[string]string{"INBOUND_ADDR": "1.2.3.4:99999"}, want: []string{"INBOUND_ADDR", "bad port"}},
 		{env: map[string]string{"PROXY_MODE": "sidecar"}, want: []string{"PROXY_MODE", "shared, node, dedicated"}},
 		{env: map[string]string{"SECRET_TTL": "tomorrow"}, want: []string{"SECRET_TTL", "duration"}},
+		{env: map[string]string{"COMPLIANCE_POLICY": "fips-140-2"}, want: []string{"COMPLIANCE_POLICY", "pqc"}},
 		{env: map[string]string{"SECRET_TTL": "-1h"}, want: []string{"SECRET_TTL", "positive"}},
 		{env: map[string]string{"HTTP2_STREAM_WINDOW_SIZE": "4Gi"}, want: []string{"HTTP2_STREAM_WINDOW_SIZE", "Ki or Mi"}},
 		{env: map[string]string{"HTTP2_STREAM_WINDOW_SIZE": "4096Mi"}, want: []string{"HTTP2_STREAM_WINDOW_SIZE", "out of range"}},

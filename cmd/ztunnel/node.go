@@ -102,7 +102,7 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 		return err
 	}
 	defer caClient.Close()
-	n.certs = certs.New(certs.Config{}, caClient)
+	n.certs = certs.New(certs.Config{PQCOnly: cfg.Compliance == "pqc"}, caClient)
 	defer n.certs.Close()
 
 	goBG("metrics sweep", n.forgetGoneWorkloads)
