@@ -174,7 +174,7 @@ func (p *Proxy) demand(ctx context.Context, ip netip.Addr) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.WorkloadWait)
 	defer cancel()
-	if err := p.cfg.Demand(ctx, p.cfg.Network+"/"+ip.String()); err != nil {
+	if err := p.cfg.Demand(ctx, p.cfg.Network, ip); err != nil {
 		p.log.Debug("proxy: on-demand lookup", "ip", ip, "err", err)
 	}
 }

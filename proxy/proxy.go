@@ -86,8 +86,8 @@ type Config struct {
 	KeepaliveRetries  int           // [9]
 	WorkloadWait      time.Duration // [5s] how long to wait for an unknown local workload to appear
 	// Demand, when set (XDS_ON_DEMAND), asks the control plane for an address the cache
-	// does not hold ("network/IP") and waits for the answer.
-	Demand func(ctx context.Context, key string) error
+	// does not hold and waits for the answer.
+	Demand func(ctx context.Context, network string, ip netip.Addr) error
 	Logger *slog.Logger // [slog.Default()]
 }
 

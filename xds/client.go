@@ -484,6 +484,12 @@ func (c *Client) satisfied(key string) bool {
 	return false
 }
 
+// DemandAddress is Demand for the workload or service at ip on network (the resource
+// name "network/IP").
+func (c *Client) DemandAddress(ctx context.Context, network string, ip netip.Addr) error {
+	return c.Demand(ctx, network+"/"+ip.String())
+}
+
 // Demand subscribes to one address resource on demand and waits until the server sends or
 // removes it, or ctx ends. Keys are "network/IP", a workload uid or "namespace/hostname".
 // Without OnDemand it returns at once: everything is already subscribed.

@@ -361,7 +361,7 @@ func TestClientOnDemand(t *testing.T) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 		defer cancel()
-		got <- c.Demand(ctx, "/10.0.0.5")
+		got <- c.DemandAddress(ctx, "", netip.MustParseAddr("10.0.0.5"))
 	}()
 	r := srv.req(t)
 	if r.GetTypeUrl() != xdspb.AddressType || slices.Compare(r.GetResourceNamesSubscribe(), []string{"/10.0.0.5"}) != 0 {

@@ -109,7 +109,7 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 
 	pcfg := proxyConfig(cfg)
 	if n.xds != nil && cfg.XDSOnDemand {
-		pcfg.Demand = n.xds.Demand
+		pcfg.Demand = n.xds.DemandAddress
 	}
 	n.proxy = proxy.New(pcfg, n.store, n.certs, n.metrics)
 	inPod := cfg.ProxyMode == "shared"
