@@ -16,6 +16,7 @@ import (
 
 	"github.com/gozt/gozt/identity"
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 	"golang.org/x/net/http2"
 )
 
@@ -36,11 +37,12 @@ func TestAbortsKeepWindowsWhole(t *testing.T) {
 	})
 	const streams = 300
 	runLimited(streams, 60, func(i int) { abortingClient(t, e, uint64(i)) })
-	for deadline := time.Now().Add(10 * time.Second); handled.Load() != streams; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d handlers returned", handled.Load(), streams)
+	testutil.EventuallyNil(t, func() error {
+		if n := handled.Load(); n != streams {
+			return fmt.Errorf("%d of %d handlers returned", n, streams)
 		}
-	}
+		return nil
+	})
 
 	cli := onlyConn(t, e.pool.all)
 	e.srv.mu.Lock()
@@ -50,15 +52,12 @@ func TestAbortsKeepWindowsWhole(t *testing.T) {
 	}
 	e.srv.mu.Unlock()
 	srv := onlyConn(t, srvConns)
-	var last string
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if last = leaks(cli, srv); last == "" {
-			break
+	testutil.EventuallyNil(t, func() error {
+		if last := leaks(cli, srv); last != "" {
+			return errors.New(last)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal(last)
-		}
-	}
+		return nil
+	})
 }
 
 // onlyConn returns the one connection in m.

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 var long = flag.Bool("hbone.long", false, "run the 1 GiB transfer")
@@ -523,11 +524,7 @@ func TestResetRacingWriteReturnsWindow(t *testing.T) {
 		_, err := s.Write(make([]byte, 16<<10))
 		werr <- err
 	}()
-	for deadline := time.Now().Add(5 * time.Second); connWindow() == before; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("Write took no connection window")
-		}
-	}
+	testutil.Eventually(t, "Write to take connection window", func() bool { return connWindow() != before })
 	s.Close()
 	if _, err := c.writeOpsWLocked(); err != nil { // the control writer wins: RST_STREAM first
 		t.Fatal(err)

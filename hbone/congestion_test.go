@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 // download answers a stream with "dl" as its authority's host with 8 MiB, more than a
@@ -37,7 +38,7 @@ func stallStreams(t *testing.T, e *env, n int) []*Stream {
 	for range n {
 		out = append(out, e.dial(t, "dl:80"))
 	}
-	eventually(t, "the stalled downloads to fill their connections' windows", func() bool {
+	testutil.Eventually(t, "the stalled downloads to fill their connections' windows", func() bool {
 		e.pool.mu.Lock()
 		defer e.pool.mu.Unlock()
 		kp := e.pool.keys[e.key]
@@ -91,7 +92,7 @@ func TestStalledStreamsDoNotBlockNewOnes(t *testing.T) {
 	e.pool.mu.Lock()
 	first := e.pool.keys[e.key].conns[0]
 	e.pool.mu.Unlock()
-	eventually(t, "the first connection to drain", func() bool {
+	testutil.Eventually(t, "the first connection to drain", func() bool {
 		first.mu.Lock()
 		defer first.mu.Unlock()
 		return !first.congestedLocked()

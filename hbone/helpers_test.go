@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/gozt/gozt/hbone/internal/testcert"
 	"github.com/gozt/gozt/identity"
@@ -149,15 +148,4 @@ func ids(ss ...string) []identity.ID {
 		out = append(out, identity.MustParse(s))
 	}
 	return out
-}
-
-// eventually polls cond until it holds or 10s pass: it waits for asynchronous effects,
-// it times nothing.
-func eventually(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 	"golang.org/x/net/http2"
 )
 
@@ -224,7 +225,7 @@ func TestRapidReset(t *testing.T) {
 		opened.Load(), conns.Load(), calm.Load(), calmed.Load(), served, gPeak, g0, fPeak, f0, refused.Load(), early.Load())
 
 	// Memory returns: what the attack allocated is garbage once its connections are gone.
-	eventually(t, "heap in use back within 8 MiB of its size before the attack", func() bool {
+	testutil.Eventually(t, "heap in use back within 8 MiB of its size before the attack", func() bool {
 		runtime.GC()
 		var after runtime.MemStats
 		runtime.ReadMemStats(&after)
@@ -413,7 +414,7 @@ func TestStreamsWaitForBusyHandlers(t *testing.T) {
 		connect(2*i + 1)
 		p.write(func() error { return p.fr.WriteRSTStream(2*i+1, http2.ErrCodeCancel) })
 	}
-	eventually(t, "both handlers running", func() bool { return running.Load() == limit })
+	testutil.Eventually(t, "both handlers running", func() bool { return running.Load() == limit })
 	connect(2*limit + 1) // waits: no handler is free
 	time.Sleep(50 * time.Millisecond)
 	if n := most.Load(); n != limit {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 const (
@@ -117,7 +118,7 @@ func TestChaosMixedConnections(t *testing.T) {
 	}
 	wg.Wait()
 
-	eventually(t, "every backend handler to return", func() bool { return handled.Load() == chaosConns })
+	testutil.Eventually(t, "every backend handler to return", func() bool { return handled.Load() == chaosConns })
 	var accepted int64
 	for _, be := range backends {
 		accepted += be.accepted.Load()
@@ -130,7 +131,7 @@ func TestChaosMixedConnections(t *testing.T) {
 		if n == m.b {
 			reporter = map[string]string{"reporter": "destination"}
 		}
-		eventually(t, n.name+" records every connection closed", func() bool {
+		testutil.Eventually(t, n.name+" records every connection closed", func() bool {
 			return counter(t, n.reg, "istio_tcp_connections_closed_total", reporter) == chaosConns
 		})
 		if got := counter(t, n.reg, "istio_tcp_connections_opened_total", reporter); got != chaosConns {

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/proxy"
 	"github.com/gozt/gozt/xds/state"
@@ -122,7 +123,7 @@ func TestSetupGoroutineReused(t *testing.T) {
 		sendAndCheck(t, c, 100, uint64(i))
 		c.Close()
 		var ids []string
-		eventually(t, "a goroutine waiting in setupLoop", func() bool { ids = waiting(); return len(ids) > 0 })
+		testutil.Eventually(t, "a goroutine waiting in setupLoop", func() bool { ids = waiting(); return len(ids) > 0 })
 		if len(ids) != 1 {
 			t.Fatalf("connection %d: goroutines waiting in setupLoop %v, want one", i, ids)
 		}
@@ -181,7 +182,7 @@ func TestCurlThroughSocks(t *testing.T) {
 	// Node A knows the service only for the hostname request; node B guesses it for both
 	// from the server's port map (8080 is echo's target port).
 	echoSvc := map[string]string{"destination_service": "echo.default.svc.cluster.local"}
-	eventually(t, "both connections recorded", func() bool {
+	testutil.Eventually(t, "both connections recorded", func() bool {
 		return counter(t, m.b.reg, "istio_tcp_connections_closed_total", echoSvc) == 2 &&
 			counter(t, m.a.reg, "istio_tcp_connections_closed_total", nil) == 2
 	})
@@ -348,7 +349,7 @@ func TestThousandConcurrentConnections(t *testing.T) {
 	if got := be.accepted.Load(); got != n {
 		t.Errorf("backend accepted %d connections, want %d", got, n)
 	}
-	eventually(t, "all connections recorded closed on both nodes", func() bool {
+	testutil.Eventually(t, "all connections recorded closed on both nodes", func() bool {
 		return counter(t, m.a.reg, "istio_tcp_connections_closed_total", map[string]string{"reporter": "source"}) == n &&
 			counter(t, m.b.reg, "istio_tcp_connections_closed_total", map[string]string{"reporter": "destination"}) == n
 	})
@@ -369,7 +370,7 @@ func TestWrongIdentityRefused(t *testing.T) {
 	if _, code, err := socksConnect(cnode.socks(t), m.serverIP, be.port()); err == nil || code == repSucceeded {
 		t.Fatalf("connect with wrong expected identity: code %d, err %v; want a failure", code, err)
 	}
-	eventually(t, "node C records the failure", func() bool {
+	testutil.Eventually(t, "node C records the failure", func() bool {
 		return counter(t, cnode.reg, "istio_tcp_connections_failed_total", map[string]string{
 			"reporter": "source", "destination_principal": "spiffe://cluster.local/ns/default/sa/other",
 		}) == 1
@@ -401,7 +402,7 @@ func TestForeignTrustDomainRefused(t *testing.T) {
 	if _, code, err := socksConnect(cnode.socks(t), m.serverIP, be.port()); err == nil || code == repSucceeded {
 		t.Fatalf("connect from trust domain evil.local: code %d, err %v; want a failure", code, err)
 	}
-	eventually(t, "node C records the failure", func() bool {
+	testutil.Eventually(t, "node C records the failure", func() bool {
 		return counter(t, cnode.reg, "istio_tcp_connections_failed_total", map[string]string{
 			"reporter": "source", "source_principal": "spiffe://evil.local/ns/default/sa/client",
 		}) == 1
@@ -437,9 +438,9 @@ func TestAuthorization(t *testing.T) {
 		if err == nil || code != repNotAllowed {
 			t.Fatalf("denied connect: code %d, err %v; want code %d (not allowed)", code, err, repNotAllowed)
 		}
-		eventually(t, "node B records DENY", func() bool { return counter(t, m.b.reg, "istio_tcp_connections_closed_total", deny) == 1 })
+		testutil.Eventually(t, "node B records DENY", func() bool { return counter(t, m.b.reg, "istio_tcp_connections_closed_total", deny) == 1 })
 		// Node A records after it has answered the client.
-		eventually(t, "node A records failed{DENY}", func() bool {
+		testutil.Eventually(t, "node A records failed{DENY}", func() bool {
 			return counter(t, m.a.reg, "istio_tcp_connections_failed_total", map[string]string{"reporter": "source", "response_flags": metrics.FlagDeny}) == 1
 		})
 		if got := be.accepted.Load(); got != 0 {
@@ -485,7 +486,7 @@ func TestAuthorization(t *testing.T) {
 		if _, err := io.ReadFull(c2, buf); err != nil || string(buf) != "still" {
 			t.Fatalf("connection the policy does not cover: echo %q, %v", buf, err)
 		}
-		eventually(t, "node B records the policy close", func() bool { return counter(t, m.b.reg, "istio_tcp_connections_closed_total", deny) == 2 })
+		testutil.Eventually(t, "node B records the policy close", func() bool { return counter(t, m.b.reg, "istio_tcp_connections_closed_total", deny) == 2 })
 		if got := counter(t, m.b.reg, "istio_tcp_received_bytes_total", deny); got != 5 {
 			t.Errorf("received bytes of the closed connection = %v, want 5", got)
 		}
@@ -503,7 +504,7 @@ func TestPassthroughUnknownDestination(t *testing.T) {
 	}
 	sendAndCheck(t, c, 256<<10, 7)
 	c.Close()
-	eventually(t, "node A records the passthrough", func() bool {
+	testutil.Eventually(t, "node A records the passthrough", func() bool {
 		return counter(t, m.a.reg, "istio_tcp_connections_closed_total", map[string]string{"reporter": "source"}) == 1
 	})
 	// Plain TCP: nothing went through node B, and A did not claim mTLS.
@@ -551,7 +552,7 @@ func TestSelfCallRefused(t *testing.T) {
 			t.Fatalf("direct connection to the outbound listener got %d bytes", n)
 		}
 	})
-	eventually(t, "node A records every self-call as a CONNECT failure", func() bool {
+	testutil.Eventually(t, "node A records every self-call as a CONNECT failure", func() bool {
 		return counter(t, m.a.reg, "istio_tcp_connections_failed_total", map[string]string{"response_flags": metrics.FlagConnect}) == float64(len(targets)+1)
 	})
 	if got := counter(t, m.b.reg, "istio_tcp_connections_opened_total", nil); got != 0 {
@@ -599,7 +600,7 @@ func TestDrainWithLiveConnection(t *testing.T) {
 	go func() { shutdown <- m.a.shutdown(ctx) }()
 
 	// New connections are refused once draining starts.
-	eventually(t, "the SOCKS5 listener to close", func() bool {
+	testutil.Eventually(t, "the SOCKS5 listener to close", func() bool {
 		nc, err := net.DialTimeout("tcp", socks, time.Second)
 		if err == nil {
 			nc.Close()
@@ -661,7 +662,7 @@ func TestDrainServerNode(t *testing.T) {
 	// A connect may still get through before node B has begun to drain; the backend
 	// accepts those too.
 	openedEarly := int64(0)
-	eventually(t, "new connections through node A to draining node B to fail", func() bool {
+	testutil.Eventually(t, "new connections through node A to draining node B to fail", func() bool {
 		nc, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
 		if err == nil {
 			openedEarly++
@@ -737,7 +738,7 @@ func TestMetricsBothReporters(t *testing.T) {
 		for k, v := range common {
 			labels[k] = v
 		}
-		eventually(t, n.name+" closes", func() bool { return counter(t, n.reg, "istio_tcp_connections_closed_total", labels) == conns })
+		testutil.Eventually(t, n.name+" closes", func() bool { return counter(t, n.reg, "istio_tcp_connections_closed_total", labels) == conns })
 		for name, want := range map[string]float64{
 			"istio_tcp_connections_opened_total": conns,
 			"istio_tcp_received_bytes_total":     conns * req,     // client to server
@@ -807,7 +808,7 @@ func TestUpstreamRefused(t *testing.T) {
 		t.Fatalf("connect to a closed port behind node B: code %d, err %v; want 5 (connection refused)", code, err)
 	}
 	failed := map[string]string{"response_flags": metrics.FlagConnect}
-	eventually(t, "both nodes record CONNECT failures", func() bool {
+	testutil.Eventually(t, "both nodes record CONNECT failures", func() bool {
 		return counter(t, m.a.reg, "istio_tcp_connections_failed_total", failed) == 1 &&
 			counter(t, m.b.reg, "istio_tcp_connections_failed_total", failed) == 1
 	})
@@ -851,7 +852,7 @@ func TestPlaintextListenerDirect(t *testing.T) {
 		t.Fatalf("direct connection to the plaintext listener: %d bytes, %v; want closed", n, err)
 	}
 	failed := map[string]string{"reporter": "destination", "response_flags": metrics.FlagConnect}
-	eventually(t, "node B records the refusal", func() bool {
+	testutil.Eventually(t, "node B records the refusal", func() bool {
 		return counter(t, m.b.reg, "istio_tcp_connections_failed_total", failed) >= 1
 	})
 	if got := counter(t, m.b.reg, "istio_tcp_connections_opened_total", nil); got != 1 {
@@ -983,7 +984,7 @@ func TestNodeCaptureMode(t *testing.T) {
 	}
 	sendAndCheck(t, c, 64<<10, 5)
 	c.Close()
-	eventually(t, "node B records the client's identity", func() bool {
+	testutil.Eventually(t, "node B records the client's identity", func() bool {
 		return counter(t, m.b.reg, "istio_tcp_connections_closed_total", map[string]string{
 			"reporter": "destination", "source_principal": "spiffe://" + clientPrinc, "destination_principal": "spiffe://" + serverPrinc,
 		}) == 1

@@ -440,17 +440,6 @@ func counter(tb testing.TB, reg *prometheus.Registry, name string, want map[stri
 	return sum
 }
 
-// eventually polls cond until it holds or 10s pass: it waits for asynchronous effects
-// (a connection's record is written after its last byte), it times nothing.
-func eventually(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
-
 // dumpCounters is for failure messages: every istio_tcp sample of a registry.
 func dumpCounters(reg *prometheus.Registry) string {
 	mfs, _ := reg.Gather()

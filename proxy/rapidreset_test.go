@@ -20,6 +20,7 @@ import (
 
 	"github.com/gozt/gozt/identity"
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 // resetFlood is a hostile peer with a valid certificate: it sends HEADERS(CONNECT target)
@@ -187,7 +188,7 @@ func TestRapidResetThroughNodes(t *testing.T) {
 	if recorded > float64(streams.Load())/4 {
 		t.Errorf("node B recorded %v connections for %d reset streams: resets before the answer must leave no record", recorded, streams.Load())
 	}
-	eventually(t, "heap in use back within 16 MiB of its size before the attack", func() bool {
+	testutil.Eventually(t, "heap in use back within 16 MiB of its size before the attack", func() bool {
 		runtime.GC()
 		runtime.ReadMemStats(&ms)
 		return ms.HeapInuse < heap0+16<<20
