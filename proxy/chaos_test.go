@@ -23,8 +23,10 @@ const (
 	chaosConns    = 200
 	chaosParallel = 40
 	// chaosDeadline bounds every connection, on the client and on the backend: a proxy
-	// that hangs fails the test with a timeout instead of blocking it.
-	chaosDeadline = 10 * time.Second
+	// that hangs fails the test with a timeout instead of blocking it. With 10 s, 4 MiB
+	// slow reads and 2 MB echoes ran out on a machine loaded to 10 runnable threads per
+	// core, with today's code and with the code of before this test's last changes alike.
+	chaosDeadline = 20 * time.Second
 	// chaosEndless caps what the other end of an aborted connection sends while it
 	// waits for its write to fail; far more than every buffer on the way holds.
 	chaosEndless = 64 << 20
@@ -378,13 +380,15 @@ func readPattern(r io.Reader, seed uint64, max int64) (int64, error) {
 	}
 }
 
-// slow reads at most 16 KiB at a time and pauses after each read, so the proxies' buffers
-// and HTTP/2 flow-control windows fill up behind it.
+// slow reads at most 64 KiB at a time and pauses after each read, so the proxies' buffers
+// and HTTP/2 flow-control windows fill up behind it. (With 16 KiB reads a 4 MiB read took
+// 256 pauses, and on a loaded machine, where a 1 ms sleep can take tens, that alone ran
+// past chaosDeadline.)
 type slow struct{ r io.Reader }
 
 func (s slow) Read(p []byte) (int, error) {
-	if len(p) > 16<<10 {
-		p = p[:16<<10]
+	if len(p) > 64<<10 {
+		p = p[:64<<10]
 	}
 	n, err := s.r.Read(p)
 	time.Sleep(time.Millisecond)
