@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 
@@ -62,6 +63,11 @@ func (pp *podProxies) Start(p inpod.Pod) error {
 	pcfg.InboundAddr = podAddr(cfg.InboundAddr, cfg.IPv6Enabled)
 	pcfg.Sockets = sockets
 	pcfg.Logger = log
+	if cfg.InpodPortReuse {
+		if err := migrateOnClose(p.NetNS); err != nil {
+			log.Debug("cannot set tcp_migrate_req in the pod; an upgrade may reset a few connections", "err", err)
+		}
+	}
 	px := proxy.New(pcfg, pp.n.store, pp.n.certs, pp.n.metrics)
 	if err := px.Listen(); err != nil {
 		px.Shutdown(context.Background())
@@ -149,6 +155,19 @@ func (pp *podProxies) shutdownPod(pod *podProxy, deadline time.Duration) {
 // wait returns once every pod whose proxy was stopped has finished shutting down. The
 // workload manager drains every pod when it closes, so after Manager.Close none is left.
 func (pp *podProxies) wait() { pp.wg.Wait() }
+
+// migrateOnClose sets net.ipv4.tcp_migrate_req in the pod's namespace (Linux 5.14+). During
+// an upgrade two ztunnels hold each pod listener in one SO_REUSEPORT group, and the kernel
+// has already assigned some handshakes to the old one's socket when it drains: without the
+// setting, closing that listener resets them and those it queued but did not accept; with
+// it, the kernel moves them to the new ztunnel's listener. It changes nothing else for the
+// pod (an application's own SO_REUSEPORT listeners get the same migration).
+func migrateOnClose(ns *netns.NetNS) error {
+	return ns.Do(func() error {
+		// /proc/sys/net is that of the opening thread's network namespace.
+		return os.WriteFile("/proc/sys/net/ipv4/tcp_migrate_req", []byte("1"), 0)
+	})
+}
 
 // podAddr is a pod listener's address: the setting's port on the wildcard address ([::],
 // or 0.0.0.0 with IPV6_ENABLED=false); "" stays off.
