@@ -39,6 +39,52 @@ func inPodRules(t *testing.T, pod *netns.NS) {
 	}
 }
 
+// The in-pod topology's addresses (inPodTopology).
+const (
+	inPodA, inPodB = "10.31.1.2", "10.31.2.2" // pods default/client and default/server
+	inPodNodeToA   = "10.31.1.1"              // the node's end of pod A's veth
+	inPodVIP       = "10.96.0.12"             // the echo service
+)
+
+// inPodTopology builds two pods as network namespaces behind veth pairs from a node
+// namespace that routes between them, each pod with istio-cni's in-pod rules, and writes
+// dir/workloads.yaml (writeWorkloads) with both pods on node-a.
+func inPodTopology(t *testing.T) (node, podA, podB *netns.NS, dir string) {
+	t.Helper()
+	node = netns.New(t, "inpod-node")
+	podA, podB = netns.New(t, "pod-a"), netns.New(t, "pod-b")
+	netns.Link(t, podA, inPodA+"/24", node, inPodNodeToA+"/24")
+	netns.Link(t, podB, inPodB+"/24", node, "10.31.2.1/24")
+	podA.MustExec(t, "ip", "route", "add", "default", "via", inPodNodeToA)
+	podB.MustExec(t, "ip", "route", "add", "default", "via", "10.31.2.1")
+	node.MustExec(t, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
+	inPodRules(t, podA)
+	inPodRules(t, podB)
+
+	dir = t.TempDir()
+	writeWorkloads(t, dir, inPodA, inPodB, inPodVIP)
+	file := filepath.Join(dir, "workloads.yaml")
+	yaml, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, []byte(strings.ReplaceAll(string(yaml), "node: node-b", "node: node-a")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return node, podA, podB, dir
+}
+
+// inPodEnv is the settings of a node of the in-pod topology: node-a, in-pod mode with the
+// node agent on uds, the pods' listeners on their default ports.
+func inPodEnv(uds, dir string) map[string]string {
+	return map[string]string{
+		"PROXY_MODE": "shared", "NODE_NAME": "node-a", "INPOD_UDS": uds,
+		"LOCAL_XDS_PATH": filepath.Join(dir, "workloads.yaml"), "CA_DIR": filepath.Join(dir, "ca"),
+		"OUTBOUND_ADDR": "[::]:15001", "INBOUND_PLAINTEXT_ADDR": "[::]:15006", "INBOUND_ADDR": "[::]:15008",
+		"DNS_PROXY_ADDR": "localhost:15053",
+	}
+}
+
 // openNS opens a handle on a named namespace, closed when the test ends.
 func openNS(t *testing.T, ns *netns.NS) *netns.NetNS {
 	t.Helper()
@@ -73,40 +119,15 @@ func TestNetnsInPod(t *testing.T) {
 	http.DefaultClient.Transport = &http.Transport{DisableKeepAlives: true}
 
 	const (
-		podA, podB = "10.31.1.2", "10.31.2.2"
-		nodeToA    = "10.31.1.1"
-		vip        = "10.96.0.12"
+		podA, podB = inPodA, inPodB
+		nodeToA    = inPodNodeToA
+		vip        = inPodVIP
 	)
-	node := netns.New(t, "inpod-node")
-	nsA, nsB := netns.New(t, "pod-a"), netns.New(t, "pod-b")
-	netns.Link(t, nsA, podA+"/24", node, nodeToA+"/24")
-	netns.Link(t, nsB, podB+"/24", node, "10.31.2.1/24")
-	nsA.MustExec(t, "ip", "route", "add", "default", "via", nodeToA)
-	nsB.MustExec(t, "ip", "route", "add", "default", "via", "10.31.2.1")
-	node.MustExec(t, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
-	inPodRules(t, nsA)
-	inPodRules(t, nsB)
-
-	dir := t.TempDir()
-	writeWorkloads(t, dir, podA, podB, vip)
-	// Both pods on this one node.
-	file := filepath.Join(dir, "workloads.yaml")
-	yaml, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(file, []byte(strings.ReplaceAll(string(yaml), "node: node-b", "node: node-a")), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	node, nsA, nsB, dir := inPodTopology(t)
 	server := startPodServer(t, nsB, podB, "8080", "8081")
 
 	agent := inpodtest.NewAgent(t, inpodtest.SocketPath(t))
-	n, _ := startNode(t, testConfig(t, map[string]string{
-		"PROXY_MODE": "shared", "NODE_NAME": "node-a", "INPOD_UDS": agent.Path,
-		"LOCAL_XDS_PATH": file, "CA_DIR": filepath.Join(dir, "ca"),
-		"OUTBOUND_ADDR": "[::]:15001", "INBOUND_PLAINTEXT_ADDR": "[::]:15006", "INBOUND_ADDR": "[::]:15008",
-		"DNS_PROXY_ADDR": "localhost:15053",
-	}))
+	n, _ := startNode(t, testConfig(t, inPodEnv(agent.Path, dir)))
 	ready := "http://" + n.addrs["READINESS_ADDR"].String() + "/healthz/ready"
 	if code, body := get(t, ready); code != 500 || !strings.Contains(body, "workload manager") {
 		t.Errorf("readiness before the snapshot: %d %q; want 500 naming the workload manager", code, body)

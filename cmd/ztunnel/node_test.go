@@ -38,6 +38,14 @@ func testConfig(t *testing.T, extra map[string]string) *config {
 // startNode runs a node until the test ends and returns it once its listeners are bound.
 func startNode(t *testing.T, cfg *config) (*node, <-chan error) {
 	t.Helper()
+	n, _, done := startStoppableNode(t, cfg)
+	return n, done
+}
+
+// startStoppableNode is startNode that also returns a stop function, which makes the node
+// drain and exit as SIGTERM does; the channel then yields run's result.
+func startStoppableNode(t *testing.T, cfg *config) (*node, context.CancelFunc, <-chan error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	started := make(chan *node, 1)
 	done := make(chan error, 1)
@@ -49,13 +57,13 @@ func startNode(t *testing.T, cfg *config) (*node, <-chan error) {
 	t.Cleanup(func() { cancel(); <-stopped })
 	select {
 	case n := <-started:
-		return n, done
+		return n, cancel, done
 	case err := <-done:
 		t.Fatalf("node did not start: %v", err)
 	case <-time.After(20 * time.Second):
 		t.Fatal("node did not start in 20s")
 	}
-	return nil, nil
+	return nil, nil, nil
 }
 
 func get(t *testing.T, url string) (int, string) {
