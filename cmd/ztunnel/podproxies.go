@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -108,7 +109,8 @@ func servePod(ctx context.Context, pod *podProxy) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := pod.dns.Serve(ctx); err != nil {
+			// A pod deleted at once can be closed before Serve begins: not an error.
+			if err := pod.dns.Serve(ctx); err != nil && !errors.Is(err, net.ErrClosed) {
 				slog.Error("pod dns proxy stopped", "uid", pod.uid, "err", err)
 			}
 		}()
