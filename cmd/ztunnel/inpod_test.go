@@ -330,6 +330,12 @@ func nsFDs(t *testing.T, ns *netns.NS) int {
 	if err := syscall.Stat("/var/run/netns/"+ns.Name, &st); err != nil {
 		t.Fatal(err)
 	}
+	return idFDs(t, netns.ID{Dev: st.Dev, Ino: st.Ino})
+}
+
+// idFDs counts this process's fds that refer to the namespace id.
+func idFDs(t testing.TB, id netns.ID) int {
+	t.Helper()
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
 		t.Fatal(err)
@@ -337,14 +343,14 @@ func nsFDs(t *testing.T, ns *netns.NS) int {
 	n := 0
 	for _, e := range ents {
 		var fst syscall.Stat_t
-		if syscall.Stat("/proc/self/fd/"+e.Name(), &fst) == nil && fst.Dev == st.Dev && fst.Ino == st.Ino {
+		if syscall.Stat("/proc/self/fd/"+e.Name(), &fst) == nil && fst.Dev == id.Dev && fst.Ino == id.Ino {
 			n++
 		}
 	}
 	return n
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {

@@ -14,7 +14,7 @@ import (
 )
 
 // testConfig is a node with every listener on an ephemeral loopback port.
-func testConfig(t *testing.T, extra map[string]string) *config {
+func testConfig(t testing.TB, extra map[string]string) *config {
 	t.Helper()
 	m := map[string]string{
 		"PROXY_MODE": "node", // in-pod mode (the default, shared) needs a node agent
@@ -36,7 +36,7 @@ func testConfig(t *testing.T, extra map[string]string) *config {
 }
 
 // startNode runs a node until the test ends and returns it once its listeners are bound.
-func startNode(t *testing.T, cfg *config) (*node, <-chan error) {
+func startNode(t testing.TB, cfg *config) (*node, <-chan error) {
 	t.Helper()
 	n, _, done := startStoppableNode(t, cfg)
 	return n, done
@@ -44,7 +44,7 @@ func startNode(t *testing.T, cfg *config) (*node, <-chan error) {
 
 // startStoppableNode is startNode that also returns a stop function, which makes the node
 // drain and exit as SIGTERM does; the channel then yields run's result.
-func startStoppableNode(t *testing.T, cfg *config) (*node, context.CancelFunc, <-chan error) {
+func startStoppableNode(t testing.TB, cfg *config) (*node, context.CancelFunc, <-chan error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	started := make(chan *node, 1)

@@ -1,0 +1,113 @@
+//go:build linux
+
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gozt/gozt/inpod/inpodtest"
+	"github.com/gozt/gozt/inpod/zdspb"
+	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/netns"
+)
+
+// startInPodNode runs an in-process node in in-pod mode whose pods' listeners are on their
+// default ports, DNS included, connected to a fake agent it returns.
+func startInPodNode(tb testing.TB) (*node, *inpodtest.AgentConn) {
+	tb.Helper()
+	agent := inpodtest.NewAgent(tb, inpodtest.SocketPath(tb))
+	n, _ := startNode(tb, testConfig(tb, map[string]string{
+		"PROXY_MODE": "shared", "INPOD_UDS": agent.Path,
+		"OUTBOUND_ADDR": "[::]:15001", "INBOUND_PLAINTEXT_ADDR": "[::]:15006", "INBOUND_ADDR": "[::]:15008",
+		"DNS_PROXY_ADDR": "localhost:15053",
+	}))
+	c := agent.Accept()
+	if nack := c.Send(inpodtest.SnapshotReq()); nack != "" {
+		tb.Fatalf("snapshot: NACK %q", nack)
+	}
+	return n, c
+}
+
+// openFDs counts this process's open file descriptors.
+func openFDs(tb testing.TB) int {
+	tb.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return len(ents) - 1 // ReadDir's own
+}
+
+// TestNetnsInPodChurn adds and deletes one pod 500 times through the real per-pod proxies
+// (listeners in the pod's netns, DNS included): afterwards the process has as many fds and
+// goroutines as before the first cycle.
+func TestNetnsInPodChurn(t *testing.T) {
+	netns.RequireRoot(t)
+	leaktest.Check(t)
+	pod := netns.NewAnonymous(t)
+	n, c := startInPodNode(t)
+	info := &zdspb.WorkloadInfo{Name: "churn", Namespace: "default", ServiceAccount: "default"}
+	cycle := func(i int) {
+		t.Helper()
+		if nack := c.AddPod("uid-churn", info, pod); nack != "" {
+			t.Fatalf("cycle %d: add: NACK %q", i, nack)
+		}
+		if nack := c.Send(inpodtest.DelReq("uid-churn")); nack != "" {
+			t.Fatalf("cycle %d: del: NACK %q", i, nack)
+		}
+	}
+	settle := func() (fds, goroutines int) {
+		// The last pod's shutdown has finished once it has closed its netns fd; the test
+		// keeps its own.
+		eventually(t, "the pod's netns released", func() bool { return idFDs(t, pod.ID()) == 1 })
+		time.Sleep(50 * time.Millisecond) // and its goroutine has returned
+		return openFDs(t), runtime.NumGoroutine()
+	}
+	cycle(0) // lazily made things (a thread per setns, the DNS upstream list) count as baseline
+	fds0, g0 := settle()
+	const cycles = 500
+	start := time.Now()
+	for i := 1; i <= cycles; i++ {
+		cycle(i)
+	}
+	elapsed := time.Since(start)
+	if st := n.inpod.Stats(); st.Active != 0 || st.Started != cycles+1 || st.Stopped != cycles+1 {
+		t.Errorf("stats %+v; want none active, %d started and stopped", st, cycles+1)
+	}
+	var fds, g int
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if fds, g = settle(); fds <= fds0 && g <= g0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if fds > fds0 {
+		t.Errorf("%d fds after %d cycles; want the %d of the baseline\n%s", fds, cycles, fds0, fdTargets(t))
+	}
+	if g > g0 {
+		t.Errorf("%d goroutines after %d cycles; want the %d of the baseline", g, cycles, g0)
+	}
+	t.Logf("%d add/delete cycles in %v (%v each): %d fds, %d goroutines, as before", cycles, elapsed.Round(time.Millisecond), (elapsed / cycles).Round(time.Microsecond), fds, g)
+}
+
+// fdTargets lists what this process's fds refer to, for a failure message.
+func fdTargets(tb testing.TB) string {
+	ents, _ := os.ReadDir("/proc/self/fd")
+	count := map[string]int{}
+	for _, e := range ents {
+		target, _ := os.Readlink("/proc/self/fd/" + e.Name())
+		kind, _, _ := strings.Cut(target, "[")
+		count[kind]++
+	}
+	var lines []string
+	for k, v := range count {
+		lines = append(lines, fmt.Sprintf("%5d %s", v, k))
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
