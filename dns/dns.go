@@ -283,6 +283,9 @@ func (s *Server) Addr() net.Addr {
 	return s.udp[0].LocalAddr()
 }
 
+// udpReadSize is the largest UDP query read whole.
+const udpReadSize = 4096
+
 // Serve answers queries until ctx ends or Close is called, then stops the listeners and
 // waits for in-flight queries. It returns nil on such a stop, or the first listener error.
 func (s *Server) Serve(ctx context.Context) error {
@@ -303,8 +306,10 @@ func (s *Server) Serve(ctx context.Context) error {
 	var servers []*dns.Server
 	for i := range s.udp {
 		servers = append(servers,
-			// UDPSize is the read buffer (pooled): any query a client may send over UDP.
-			&dns.Server{PacketConn: s.udp[i], Handler: h, UDPSize: dns.MaxMsgSize},
+			// UDPSize is the read buffer, which each waiting reader holds: 4 KiB, RFC 6891's
+			// recommended largest EDNS payload and hickory's receive buffer (the Rust
+			// ztunnel's), rather than 64 KiB, which in-pod mode would pay per pod.
+			&dns.Server{PacketConn: s.udp[i], Handler: h, UDPSize: udpReadSize},
 			// ReadTimeout bounds reading a TCP request; the handler bounds the rest.
 			&dns.Server{Listener: s.tcp[i], Handler: h, ReadTimeout: s.tcpTimeout,
 				IdleTimeout: func() time.Duration { return s.tcpTimeout }})
