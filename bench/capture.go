@@ -15,21 +15,26 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/internal/cnirules"
+	"github.com/gozt/gozt/internal/zdsagent"
 )
 
-// The capture topology is the production path: two pods as network namespaces joined by a
-// veth pair, each with a dedicated ztunnel and the iptables REDIRECT rules istio-cni installs
-// (as in cmd/ztunnel's TestNetnsDedicated). The client dials the server pod's IP from inside
-// pod A; iptables hands the connection to ztunnel A's outbound capture (15001), which carries
-// it over HBONE across the veth to ztunnel B's 15008 and on to the echo server on the pod
-// IP. The "veth" baseline is the same client dialing the same server on a port neither pod
-// redirects: the veth's own cost, which differs from loopback's, without capture.
+// The capture topology is the production path, in-pod mode: two pods as network namespaces
+// joined by a veth pair, each with istio-cni's in-pod rules (internal/cnirules.InPod), and
+// two nodes, each a ztunnel in PROXY_MODE=shared in a namespace of its own (loopback only:
+// its admin listeners) that a node agent of the suite's (internal/zdsagent) hands its pod's
+// netns over ZDS. Each ztunnel opens its pod's listeners inside the pod and dials from
+// there. The client dials the server pod's IP from inside pod A; the rules hand the
+// connection to ztunnel A's outbound listener (15001 in pod A), which carries it over HBONE
+// across the veth to ztunnel B's 15008 in pod B and on to the echo server on the pod IP. The
+// "veth" baseline is the same client dialing the same server on a port both pods exclude
+// (one ACCEPT rule ahead of istio-cni's, as the exclude-ports annotations do): the veth's
+// own cost, which differs from loopback's, without capture.
 const (
 	capClientIP     = "10.10.0.1" // pod A, node A; these addresses exist only inside the namespaces
 	capServerIP     = "10.10.0.2" // pod B, node B
 	capServerPort   = "8080"
 	capExcludedPort = "9999" // not redirected in either pod: the veth baseline
-	capMark         = "1337" // ztunnel's PACKET_MARK: its own sockets skip redirection
+	capMark         = "1337" // ztunnel's PACKET_MARK (0x539): its own sockets skip redirection
 )
 
 // captureMissing says why the capture path cannot run here, or "" when it can.
@@ -48,9 +53,14 @@ func captureMissing() string {
 	return ""
 }
 
-// captureNamespaces returns the names of the two pods' namespaces for this process.
-func captureNamespaces() (a, b string) {
-	return fmt.Sprintf("gozt-bench-a-%d", os.Getpid()), fmt.Sprintf("gozt-bench-b-%d", os.Getpid())
+// captureNamespaces returns the names of the namespaces of this process's capture
+// topology: the two pods', then the two nodes'.
+func captureNamespaces() []string {
+	var names []string
+	for _, n := range []string{"a", "b", "node-a", "node-b"} {
+		names = append(names, fmt.Sprintf("gozt-bench-%s-%d", n, os.Getpid()))
+	}
+	return names
 }
 
 // startCapture builds the capture topology around ztunnel binary bin and returns the veth
@@ -71,9 +81,10 @@ func (s *suite) startCapture(ctx context.Context, bin string) (veth, capture *pa
 			s.onEnd(all)
 		}
 	}()
-	nsA, nsB := captureNamespaces()
+	names := captureNamespaces()
+	nsA, nsB := names[0], names[1]
 	pid := os.Getpid()
-	for _, ns := range []string{nsA, nsB} {
+	for _, ns := range names {
 		if err := ipRun("ip", "netns", "add", ns); err != nil {
 			return nil, nil, err
 		}
@@ -97,7 +108,7 @@ func (s *suite) startCapture(ctx context.Context, bin string) (veth, capture *pa
 		}
 	}
 	for _, ns := range []string{nsA, nsB} {
-		if err := redirect(ns); err != nil {
+		if err := inPodRules(ns); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -136,34 +147,67 @@ func (s *suite) startCapture(ctx context.Context, bin string) (veth, capture *pa
 	capture = &path{name: "capture", target: Target{Addr: net.JoinHostPort(capServerIP, capServerPort), DialContext: dialA.DialContext}, baselines: []string{"veth"}}
 	// Node A first: it creates the built-in CA both share.
 	for _, n := range []struct {
-		name, ns, workload string
-		dial               *NetnsDialer
+		name, node, nodeNS string
+		pod                zdsagent.Pod
 	}{
-		{"ztunnel-cap-a", nsA, "default/client/client", dialA},
-		{"ztunnel-cap-b", nsB, "default/server/server", inB},
+		{"ztunnel-cap-a", "node-a", names[2], zdsagent.Pod{UID: "uid-client", Name: "client", Namespace: "default", ServiceAccount: "client", NetNS: "/var/run/netns/" + nsA}},
+		{"ztunnel-cap-b", "node-b", names[3], zdsagent.Pod{UID: "uid-server", Name: "server", Namespace: "default", ServiceAccount: "server", NetNS: "/var/run/netns/" + nsB}},
 	} {
+		agent, err := zdsagent.Listen(filepath.Join(dir, n.node+".sock"), n.pod)
+		if err != nil {
+			return nil, nil, err
+		}
+		replayed := make(chan error, 1)
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			agent.Serve(func(_ int, err error) {
+				select {
+				case replayed <- err:
+				default: // a reconnect's replay; the node's logs tell
+				}
+			})
+		}()
+		undo = append(undo, func() { agent.Close(); <-served })
 		env := []string{
-			"PROXY_MODE=dedicated",
-			"PROXY_WORKLOAD_INFO=" + n.workload,
+			"PROXY_MODE=shared",
+			"NODE_NAME=" + n.node,
+			"INPOD_UDS=" + agent.Path,
 			"LOCAL_XDS_PATH=" + workloads,
 			"CA_PROVIDER=builtin",
 			"CA_DIR=" + filepath.Join(dir, "ca"),
 			"XDS_ADDRESS=",
 			"PACKET_MARK=" + capMark,
-			// Pod B would answer a spoofed client address over the veth, not to ztunnel B;
-			// istio-cni's policy routing for that is not set up here.
-			"ENABLE_ORIG_SRC=false",
-			"DNS_PROXY_ADDR=off",
 		}
 		// ip netns exec execs the binary, so the child's pid is ztunnel's own and /proc
 		// accounting charges the right process.
-		c, err := startChild(n.name, filepath.Join(s.work, n.name+".log"), env, dir, "ip", "netns", "exec", n.ns, bin)
+		c, err := startChild(n.name, filepath.Join(s.work, n.name+".log"), env, dir, "ip", "netns", "exec", n.nodeNS, bin)
 		if err != nil {
 			return nil, nil, err
 		}
 		undo = append(undo, c.stop)
 		capture.children = append(capture.children, c)
-		if err := waitReady(ctx, c, "http://127.0.0.1:15021/healthz/ready", n.dial.DialContext); err != nil {
+		admin, err := NewNetnsDialer(n.nodeNS)
+		if err != nil {
+			return nil, nil, err
+		}
+		undo = append(undo, func() { admin.Close() })
+		if capture.adminDial == nil {
+			capture.adminDial = admin.DialContext
+		}
+		select {
+		case err = <-replayed:
+		case <-c.done:
+			err = fmt.Errorf("%s exited (%v); its log ends:\n%s", c.name, c.err, tail(c.logPath, 10))
+		case <-time.After(30 * time.Second):
+			err = errors.New("no ZDS connection in 30s")
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("bench: %s: %w", n.name, err)
+		}
+		if err := waitReady(ctx, c, "http://127.0.0.1:15021/healthz/ready", admin.DialContext); err != nil {
 			return nil, nil, err
 		}
 		capture.procs = append(capture.procs, Proc{Name: n.name, PID: c.pid()})
@@ -172,9 +216,9 @@ func (s *suite) startCapture(ctx context.Context, bin string) (veth, capture *pa
 	return veth, capture, nil
 }
 
-// checkCaptured returns an error unless ztunnel A (reached through dial, from inside pod A)
-// has counted an outbound mTLS connection: the probe's, proof that iptables handed it over.
-// Without that the "capture" figures would be of some other path.
+// checkCaptured returns an error unless ztunnel A (its admin listeners reached through dial,
+// from inside node A) has counted an outbound mTLS connection: the probe's, proof that
+// iptables handed it over. Without that the "capture" figures would be of some other path.
 func checkCaptured(ctx context.Context, dial func(context.Context, string, string) (net.Conn, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -216,11 +260,21 @@ const captureWorkloads = `workloads:
     node: node-b
 `
 
-// redirect installs, inside namespace ns, the rules istio-cni's dedicated-mode scripts would
-// (cnirules.Redirect), IPv4 only, with the veth baseline's port excluded.
-func redirect(ns string) error {
-	for _, rule := range cnirules.Redirect(capMark, "127.0.0.0/8", capExcludedPort) {
-		if err := ipRun(append([]string{"ip", "netns", "exec", ns, "iptables", "-w", "-t", "nat"}, rule...)...); err != nil {
+// inPodRules installs, inside namespace ns, istio-cni's in-pod rules and policy routing
+// (cnirules.InPod, InPodRoutes), IPv4 only, with the veth baseline's port excluded both ways
+// by an ACCEPT ahead of them.
+func inPodRules(ns string) error {
+	rules := cnirules.InPod()
+	for _, chain := range []string{"ISTIO_PRERT", "ISTIO_OUTPUT"} {
+		rules = append(rules, []string{"-t", "nat", "-I", chain, "1", "-p", "tcp", "--dport", capExcludedPort, "-j", "ACCEPT"})
+	}
+	for _, rule := range rules {
+		if err := ipRun(append([]string{"ip", "netns", "exec", ns, "iptables", "-w"}, rule...)...); err != nil {
+			return err
+		}
+	}
+	for _, args := range cnirules.InPodRoutes() {
+		if err := ipRun(append([]string{"ip", "-n", ns}, args...)...); err != nil {
 			return err
 		}
 	}

@@ -308,7 +308,7 @@ func (s *suite) startCapturePaths(ctx context.Context) []*path {
 	for _, p := range []*path{veth, capture} {
 		err := probe(ctx, p)
 		if err == nil && p == capture {
-			err = checkCaptured(ctx, capture.target.DialContext)
+			err = checkCaptured(ctx, capture.adminDial)
 		}
 		if err != nil {
 			s.note("%s left out: %v", p.name, err)
