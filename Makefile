@@ -7,7 +7,7 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 RUN_DIR   ?= .tmp/run
 
-.PHONY: all build image helm manifests chart-check run demo test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean
+.PHONY: all build image helm manifests chart-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean
 
 all: build
 
@@ -60,6 +60,13 @@ run: build
 # through SOCKS5 -> HBONE mTLS -> echo, and a summary (tunnel, identities, counters).
 demo: build
 	ZTUNNEL_BIN=$(BIN)/ztunnel scripts/demo.sh
+
+# In-pod mode on one node (root only): two pods as network namespaces with istio-cni's
+# in-pod rules, one ztunnel in PROXY_MODE=shared handed both over ZDS by cmd/zdsagent (a
+# stand-in for istio-cni's node agent), curl from pod A to pod B over HBONE, a summary.
+demo-inpod: build
+	$(GO) build -o $(BIN)/zdsagent ./cmd/zdsagent
+	ZTUNNEL_BIN=$(BIN)/ztunnel ZDSAGENT_BIN=$(BIN)/zdsagent scripts/demo-inpod.sh
 
 # test-norace runs again, without the race detector, the tests that only mean something
 # there: allocation budgets (sync.Pool drops items at random under -race, and the hot-path
