@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -181,39 +183,159 @@ func (s Sockets) ListenPacket(ctx context.Context, network, address string) (net
 // Dial connects from inside the namespace with d's settings (nil: a zero net.Dialer); d's own
 // Control or ControlContext runs after the mark is set. With a namespace, address must be an
 // IP and port: a name could resolve to several addresses, which net.Dialer races on goroutines
-// that run outside the namespace. The dial holds one OS thread until it connects or fails.
+// that run outside the namespace.
+//
+// Only the socket is created inside the namespace (a socket belongs to the namespace it was
+// made in, for life); the connect runs on the calling goroutine through the runtime's poller,
+// so no OS thread is held, and no namespace switched, while it waits. Holding a locked thread
+// through every connect made new connections in in-pod mode 40% slower than outside it.
 func (s Sockets) Dial(ctx context.Context, d *net.Dialer, network, address string) (net.Conn, error) {
-	if s.NS != nil {
-		if _, err := netip.ParseAddrPort(address); err != nil {
-			return nil, fmt.Errorf("netns: dial %s: want an IP address and port: %w", address, err)
-		}
-	}
 	var dd net.Dialer
 	if d != nil {
 		dd = *d
 	}
-	control, controlCtx := dd.Control, dd.ControlContext
-	dd.Control = nil
-	dd.ControlContext = func(ctx context.Context, network, address string, c syscall.RawConn) error {
-		if s.Mark != 0 {
-			if err := sockopt.SetMark(c, s.Mark); err != nil {
-				return err
+	if s.NS == nil {
+		control, controlCtx := dd.Control, dd.ControlContext
+		dd.Control = nil
+		dd.ControlContext = func(ctx context.Context, network, address string, c syscall.RawConn) error {
+			return s.dialControl(ctx, &net.Dialer{Control: control, ControlContext: controlCtx}, network, address, c)
+		}
+		return dd.DialContext(ctx, network, address)
+	}
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return nil, fmt.Errorf("netns: dial %s: want an IP address and port: %w", address, err)
+	}
+	if network != "tcp" && network != "tcp4" && network != "tcp6" {
+		return nil, fmt.Errorf("netns: dial %s %s: only TCP", network, address)
+	}
+	c, err := s.dialInside(ctx, &dd, network, ap)
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: network, Addr: net.TCPAddrFromAddrPort(ap), Err: err}
+	}
+	return c, nil
+}
+
+// dialControl marks the socket, then runs d's own control function, if any.
+func (s Sockets) dialControl(ctx context.Context, d *net.Dialer, network, address string, c syscall.RawConn) error {
+	if s.Mark != 0 {
+		if err := sockopt.SetMark(c, s.Mark); err != nil {
+			return err
+		}
+	}
+	switch {
+	case d.ControlContext != nil:
+		return d.ControlContext(ctx, network, address, c)
+	case d.Control != nil:
+		return d.Control(network, address, c)
+	}
+	return nil
+}
+
+// dialInside makes a non-blocking TCP socket inside the namespace, applies d's options, and
+// connects it to dst, waiting on the poller within d's timeout and ctx.
+func (s Sockets) dialInside(ctx context.Context, d *net.Dialer, network string, dst netip.AddrPort) (net.Conn, error) {
+	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+	family := unix.AF_INET6
+	if dst.Addr().Is4() {
+		family = unix.AF_INET
+	}
+	fd := -1
+	if err := s.NS.Do(func() (err error) {
+		fd, err = unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("socket: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "netns-dial") // non-blocking: registered with the poller
+	defer f.Close()                            // net.FileConn keeps a dup of its own
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	if err := s.dialControl(ctx, d, network, dst.String(), rc); err != nil {
+		return nil, err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) // as net.Dial does
+		if serr == nil && d.LocalAddr != nil {
+			if la, ok := d.LocalAddr.(*net.TCPAddr); ok {
+				ap := la.AddrPort()
+				serr = unix.Bind(int(fd), sockaddr(netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())))
 			}
 		}
-		switch {
-		case controlCtx != nil:
-			return controlCtx(ctx, network, address, c)
-		case control != nil:
-			return control(network, address, c)
+		if serr == nil {
+			serr = unix.Connect(int(fd), sockaddr(dst))
 		}
-		return nil
+	}); err != nil {
+		return nil, err
 	}
-	var conn net.Conn
-	err := s.do(func() (err error) {
-		conn, err = dd.DialContext(ctx, network, address)
-		return err
+	if serr != nil && serr != unix.EINPROGRESS {
+		return nil, serr
+	}
+	if serr == unix.EINPROGRESS {
+		if err := waitConnected(ctx, d, f, rc); err != nil {
+			return nil, err
+		}
+	}
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, err
+	}
+	if d.KeepAlive >= 0 {
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetKeepAlive(true) // net.Dialer's default; the proxy sets its own period
+		}
+	}
+	return c, nil
+}
+
+// waitConnected waits until the connect in progress on f ends, within d.Timeout and ctx,
+// and returns its result.
+func waitConnected(ctx context.Context, d *net.Dialer, f *os.File, rc syscall.RawConn) error {
+	deadline, _ := ctx.Deadline()
+	if d.Timeout > 0 {
+		if t := time.Now().Add(d.Timeout); deadline.IsZero() || t.Before(deadline) {
+			deadline = t
+		}
+	}
+	if !d.Deadline.IsZero() && (deadline.IsZero() || d.Deadline.Before(deadline)) {
+		deadline = d.Deadline
+	}
+	if !deadline.IsZero() {
+		f.SetWriteDeadline(deadline)
+	}
+	stop := context.AfterFunc(ctx, func() { f.SetWriteDeadline(time.Unix(1, 0)) })
+	defer stop()
+	var serr error
+	err := rc.Write(func(fd uintptr) bool {
+		var v int
+		v, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
+		if serr == nil && v != 0 {
+			serr = unix.Errno(v)
+		}
+		// Not writable yet: the poller calls again once it is (or the deadline passes).
+		if serr == nil {
+			_, perr := unix.Getpeername(int(fd))
+			return perr == nil
+		}
+		return true
 	})
-	return conn, err
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if err != nil {
+		return err
+	}
+	return serr
+}
+
+func sockaddr(ap netip.AddrPort) unix.Sockaddr {
+	if ap.Addr().Is4() {
+		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+	}
+	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
 }
 
 func (s Sockets) listenControl(_, _ string, c syscall.RawConn) error {

@@ -3,16 +3,19 @@
 package netns
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -216,4 +219,112 @@ func TestCheckCapabilities(t *testing.T) {
 			t.Errorf("without %v: %v; want an error naming %s", tc.drop, err, tc.want)
 		}
 	}
+}
+
+// Dial's connect runs outside the namespace on the poller: it binds a local address when
+// asked, reports a refusal, and gives up at the dialer's timeout or when ctx ends.
+func TestSocketsDialOutcomes(t *testing.T) {
+	leaktest.Check(t)
+	n := NewAnonymous(t)
+	s := Sockets{NS: n, Mark: 0x539}
+	ln, err := s.Listen(t.Context(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			io.WriteString(c, c.RemoteAddr().String())
+			c.Close()
+		}
+	}()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 9)}}
+	c, err := s.Dial(t.Context(), d, "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatalf("dial with a local address: %v", err)
+	}
+	b, _ := io.ReadAll(c)
+	c.Close()
+	if host, _, _ := net.SplitHostPort(string(b)); host != "127.0.0.9" {
+		t.Errorf("the listener saw %q; want the dial from 127.0.0.9", b)
+	}
+	if _, ok := c.(*net.TCPConn); !ok {
+		t.Errorf("Dial returned a %T; want *net.TCPConn (the proxy splices TCP legs)", c)
+	}
+	if got := c.RemoteAddr().String(); got != ln.Addr().String() {
+		t.Errorf("RemoteAddr = %s; want %s", got, ln.Addr())
+	}
+
+	port := ln.Addr().(*net.TCPAddr).Port
+	if _, err := s.Dial(t.Context(), nil, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+1))); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("dial of a closed port: %v; want connection refused", err)
+	}
+
+	// A SYN nobody answers: drop it inside the namespace.
+	if _, err := exec.LookPath("iptables"); err != nil {
+		t.Skip("iptables not installed: the timeout cases need it")
+	}
+	if err := n.Do(func() error {
+		return exec.Command("iptables", "-w", "-A", "OUTPUT", "-p", "tcp", "--dport", "9", "-j", "DROP").Run()
+	}); err != nil {
+		t.Fatalf("iptables in the namespace: %v", err)
+	}
+	start := time.Now()
+	_, err = s.Dial(t.Context(), &net.Dialer{Timeout: 200 * time.Millisecond}, "tcp", "127.0.0.1:9")
+	if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("dial into a dropped SYN with a 200ms timeout: %v; want a deadline error", err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	_, err = s.Dial(ctx, nil, "tcp", "127.0.0.1:9")
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("dial cancelled by its context: %v; want context.Canceled", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("the two dials that should give up took %v", d)
+	}
+}
+
+// BenchmarkSocketsDial compares Dial (socket made inside the namespace, connect on the
+// poller) with running the whole dial on a thread inside the namespace, as Dial did first.
+func BenchmarkSocketsDial(b *testing.B) {
+	n := NewAnonymous(b)
+	s := Sockets{NS: n, Mark: 0x539}
+	ln, err := s.Listen(b.Context(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	addr := ln.Addr().String()
+	b.Run("poller", func(b *testing.B) {
+		for range b.N {
+			c, err := s.Dial(b.Context(), nil, "tcp", addr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			c.Close()
+		}
+	})
+	b.Run("thread", func(b *testing.B) {
+		for range b.N {
+			var c net.Conn
+			if err := n.Do(func() (err error) { c, err = net.Dial("tcp", addr); return err }); err != nil {
+				b.Fatal(err)
+			}
+			c.Close()
+		}
+	})
 }
