@@ -279,7 +279,22 @@ type IstioServer struct {
 // stopped when tb ends.
 func StartIstio(tb testing.TB, root *Root, tlsCert *tls.Certificate) *IstioServer {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return StartIstioAt(tb, "127.0.0.1:0", root, tlsCert)
+}
+
+// StartIstioAt is StartIstio listening on addr: a test that stops the server and starts
+// another on the same Addr has its clients see the CA go down and come back. Binding is
+// retried for a second while the old socket goes.
+func StartIstioAt(tb testing.TB, addr string, root *Root, tlsCert *tls.Certificate) *IstioServer {
+	tb.Helper()
+	var ln net.Listener
+	var err error
+	for range 50 {
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if err != nil {
 		tb.Fatal(err)
 	}
