@@ -84,17 +84,17 @@ const (
 type soakKind int
 
 const (
-	soakEcho        soakKind = iota // client sends a bytes, half-closes, reads the echo to EOF
-	soakServerFirst                 // backend sends a bytes and half-closes, then the client sends b
-	soakLong                        // client sends a bytes in paced chunks over seconds, echoed
-	soakBigDown                     // 64 MiB from the backend, then the client half-closes
-	soakBigUp                       // the backend half-closes at once, then 64 MiB from the client
-	soakClientAbort                 // client sends a bytes, then resets
-	soakBackendReset                // backend reads a bytes, then resets
-	soakStall                       // backend reads the header and never answers; the client gives up
-	soakHalfOpen                    // client asks for a download, reads nothing, later resets
-	soakGone                        // to a port nothing listens on (a backend that vanished)
-	soakIdle                        // client sends nothing and closes
+	soakEcho         soakKind = iota // client sends a bytes, half-closes, reads the echo to EOF
+	soakServerFirst                  // backend sends a bytes and half-closes, then the client sends b
+	soakLong                         // client sends a bytes in paced chunks over seconds, echoed
+	soakBigDown                      // 64 MiB from the backend, then the client half-closes
+	soakBigUp                        // the backend half-closes at once, then 64 MiB from the client
+	soakClientAbort                  // client sends a bytes, then resets
+	soakBackendReset                 // backend reads a bytes, then resets
+	soakStall                        // backend reads the header and never answers; the client gives up
+	soakHalfOpen                     // client asks for a download, reads nothing, later resets
+	soakGone                         // to a port nothing listens on (a backend that vanished)
+	soakIdle                         // client sends nothing and closes
 	soakKinds
 )
 
