@@ -131,3 +131,14 @@ SOAK_CONNS    ?= 1000000
 soak:
 	$(GO) test -count=1 -timeout 0 -run '^TestSoak$$' -v ./proxy/ \
 		-soak.duration $(SOAK_DURATION) -soak.conns $(SOAK_CONNS) -soak.sample 10s -soak.csv $(CURDIR)/.tmp/soak.csv
+
+# Every native fuzz target, FUZZTIME each (one at a time: go test -fuzz takes one target).
+# Inputs that found bugs are kept in the packages' testdata/fuzz as regression cases, which
+# plain `go test` (make test) runs every time.
+FUZZTIME ?= 10s
+fuzz:
+	@for dir in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
+	  for t in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go | sed 's/^func //'); do \
+	    echo "== $$dir $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) $$dir || exit 1; \
+	  done; \
+	done
