@@ -7,7 +7,7 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 RUN_DIR   ?= .tmp/run
 
-.PHONY: all build image helm manifests chart-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak fuzz
+.PHONY: all build image helm manifests chart-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz
 
 all: build
 
@@ -124,12 +124,15 @@ clean:
 
 # The soak: connections of every kind through two nodes fed by a real ADS server and Istio CA
 # while faults are injected on a 60 s cycle (xDS down 30 s, CA down past certificate expiry,
-# node B killed mid-stream, backends that reset, stall or vanish). `make test` runs one cycle
-# (TestSoak); this runs SOAK_DURATION or SOAK_CONNS connections, without the race detector.
+# node B killed mid-stream, backends that reset, stall or vanish). soak-slice runs one 60 s
+# cycle; soak runs SOAK_DURATION or SOAK_CONNS connections; both without the race detector.
 SOAK_DURATION ?= 30m
 SOAK_CONNS    ?= 1000000
+soak-slice:
+	SOAK=1 $(GO) test -count=1 -run '^TestSoak$$' -v ./proxy/ -soak.duration 60s
+
 soak:
-	$(GO) test -count=1 -timeout 0 -run '^TestSoak$$' -v ./proxy/ \
+	SOAK=1 $(GO) test -count=1 -timeout 0 -run '^TestSoak$$' -v ./proxy/ \
 		-soak.duration $(SOAK_DURATION) -soak.conns $(SOAK_CONNS) -soak.sample 10s -soak.csv $(CURDIR)/.tmp/soak.csv
 
 # Every native fuzz target, FUZZTIME each (one at a time: go test -fuzz takes one target).

@@ -32,6 +32,7 @@ import (
 	"github.com/gozt/gozt/identity/ca/catest"
 	"github.com/gozt/gozt/identity/certs"
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/proxy"
 	"github.com/gozt/gozt/xds"
@@ -223,10 +224,12 @@ func (f *faultLog) during(start, end time.Time, names ...string) (string, time.T
 // must be one its fault window explains, come within failFast, and be flagged (an ERROR
 // access-log record on node A); at the end goroutines, fds and heap return to baseline.
 //
-// `go test` runs one cycle (60 s); `make soak` runs many (-soak.duration, -soak.conns).
+// It runs only when asked (SOAK=1): `make soak-slice` runs one cycle (60 s), `make soak`
+// many (-soak.duration, -soak.conns). It is not in make test yet: its one-cycle slice has
+// not been seen to pass reliably on two loaded cores, and never under -race.
 func TestSoak(t *testing.T) {
-	if testing.Short() {
-		t.Skip("soak: 60 s; skipped with -short")
+	if os.Getenv("SOAK") == "" {
+		t.Skip("soak: set SOAK=1 (make soak-slice, make soak) to run it")
 	}
 	leaktest.Check(t)
 	checkFDs(t)
@@ -287,7 +290,7 @@ func TestSoak(t *testing.T) {
 	}
 	gonePort := closedPort(t, m.serverIP)
 
-	eventually(t, "both nodes to have certificates and workloads", func() bool {
+	testutil.Eventually(t, "both nodes to have certificates and workloads", func() bool {
 		c, code, err := socksConnect(a.socks(t), m.serverIP, backends[soakEcho].port())
 		if err != nil {
 			t.Logf("warm-up: code %d: %v", code, err)
