@@ -135,15 +135,25 @@ func endHalf(dst halfCloser, err error) error {
 	return nil
 }
 
-// abort unblocks the other direction after a failure.
+// abort unblocks the other direction after a failure, and tells a TCP peer so with a reset
+// rather than a FIN: after a failure (the HBONE connection lost mid-stream, say) a FIN would
+// make a truncated stream look complete.
 func abort(a, b net.Conn) {
-	a.Close()
-	b.Close()
+	for _, c := range []net.Conn{a, b} {
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetLinger(0)
+		}
+		c.Close()
+	}
 }
 
 // cleanEnd reports errors that mean "the peer went away", which a proxy treats as the end
-// of the stream rather than a failure.
+// of the stream rather than a failure. An HBONE stream whose connection broke under it did
+// not end: its error wraps the socket's (a reset, say) but is a failure, never clean.
 func cleanEnd(err error) bool {
+	if errors.Is(err, hbone.ErrConnClosed) {
+		return false
+	}
 	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
 		errors.Is(err, io.ErrUnexpectedEOF)
