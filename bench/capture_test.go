@@ -86,10 +86,15 @@ func TestSuiteSmokeCapture(t *testing.T) {
 			t.Errorf("%s: capture compared with direct (loopback), not with veth", m)
 		}
 	}
-	for _, m := range []string{"idle KiB per idle conn, rep 1", "throughput/1 proxy CPU s/GB", "connrate proxy CPU ms/conn"} {
+	for _, m := range []string{"idle KiB per idle conn, rep 1", "throughput/1 proxy CPU s/GB"} {
 		if v := rows[m].Values["capture"]; v <= 0 {
 			t.Errorf("%s via capture = %v; want > 0", m, v)
 		}
+	}
+	// The smoke run's few hundred connections can cost the proxies less than one clock
+	// tick of CPU on a loaded machine, so the figure may be 0, but it must be there.
+	if v, ok := rows["connrate proxy CPU ms/conn"].Values["capture"]; !ok || v < 0 {
+		t.Errorf("connrate proxy CPU ms/conn via capture = %v (present %v); want a figure", v, ok)
 	}
 	var table bytes.Buffer
 	rep.WriteTable(&table)
