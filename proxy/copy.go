@@ -156,5 +156,6 @@ func cleanEnd(err error) bool {
 	}
 	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, syscall.ENOTCONN) || // shutdown(2) of a socket its peer has reset
 		errors.Is(err, io.ErrUnexpectedEOF)
 }
