@@ -3,9 +3,11 @@ package proxy
 import (
 	"context"
 	"io"
+	"net"
 	"sync"
 	"sync/atomic"
 
+	"github.com/gozt/gozt/hbone"
 	"github.com/gozt/gozt/proxy/rbac"
 	"github.com/gozt/gozt/xds/state"
 )
@@ -30,6 +32,40 @@ type tracked struct {
 	dst    *state.Workload
 	attrs  rbac.Conn
 	denied atomic.Bool // closed by a policy change
+
+	info *ConnInfo // set before the connection is registered; nil while it is set up
+}
+
+// ConnInfo describes one proxied connection, in the shape /config_dump's workloadState
+// shows (the Rust ztunnel's, which istioctl reads).
+type ConnInfo struct {
+	Src         string `json:"src"`
+	OriginalDst string `json:"originalDst"` // where the client was going
+	ActualDst   string `json:"actualDst"`   // what the proxy connected to
+	Protocol    string `json:"protocol"`    // HBONE or TCP
+	inbound     bool
+}
+
+// Connections lists the connections the proxy carries now, inbound and outbound.
+func (p *Proxy) Connections() (inbound, outbound []ConnInfo) {
+	inbound, outbound = []ConnInfo{}, []ConnInfo{}
+	for _, tc := range p.conns.snapshot() {
+		switch {
+		case tc.info == nil:
+		case tc.info.inbound:
+			inbound = append(inbound, *tc.info)
+		default:
+			outbound = append(outbound, *tc.info)
+		}
+	}
+	return inbound, outbound
+}
+
+func protocolOf(c net.Conn) string {
+	if _, ok := c.(*hbone.Stream); ok {
+		return "HBONE"
+	}
+	return "TCP"
 }
 
 func (t *tracker) init() {

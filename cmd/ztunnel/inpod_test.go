@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -273,6 +274,28 @@ func TestNetnsInPod(t *testing.T) {
 		}
 		if err := roundTrip("/before-restart"); err != nil {
 			t.Fatal(err)
+		}
+		// The live connection shows under both pods in workloadState, as istioctl reads it.
+		_, body := get(t, "http://"+n.addrs["ADMIN_ADDR"].String()+"/config_dump")
+		type connInfo struct{ Src, OriginalDst, ActualDst, Protocol string }
+		var dump struct {
+			WorkloadState map[string]struct {
+				Connections struct{ Inbound, Outbound []connInfo }
+			}
+		}
+		if err := json.Unmarshal([]byte(body), &dump); err != nil {
+			t.Fatal(err)
+		}
+		has := func(cs []connInfo, want func(connInfo) bool) bool { return slices.ContainsFunc(cs, want) }
+		if out := dump.WorkloadState["uid-a"].Connections.Outbound; !has(out, func(c connInfo) bool {
+			return c.OriginalDst == podB+":8080" && c.Protocol == "HBONE"
+		}) {
+			t.Errorf("pod A's outbound connections %+v; want one to %s:8080 over HBONE", out, podB)
+		}
+		if in := dump.WorkloadState["uid-b"].Connections.Inbound; !has(in, func(c connInfo) bool {
+			return c.OriginalDst == podB+":8080" && c.ActualDst == podB+":8080" && c.Protocol == "HBONE"
+		}) {
+			t.Errorf("pod B's inbound connections %+v; want one to %s:8080 over HBONE", in, podB)
 		}
 		c.C.Close()
 		agent.Close()

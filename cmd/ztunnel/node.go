@@ -384,7 +384,7 @@ func (n *node) configDump() map[string]any {
 		d["workloads"], d["services"], d["policies"] = sd.Workloads, sd.Services, sd.Policies
 	}
 	if n.inpod != nil {
-		d["workloadState"] = n.inpod.WorkloadState() // uid -> {state: Up|Pending, info}
+		d["workloadState"] = n.workloadState()
 	}
 	return d
 }

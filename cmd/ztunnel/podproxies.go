@@ -198,3 +198,41 @@ func (n *node) inpodReady() error {
 	}
 	return fmt.Errorf("no snapshot yet from the istio-cni node agent on %s", n.cfg.InpodUDS)
 }
+
+// podConnections lists the connections carried by the proxy of the pod uid; false if it
+// has none running.
+func (pp *podProxies) podConnections(uid string) (inbound, outbound []proxy.ConnInfo, ok bool) {
+	pp.mu.Lock()
+	pod := pp.pods[uid]
+	pp.mu.Unlock()
+	if pod == nil {
+		return nil, nil, false
+	}
+	inbound, outbound = pod.proxy.Connections()
+	return inbound, outbound, true
+}
+
+// podDump is one pod of /config_dump's workloadState, in the Rust ztunnel's shape:
+// {state, info, connections: {inbound: [...], outbound: [...]}}.
+type podDump struct {
+	inpod.PodState
+	Connections struct {
+		Inbound  []proxy.ConnInfo `json:"inbound"`
+		Outbound []proxy.ConnInfo `json:"outbound"`
+	} `json:"connections"`
+}
+
+// workloadState is /config_dump's workloadState: each pod's state from the in-pod manager
+// and the connections its proxy carries.
+func (n *node) workloadState() map[string]podDump {
+	out := map[string]podDump{}
+	for uid, st := range n.inpod.WorkloadState() {
+		d := podDump{PodState: st}
+		d.Connections.Inbound, d.Connections.Outbound = []proxy.ConnInfo{}, []proxy.ConnInfo{}
+		if in, outb, ok := n.pods.podConnections(uid); ok {
+			d.Connections.Inbound, d.Connections.Outbound = in, outb
+		}
+		out[uid] = d
+	}
+	return out
+}
