@@ -4,11 +4,16 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/gozt/gozt/identity"
 	"github.com/gozt/gozt/identity/ca"
@@ -189,6 +194,36 @@ func TestIstioUnavailable(t *testing.T) {
 	srv.SetFail(nil)
 	if _, err := fetch(t, c, idA); err != nil {
 		t.Fatalf("after recovery: %v", err)
+	}
+}
+
+func TestIstioUnauthenticated(t *testing.T) {
+	leaktest.Check(t)
+	srv := catest.StartIstio(t, catest.NewRoot(t, "root"), nil)
+	seen := make(chan string, 2)
+	srv.SetAuthenticate(func(_ context.Context, authz string) error {
+		seen <- authz
+		if authz != "Bearer good" {
+			return errors.New("token rejected")
+		}
+		return nil
+	})
+	tok := filepath.Join(t.TempDir(), "token")
+	c := newClient(t, ca.Config{Provider: "istio", Address: "http://" + srv.Addr, TokenFile: tok})
+	for _, tc := range []struct{ token, wantErr string }{
+		{"bad", "token rejected"},
+		{"good", ""},
+	} {
+		if err := os.WriteFile(tok, []byte(tc.token), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := fetch(t, c, idA)
+		if tc.wantErr == "" && err != nil || tc.wantErr != "" && (status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), tc.wantErr)) {
+			t.Errorf("token %q: err = %v; want %q", tc.token, err, tc.wantErr)
+		}
+	}
+	if got, want := []string{<-seen, <-seen}, []string{"Bearer bad", "Bearer good"}; !slices.Equal(got, want) {
+		t.Errorf("authenticate saw %q; want %q", got, want)
 	}
 }
 

@@ -268,6 +268,7 @@ type IstioServer struct {
 	mu        sync.Mutex
 	requests  []Request
 	fail      error
+	auth      func(ctx context.Context, authorization string) error
 	override  string // URI to sign instead of the CSR's
 	extra     []*x509.Certificate
 	tlsCert   *tls.Certificate
@@ -349,6 +350,15 @@ func (s *IstioServer) SetFail(err error) {
 	s.mu.Unlock()
 }
 
+// SetAuthenticate makes every call pass its "authorization" metadata value ("" if absent)
+// to f first; an error from f fails the call with Unauthenticated, as istiod answers a token
+// its TokenReview rejects. nil restores signing for any caller.
+func (s *IstioServer) SetAuthenticate(f func(ctx context.Context, authorization string) error) {
+	s.mu.Lock()
+	s.auth = f
+	s.mu.Unlock()
+}
+
 // SetOverride makes the server sign uri instead of the identity in the CSR ("" restores).
 func (s *IstioServer) SetOverride(uri string) {
 	s.mu.Lock()
@@ -383,10 +393,19 @@ func (s *IstioServer) CreateCertificate(ctx context.Context, req *pb.IstioCertif
 	}
 	s.mu.Lock()
 	s.requests = append(s.requests, r)
-	fail, override, extra := s.fail, s.override, append([]*x509.Certificate(nil), s.extra...)
+	fail, auth, override, extra := s.fail, s.auth, s.override, append([]*x509.Certificate(nil), s.extra...)
 	s.mu.Unlock()
 	if fail != nil {
 		return nil, fail
+	}
+	if auth != nil {
+		var authz string
+		if v := md.Get("authorization"); len(v) > 0 {
+			authz = v[0]
+		}
+		if err := auth(ctx, authz); err != nil {
+			return nil, status.Errorf(codes.Unauthenticated, "authenticate: %v", err)
+		}
 	}
 	if r.CSR == nil {
 		return nil, status.Error(codes.InvalidArgument, "bad csr")
