@@ -7,7 +7,7 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 RUN_DIR   ?= .tmp/run
 
-.PHONY: all build image helm kube-apiserver kubectl manifests chart-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz
+.PHONY: all build image helm kube-apiserver kubectl manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz
 
 all: build
 
@@ -58,6 +58,13 @@ kubectl: .tools/kubectl
 .tools/kube-apiserver .tools/kubectl: tools/k8s/go.mod tools/k8s/go.sum
 	cd tools/k8s && $(GO) build -trimpath -ldflags "$(K8S_LDFLAGS)" -o ../../$@ k8s.io/kubernetes/cmd/$(notdir $@)
 
+# deploy/kubetest against a real kube-apiserver and etcd (Debian's etcd-server) on loopback:
+# helm lint/install/upgrade/uninstall of the chart, Pod Security levels, kubectl apply
+# --dry-run=server of the manifests, and the CA client's token checked by a TokenReview.
+# make test leaves the package out; its tests skip without the tools, except under CI=true.
+k8s-check: .tools/kube-apiserver .tools/kubectl .tools/helm
+	$(GO) test -count=1 -timeout 10m ./deploy/kubetest
+
 # The standalone node: workloads from examples/localhost.yaml, the built-in CA (its root is
 # kept in $(RUN_DIR)/ca), SOCKS5 on 127.0.0.1:15080. Reach a local server through the tunnel:
 #   curl --socks5-hostname 127.0.0.1:15080 http://127.0.0.1:8080/
@@ -87,7 +94,7 @@ demo-inpod: build
 # not (a function calling testing.AllocsPerRun must be named *Allocs*).
 NORACE_TESTS := Allocs|^TestIdleConnectionStacks$$
 test: alloc-names
-	$(GO) test -race -timeout 15m ./...
+	$(GO) test -race -timeout 15m $$($(GO) list ./... | grep -v '/deploy/kubetest$$')
 	$(MAKE) --no-print-directory test-norace
 
 test-norace:
@@ -97,7 +104,7 @@ alloc-names:
 	@bad=$$(awk '/^func /{f=$$0} /testing\.AllocsPerRun/ && f !~ /^func [A-Za-z0-9_]*[Aa]llocs/ {print FILENAME": "f}' $$(git ls-files '*_test.go')); \
 	 if [ -n "$$bad" ]; then echo "allocation tests must have Allocs in their name (make test-norace runs them):"; echo "$$bad"; exit 1; fi
 
-check: fmt-check vet staticcheck tidy-check proto-check test chart-check bench-smoke
+check: fmt-check vet staticcheck tidy-check proto-check test chart-check k8s-check bench-smoke
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
