@@ -1,0 +1,66 @@
+#!/bin/sh
+# Runs internal/ktls's tests inside a VM whose kernel has kernel TLS (this repo's hosts
+# lack CONFIG_TLS): a static test binary, busybox and the tls module with the crypto
+# modules it asks for go into an initramfs; qemu boots the installed Debian cloud kernel
+# on it with software emulation (no KVM, no network: the tests use loopback), the tests
+# print to the serial console, the VM powers off. Exit status: the tests'.
+#
+#   apt-get install -y qemu-system-x86 busybox-static linux-image-cloud-amd64
+#   scripts/ktls-vm.sh [go test flags, e.g. -test.run KeyUpdate]
+set -eu
+
+KVER=${KVER:-$(ls /lib/modules | grep -- '-cloud-amd64$' | sort -V | tail -n 1)}
+KERNEL=/boot/vmlinuz-$KVER
+MODDIR=/lib/modules/$KVER
+BUSYBOX=${BUSYBOX:-/bin/busybox}
+WORK=${WORK:-.tmp/ktls-vm}
+for f in "$KERNEL" "$MODDIR/modules.dep" "$BUSYBOX"; do
+	[ -r "$f" ] || { echo "ktls-vm: $f missing (apt-get install -y qemu-system-x86 busybox-static linux-image-cloud-amd64)" >&2; exit 2; }
+done
+command -v qemu-system-x86_64 >/dev/null || { echo "ktls-vm: qemu-system-x86_64 missing" >&2; exit 2; }
+
+rm -rf "$WORK"
+mkdir -p "$WORK/root/bin" "$WORK/root/proc" "$WORK/root/sys" "$WORK/root/dev" "$WORK/root/tmp" "$WORK/root/mod"
+CGO_ENABLED=0 go test -c -o "$WORK/root/ktls.test" ./internal/ktls
+cp "$BUSYBOX" "$WORK/root/bin/busybox"
+
+# tls.ko and the crypto the kernel requests when keys are installed (gcm(aes),
+# rfc7539(chacha20,poly1305)), each after its dependencies: modules.dep lists a module's
+# dependencies so that loading them from the end backwards works. Built-in ones are absent.
+: > "$WORK/root/mod/order"
+for m in tls ctr gcm ghash-generic ghash-clmulni-intel aesni-intel chacha_generic chacha-x86_64 poly1305_generic poly1305-x86_64 chacha20poly1305; do
+	line=$(grep -E "(^|/)$m\.ko:" "$MODDIR/modules.dep" || true)
+	[ -n "$line" ] || continue
+	for p in $(echo "$line" | tr -d : | awk '{ for (i = NF; i > 1; i--) print $i; print $1 }'); do
+		grep -qx "$p" "$WORK/root/mod/order" && continue
+		mkdir -p "$WORK/root/mod/$(dirname "$p")"
+		cp "$MODDIR/$p" "$WORK/root/mod/$p"
+		echo "$p" >> "$WORK/root/mod/order"
+	done
+done
+
+cat > "$WORK/root/init" <<INIT
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+ip link set lo up
+for m in \$(cat /mod/order); do insmod /mod/\$m 2>/dev/null || echo "ktls-vm: insmod \$m failed"; done
+cd /tmp
+echo "ktls-vm: booted in \$(cut -d' ' -f1 /proc/uptime) s, kernel \$(uname -r)"
+/ktls.test -test.v -test.count=1 -test.timeout=8m $*
+echo "KTLS-VM-EXIT=\$?"
+poweroff -f
+INIT
+chmod +x "$WORK/root/init"
+(cd "$WORK/root" && find . | cpio -o -H newc --quiet) | gzip -1 > "$WORK/initramfs.gz"
+
+start=$(date +%s)
+timeout 600 qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 1024 -nographic -no-reboot \
+	-kernel "$KERNEL" -initrd "$WORK/initramfs.gz" \
+	-append "console=ttyS0 quiet panic=-1 rdinit=/init" < /dev/null | tee "$WORK/console.log"
+echo "ktls-vm: $(($(date +%s) - start)) s, boot to power-off"
+code=$(tr -d '\r' < "$WORK/console.log" | sed -n 's/^KTLS-VM-EXIT=\([0-9]*\)$/\1/p' | tail -n 1)
+[ -n "$code" ] || { echo "ktls-vm: the tests did not finish" >&2; exit 1; }
+exit "$code"
