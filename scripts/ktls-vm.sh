@@ -49,11 +49,13 @@ ip link set lo up
 for m in \$(cat /mod/order); do insmod /mod/\$m 2>/dev/null || echo "ktls-vm: insmod \$m failed"; done
 cd /tmp
 echo "ktls-vm: booted in \$(cut -d' ' -f1 /proc/uptime) s, kernel \$(uname -r)"
-/ktls.test -test.v -test.count=1 -test.timeout=8m $*
+set -f
+/ktls.test -test.v -test.count=1 -test.timeout=8m \$(cat /args)
 echo "KTLS-VM-EXIT=\$?"
 poweroff -f
 INIT
 chmod +x "$WORK/root/init"
+echo "$*" > "$WORK/root/args" # split on spaces in the guest, never run as shell code
 (cd "$WORK/root" && find . | cpio -o -H newc --quiet) | gzip -1 > "$WORK/initramfs.gz"
 
 start=$(date +%s)

@@ -206,6 +206,11 @@ func exchange(t testing.TB, a, b net.Conn, size int) {
 		}
 		out <- r
 	}
+	// A lost record shows as a stall, not an error: fail in a minute, not at the
+	// test binary's timeout.
+	deadline := time.Now().Add(time.Minute)
+	a.SetDeadline(deadline)
+	b.SetDeadline(deadline)
 	ra, rb := make(chan result, 1), make(chan result, 1)
 	go run(a, 1, ra)
 	go run(b, 2, rb)
