@@ -15,20 +15,20 @@
 // Sequence numbers, exactly: both directions start at 0, which is right only if no
 // application-traffic record was written or read before the switch. Enable checks that
 // nothing went through the raw connection after Handshake returned (no application data
-// written or read, no KeyUpdate), and the record-exact reads mean crypto/tls holds no
-// record past the peer's Finished. Server disables session tickets, so a Go server writes
-// no NewSessionTicket; a client may face a server that sends tickets: those records stay
-// in the socket, the kernel decrypts them, and Conn.Read drops NewSessionTicket messages.
-// Not accounted for: records written by crypto/tls after Handshake under a caller's own
-// locks (Enable refuses them as ReasonUsed, never guesses), TLS 1.2 (refused), 0-RTT
-// (crypto/tls does not offer it).
+// written or read, no KeyUpdate: ReasonUsed otherwise), and the record-exact reads mean
+// crypto/tls holds no record past the peer's Finished. Server disables session tickets,
+// so a Go server writes no NewSessionTicket; a client may face a server that sends them:
+// those records stay in the socket, the kernel decrypts and counts them, and Conn.Read
+// drops NewSessionTicket messages. Not handled: TLS 1.2 (refused), a handshake not run
+// through Handoff.Handshake (refused), 0-RTT (crypto/tls does not offer it).
 //
-// What the kernel cannot follow: a TLS 1.3 KeyUpdate from the peer (Linux before 6.14
-// cannot take new RX keys mid-stream; this package does not try) is reported by Read as
-// ErrKeyUpdate, other alerts as *RecordError, close_notify as io.EOF. A caller should
-// close the connection on those. This package never sends KeyUpdate; at 2^64 records that
-// is no practical limit for AES-GCM's per-key record budget in a tunnel's lifetime, but a
-// caller that wants rekeying must stay on crypto/tls.
+// What the kernel is not asked to follow: a TLS 1.3 KeyUpdate from the peer. Linux 6.1
+// (the kernel tested) cannot take new RX keys mid-stream, and this package does not try
+// on kernels that can; Read reports it as ErrKeyUpdate, other alerts as *RecordError,
+// close_notify as io.EOF, and the caller closes the connection. This package never sends
+// KeyUpdate either, so a connection must end before RFC 8446 §5.5's per-key limit for
+// AES-GCM (2^24.5 full records, about 390 GB one way); a caller that needs rekeying stays
+// on crypto/tls.
 //
 // Splicer moves bytes socket → pipe → socket with splice(2), so a payload read from a TCP
 // socket reaches a kernel TLS socket (and back) without crossing user space.
@@ -56,14 +56,14 @@ import (
 type Reason string
 
 const (
-	ReasonNoKernelTLS  Reason = "no_kernel_tls"   // setsockopt(TCP_ULP, "tls") failed: no tls module, or not Linux
+	ReasonNoKernelTLS  Reason = "no_kernel_tls"   // setsockopt(TCP_ULP, "tls") failed: no tls module
 	ReasonNoHandshake  Reason = "no_handshake"    // Handoff.Handshake did not complete
 	ReasonTLSVersion   Reason = "tls_version"     // not TLS 1.3
 	ReasonCipher       Reason = "cipher"          // a cipher suite this package has no kernel struct for
 	ReasonUsed         Reason = "used"            // crypto/tls read or wrote past the handshake: sequence numbers unknown
 	ReasonNoSecrets    Reason = "no_secrets"      // the key log did not give both traffic secrets of this connection
 	ReasonKernelKeys   Reason = "kernel_rejected" // TLS_TX or TLS_RX refused (e.g. the kernel lacks that cipher)
-	ReasonNotSupported Reason = "unsupported_os"
+	ReasonNotSupported Reason = "unsupported_os"  // not Linux
 )
 
 // FallbackError is Enable's error. Unless Unusable is set, the *tls.Conn from Client or
