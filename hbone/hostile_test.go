@@ -2,12 +2,10 @@ package hbone
 
 import (
 	"bytes"
-	"context"
 	"io"
 	"net"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -90,32 +88,7 @@ func TestHPACKBomb(t *testing.T) {
 func TestStalledHandshakesDropped(t *testing.T) {
 	leaktest.Check(t)
 	const deadline = 300 * time.Millisecond
-	srv := NewServer(Config{DialTimeout: deadline}, echo)
-	defer srv.Close()
-	testCA()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer ln.Close()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		var cwg sync.WaitGroup
-		defer cwg.Wait()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			cwg.Add(1)
-			go func() { defer cwg.Done(); srv.ServeTLS(ctx, c, srvTLS) }()
-		}
-	}()
+	e := newEnv(t, Config{DialTimeout: deadline}, echo)
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
@@ -123,7 +96,7 @@ func TestStalledHandshakesDropped(t *testing.T) {
 	const n = 200
 	var conns []net.Conn
 	for i := range n {
-		c, err := net.Dial("tcp", ln.Addr().String())
+		c, err := net.Dial("tcp", e.ln.Addr().String())
 		if err != nil {
 			t.Fatal(err)
 		}
