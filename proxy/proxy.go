@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -147,6 +149,9 @@ type Proxy struct {
 	conns     tracker
 	drops     dropLog
 
+	acceptMu      sync.Mutex
+	acceptFailing map[string]acceptFailure // guarded by acceptMu: listener -> its last accept error
+
 	// stopped ends when Shutdown gives up waiting: work still waiting (for a workload to
 	// appear, for a dial) stops with it.
 	stopped context.Context
@@ -265,11 +270,22 @@ func (p *Proxy) acceptLoop(ctx context.Context, name string, ln net.Listener, ha
 			if errors.Is(err, net.ErrClosed) || ctx.Err() != nil {
 				return
 			}
-			// Out of file descriptors and the like: back off rather than spin.
+			// Out of file descriptors and the like: back off rather than spin, and say so
+			// at readiness (AcceptError) until an accept succeeds again.
+			if delay == 0 {
+				p.log.Warn("proxy: accept failing; backing off", "listener", name, "err", err)
+			}
+			p.acceptFailed(name, err)
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			p.log.Warn("proxy: accept", "listener", name, "err", err, "retry_in", delay)
-			time.Sleep(delay)
+			select {
+			case <-time.After(delay):
+			case <-ctx.Done():
+			}
 			continue
+		}
+		if delay != 0 {
+			p.log.Info("proxy: accepting again", "listener", name)
+			p.acceptFailed(name, nil)
 		}
 		delay = 0
 		tc := c.(*net.TCPConn)
@@ -307,6 +323,46 @@ func (p *Proxy) handleTracked(ctx context.Context, c *net.TCPConn, handle func(c
 	defer p.conns.add(tc)()
 	tc.closeWith(c)
 	handle(ctx, c)
+}
+
+// acceptFailure is a listener's last failed accept.
+type acceptFailure struct {
+	err error
+	at  time.Time
+}
+
+// acceptErrorFresh is how long a failed accept counts against readiness. Out of file
+// descriptors, accept(2) fails at once even with no connection waiting, and once
+// descriptors are free again it just waits: no successful accept says the listener has
+// recovered, so a failure counts only while retries (at most a second apart) keep failing.
+const acceptErrorFresh = 2 * time.Second
+
+// acceptFailed records that the listener's accept failed with err, or (nil) worked again.
+func (p *Proxy) acceptFailed(listener string, err error) {
+	p.acceptMu.Lock()
+	defer p.acceptMu.Unlock()
+	if err == nil {
+		delete(p.acceptFailing, listener)
+		return
+	}
+	if p.acceptFailing == nil {
+		p.acceptFailing = map[string]acceptFailure{}
+	}
+	p.acceptFailing[listener] = acceptFailure{err, time.Now()}
+}
+
+// AcceptError says which listeners cannot accept now and why (out of file descriptors,
+// say), or nil: a node whose listeners fail is not ready.
+func (p *Proxy) AcceptError() error {
+	p.acceptMu.Lock()
+	defer p.acceptMu.Unlock()
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(p.acceptFailing)) {
+		if f := p.acceptFailing[name]; time.Since(f.at) < acceptErrorFresh {
+			errs = append(errs, fmt.Errorf("%s listener: %w", name, f.err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // tuneSocket applies ztunnel's socket options: TCP_NODELAY (Go's default) and keepalive.

@@ -54,9 +54,10 @@ type node struct {
 
 // Readiness tasks.
 const (
-	taskState = "state manager"
-	taskCerts = "certificates"
-	taskInpod = "workload manager"
+	taskState  = "state manager"
+	taskCerts  = "certificates"
+	taskInpod  = "workload manager"
+	taskAccept = "listeners"
 )
 
 // run starts a node and blocks until ctx ends or /quitquitquit is called, then drains:
@@ -127,6 +128,7 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 		for name, a := range n.proxy.Addrs() {
 			n.addrs[proxyListenerEnv[name]] = a
 		}
+		n.ready.watch(taskAccept, n.proxy.AcceptError) // out of file descriptors, say
 		n.ready.add(taskCerts)
 		goBG("certificate prefetch", n.prefetchCertificates)
 	}
@@ -157,6 +159,7 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 		n.pods = newPodProxies(n)
 		n.inpod = inpod.New(inpod.Config{Path: cfg.InpodUDS, Metrics: n.metrics}, n.pods)
 		n.ready.watch(taskInpod, n.inpodReady)
+		n.ready.watch(taskAccept, n.pods.acceptError)
 	}
 
 	slog.Info("ztunnel started", "version", version, "mode", cfg.ProxyMode, "threads", runtime.GOMAXPROCS(0), "listeners", n.listenerSummary())

@@ -236,3 +236,20 @@ func (n *node) workloadState() map[string]podDump {
 	}
 	return out
 }
+
+// acceptError is every running pod's proxy's AcceptError, naming the pod.
+func (pp *podProxies) acceptError() error {
+	pp.mu.Lock()
+	pods := make([]*podProxy, 0, len(pp.pods))
+	for _, pod := range pp.pods {
+		pods = append(pods, pod)
+	}
+	pp.mu.Unlock()
+	var errs []error
+	for _, pod := range pods {
+		if err := pod.proxy.AcceptError(); err != nil {
+			errs = append(errs, fmt.Errorf("pod %s: %w", pod.uid, err))
+		}
+	}
+	return errors.Join(errs...)
+}
