@@ -244,19 +244,8 @@ func chaosBackend(b behaviour, c *net.TCPConn) error {
 		echo(c)
 
 	case serverFirst:
-		h, err := readHeader(c)
-		if err != nil {
-			return fmt.Errorf("header: %w", err)
-		}
-		i := uint64(h.index)
-		if _, err := io.Copy(c, payload(downSeed(i), h.a)); err != nil {
-			return fmt.Errorf("conn %d: write %d bytes: %w", i, h.a, err)
-		}
-		if err := c.CloseWrite(); err != nil {
-			return fmt.Errorf("conn %d: closewrite: %w", i, err)
-		}
-		if n, err := readPattern(c, upSeed(i), h.b); err != nil || n != h.b {
-			return fmt.Errorf("conn %d: read the client's %d bytes after our FIN: got %d, %v", i, h.b, n, err)
+		if err := serveServerFirst(c); err != nil {
+			return err
 		}
 
 	case clientAbort:
@@ -393,4 +382,24 @@ func (s slow) Read(p []byte) (int, error) {
 	n, err := s.r.Read(p)
 	time.Sleep(time.Millisecond)
 	return n, err
+}
+
+// serveServerFirst is the backend of a server-first connection: it reads the header,
+// sends its a bytes and a FIN, then expects the client's b bytes.
+func serveServerFirst(c *net.TCPConn) error {
+	h, err := readHeader(c)
+	if err != nil {
+		return fmt.Errorf("header: %w", err)
+	}
+	i := uint64(h.index)
+	if _, err := io.Copy(c, payload(downSeed(i), h.a)); err != nil {
+		return fmt.Errorf("conn %d: write %d bytes: %w", i, h.a, err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		return fmt.Errorf("conn %d: closewrite: %w", i, err)
+	}
+	if n, err := readPattern(c, upSeed(i), h.b); err != nil || n != h.b {
+		return fmt.Errorf("conn %d: read the client's %d bytes after our FIN: got %d, %v", i, h.b, n, err)
+	}
+	return nil
 }

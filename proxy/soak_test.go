@@ -777,21 +777,7 @@ func soakBackend(k soakKind, c *net.TCPConn) error {
 		return err
 
 	case soakServerFirst, soakBigDown, soakBigUp:
-		h, err := readHeader(c)
-		if err != nil {
-			return fmt.Errorf("header: %w", err)
-		}
-		i := uint64(h.index)
-		if _, err := io.Copy(c, payload(downSeed(i), h.a)); err != nil {
-			return fmt.Errorf("conn %d: write %d bytes: %w", i, h.a, err)
-		}
-		if err := c.CloseWrite(); err != nil {
-			return fmt.Errorf("conn %d: closewrite: %w", i, err)
-		}
-		if n, err := readPattern(c, upSeed(i), h.b); err != nil || n != h.b {
-			return fmt.Errorf("conn %d: read the client's %d bytes after our FIN: got %d, %w", i, h.b, n, err)
-		}
-		return nil
+		return serveServerFirst(c)
 
 	case soakClientAbort:
 		h, err := readHeader(c)
