@@ -777,7 +777,9 @@ func TestListenFactory(t *testing.T) {
 	mu.Lock()
 	got := strings.Join(calls, ", ")
 	mu.Unlock()
-	if got != want {
-		t.Errorf("factory calls: %s; want %s", got, want)
+	// Listen retries with a new port when the UDP port it got is taken for TCP (another
+	// process may hold it): earlier attempts may come first, each a udp :0 and its tcp.
+	if !strings.HasSuffix(got, want) || !strings.HasPrefix(got, "udp 127.0.0.1:0, tcp 127.0.0.1:") {
+		t.Errorf("factory calls: %s; want (after any retries) %s", got, want)
 	}
 }
