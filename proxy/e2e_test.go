@@ -1072,3 +1072,40 @@ func readProxyV2(r io.Reader) (h proxyHeader, err error) {
 	}
 	return h, nil
 }
+
+// TestReusedIPNewIdentity: the workload at the server's IP is replaced by one with another
+// identity (its IP reused) while node A still holds a pooled HBONE connection to the old
+// one. Node A must not send the new workload's traffic over that connection, which was
+// verified for the old identity: it dials anew, expecting the new identity, and since
+// node B still serves the old one, the handshake fails and the connection is refused.
+func TestReusedIPNewIdentity(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := startMesh(t)
+	be := startBackend(t, m.serverIP+":0", echo)
+	c, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendAndCheck(t, c, 100, 1)
+	c.Close()
+	if n := hboneConns(t, m.serverIP); n != 1 {
+		t.Fatalf("%d HBONE connections to node B after the first connection, want 1", n)
+	}
+	reused := strings.Replace(m.yaml, "serviceAccount: server", "serviceAccount: other", 1)
+	if reused == m.yaml {
+		t.Fatal("topology edit did not apply")
+	}
+	m.a.store.Apply(parseBatch(t, reused)) // node A learns the IP's new workload
+	if _, code, err := socksConnect(m.a.socks(t), m.serverIP, be.port()); err == nil || code == repSucceeded {
+		t.Fatalf("connect to the reused IP: code %d, err %v; want a failure (node B still serves the old identity)", code, err)
+	}
+	if got := be.accepted.Load(); got != 1 {
+		t.Errorf("backend accepted %d connections, want 1: the new identity's traffic must not ride the old connection", got)
+	}
+	testutil.Eventually(t, "node A to record the failure for the new identity", func() bool {
+		return counter(t, m.a.reg, "istio_tcp_connections_failed_total", map[string]string{
+			"reporter": "source", "destination_principal": "spiffe://cluster.local/ns/default/sa/other",
+		}) == 1
+	})
+}
