@@ -31,6 +31,7 @@ func (p *Proxy) handOff(client, server halfCloser, tc *tracked, done func(receiv
 	if tc == nil {
 		tc = &tracked{}
 	}
+	tc.client, tc.server = client, server
 	remove := p.conns.add(tc)
 	tc.closeWith(client, server)
 	p.conns.handOff(func() {

@@ -63,8 +63,7 @@ func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Wo
 		p.log.Debug("proxy: outbound", "src", clientAddr, "dst", dst, "err", err)
 		return
 	}
-	info := &ConnInfo{Src: clientAddr.String(), OriginalDst: dst.String(), ActualDst: upstream.RemoteAddr().String(), Protocol: protocolOf(upstream)}
-	p.handOff(client, upstream, &tracked{info: info}, func(received, sent int64, err error) {
+	p.handOff(client, upstream, &tracked{originalDst: dst}, func(received, sent int64, err error) {
 		rec.Close(sent, received, "", err)
 		if err != nil {
 			p.log.Debug("proxy: outbound", "src", clientAddr, "dst", dst, "err", err)

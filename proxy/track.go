@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 
@@ -33,7 +34,12 @@ type tracked struct {
 	attrs  rbac.Conn
 	denied atomic.Bool // closed by a policy change
 
-	info *ConnInfo // set before the connection is registered; nil while it is set up
+	// What Connections shows, set by handOff before the connection is registered (client
+	// is nil while a connection is still being set up); formatted only when asked for, so a
+	// connection costs no strings for it.
+	client, server net.Conn
+	originalDst    netip.AddrPort // where the client was going
+	inbound        bool
 }
 
 // ConnInfo describes one proxied connection, in the shape /config_dump's workloadState
@@ -43,27 +49,36 @@ type ConnInfo struct {
 	OriginalDst string `json:"originalDst"` // where the client was going
 	ActualDst   string `json:"actualDst"`   // what the proxy connected to
 	Protocol    string `json:"protocol"`    // HBONE or TCP
-	inbound     bool
 }
 
 // Connections lists the connections the proxy carries now, inbound and outbound.
 func (p *Proxy) Connections() (inbound, outbound []ConnInfo) {
 	inbound, outbound = []ConnInfo{}, []ConnInfo{}
 	for _, tc := range p.conns.snapshot() {
-		switch {
-		case tc.info == nil:
-		case tc.info.inbound:
-			inbound = append(inbound, *tc.info)
-		default:
-			outbound = append(outbound, *tc.info)
+		if tc.client == nil {
+			continue
+		}
+		info := ConnInfo{
+			Src:         tc.client.RemoteAddr().String(),
+			OriginalDst: tc.originalDst.String(),
+			ActualDst:   tc.server.RemoteAddr().String(),
+			Protocol:    protocolOf(tc.client, tc.server),
+		}
+		if tc.inbound {
+			inbound = append(inbound, info)
+		} else {
+			outbound = append(outbound, info)
 		}
 	}
 	return inbound, outbound
 }
 
-func protocolOf(c net.Conn) string {
-	if _, ok := c.(*hbone.Stream); ok {
-		return "HBONE"
+// protocolOf is HBONE when either end of a proxied connection is an HBONE stream.
+func protocolOf(a, b net.Conn) string {
+	for _, c := range []net.Conn{a, b} {
+		if _, ok := c.(*hbone.Stream); ok {
+			return "HBONE"
+		}
 	}
 	return "TCP"
 }
