@@ -102,8 +102,10 @@
 // the ServeConn call), plus one per server stream running the Handler. Stream.DeliverTo
 // is WriteTo without a waiting goroutine: the frame reader's direct writes carry the
 // data, and a short-lived goroutine starts only when the socket is full (or the stream
-// ends with data still queued), so a proxy needs one goroutine per proxied connection, not two; a handler
-// goroutine whose stream ended waits up to a second to run the connection's next stream,
-// so its grown stack is reused. Pool.Close and ServeConn return only after theirs have
-// exited.
+// ends with data still queued), so a proxy needs one goroutine per proxied connection,
+// not two. A handler goroutine whose stream ended waits up to a second to run the
+// connection's next stream, so its grown stack is reused. Pool.Close and ServeConn
+// return only after all of theirs, drains included, have exited. The code is split by
+// direction: conn.go (lifecycle), write.go, read.go, flow.go (windows and SETTINGS),
+// stream.go (the Stream API), limits.go.
 package hbone
