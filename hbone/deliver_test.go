@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 type deliverResult struct {
@@ -247,4 +248,65 @@ func TestCloseDuringDirectWriteReleasesWindow(t *testing.T) {
 	if held := int64(c.cfg.ConnWindow) - (c.recvConnAvail + c.connUnacked); held != 0 {
 		t.Errorf("%d bytes of connection window still held after the stream closed, want 0", held)
 	}
+}
+
+// A drain goroutine is the connection's: Pool.Close returns only after it has, and a
+// DeliverTo on a stream whose connection already closed delivers what was queued before
+// it returns, with no goroutine left behind.
+func TestDeliverToDrainsAreWaitedFor(t *testing.T) {
+	e := newEnv(t, Config{}, echo)
+	s := e.dial(t, "10.0.0.1:80")
+	out, done := deliver(t, s)
+	// Fill out's socket buffers so the rest waits in the stream's queue for a drain.
+	const size = 8 << 20
+	go func() { io.Copy(s, io.LimitReader(newPRNG(7), size)) }()
+	testutil.Eventually(t, "a drain goroutine to start once out is full", func() bool { return drainsRunning() > 0 })
+	closed := make(chan struct{})
+	go func() { e.pool.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Fatalf("Pool.Close returned with %d drain goroutines blocked on a full socket", drainsRunning())
+	case <-time.After(200 * time.Millisecond):
+	}
+	go io.Copy(io.Discard, out) // the drain can finish now
+	<-closed
+	if n := drainsRunning(); n != 0 {
+		t.Errorf("%d drain goroutines still running after Pool.Close returned", n)
+	}
+	waitDone(t, done)
+
+	// A stream whose connection closed with data queued.
+	e2 := newEnv(t, Config{}, func(r *Request) {
+		w, err := r.Accept(nil)
+		if err != nil {
+			return
+		}
+		w.Write([]byte("last words"))
+		w.CloseWrite()
+	})
+	s2 := e2.dial(t, "10.0.0.1:80")
+	testutil.Eventually(t, "the server's reply", func() bool {
+		s2.c.mu.Lock()
+		defer s2.c.mu.Unlock()
+		return s2.recvEnd
+	})
+	e2.pool.Close()
+	out2, done2 := deliver(t, s2)
+	select {
+	case r := <-done2:
+		if r.err != nil || r.n != int64(len("last words")) {
+			t.Errorf("DeliverTo on a closed connection: done(%d, %v); want %d bytes, nil", r.n, r.err, len("last words"))
+		}
+	default:
+		t.Fatal("DeliverTo on a closed connection returned before calling done")
+	}
+	if got, _ := io.ReadAll(out2); string(got) != "last words" {
+		t.Errorf("delivered %q; want %q", got, "last words")
+	}
+}
+
+// drainsRunning counts goroutines in a DeliverTo drain.
+func drainsRunning() int {
+	buf := make([]byte, 1<<20)
+	return strings.Count(string(buf[:runtime.Stack(buf, true)]), "hbone.(*Stream).drainCounted")
 }

@@ -229,8 +229,9 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 // error (a reset, a lost connection, Close, a failed write to tc). It may run on the
 // connection's frame reader, so it must not block: half-closing or closing tc and a
 // buffered channel send are fine.
-// DeliverTo neither half-closes nor closes tc; done decides. Read and WriteTo must not be
-// called until done has run.
+// On a connection already closed, done runs before DeliverTo returns. DeliverTo neither
+// half-closes nor closes tc; done decides. Read and WriteTo must not be called until done
+// has run.
 func (s *Stream) DeliverTo(tc *net.TCPConn, done func(n int64, err error)) error {
 	sink, err := tc.SyscallConn()
 	if err != nil {
@@ -241,12 +242,20 @@ func (s *Stream) DeliverTo(tc *net.TCPConn, done func(n int64, err error)) error
 	}
 	c := s.c
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	s.dst, s.deliverDone, s.deliverTotal = tc, done, 0
+	if c.closed {
+		// The connection's owner may have stopped waiting for drain goroutines, so
+		// deliver what is queued here.
+		s.delivering = true
+		c.mu.Unlock()
+		s.drain()
+		return nil
+	}
 	if directDelivery {
 		s.sink, s.sinkFn, s.directTotal = sink, s.sinkWrite, 0
 	}
 	s.kickLocked()
+	c.mu.Unlock()
 	return nil
 }
 
@@ -263,7 +272,17 @@ func (s *Stream) kickLocked() {
 		return
 	}
 	s.delivering = true
-	go s.drain()
+	// Counted in the connection's WaitGroup: closeWith, which ends every stream under
+	// c.mu, starts the last of these before the connection's owner waits, and DeliverTo
+	// on a closed connection drains on its caller's goroutine.
+	s.c.wg.Add(1)
+	go s.drainCounted()
+}
+
+// drainCounted is drain on its own goroutine, which the connection's owner waits for.
+func (s *Stream) drainCounted() {
+	defer s.c.wg.Done()
+	s.drain()
 }
 
 // drain writes buffered data to DeliverTo's socket until the buffer is empty, then exits
