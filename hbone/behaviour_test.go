@@ -17,6 +17,7 @@ import (
 
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/testutil"
+	"golang.org/x/net/http2"
 )
 
 var long = flag.Bool("hbone.long", false, "run the 1 GiB transfer")
@@ -297,7 +298,7 @@ func TestResetSemantics(t *testing.T) {
 		if err != nil {
 			return
 		}
-		if r.Authority == "10.0.0.1:1" { // server aborts: client reads EOF (CANCEL)
+		if r.Authority == "10.0.0.1:1" { // server aborts: client reads the data, then the reset
 			s.Write([]byte("partial"))
 			s.Close()
 			return
@@ -308,16 +309,16 @@ func TestResetSemantics(t *testing.T) {
 	})
 	s := e.dial(t, "10.0.0.1:1")
 	got, err := io.ReadAll(s)
-	if err != nil || string(got) != "partial" {
-		t.Errorf("after peer RST CANCEL: %q %v, want data then EOF", got, err)
+	if re := (*ResetError)(nil); !errors.As(err, &re) || re.Code != http2.ErrCodeCancel || string(got) != "partial" {
+		t.Errorf("after peer RST CANCEL: %q %v, want data then a CANCEL ResetError", got, err)
 	}
 	s.Close()
 
 	s = e.dial(t, "10.0.0.1:2")
 	s.Write([]byte("x"))
 	s.Close()
-	if err := <-serverErr; err != nil {
-		t.Errorf("server read after client RST CANCEL: %v, want EOF", err)
+	if err := <-serverErr; !errors.As(err, new(*ResetError)) {
+		t.Errorf("server read after client RST CANCEL: %v, want a ResetError", err)
 	}
 	if _, err := s.Write([]byte("x")); err == nil {
 		t.Error("Write after Close succeeded")

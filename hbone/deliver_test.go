@@ -127,7 +127,7 @@ func TestDeliverToEnds(t *testing.T) {
 			}
 			s.Write([]byte("partial"))
 			time.Sleep(20 * time.Millisecond)
-			s.Close() // RST_STREAM(CANCEL) before END_STREAM: reads as EOF
+			s.Close() // RST_STREAM(CANCEL) before END_STREAM: the data, then the reset
 		})
 		s := e.dial(t, "10.0.0.1:80")
 		defer s.Close()
@@ -136,8 +136,8 @@ func TestDeliverToEnds(t *testing.T) {
 		if string(b) != "partial" {
 			t.Errorf("delivered %q, want %q", b, "partial")
 		}
-		if r := waitDone(t, done); r.err != nil || r.n != 7 {
-			t.Errorf("done(%d, %v) after RST_STREAM(CANCEL); want (7, nil)", r.n, r.err)
+		if r := waitDone(t, done); !errors.As(r.err, new(*ResetError)) || r.n != 7 {
+			t.Errorf("done(%d, %v) after RST_STREAM(CANCEL); want (7, a ResetError)", r.n, r.err)
 		}
 	})
 	t.Run("local close", func(t *testing.T) {

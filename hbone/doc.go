@@ -18,7 +18,7 @@
 //	HEADERS  :method=CONNECT :authority=10.0.0.5:8080 baggage=... forwarded=for="..." traceparent=...
 //	HEADERS  :status=200 [baggage=...]          (anything else: the tunnel failed)
 //	DATA ... DATA(END_STREAM)                    each direction independently (half-close)
-//	RST_STREAM(CANCEL)                            abort; NO_ERROR/CANCEL from the peer reads as EOF
+//	RST_STREAM(CANCEL)                            abort; from the peer before its END_STREAM, a read error
 //
 // Defaults follow the Rust ztunnel: 4 MiB stream and 16 MiB connection windows, 1 MiB
 // frames, 100 streams per pooled client connection, 200 advertised by the server, PING

@@ -17,6 +17,7 @@ import (
 // handful of updates, not one per frame.
 func TestWindowUpdatesBatched(t *testing.T) {
 	leaktest.Check(t)
+	const frames = 192
 	read := make(chan int64, 1)
 	p, _, stop := serveRaw(t, Config{}, func(r *Request) {
 		s, err := r.Accept(nil)
@@ -24,16 +25,17 @@ func TestWindowUpdatesBatched(t *testing.T) {
 			return
 		}
 		defer s.Close()
-		n, _ := io.Copy(io.Discard, s)
-		read <- n
+		// ReadFull, not a read to EOF: with END_STREAM already in, a slow handler's reads
+		// would owe the peer no stream WINDOW_UPDATE at all.
+		n, _ := io.ReadFull(s, make([]byte, frames*16<<10))
+		read <- int64(n)
 	})
 	defer stop()
 	p.headers(1, false, ":method", "CONNECT", ":authority", "10.0.0.1:80")
 	p.waitFor(t, "200", func(f frameSummary) bool { return f.typ == http2.FrameHeaders && f.status == "200" })
-	const frames = 192
 	chunk := make([]byte, 16<<10)
-	for i := range frames {
-		p.write(func() error { return p.fr.WriteData(1, i == frames-1, chunk) })
+	for range frames {
+		p.write(func() error { return p.fr.WriteData(1, false, chunk) })
 	}
 	if n := <-read; n != frames*int64(len(chunk)) {
 		t.Fatalf("handler read %d bytes", n)

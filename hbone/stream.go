@@ -86,13 +86,17 @@ var (
 	_ io.WriterTo   = (*Stream)(nil)
 )
 
-// peerResetLocked records the peer's RST_STREAM. NO_ERROR and CANCEL read as io.EOF.
+// peerResetLocked records the peer's RST_STREAM. After the peer's END_STREAM its data is
+// whole and reads still end in io.EOF (RFC 9113 §8.1: NO_ERROR there means "stop sending").
+// Before it, whatever the code, the rest of the data is gone: what was queued is read,
+// then a *ResetError, so a proxy resets its client rather than make a cut stream look
+// complete with a FIN. (The Rust ztunnel turns resets into FINs, istio/ztunnel#1483.)
 func (s *Stream) peerResetLocked(code http2.ErrCode) {
-	if code == http2.ErrCodeNo || code == http2.ErrCodeCancel {
-		s.rerr = io.EOF
-	} else if code == http2.ErrCodeRefusedStream && !s.gotResp {
+	switch {
+	case s.recvEnd: // readErrLocked returns io.EOF once the queue is empty
+	case code == http2.ErrCodeRefusedStream && !s.gotResp:
 		s.rerr = fmt.Errorf("%w: %w", errRefused, &ResetError{Code: code})
-	} else {
+	default:
 		s.rerr = &ResetError{Code: code}
 	}
 	s.werr = fmt.Errorf("hbone: write: stream reset by peer (%s): %w", code, syscall.EPIPE)
@@ -136,7 +140,8 @@ func (s *Stream) writeErrLocked() error {
 	return nil
 }
 
-// Read reads data the peer sent; io.EOF after the peer's END_STREAM (or RST NO_ERROR/CANCEL).
+// Read reads data the peer sent; io.EOF after the peer's END_STREAM, a *ResetError after
+// a reset that came before it.
 func (s *Stream) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
@@ -225,7 +230,7 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 // thus costs no goroutine stack for this direction.
 //
 // When the stream's data ends, done is called once, with no lock held, with the bytes
-// written and nil at the peer's END_STREAM (or RST_STREAM NO_ERROR / CANCEL), else the
+// written and nil at the peer's END_STREAM, else the
 // error (a reset, a lost connection, Close, a failed write to tc). It may run on the
 // connection's frame reader, so it must not block: half-closing or closing tc and a
 // buffered channel send are fine.
