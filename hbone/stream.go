@@ -380,19 +380,10 @@ func (s *Stream) write(p []byte) (int, error) {
 				c.mu.Unlock()
 				return total, err
 			}
-			n = min(int64(len(p)), int64(c.peerMaxFrame), s.sendAvail, c.sendConnAvail)
-			if n > 0 {
+			if n = min(int64(len(p)), int64(c.peerMaxFrame), s.sendAvail, c.sendConnAvail); n > 0 {
 				break
 			}
-			if c.sendConnAvail <= 0 {
-				s.waitConn = true
-				c.connWaiters++
-			}
-			s.cond.Wait()
-			if s.waitConn {
-				s.waitConn = false
-				c.connWaiters--
-			}
+			s.waitWindowLocked()
 		}
 		s.sendAvail -= n
 		c.sendConnAvail -= n
@@ -417,6 +408,38 @@ func (s *Stream) write(p []byte) (int, error) {
 		p = p[n:]
 	}
 	return total, nil
+}
+
+// waitSendWindow waits until the stream and its connection both have send window, or
+// returns the error that ends the stream's writes.
+func (s *Stream) waitSendWindow() error {
+	c := s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		if err := s.writeErrLocked(); err != nil {
+			return err
+		}
+		if s.sendAvail > 0 && c.sendConnAvail > 0 {
+			return nil
+		}
+		s.waitWindowLocked()
+	}
+}
+
+// waitWindowLocked waits for a change that may have opened a window (or ended the stream);
+// a waiter for the connection's window is counted so WINDOW_UPDATE on 0 wakes it.
+func (s *Stream) waitWindowLocked() {
+	c := s.c
+	if c.sendConnAvail <= 0 {
+		s.waitConn = true
+		c.connWaiters++
+	}
+	s.cond.Wait()
+	if s.waitConn {
+		s.waitConn = false
+		c.connWaiters--
+	}
 }
 
 // unsent is write's way out when RST_STREAM went out before its DATA (a Close or a
@@ -523,6 +546,11 @@ func (s *Stream) readFromPoll(rc syscall.RawConn) (int64, error) {
 		return true
 	}
 	for {
+		// Wait for window before borrowing a buffer too, so a stream its peer does not
+		// read (a zero window, held forever) holds no copy buffer either.
+		if err := s.waitSendWindow(); err != nil {
+			return total, err
+		}
 		err := rc.Read(read)
 		if err == nil && rerr != nil {
 			err = os.NewSyscallError("read", rerr)
