@@ -23,7 +23,8 @@ type Config struct {
 	PingInterval      time.Duration // [10s]
 	PingTimeout       time.Duration // [20s] no PING ack within this -> connection dropped
 	IdleTimeout       time.Duration // [5m] pooled connection with no streams leaves the pool
-	DialTimeout       time.Duration // [10s] TCP+TLS dial; timeout error says "maybe a NetworkPolicy is blocking HBONE port 15008"
+	DialTimeout       time.Duration // [10s] TCP+TLS dial; timeout error says "maybe a NetworkPolicy is blocking HBONE port 15008"; server: TLS handshake and preface
+	MaxHandshakes     int           // [1024] server: TLS handshakes in flight; past it the oldest is dropped (doc.go, "Limits")
 	// Control is applied to dialed sockets (SO_MARK etc.); optional.
 	Control func(network, address string, c syscall.RawConn) error
 	// Dial, if set, opens the TCP connection under each pooled connection with d (which
@@ -47,6 +48,9 @@ const (
 	DropResetUnanswered
 	// DropConnCalm: a connection was closed with GOAWAY(ENHANCE_YOUR_CALM).
 	DropConnCalm
+	// DropHandshakeEvicted: a connection still in its TLS handshake was closed to make
+	// room for a new one past MaxHandshakes.
+	DropHandshakeEvicted
 )
 
 func (r DropReason) String() string {
@@ -57,6 +61,8 @@ func (r DropReason) String() string {
 		return "reset_unanswered"
 	case DropConnCalm:
 		return "enhance_your_calm"
+	case DropHandshakeEvicted:
+		return "handshake_evicted"
 	}
 	return "unknown"
 }
@@ -97,6 +103,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = 5 * time.Minute
+	}
+	if c.MaxHandshakes <= 0 {
+		c.MaxHandshakes = 1024
 	}
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = 10 * time.Second

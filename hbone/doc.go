@@ -82,6 +82,12 @@
 //     second; past it, GOAWAY(ENHANCE_YOUR_CALM). Keepalive PINGs come every 10 s.
 //   - Owed control frames (acks, RST_STREAM, WINDOW_UPDATE) queue for the writer: at
 //     most 10,000 (Go's net/http and nghttp2 use the same), then the connection closes.
+//   - Handshakes (server): at most MaxHandshakes (1024) connections are in their TLS
+//     handshake (and preface) at once, each for at most DialTimeout (10 s); past the limit
+//     the oldest is closed. A connection that never starts TLS or stalls halfway
+//     (slowloris) is the oldest, while an honest handshake takes milliseconds, so a
+//     flood of them delays no honest client; each costs about 6.5 KiB of heap, a
+//     goroutine and a socket until then.
 //   - Header blocks: 64 KiB decoded on the server, 16 KiB on the client (x/net's Framer
 //     enforces it across CONTINUATION frames); frames up to MaxFrameSize.
 //   - A hostile server can do no more to the client: it gets the same frame budgets,

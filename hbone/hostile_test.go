@@ -6,10 +6,12 @@ import (
 	"net"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 )
@@ -118,5 +120,56 @@ func TestStalledHandshakesDropped(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("stalled handshakes dropped after %v, want about %v", d, deadline)
+	}
+}
+
+// Past MaxHandshakes, the oldest connection still in its handshake is dropped for the
+// newcomer: a flood of stalled handshakes holds at most the limit, and an honest client
+// arriving after it gets through at once, long before the stalled ones' deadline.
+func TestStalledHandshakesEvicted(t *testing.T) {
+	leaktest.Check(t)
+	const limit, stalled = 20, 100
+	var evicted atomic.Int64
+	e := newEnv(t, Config{DialTimeout: time.Minute, MaxHandshakes: limit, OnDrop: func(r DropReason) {
+		if r == DropHandshakeEvicted {
+			evicted.Add(1)
+		}
+	}}, echo)
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range stalled {
+		c, err := net.Dial("tcp", e.ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	testutil.Eventually(t, "the server to hold every stalled connection it has not dropped", func() bool {
+		return e.serverConns() == stalled
+	})
+	testutil.Eventually(t, "the handshakes past the limit to be dropped", func() bool { return evicted.Load() == stalled-limit })
+	// The oldest by the server's clock: its goroutines may start in another order than
+	// the dials were made.
+	dropped := 0
+	for _, c := range conns {
+		c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); err == io.EOF {
+			dropped++
+		}
+	}
+	if dropped != stalled-limit {
+		t.Errorf("%d of %d stalled connections closed by the server; want %d, the rest waiting", dropped, stalled, stalled-limit)
+	}
+	s := e.dial(t, "10.0.0.1:80") // one handshake more: the oldest stalled one makes room
+	defer s.Close()
+	if err := pingEchoStream(s); err != nil {
+		t.Fatalf("honest client after a flood of stalled handshakes: %v", err)
+	}
+	if got := evicted.Load(); got != stalled-limit+1 {
+		t.Errorf("%d handshakes dropped; want %d", got, stalled-limit+1)
 	}
 }

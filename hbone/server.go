@@ -1,6 +1,7 @@
 package hbone
 
 import (
+	"container/list"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -106,6 +107,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	raws     map[net.Conn]*conn // every connection inside ServeConn, from before its handshake; nil until it serves HTTP/2
+	hands    list.List          // raw conns in their handshake, oldest first (MaxHandshakes)
 	lns      map[net.Listener]struct{}
 	shutdown bool
 	idle     chan struct{} // closed when the last conn leaves during Shutdown
@@ -138,7 +140,13 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, bc *bufConn) error
 		return errClosed
 	}
 	s.raws[raw] = nil
+	hand, evict := s.hands.PushBack(raw), s.oldestPastLimitLocked()
 	s.mu.Unlock()
+	if evict != nil {
+		evict.Close()
+		s.notifyDrop(DropHandshakeEvicted)
+	}
+	defer s.handshakeOver(hand)
 	defer func() {
 		s.mu.Lock()
 		delete(s.raws, raw)
@@ -173,6 +181,7 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, bc *bufConn) error
 		return fmt.Errorf("hbone: preface from %s: %w", raw.RemoteAddr(), err)
 	}
 	raw.SetDeadline(time.Time{})
+	s.handshakeOver(hand)
 	if bc != nil {
 		bc.buffering = true
 	}
@@ -206,6 +215,30 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, bc *bufConn) error
 		return fmt.Errorf("hbone: serve %s: %w", raw.RemoteAddr(), cause)
 	}
 	return nil // the peer or we closed the connection
+}
+
+// oldestPastLimitLocked takes the oldest connection in its handshake off the list when
+// more than MaxHandshakes are, for the caller to close. A stalled handshake (slowloris,
+// or a connection that never starts TLS) is the oldest, while an honest one ends in
+// milliseconds, so honest clients still get through a flood of them.
+func (s *Server) oldestPastLimitLocked() net.Conn {
+	if s.hands.Len() <= s.cfg.MaxHandshakes {
+		return nil
+	}
+	return s.hands.Remove(s.hands.Front()).(net.Conn)
+}
+
+// handshakeOver takes a connection off the handshake list; once is enough.
+func (s *Server) handshakeOver(e *list.Element) {
+	s.mu.Lock()
+	s.hands.Remove(e) // a no-op once removed
+	s.mu.Unlock()
+}
+
+func (s *Server) notifyDrop(r DropReason) {
+	if s.cfg.OnDrop != nil {
+		s.cfg.OnDrop(r)
+	}
 }
 
 // Serve accepts connections from ln (which yields TLS conns) and serves each in its own

@@ -16,8 +16,8 @@ const dropSummaryEvery = 10 * time.Second
 // such a flood cost a node.
 type dropLog struct {
 	mu     sync.Mutex
-	counts [hbone.DropConnCalm + 1]int // guarded by mu, since last
-	last   time.Time                   // guarded by mu: the last summary
+	counts [hbone.DropHandshakeEvicted + 1]int // guarded by mu, since last; indexed by reason, the last one last
+	last   time.Time                           // guarded by mu: the last summary
 }
 
 // onDrop is hbone's Config.OnDrop: it runs on a connection's frame reader, so it only
