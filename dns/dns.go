@@ -56,23 +56,23 @@ type Config struct {
 	Addr string
 	// ClusterDomain is the Kubernetes cluster domain [cluster.local].
 	ClusterDomain string
-	// Network is the local network. Answers use the VIPs on the client workload's own
-	// network (as ztunnel does), which for a pod on this node is this one; Network is only
-	// logged, at Listen.
-	Network string
+	// Local is what this node serves: a query's client workload is Local.Client of the
+	// client's address. Answers use the VIPs on the client workload's own network (as
+	// ztunnel does), which for a pod on this node is Local.Network.
+	Local state.Local
 	// Upstreams are nameservers as host[:port] (port 53 if omitted); empty means the
 	// nameservers of ResolvConf.
 	Upstreams []string
-	// ResolvConf is read at Listen for nameservers (when Upstreams is empty) and, in dedicated
-	// mode, for the search list (when SearchDomains is nil) [/etc/resolv.conf].
+	// ResolvConf is read at Listen for nameservers (when Upstreams is empty) and, with
+	// FixedSearch, for the search list (when SearchDomains is nil) [/etc/resolv.conf].
 	ResolvConf string
-	// Dedicated selects dedicated (sidecar-like) mode: the search list is SearchDomains, or
-	// ResolvConf's when nil. In shared mode the search list is per client:
-	// <ns>.svc.<domain>, svc.<domain>, <domain>.
-	Dedicated     bool
+	// FixedSearch gives every client one search list: SearchDomains, or ResolvConf's when
+	// nil. A dedicated ztunnel sets it, as it shares its workload's resolv.conf. Without it
+	// the search list is per client: <ns>.svc.<domain>, svc.<domain>, <domain>.
+	FixedSearch   bool
 	SearchDomains []string
-	// Source returns the client workload for a client address: fixed in dedicated mode, by IP
-	// in shared mode. A nil func or a nil result answers SERVFAIL.
+	// Source, when set, replaces Local: it returns the client workload for a client address.
+	// A nil result answers SERVFAIL, as does a client Local does not serve.
 	Source func(client netip.Addr) *state.Workload
 	// DisableIPv6 suppresses AAAA answers for mesh services (IPV6_ENABLED=false).
 	DisableIPv6 bool
@@ -105,7 +105,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	upstreams []string // set by Listen; read-only afterwards
-	search    []string // dedicated-mode search list, normalised; set by Listen
+	search    []string // FixedSearch search list, normalised; set by Listen
 	udp       []net.PacketConn
 	tcp       []net.Listener
 	serving   bool
@@ -164,8 +164,8 @@ func (s *Server) Listen() error {
 	if err := s.loadResolvConf(); err != nil {
 		return err
 	}
-	s.log.Debug("dns: upstreams", "upstreams", s.upstreams, "network", s.cfg.Network,
-		"dedicated", s.cfg.Dedicated, "search", s.search)
+	s.log.Debug("dns: upstreams", "upstreams", s.upstreams, "network", s.cfg.Local.Network,
+		"fixed_search", s.cfg.FixedSearch, "search", s.search)
 	host, port, err := net.SplitHostPort(s.cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("dns: listen %s: %w", s.cfg.Addr, err)
@@ -233,7 +233,7 @@ func (s *Server) closeListenersLocked() {
 	s.udp, s.tcp = nil, nil
 }
 
-// loadResolvConf fills the upstreams and the dedicated-mode search list.
+// loadResolvConf fills the upstreams and the FixedSearch search list.
 func (s *Server) loadResolvConf() error {
 	ups := make([]string, 0, len(s.cfg.Upstreams))
 	for _, u := range s.cfg.Upstreams {
@@ -243,7 +243,7 @@ func (s *Server) loadResolvConf() error {
 		ups = append(ups, u)
 	}
 	search := s.cfg.SearchDomains
-	if len(ups) == 0 || (s.cfg.Dedicated && search == nil) {
+	if len(ups) == 0 || (s.cfg.FixedSearch && search == nil) {
 		rc, err := dns.ClientConfigFromFile(s.cfg.ResolvConf)
 		if err != nil {
 			return fmt.Errorf("dns: read %s: %w", s.cfg.ResolvConf, err)
@@ -256,7 +256,7 @@ func (s *Server) loadResolvConf() error {
 				return fmt.Errorf("dns: no nameserver in %s", s.cfg.ResolvConf)
 			}
 		}
-		if s.cfg.Dedicated && search == nil {
+		if s.cfg.FixedSearch && search == nil {
 			search = rc.Search
 		}
 	}

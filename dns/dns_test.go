@@ -359,7 +359,7 @@ func TestClientNetwork(t *testing.T) {
 func TestDedicatedSearchDomains(t *testing.T) {
 	leaktest.Check(t)
 	e := start(t, "client1", func(c *Config) {
-		c.Dedicated = true
+		c.FixedSearch = true
 		c.SearchDomains = []string{"corp.example."}
 	})
 	for _, tt := range []struct{ name, want string }{
@@ -381,7 +381,7 @@ func TestDedicatedResolvConf(t *testing.T) {
 	if err := os.WriteFile(rc, []byte("nameserver 127.0.0.1\nnameserver ::1\nsearch a.example b.example.\noptions ndots:5\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s := New(Config{Addr: "127.0.0.1:0", ResolvConf: rc, Dedicated: true}, state.NewStore(), nil)
+	s := New(Config{Addr: "127.0.0.1:0", ResolvConf: rc, FixedSearch: true}, state.NewStore(), nil)
 	if err := s.Listen(); err != nil {
 		t.Fatal(err)
 	}

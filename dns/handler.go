@@ -79,10 +79,7 @@ func (s *Server) respond(ctx context.Context, req *dns.Msg, client netip.Addr, p
 		return s.failure(req, dns.RcodeNotImplemented)
 	}
 	q := req.Question[0]
-	var src *state.Workload
-	if s.cfg.Source != nil {
-		src = s.cfg.Source(client)
-	}
+	src := s.source(client)
 	labels := [4]string{queryType(q.Qtype), proto, metrics.Unknown, metrics.Unknown}
 	if src != nil {
 		if src.CanonicalName != "" {
@@ -275,4 +272,13 @@ func (s *Server) exchange(ctx context.Context, network, upstream string, req *dn
 			return nil, fmt.Errorf("dns: upstream %s/%s: reply does not match the query", network, upstream)
 		}
 	}
+}
+
+// source is the client workload of a query from client: Source's answer when set, else
+// Local's.
+func (s *Server) source(client netip.Addr) *state.Workload {
+	if s.cfg.Source != nil {
+		return s.cfg.Source(client)
+	}
+	return s.cfg.Local.Client(s.store, client)
 }

@@ -22,10 +22,11 @@ type match struct {
 	wildcard bool // matched through *.rest: no CNAME
 }
 
-// searchDomains is the client's search list: fixed in dedicated mode, derived from the
-// client's namespace in shared mode (istio-cni gives pods the standard Kubernetes list).
+// searchDomains is the client's search list: fixed with FixedSearch (a dedicated ztunnel),
+// else derived from the client's namespace (istio-cni gives pods the standard Kubernetes
+// list).
 func (s *Server) searchDomains(client *state.Workload) []string {
-	if s.cfg.Dedicated {
+	if s.cfg.FixedSearch {
 		return s.search
 	}
 	d := s.cfg.ClusterDomain

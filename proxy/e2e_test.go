@@ -972,9 +972,9 @@ func TestNodeCaptureMode(t *testing.T) {
 	leaktest.Check(t)
 	checkFDs(t)
 	m := newMesh(t)
-	bcfg := proxy.Config{Mode: proxy.NodeCapture, Node: "node-b", InboundAddr: m.serverIP + ":15008"}
+	bcfg := proxy.Config{Local: state.Local{Mode: state.ModeNode, Node: "node-b"}, InboundAddr: m.serverIP + ":15008"}
 	m.b = startNode(t, "node-b", m.caDir, m.yaml, bcfg)
-	acfg := proxy.Config{Mode: proxy.NodeCapture, Node: "node-a", Socks5Addr: m.clientIP + ":0", WorkloadWait: 200 * time.Millisecond}
+	acfg := proxy.Config{Local: state.Local{Mode: state.ModeNode, Node: "node-a"}, Socks5Addr: m.clientIP + ":0", WorkloadWait: 200 * time.Millisecond}
 	m.a = startNode(t, "node-a", m.caDir, m.yaml, acfg)
 	be := startBackend(t, m.serverIP+":0", echo)
 

@@ -153,8 +153,7 @@ type mesh struct {
 
 func (m *mesh) clientConfig() proxy.Config {
 	return proxy.Config{
-		Mode:         proxy.Dedicated,
-		Workload:     proxy.WorkloadRef{Namespace: "default", Name: "client", ServiceAccount: "client"},
+		Local:        state.Local{Mode: state.ModeDedicated, Workload: state.WorkloadRef{Namespace: "default", Name: "client", ServiceAccount: "client"}},
 		Socks5Addr:   m.clientIP + ":0",
 		InboundAddr:  m.clientIP + ":0",
 		OutboundAddr: m.clientIP + ":0",
@@ -163,8 +162,7 @@ func (m *mesh) clientConfig() proxy.Config {
 
 func (m *mesh) serverConfig() proxy.Config {
 	return proxy.Config{
-		Mode:     proxy.Dedicated,
-		Workload: proxy.WorkloadRef{Namespace: "default", Name: "server", ServiceAccount: "server"},
+		Local: state.Local{Mode: state.ModeDedicated, Workload: state.WorkloadRef{Namespace: "default", Name: "server", ServiceAccount: "server"}},
 		// Routes dial podIP:15008, so node B must listen there.
 		InboundAddr: m.serverIP + ":15008",
 	}

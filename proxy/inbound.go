@@ -171,7 +171,7 @@ func (p *Proxy) inboundTarget(ctx context.Context, authority string, connDst net
 		}
 		t.dst = local
 		if !local.HasAddress(ip) {
-			if w := p.store.WorkloadByIP(p.cfg.Network, ip); w != nil {
+			if w := p.store.WorkloadByIP(p.cfg.Local.Network, ip); w != nil {
 				t.dst = w
 			}
 		}
@@ -220,10 +220,10 @@ func (p *Proxy) isWaypointFor(local *state.Workload, ip netip.Addr) bool {
 	matches := func(g *state.GatewayAddress) bool {
 		return g != nil && g.Address.IsValid() && local.HasAddress(g.Address)
 	}
-	if w := p.store.WorkloadByIP(p.cfg.Network, ip); w != nil && matches(w.Waypoint) {
+	if w := p.store.WorkloadByIP(p.cfg.Local.Network, ip); w != nil && matches(w.Waypoint) {
 		return true
 	}
-	if s := p.store.ServiceByVIP(p.cfg.Network, ip, local.Namespace); s != nil && matches(s.Waypoint) {
+	if s := p.store.ServiceByVIP(p.cfg.Local.Network, ip, local.Namespace); s != nil && matches(s.Waypoint) {
 		return true
 	}
 	return false
@@ -291,7 +291,7 @@ func (p *Proxy) inboundSourceLabels(l *metrics.Labels, peer identity.ID, client 
 	if !peer.IsZero() {
 		l.SourceWorkloadNamespace = peer.Namespace()
 	}
-	if w := p.store.WorkloadByIP(p.cfg.Network, client); w != nil && w.Identity() == peer {
+	if w := p.store.WorkloadByIP(p.cfg.Local.Network, client); w != nil && w.Identity() == peer {
 		sourceLabels(l, w)
 		return
 	}
@@ -320,7 +320,7 @@ func (p *Proxy) servePlaintext(ctx context.Context, c *net.TCPConn) {
 	client := addrPortOf(c.RemoteAddr())
 	labels := metrics.Labels{Reporter: metrics.ReporterDest}
 	log := metrics.ConnLog{SrcAddr: client.String(), DstAddr: dst.String(), Direction: "inbound"}
-	if w := p.store.WorkloadByIP(p.cfg.Network, client.Addr()); w != nil {
+	if w := p.store.WorkloadByIP(p.cfg.Local.Network, client.Addr()); w != nil {
 		sourceLabels(&labels, w)
 	}
 	t, ierr := p.inboundTarget(ctx, dst.String(), dst.Addr())

@@ -33,12 +33,10 @@ func (p *Proxy) serveOutbound(ctx context.Context, c *net.TCPConn) {
 	p.outbound(ctx, c, src, client, dst, nil)
 }
 
-// sourceWorkload is the local workload an outbound connection comes from.
+// sourceWorkload is the local workload an outbound connection comes from (Local.Client),
+// waiting briefly for it as localWorkload does.
 func (p *Proxy) sourceWorkload(ctx context.Context, clientIP netip.Addr) (*state.Workload, error) {
-	if p.cfg.Mode == Dedicated {
-		return p.localWorkload(ctx, netip.Addr{})
-	}
-	return p.localWorkload(ctx, clientIP)
+	return p.awaitLocal(ctx, clientIP, true)
 }
 
 // outbound proxies client to dst for the source workload src, and owns client from the
@@ -169,12 +167,12 @@ func (p *Proxy) isLocalAddr(ip netip.Addr) bool {
 // demand fetches an unknown address from the control plane when on-demand xDS is on, so
 // the route is not a passthrough just because the cache had not asked yet.
 func (p *Proxy) demand(ctx context.Context, ip netip.Addr) {
-	if p.cfg.Demand == nil || p.store.WorkloadByIP(p.cfg.Network, ip) != nil || p.store.ServiceByVIP(p.cfg.Network, ip, "") != nil {
+	if p.cfg.Demand == nil || p.store.WorkloadByIP(p.cfg.Local.Network, ip) != nil || p.store.ServiceByVIP(p.cfg.Local.Network, ip, "") != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.WorkloadWait)
 	defer cancel()
-	if err := p.cfg.Demand(ctx, p.cfg.Network, ip); err != nil {
+	if err := p.cfg.Demand(ctx, p.cfg.Local.Network, ip); err != nil {
 		p.log.Debug("proxy: on-demand lookup", "ip", ip, "err", err)
 	}
 }

@@ -122,7 +122,7 @@ func FuzzInboundAuthority(f *testing.F) {
 	}
 	store := state.NewStore()
 	store.Apply(batch)
-	p := New(Config{Mode: Dedicated, Workload: WorkloadRef{Namespace: "default", Name: "server", ServiceAccount: "server"}, WorkloadWait: time.Millisecond},
+	p := New(Config{Local: state.Local{Mode: state.ModeDedicated, Workload: state.WorkloadRef{Namespace: "default", Name: "server", ServiceAccount: "server"}}, WorkloadWait: time.Millisecond},
 		store, noCerts{}, metrics.New(prometheus.NewRegistry(), "fuzz"))
 	connDst := netip.MustParseAddr("127.0.0.3")
 	for _, a := range []string{"127.0.0.3:8080", "[::ffff:127.0.0.3]:8080", "echo.default.svc.cluster.local:80", "127.0.0.3:99999", ":", "127.0.0.4:1", "[::1%eth0]:80"} {

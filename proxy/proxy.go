@@ -39,31 +39,12 @@ type Sockets interface {
 	Dial(ctx context.Context, d *net.Dialer, network, address string) (net.Conn, error)
 }
 
-// Mode says which workloads a node proxies.
-type Mode string
-
-const (
-	// NodeCapture serves every workload on Config.Node from the proxy's own network
-	// namespace (node-level redirection, for hosts without istio-cni); an outbound
-	// connection's source workload is the local workload with the connection's source IP.
-	NodeCapture Mode = "node"
-	// Dedicated serves the one workload named by Config.Workload: a dedicated ztunnel, or
-	// one pod's proxy in in-pod mode.
-	Dedicated Mode = "dedicated"
-)
-
-// WorkloadRef names a workload: PROXY_WORKLOAD_INFO.
-type WorkloadRef struct{ Namespace, Name, ServiceAccount string }
-
 // Config is the data plane's configuration. The zero value of each field is its default
 // (listeners with an empty address are not started).
 type Config struct {
-	Mode     Mode        // [NodeCapture]
-	Workload WorkloadRef // the workload of a Dedicated proxy
-	// Node is NODE_NAME: NodeCapture serves its workloads; a Dedicated proxy with Node set
-	// (a pod's, in in-pod mode) serves its workload only if it is on Node.
-	Node    string
-	Network string // the local network
+	// Local is what the proxy serves (every workload on Local.Node, or one dedicated
+	// workload) and its network.
+	Local state.Local
 
 	OutboundAddr         string // 15001
 	InboundPlaintextAddr string // 15006
@@ -94,9 +75,6 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.Mode == "" {
-		c.Mode = NodeCapture
-	}
 	if c.DialTimeout == 0 {
 		c.DialTimeout = 10 * time.Second
 	}
@@ -436,23 +414,21 @@ func (p *Proxy) localIdentity(hello *tls.ClientHelloInfo) (identity.ID, error) {
 	return w.Identity(), nil
 }
 
-// localWorkload returns the workload this node serves at ip, waiting briefly for the
-// control plane when it is not known yet (a new pod's first connection can race its xDS
-// push).
+// localWorkload returns the workload this node serves at ip (Local.WorkloadAt), waiting
+// briefly for the control plane when it is not known yet (a new pod's first connection can
+// race its xDS push).
 func (p *Proxy) localWorkload(ctx context.Context, ip netip.Addr) (*state.Workload, error) {
+	return p.awaitLocal(ctx, ip, false)
+}
+
+// awaitLocal returns Local.WorkloadAt(ip), or Local.Client(ip) if client, waiting up to
+// WorkloadWait for the store to change while it is nil.
+func (p *Proxy) awaitLocal(ctx context.Context, ip netip.Addr, client bool) (*state.Workload, error) {
 	find := func() *state.Workload {
-		if p.cfg.Mode == Dedicated {
-			w := p.dedicatedWorkload()
-			if w == nil || (ip.IsValid() && !w.HasAddress(ip) && !ip.IsLoopback() && !ip.IsUnspecified()) {
-				return nil
-			}
-			return w
+		if client {
+			return p.cfg.Local.Client(p.store, ip)
 		}
-		w := p.store.WorkloadByIP(p.cfg.Network, ip)
-		if w == nil || (p.cfg.Node != "" && w.Node != p.cfg.Node) {
-			return nil
-		}
-		return w
+		return p.cfg.Local.WorkloadAt(p.store, ip)
 	}
 	if w := find(); w != nil {
 		return w, nil
@@ -475,32 +451,15 @@ func (p *Proxy) localWorkload(ctx context.Context, ip netip.Addr) (*state.Worklo
 	}
 }
 
-// Workload returns the workload a Dedicated proxy serves, or nil while it is not known (and
-// in NodeCapture mode). It does not wait: a pod's DNS proxy asks it per query.
-func (p *Proxy) Workload() *state.Workload {
-	if p.cfg.Mode != Dedicated {
-		return nil
-	}
-	return p.dedicatedWorkload()
-}
-
-// dedicatedWorkload is the workload Config.Workload names, as the Rust ztunnel's
-// find_by_info matches a pod: same namespace and service account (when given), then name,
-// and on Config.Node when set. Names are unique in a namespace, so the name index finds it.
-func (p *Proxy) dedicatedWorkload() *state.Workload {
-	ref := p.cfg.Workload
-	w := p.store.FindWorkload(ref.Namespace, ref.Name)
-	if w == nil || (ref.ServiceAccount != "" && w.ServiceAccount != ref.ServiceAccount) || (p.cfg.Node != "" && w.Node != p.cfg.Node) {
-		return nil
-	}
-	return w
-}
+// Workload returns the workload a dedicated proxy serves, or nil while it is not known (and
+// in node mode). It does not wait: a pod's DNS proxy asks it per query.
+func (p *Proxy) Workload() *state.Workload { return p.cfg.Local.DedicatedWorkload(p.store) }
 
 func (p *Proxy) unknownLocal(ip netip.Addr) error {
-	if p.cfg.Mode == Dedicated {
-		return fmt.Errorf("proxy: workload %s/%s (PROXY_WORKLOAD_INFO) is not known to this node at %v", p.cfg.Workload.Namespace, p.cfg.Workload.Name, ip)
+	if l := p.cfg.Local; l.Dedicated() {
+		return fmt.Errorf("proxy: workload %s/%s (PROXY_WORKLOAD_INFO) is not known to this node at %v", l.Workload.Namespace, l.Workload.Name, ip)
 	}
-	return fmt.Errorf("proxy: no workload of node %q at %v", p.cfg.Node, ip)
+	return fmt.Errorf("proxy: no workload of node %q at %v", p.cfg.Local.Node, ip)
 }
 
 // originalDst is where a captured connection was going: SO_ORIGINAL_DST after an iptables

@@ -109,7 +109,7 @@ func (p *Proxy) resolveHost(ctx context.Context, src *state.Workload, host strin
 	name := strings.TrimSuffix(host, ".")
 	if svc := p.store.ServiceByHostname(name, src.Namespace); svc != nil {
 		for _, a := range svc.Addresses {
-			if a.Network == p.cfg.Network && a.Address.IsValid() {
+			if a.Network == p.cfg.Local.Network && a.Address.IsValid() {
 				return netip.AddrPortFrom(a.Address, port), nil
 			}
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/internal/istiogrpc"
+	"github.com/gozt/gozt/xds/state"
 )
 
 // config is every setting of the binary, read once at start from the environment (Istio
@@ -22,11 +23,11 @@ type config struct {
 	DNSProxyAddr                                                string
 	EnableSocks5                                                bool
 
-	ProxyMode         string // shared (in-pod) | node | dedicated
+	ProxyMode         state.Mode // shared (in-pod) | node | dedicated
 	InpodUDS          string
 	InpodPortReuse    bool
 	IPv6Enabled       bool
-	ProxyWorkloadInfo string // namespace/name/serviceaccount
+	ProxyWorkloadInfo state.WorkloadRef // namespace/name/serviceaccount
 	NodeName          string
 	Network           string
 	ClusterID         string
@@ -103,16 +104,16 @@ func settings() []setting {
 		addr("DNS_PROXY_ADDR", "localhost:15053", "DNS proxy (UDP and TCP)", func(c *config) *string { return &c.DNSProxyAddr }),
 		boolean("UNSTABLE_ENABLE_SOCKS5", "false", "start the SOCKS5 listener", func(c *config) *bool { return &c.EnableSocks5 }),
 
-		enum("PROXY_MODE", "shared", "shared: in-pod mode, as in Istio: istio-cni hands over each pod's network namespace on INPOD_UDS and the pod's listeners open inside it; node: every workload on NODE_NAME, captured by node-level redirection into ztunnel's own namespace (hosts without istio-cni); dedicated: the one workload of PROXY_WORKLOAD_INFO", []string{"shared", "node", "dedicated"}, func(c *config) *string { return &c.ProxyMode }),
+		{env: "PROXY_MODE", def: string(state.ModeShared), form: modesForm(), help: "shared: in-pod mode, as in Istio: istio-cni hands over each pod's network namespace on INPOD_UDS and the pod's listeners open inside it; node: every workload on NODE_NAME, captured by node-level redirection into ztunnel's own namespace (hosts without istio-cni); dedicated: the one workload of PROXY_WORKLOAD_INFO", set: func(c *config, v string) (err error) {
+			c.ProxyMode, err = state.ParseMode(v)
+			return err
+		}},
 		str("INPOD_UDS", "/var/run/ztunnel/ztunnel.sock", "in-pod mode: the istio-cni node agent's ZDS socket (SOCK_SEQPACKET)", func(c *config) *string { return &c.InpodUDS }),
 		boolean("INPOD_PORT_REUSE", "true", "in-pod mode: SO_REUSEPORT on each pod's listeners, so an old and a new ztunnel can serve a pod at once during an upgrade", func(c *config) *bool { return &c.InpodPortReuse }),
 		boolean("IPV6_ENABLED", "true", "in-pod mode: pod listeners bind [::] (false: 0.0.0.0); false also drops AAAA answers for mesh services", func(c *config) *bool { return &c.IPv6Enabled }),
-		{env: "PROXY_WORKLOAD_INFO", form: "namespace/name/serviceaccount", help: "the workload a dedicated proxy serves (required when PROXY_MODE=dedicated)", set: func(c *config, v string) error {
-			if v != "" && (strings.Count(v, "/") != 2 || strings.Contains(v, "//") || strings.HasPrefix(v, "/") || strings.HasSuffix(v, "/")) {
-				return errors.New("want three non-empty parts")
-			}
-			c.ProxyWorkloadInfo = v
-			return nil
+		{env: "PROXY_WORKLOAD_INFO", form: "namespace/name/serviceaccount", help: "the workload a dedicated proxy serves (required when PROXY_MODE=dedicated)", set: func(c *config, v string) (err error) {
+			c.ProxyWorkloadInfo, err = state.ParseWorkloadRef(v)
+			return err
 		}},
 		str("NODE_NAME", "", "this node's name; in shared and node mode the workloads on it are served (and their certificates prefetched)", func(c *config) *string { return &c.NodeName }),
 		str("NETWORK", "", "this node's network", func(c *config) *string { return &c.Network }),
@@ -230,10 +231,30 @@ func loadConfig(getenv func(string) (string, bool), environ []string, args []str
 	if !c.EnableSocks5 && !explicit["SOCKS5_ADDR"] {
 		c.Socks5Addr = "" // SOCKS5 is opt-in
 	}
-	if c.ProxyMode == "dedicated" && c.ProxyWorkloadInfo == "" {
+	if c.local().Dedicated() && c.ProxyWorkloadInfo.IsZero() {
 		return nil, errors.New("config: PROXY_WORKLOAD_INFO is required when PROXY_MODE=dedicated; accepted: namespace/name/serviceaccount")
 	}
 	return c, nil
+}
+
+// local is what this ztunnel serves, from PROXY_MODE, NODE_NAME, NETWORK and
+// PROXY_WORKLOAD_INFO. NODE_NAME does not restrict a dedicated ztunnel; in shared mode it
+// is the node whose pods are served, each by a proxy of Local.Pod.
+func (c *config) local() state.Local {
+	l := state.Local{Mode: c.ProxyMode, Node: c.NodeName, Network: c.Network, Workload: c.ProxyWorkloadInfo}
+	if l.Dedicated() {
+		l.Node = ""
+	}
+	return l
+}
+
+// modesForm is PROXY_MODE's accepted forms.
+func modesForm() string {
+	var s []string
+	for _, m := range state.Modes {
+		s = append(s, string(m))
+	}
+	return strings.Join(s, ", ")
 }
 
 func flagName(env string) string { return strings.ToLower(strings.ReplaceAll(env, "_", "-")) }

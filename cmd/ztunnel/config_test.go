@@ -25,7 +25,7 @@ func TestConfigDefaults(t *testing.T) {
 		{"InboundAddr", c.InboundAddr, "[::]:15008"},
 		{"Socks5Addr (off by default)", c.Socks5Addr, ""},
 		{"DNSProxyAddr", c.DNSProxyAddr, "localhost:15053"},
-		{"ProxyMode", c.ProxyMode, "shared"},
+		{"ProxyMode", string(c.ProxyMode), "shared"},
 		{"InpodUDS", c.InpodUDS, "/var/run/ztunnel/ztunnel.sock"},
 		{"ClusterID", c.ClusterID, "Kubernetes"},
 	} {

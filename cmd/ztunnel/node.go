@@ -8,7 +8,6 @@ import (
 	"maps"
 	"net"
 	"net/http"
-	"net/netip"
 	"runtime"
 	"slices"
 	"strings"
@@ -35,6 +34,7 @@ import (
 // one process and look at their bound addresses.
 type node struct {
 	cfg      *config
+	local    state.Local // what this node serves: cfg.local()
 	logLevel *slog.LevelVar
 	ready    *readiness
 	registry *prometheus.Registry
@@ -71,6 +71,7 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 	}
 	n := &node{
 		cfg:      cfg,
+		local:    cfg.local(),
 		logLevel: logLevel,
 		ready:    newReadiness(),
 		registry: prometheus.NewRegistry(),
@@ -113,7 +114,7 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 		pcfg.Demand = n.xds.DemandAddress
 	}
 	n.proxy = proxy.New(pcfg, n.store, n.certs, n.metrics)
-	inPod := cfg.ProxyMode == "shared"
+	inPod := n.local.Mode == state.ModeShared
 	if inPod {
 		// Every pod's listeners open inside its netns, so the node opens none of its own.
 		if err := netns.CheckCapabilities(); err != nil {
@@ -134,7 +135,7 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 	}
 
 	if cfg.DNSProxyAddr != "" && !inPod {
-		d := dns.New(n.dnsConfig(), n.store, n.metrics)
+		d := dns.New(n.dnsConfig(n.local), n.store, n.metrics)
 		if err := d.Listen(); err != nil {
 			n.proxy.Shutdown(context.Background())
 			return fmt.Errorf("DNS_PROXY_ADDR: %w", err)
@@ -162,7 +163,7 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 		n.ready.watch(taskAccept, n.pods.acceptError)
 	}
 
-	slog.Info("ztunnel started", "version", version, "mode", cfg.ProxyMode, "threads", runtime.GOMAXPROCS(0), "listeners", n.listenerSummary())
+	slog.Info("ztunnel started", "version", version, "mode", n.local.Mode, "threads", runtime.GOMAXPROCS(0), "listeners", n.listenerSummary())
 	if started != nil {
 		started(n)
 	}
@@ -289,7 +290,7 @@ func (n *node) prefetchCertificates(ctx context.Context) error {
 // certificate is not available, nil when every one is.
 func (n *node) syncCertificates(ctx context.Context, have map[identity.ID]bool) error {
 	want := map[identity.ID]bool{}
-	for _, w := range n.localWorkloads() {
+	for _, w := range n.local.Workloads(n.store) {
 		if w.Protocol == state.TunnelHBONE || w.NativeTunnel {
 			want[w.Identity()] = true
 		}
@@ -301,8 +302,8 @@ func (n *node) syncCertificates(ctx context.Context, have map[identity.ID]bool) 
 		}
 	}
 	var errs []error
-	if len(want) == 0 && n.cfg.ProxyMode == "dedicated" {
-		errs = append(errs, fmt.Errorf("no HBONE workload %s (PROXY_WORKLOAD_INFO) in the workload store yet", n.cfg.ProxyWorkloadInfo))
+	if len(want) == 0 && n.local.Dedicated() {
+		errs = append(errs, fmt.Errorf("no HBONE workload %s (PROXY_WORKLOAD_INFO) in the workload store yet", n.local.Workload))
 	}
 	byName := func(a, b identity.ID) int { return strings.Compare(a.String(), b.String()) }
 	for _, id := range slices.SortedFunc(maps.Keys(want), byName) {
@@ -355,18 +356,6 @@ func goneFrom(store *state.Store) func(namespace, workload string) bool {
 	return func(ns, w string) bool { return !known[nsName{ns, w}] }
 }
 
-// localWorkloads are the workloads this node proxies.
-func (n *node) localWorkloads() []*state.Workload {
-	if n.cfg.ProxyMode == "dedicated" {
-		ref := workloadRef(n.cfg.ProxyWorkloadInfo)
-		if w := n.store.FindWorkload(ref.Namespace, ref.Name); w != nil {
-			return []*state.Workload{w}
-		}
-		return nil
-	}
-	return n.store.WorkloadsOnNode(n.cfg.NodeName)
-}
-
 func (n *node) requestQuit() { n.quitOnce.Do(func() { close(n.quit) }) }
 
 func (n *node) listenerSummary() string {
@@ -392,27 +381,15 @@ func (n *node) configDump() map[string]any {
 	return d
 }
 
-// dnsConfig answers for the workloads this node serves: the dedicated one, or the local
-// workload with the client's IP.
-func (n *node) dnsConfig() dns.Config {
+// dnsConfig answers for the workloads this node serves (the dedicated one, or the local
+// workload with the client's IP) from local.
+func (n *node) dnsConfig(local state.Local) dns.Config {
 	return dns.Config{
 		Addr:          n.cfg.DNSProxyAddr,
 		ClusterDomain: n.cfg.ClusterDomain,
-		Network:       n.cfg.Network,
-		Dedicated:     n.cfg.ProxyMode == "dedicated",
+		Local:         local,
+		FixedSearch:   n.local.Dedicated(), // a dedicated ztunnel shares its workload's resolv.conf
 		DisableIPv6:   !n.cfg.IPv6Enabled,
-		Source: func(client netip.Addr) *state.Workload {
-			if n.cfg.ProxyMode == "dedicated" {
-				if ws := n.localWorkloads(); len(ws) > 0 {
-					return ws[0]
-				}
-				return nil
-			}
-			if w := n.store.WorkloadByIP(n.cfg.Network, client); w != nil && (n.cfg.NodeName == "" || w.Node == n.cfg.NodeName) {
-				return w
-			}
-			return nil
-		},
 	}
 }
 
@@ -428,24 +405,9 @@ func (c *config) enableProxy() bool {
 	return c.OutboundAddr != "" || c.InboundPlaintextAddr != "" || c.InboundAddr != "" || c.Socks5Addr != ""
 }
 
-func workloadRef(info string) proxy.WorkloadRef {
-	parts := strings.SplitN(info, "/", 3)
-	for len(parts) < 3 {
-		parts = append(parts, "")
-	}
-	return proxy.WorkloadRef{Namespace: parts[0], Name: parts[1], ServiceAccount: parts[2]}
-}
-
 func proxyConfig(c *config) proxy.Config {
-	mode, node := proxy.NodeCapture, c.NodeName
-	if c.ProxyMode == "dedicated" {
-		mode, node = proxy.Dedicated, "" // NODE_NAME does not restrict a dedicated proxy
-	}
 	return proxy.Config{
-		Mode:                 mode,
-		Workload:             workloadRef(c.ProxyWorkloadInfo),
-		Node:                 node,
-		Network:              c.Network,
+		Local:                c.local(),
 		OutboundAddr:         c.OutboundAddr,
 		InboundPlaintextAddr: c.InboundPlaintextAddr,
 		InboundAddr:          c.InboundAddr,
@@ -476,7 +438,7 @@ func caConfig(c *config) ca.Config {
 		ClusterID:    c.ClusterID,
 		Headers:      headerNames(c.CAHeaders),
 		SecretTTL:    c.SecretTTL,
-		Impersonate:  c.ProxyMode != "dedicated", // one ztunnel, many workload identities
+		Impersonate:  !c.local().Dedicated(), // one ztunnel, many workload identities
 		Dir:          c.CADir,
 		SpiffeSocket: c.SpiffeSocket,
 		LocalXDS:     c.LocalXDSPath != "",

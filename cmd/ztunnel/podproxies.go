@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/netip"
 	"os"
 	"sync"
 	"time"
@@ -24,7 +23,7 @@ var (
 )
 
 // podProxies runs in-pod mode's per-pod proxies for the workload manager: for each pod a
-// Dedicated proxy.Proxy for the pod's workload and a DNS proxy, every socket of both opened
+// proxy.Proxy dedicated to the pod's workload (Local.Pod) and a DNS proxy, every socket of both opened
 // inside the pod's network namespace and marked, sharing the node's store, certificate
 // manager and metrics. Each pod gets its own HBONE pool and serves its own identity on 15008.
 type podProxies struct {
@@ -55,10 +54,9 @@ func (pp *podProxies) Start(p inpod.Pod) error {
 	cfg := pp.n.cfg
 	log := slog.Default().With("pod", p.Info.Namespace+"/"+p.Info.Name, "uid", p.UID)
 	sockets := netns.Sockets{NS: p.NetNS, Mark: cfg.PacketMark, ReusePort: cfg.InpodPortReuse}
+	local := pp.n.local.Pod(state.WorkloadRef{Namespace: p.Info.Namespace, Name: p.Info.Name, ServiceAccount: p.Info.ServiceAccount})
 	pcfg := proxyConfig(cfg)
-	pcfg.Mode = proxy.Dedicated
-	pcfg.Workload = proxy.WorkloadRef{Namespace: p.Info.Namespace, Name: p.Info.Name, ServiceAccount: p.Info.ServiceAccount}
-	pcfg.Node = cfg.NodeName
+	pcfg.Local = local
 	pcfg.OutboundAddr = podAddr(cfg.OutboundAddr, cfg.IPv6Enabled)
 	pcfg.InboundPlaintextAddr = podAddr(cfg.InboundPlaintextAddr, cfg.IPv6Enabled)
 	pcfg.InboundAddr = podAddr(cfg.InboundAddr, cfg.IPv6Enabled)
@@ -76,9 +74,7 @@ func (pp *podProxies) Start(p inpod.Pod) error {
 	}
 	var d *dns.Server
 	if cfg.DNSProxyAddr != "" {
-		dc := pp.n.dnsConfig()
-		dc.Dedicated = false // the search list is the client's namespace, not ztunnel's resolv.conf
-		dc.Source = func(netip.Addr) *state.Workload { return px.Workload() }
+		dc := pp.n.dnsConfig(local) // the search list is the client's namespace, not ztunnel's resolv.conf
 		dc.Listen, dc.ListenPacket = sockets.Listen, sockets.ListenPacket
 		dc.Dial = func(ctx context.Context, network, address string) (net.Conn, error) {
 			return sockets.Dial(ctx, nil, network, address)
