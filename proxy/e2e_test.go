@@ -317,13 +317,12 @@ func TestThousandConcurrentConnections(t *testing.T) {
 	established.Wait()
 	// Every connection is held open until start: node B must see all of them at once.
 	// (On a failure above this gives up after a while and reports the failures below.)
-	allOpen := true
-	for deadline := time.Now().Add(10 * time.Second); counter(t, m.b.reg, "istio_tcp_sockets_open", map[string]string{"reporter": "destination"}) != n; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			allOpen = false
-			break
+	allOpen := testutil.Poll(testutil.Timeout, func() error {
+		if got := counter(t, m.b.reg, "istio_tcp_sockets_open", map[string]string{"reporter": "destination"}); got != n {
+			return fmt.Errorf("%v open", got)
 		}
-	}
+		return nil
+	}) == nil
 	// At most 100 streams share a pooled connection, so 1000 need at least 10.
 	pooled := hboneConns(t, m.serverIP)
 	close(start)
@@ -879,12 +878,23 @@ func TestLateLocalWorkload(t *testing.T) {
 		c   *net.TCPConn
 		err error
 	}
+	waiting := make(chan struct{}, 1)
+	m.b.proxy.OnLocalWait(func() {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+	})
 	got := make(chan result, 1)
 	go func() {
 		c, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
 		got <- result{c, err}
 	}()
-	time.Sleep(100 * time.Millisecond) // usually lets the handshake start waiting; either order must work
+	select { // node B's handshake waits for its workload: only now does it learn it
+	case <-waiting:
+	case <-time.After(testutil.Timeout):
+		t.Fatal("node B never waited for its workload")
+	}
 	m.b.store.Apply(full)
 	r := <-got
 	if r.err != nil {

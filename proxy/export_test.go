@@ -9,3 +9,7 @@ func SetSetupIdle(tb interface{ Cleanup(func()) }, d time.Duration) {
 	setupIdle = d
 	tb.Cleanup(func() { setupIdle = old })
 }
+
+// OnLocalWait makes f be called each time p starts waiting for a local workload the store
+// does not have yet.
+func (p *Proxy) OnLocalWait(f func()) { p.testHookLocalWait.Store(&f) }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/certs"
+	"github.com/gozt/gozt/internal/testutil"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/proxy"
 	"github.com/gozt/gozt/xds"
@@ -217,16 +218,16 @@ func checkFDs(tb testing.TB) {
 	before := fdCount(tb)
 	tb.Cleanup(func() {
 		const slack = 4
-		var now int
-		for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		err := testutil.Poll(3*time.Second, func() error {
 			// Go's splice pipes sit in a sync.Pool and are closed by a finalizer: collect them.
 			runtime.GC()
-			if now = fdCount(tb); now <= before+slack || time.Now().After(deadline) {
-				break
+			if now := fdCount(tb); now > before+slack {
+				return fmt.Errorf("fd leak: %d open file descriptors before, %d after", before, now)
 			}
-		}
-		if now > before+slack {
-			tb.Errorf("fd leak: %d open file descriptors before, %d after", before, now)
+			return nil
+		})
+		if err != nil {
+			tb.Error(err)
 			if os.Getenv("FDDEBUG") != "" {
 				out, _ := exec.Command("sh", "-c", fmt.Sprintf("ls -l /proc/%d/fd | head -20; cat /proc/net/tcp | awk '{print $2, $3, $4, $10}' | sort | uniq -c | sort -rn | head; ss -tanp | grep -v LISTEN | awk '{print $1, $4, $5}' | sed 's/:[0-9]* / /' | sort | uniq -c | sort -rn | head -20", os.Getpid())).CombinedOutput()
 				tb.Logf("%s", out)
@@ -407,34 +408,7 @@ func echo(c *net.TCPConn) {
 // counter sums the samples of family name whose labels include want.
 func counter(tb testing.TB, reg *prometheus.Registry, name string, want map[string]string) float64 {
 	tb.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		tb.Fatalf("gather: %v", err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range mf.GetMetric() {
-			got := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				got[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range want {
-				if got[k] != v {
-					continue metric
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				sum += m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				sum += m.GetGauge().GetValue()
-			}
-		}
-	}
+	sum, _ := testutil.Gather(tb, reg).Sum(name, want)
 	return sum
 }
 

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gozt/gozt/hbone"
@@ -134,6 +135,8 @@ type Proxy struct {
 	// appear, for a dial) stops with it.
 	stopped context.Context
 	stop    context.CancelFunc
+
+	testHookLocalWait atomic.Pointer[func()] // if set, called when awaitLocal starts waiting for the store
 }
 
 // New builds a proxy; nothing is bound yet.
@@ -436,6 +439,9 @@ func (p *Proxy) awaitLocal(ctx context.Context, ip netip.Addr, client bool) (*st
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.WorkloadWait)
 	defer cancel()
 	changes := p.store.Subscribe(ctx)
+	if hook := p.testHookLocalWait.Load(); hook != nil {
+		(*hook)()
+	}
 	for {
 		if w := find(); w != nil {
 			return w, nil
