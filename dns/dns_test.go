@@ -606,13 +606,23 @@ func TestListenServeClose(t *testing.T) {
 			}
 		}
 	}
-	// An idle TCP client must not hold up the stop.
+	// An idle TCP client must not hold up the stop. Its one answered query shows the server
+	// has accepted it and is waiting for the next.
 	idle, err := net.Dial("tcp", addrs[0])
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer idle.Close()
-	time.Sleep(10 * time.Millisecond) // let the server accept it
+	idle.SetDeadline(time.Now().Add(5 * time.Second)) // as the Exchanges above
+	co := &dns.Conn{Conn: idle}
+	req := new(dns.Msg)
+	req.SetQuestion("svc1.ns1.svc.cluster.local.", dns.TypeA)
+	if err := co.WriteMsg(req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := co.ReadMsg(); err != nil {
+		t.Fatal(err)
+	}
 	t0 := time.Now()
 	cancel()
 	if err := <-served; err != nil {
