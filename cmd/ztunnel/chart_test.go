@@ -213,13 +213,7 @@ func TestChartCommandLine(t *testing.T) {
 		}
 	}
 	p := startProc(t, "ztunnel", environ(vars), bin, "proxy", "ztunnel")
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(p.out.String(), `"msg":"ztunnel started"`) {
-		if p.exited() || time.Now().After(deadline) {
-			t.Fatalf("did not start (exited %v):\n%s", p.exited(), p.out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	p.waitOutput(t, `"msg":"ztunnel started"`, 20*time.Second)
 	logs := p.out.String()
 	for _, v := range []string{"INPOD_ENABLED", "RUST_BACKTRACE", "SERVICE_ACCOUNT"} {
 		if !strings.Contains(logs, `"level":"INFO","msg":"chart variable accepted, not acted on","variable":"`+v) {

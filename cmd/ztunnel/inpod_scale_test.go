@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -16,6 +17,7 @@ import (
 	"github.com/gozt/gozt/inpod/zdspb"
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 // startInPodNode runs an in-process node in in-pod mode whose pods' listeners are on their
@@ -66,8 +68,11 @@ func TestNetnsInPodChurn(t *testing.T) {
 	settle := func() (fds, goroutines int) {
 		// The last pod's shutdown has finished once it has closed its netns fd; the test
 		// keeps its own.
-		eventually(t, "the pod's netns released", func() bool { return idFDs(t, pod.ID()) == 1 })
-		time.Sleep(50 * time.Millisecond) // and its goroutine has returned
+		testutil.Eventually(t, "the pod's netns released", func() bool { return idFDs(t, pod.ID()) == 1 })
+		// Its goroutines exit just after: nothing to wait on for that, so let them go before
+		// counting (pods.wait would be, but it races the next cycle's Start under -race, the
+		// agent's socket being no happens-before edge). The loop below polls the final count.
+		time.Sleep(50 * time.Millisecond)
 		return openFDs(t), runtime.NumGoroutine()
 	}
 	cycle(0) // lazily made things (a thread per setns, the DNS upstream list) count as baseline
@@ -82,11 +87,12 @@ func TestNetnsInPodChurn(t *testing.T) {
 		t.Errorf("stats %+v; want none active, %d started and stopped", st, cycles+1)
 	}
 	var fds, g int
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if fds, g = settle(); fds <= fds0 && g <= g0 || time.Now().After(deadline) {
-			break
+	_ = testutil.Poll(5*time.Second, func() error { // judged below
+		if fds, g = settle(); fds > fds0 || g > g0 {
+			return errors.New("not back to the baseline")
 		}
-	}
+		return nil
+	})
 	if fds > fds0 {
 		t.Errorf("%d fds after %d cycles; want the %d of the baseline\n%s", fds, cycles, fds0, fdTargets(t))
 	}
@@ -153,7 +159,7 @@ func BenchmarkEnroll(b *testing.B) {
 				b.Fatalf("del %d: NACK %q", i, nack)
 			}
 		}
-		eventually(b, "every pod's sockets and netns released", func() bool { return openFDs(b) <= fds0 })
+		testutil.Eventually(b, "every pod's sockets and netns released", func() bool { return openFDs(b) <= fds0 })
 		b.StartTimer()
 	}
 	b.StopTimer()

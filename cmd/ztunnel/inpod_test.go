@@ -26,6 +26,7 @@ import (
 	"github.com/gozt/gozt/internal/cnirules"
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 // inPodRules installs istio-cni's in-pod rules in a pod's namespace, as its node agent does
@@ -299,7 +300,7 @@ func TestNetnsInPod(t *testing.T) {
 		}
 		c.C.Close()
 		agent.Close()
-		eventually(t, "not ready while the node agent is away", func() bool { code, _ := get(t, ready); return code == 500 })
+		testutil.Eventually(t, "not ready while the node agent is away", func() bool { code, _ := get(t, ready); return code == 500 })
 		agent = inpodtest.NewAgent(top, agent.Path) // outlives the subtest
 		c = agent.Accept()
 		addPods(t, c) // the same netns again: no-op ACKs
@@ -321,25 +322,21 @@ func TestNetnsInPod(t *testing.T) {
 		if nack := c.Send(inpodtest.DelReq("uid-b")); nack != "" {
 			t.Fatalf("del: NACK %q", nack)
 		}
-		deadline := time.Now().Add(5 * time.Second)
-		for {
+		testutil.Eventually(t, "pod B's 15008 to stop accepting after DelWorkload", func() bool {
 			conn, err := dialIn(node, "tcp", podB+":15008")
 			if err != nil {
-				break
+				return true
 			}
 			conn.Close()
-			if time.Now().After(deadline) {
-				t.Fatal("pod B's 15008 still accepts after DelWorkload")
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return false
+		})
 		conn, err := dialIn(node, "tcp", podA+":15008")
 		if err != nil {
 			t.Fatalf("pod A's 15008 after pod B's DelWorkload: %v", err)
 		}
 		conn.Close()
 		// ztunnel closed its fd of pod B's namespace; the test's own handles remain.
-		eventually(t, "ztunnel to release pod B's netns", func() bool { return nsFDs(t, nsB) == testHandles })
+		testutil.Eventually(t, "ztunnel to release pod B's netns", func() bool { return nsFDs(t, nsB) == testHandles })
 		if _, err := plainGet(node, 0, podB+":8080", "/after-del"); err == nil {
 			t.Error("plaintext to pod B still served after DelWorkload")
 		}
@@ -371,15 +368,6 @@ func idFDs(t testing.TB, id netns.ID) int {
 		}
 	}
 	return n
-}
-
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
 
 // TestNetnsInPodStartFails: a pod whose port 15008 is taken by a socket without

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/testutil"
 	"github.com/gozt/gozt/internal/zdsagent"
 )
 
@@ -128,7 +129,7 @@ func TestNetnsInPodUpgrade(t *testing.T) {
 	defer func() { close(stopLoad); load.Wait() }() // also when a check below fails the test
 	waitCount := func(what string, min int64) {
 		t.Helper()
-		eventually(t, what, func() bool { return ok.Load() >= min })
+		testutil.Eventually(t, what, func() bool { return ok.Load() >= min })
 	}
 	waitCount("requests through the old ztunnel", ok.Load()+20)
 
@@ -136,9 +137,9 @@ func TestNetnsInPodUpgrade(t *testing.T) {
 	// Both run the pods' listeners now: the kernel spreads new connections over them.
 	newOutbound := func() float64 {
 		_, body := get(t, "http://"+newNode.addrs["STATS_ADDR"].String()+"/metrics")
-		return metricSum(body, "istio_tcp_connections_opened_total", map[string]string{"reporter": "source", "connection_security_policy": "mutual_tls"})
+		return metricSum(t, body, "istio_tcp_connections_opened_total", map[string]string{"reporter": "source", "connection_security_policy": "mutual_tls"})
 	}
-	eventually(t, "the new ztunnel to carry some of pod A's connections", func() bool { return newOutbound() > 0 })
+	testutil.Eventually(t, "the new ztunnel to carry some of pod A's connections", func() bool { return newOutbound() > 0 })
 	if err := roundTrip("/long-after-new"); err != nil {
 		t.Errorf("long-lived connection once the new ztunnel runs: %v", err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/netns"
 	"github.com/gozt/gozt/internal/sockopt"
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 // The namespace topology: two nodes joined by a veth pair. Each node namespace is also its
@@ -140,17 +141,14 @@ func startNodeIn(t *testing.T, bin string, ns *netns.NS, dir string, mode ...str
 		"DNS_PROXY_ADDR=off",
 		"CONNECTION_TERMINATION_DEADLINE=1s",
 	}, mode...), "ip", "netns", "exec", ns.Name, bin) // the last of a repeated variable wins
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	p.waitUntil(t, "ready", 20*time.Second, func() error {
 		out, err := ns.Exec("curl", "-fsS", "-m", "1", "http://127.0.0.1:15021/healthz/ready")
-		if err == nil {
-			return p
+		if err != nil {
+			return fmt.Errorf("%v %s", err, out)
 		}
-		if p.exited() || time.Now().After(deadline) {
-			t.Fatalf("ztunnel in %s not ready: %v %s\n%s", ns.Name, err, out, p.out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
+	return p
 }
 
 // podServer is the server pod's application: HTTP on the pod IP, counting the requests it
@@ -247,32 +245,11 @@ func scrape(t *testing.T, ns *netns.NS) string {
 	return ns.MustExec(t, "curl", "-fsS", "-m", "5", "http://127.0.0.1:15020/metrics")
 }
 
-// metricSum adds up the samples of metric whose labels include every pair in want.
-func metricSum(text, metric string, want map[string]string) float64 {
-	var sum float64
-	sc := bufio.NewScanner(strings.NewReader(text))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		rest, ok := strings.CutPrefix(line, metric+"{")
-		if !ok {
-			continue
-		}
-		labels, value, ok := strings.Cut(rest, "} ")
-		if !ok {
-			continue
-		}
-		match := true
-		for k, v := range want {
-			if !strings.Contains(","+labels+",", ","+k+"="+strconv.Quote(v)+",") {
-				match = false
-				break
-			}
-		}
-		if f, err := strconv.ParseFloat(strings.TrimSpace(value), 64); match && err == nil {
-			sum += f
-		}
-	}
+// metricSum adds up the samples of metric in a /metrics page whose labels include every
+// pair in want.
+func metricSum(t *testing.T, text, metric string, want map[string]string) float64 {
+	t.Helper()
+	sum, _ := testutil.ParseMetrics(t, text).Sum(metric, want)
 	return sum
 }
 
@@ -287,24 +264,21 @@ func waitMetric(t *testing.T, ns *netns.NS, node, metric string, labels map[stri
 // waitMetricFrom is waitMetric with the node's metrics read by scrape.
 func waitMetricFrom(t *testing.T, scrape func() string, node, metric string, labels map[string]string, atLeast float64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	err := testutil.Poll(5*time.Second, func() error {
 		text := scrape()
-		got := metricSum(text, metric, labels)
-		if got >= atLeast {
-			return
-		}
-		if time.Now().After(deadline) {
+		if got := metricSum(t, text, metric, labels); got < atLeast {
 			var rel []string
 			for _, l := range strings.Split(text, "\n") {
 				if strings.HasPrefix(l, "istio_tcp_") {
 					rel = append(rel, l)
 				}
 			}
-			t.Errorf("node %s: %s %v = %v; want >= %v\n%s", node, metric, labels, got, atLeast, strings.Join(rel, "\n"))
-			return
+			return fmt.Errorf("%s %v = %v; want >= %v\n%s", metric, labels, got, atLeast, strings.Join(rel, "\n"))
 		}
-		time.Sleep(50 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		t.Errorf("node %s: %v", node, err)
 	}
 }
 
@@ -467,7 +441,7 @@ func TestNetnsDedicated(t *testing.T) {
 		// The same dial as the plaintext case without the mark: node A's rules capture it,
 		// so it reaches the server through the tunnel and node A counts it.
 		labels := map[string]string{"reporter": "source", "connection_security_policy": "mutual_tls", "destination_workload": "server"}
-		tunneled := metricSum(scrape(t, a), "istio_tcp_connections_closed_total", labels)
+		tunneled := metricSum(t, scrape(t, a), "istio_tcp_connections_closed_total", labels)
 		before := server.count("8080")
 		out, err := plainGet(a, 0, nsServerIP+":8080", "/captured")
 		if err != nil || !strings.Contains(out, "server pod port 8080 got GET /captured") {
@@ -552,12 +526,7 @@ func TestNetnsDedicated(t *testing.T) {
 		if err := nodeA.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
-		for !strings.Contains(nodeA.out.String(), "msg=draining") {
-			if nodeA.exited() || time.Since(start) > 10*time.Second {
-				t.Fatalf("node A did not start draining:\n%s", nodeA.out.String())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		nodeA.waitOutput(t, "msg=draining", 10*time.Second)
 		// The live connection still works while draining...
 		if out, err := roundTrip("/during-drain"); err != nil || !strings.Contains(out, "GET /during-drain") {
 			t.Errorf("during drain: %v %q", err, out)

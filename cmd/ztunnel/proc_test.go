@@ -6,10 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 // raceBuild is set when the tests run with -race (race_on_test.go).
@@ -84,6 +87,33 @@ func (p *proc) stop() error {
 		return errors.New("did not exit within 10s of SIGTERM; killed")
 	}
 	return p.err
+}
+
+// waitUntil polls ready until it returns nil, failing t with ready's last error and the
+// process's output if the process exits first or within passes.
+func (p *proc) waitUntil(t *testing.T, what string, within time.Duration, ready func() error) {
+	t.Helper()
+	err := testutil.Poll(within, func() error {
+		err := ready()
+		if err != nil && p.exited() {
+			t.Fatalf("%s: exited (%v), not %s: %v\n%s", p.name, p.err, what, err, p.out.String())
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("%s: not %s within %v: %v\n%s", p.name, what, within, err, p.out.String())
+	}
+}
+
+// waitOutput waits until the process has written s, as waitUntil does.
+func (p *proc) waitOutput(t *testing.T, s string, within time.Duration) {
+	t.Helper()
+	p.waitUntil(t, "logged "+s, within, func() error {
+		if !strings.Contains(p.out.String(), s) {
+			return errors.New("not in its output yet")
+		}
+		return nil
+	})
 }
 
 // exited reports whether the process has ended on its own.

@@ -83,12 +83,6 @@ func startBareNode(t *testing.T, bin string, extra ...string) *proc {
 		env = append(env, name+"_ADDR=off")
 	}
 	p := startProc(t, "ztunnel "+strings.Join(extra, " "), append(env, extra...), bin)
-	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(p.out.String(), "ztunnel started") {
-		if p.exited() || time.Now().After(deadline) {
-			t.Fatalf("%v: node did not start:\n%s", extra, p.out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	p.waitOutput(t, "ztunnel started", 20*time.Second)
 	return p
 }

@@ -1,12 +1,13 @@
 package main
 
 import (
+	"errors"
 	"net"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 // With a control plane configured but unreachable, the node starts, serves its local
@@ -35,12 +36,13 @@ func TestNodeWaitsForControlPlane(t *testing.T) {
 func waitReady(t *testing.T, n *node, want string) (int, string) {
 	t.Helper()
 	url := "http://" + n.addrs["READINESS_ADDR"].String() + "/healthz/ready"
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		code, body := get(t, url)
-		if strings.Contains(body, want) || time.Now().After(deadline) {
-			return code, body
+	var code int
+	var body string
+	_ = testutil.Poll(testutil.Timeout, func() error { // the caller judges the last answer
+		if code, body = get(t, url); !strings.Contains(body, want) {
+			return errors.New("not yet")
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
+	return code, body
 }
