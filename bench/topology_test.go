@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 func TestChildStopKillsItsProcessGroup(t *testing.T) {
@@ -24,12 +27,13 @@ func TestChildStopKillsItsProcessGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	var tree []int
-	for deadline := time.Now().Add(5 * time.Second); len(tree) < 2 && time.Now().Before(deadline); {
-		time.Sleep(10 * time.Millisecond) // polling for the shell to fork; nothing to wait on
-		tree = processTree(c.pid())
-	}
-	if len(tree) < 2 {
-		t.Fatalf("process tree %v; want the shell and its sleep", tree)
+	if err := testutil.Poll(5*time.Second, func() error { // for the shell to fork: nothing to wait on
+		if tree = processTree(c.pid()); len(tree) < 2 {
+			return fmt.Errorf("process tree %v; want the shell and its sleep", tree)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	p := &path{name: "tree", children: []*child{c}}
 	if err := p.dead(); err != nil {
@@ -43,15 +47,14 @@ func TestChildStopKillsItsProcessGroup(t *testing.T) {
 	}
 	// Gone, or a zombie waiting for init to reap it; never still running.
 	for _, pid := range tree {
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if err := testutil.Poll(5*time.Second, func() error {
 			b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
 			if err != nil || strings.Contains(string(b), ") Z ") {
-				break
+				return nil
 			}
-			if time.Now().After(deadline) {
-				t.Errorf("pid %d of the tree still running after stop: %s", pid, b)
-				break
-			}
+			return fmt.Errorf("pid %d of the tree still running after stop: %s", pid, b)
+		}); err != nil {
+			t.Error(err)
 		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/gozt/gozt/inpod/zdspb"
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 func openFDs(t *testing.T) int {
@@ -41,15 +42,6 @@ func setup(t *testing.T, f *inpodtest.Proxies) (*inpod.Manager, *inpodtest.Agent
 	}, f)
 	t.Cleanup(func() { m.Close() })
 	return m, a
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
 
 func wantCalls(t *testing.T, f *inpodtest.Proxies, want string) {
@@ -123,7 +115,7 @@ func TestAgentRestart(t *testing.T) {
 	// The agent goes away: listener and connection closed, the socket file removed.
 	c.C.Close()
 	a.Close()
-	eventually(t, "not ready while disconnected", func() bool { return !m.Ready() })
+	testutil.Eventually(t, "not ready while disconnected", func() bool { return !m.Ready() })
 	a = inpodtest.NewAgent(t, a.Path)
 	c = a.Accept()
 	wantAck(t, c.Add("a", nsA)) // same netns, new fd
@@ -226,7 +218,7 @@ func TestStartFailureRetried(t *testing.T) {
 	}
 
 	blocker.Close()
-	eventually(t, "the retried pod to start", m.Ready)
+	testutil.Eventually(t, "the retried pod to start", m.Ready)
 	if st := m.WorkloadState()["a"].State; st != inpod.StateUp {
 		t.Errorf("state %q; want Up", st)
 	}
@@ -250,7 +242,7 @@ func TestStartFailureRetried(t *testing.T) {
 	if got := openFDs(t); got != before {
 		t.Errorf("%d fds open; want %d as before", got, before)
 	}
-	eventually(t, "ready without pending pods", m.Ready)
+	testutil.Eventually(t, "ready without pending pods", m.Ready)
 }
 
 // Malformed packets are NACKed as read errors and protocol errors as process errors; either

@@ -15,10 +15,8 @@ import (
 	"testing"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 )
 
 // recorder is a slog.Handler that keeps every record, for checking the access log field by field.
@@ -59,7 +57,7 @@ func newTestMetrics(t testing.TB, min slog.Level) (*Metrics, *recorder) {
 }
 
 // scrape fetches path from a real loopback HTTP server and parses the text exposition.
-func scrape(t *testing.T, m *Metrics, path string) map[string]*dto.MetricFamily {
+func scrape(t *testing.T, m *Metrics, path string) testutil.Metrics {
 	t.Helper()
 	srv := httptest.NewServer(m.Handler())
 	defer srv.Close()
@@ -76,43 +74,11 @@ func scrape(t *testing.T, m *Metrics, path string) map[string]*dto.MetricFamily 
 	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
 		t.Fatalf("GET %s: Content-Type %q; want text/plain", path, ct)
 	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
+	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("parse %s: %v", path, err)
+		t.Fatalf("GET %s: %v", path, err)
 	}
-	return fams
-}
-
-// sample returns the value of the series of family name whose labels include want, and how
-// many series matched.
-func sample(fams map[string]*dto.MetricFamily, name string, want map[string]string) (float64, int) {
-	f := fams[name]
-	if f == nil {
-		return 0, 0
-	}
-	var v float64
-	n := 0
-next:
-	for _, m := range f.Metric {
-		got := make(map[string]string)
-		for _, lp := range m.Label {
-			got[lp.GetName()] = lp.GetValue()
-		}
-		for k, wv := range want {
-			if got[k] != wv {
-				continue next
-			}
-		}
-		n++
-		switch {
-		case m.Counter != nil:
-			v += m.Counter.GetValue()
-		case m.Gauge != nil:
-			v += m.Gauge.GetValue()
-		}
-	}
-	return v, n
+	return testutil.ParseMetrics(t, string(body))
 }
 
 var inboundLabels = Labels{
@@ -141,7 +107,7 @@ func TestScrape(t *testing.T) {
 		t.Run(path, func(t *testing.T) {
 			fams := scrape(t, m, path)
 
-			if v, n := sample(fams, "istio_build", map[string]string{"component": "ztunnel", "tag": "1.26.0-test"}); n != 1 || v != 1 {
+			if v, n := fams.Sum("istio_build", map[string]string{"component": "ztunnel", "tag": "1.26.0-test"}); n != 1 || v != 1 {
 				t.Errorf("istio_build: %d series, value %v; want 1 series = 1", n, v)
 			}
 			base := map[string]string{
@@ -175,7 +141,7 @@ func TestScrape(t *testing.T) {
 				{"istio_tcp_connections_opened_total", map[string]string{"reporter": "source", "source_workload": "unknown", "response_flags": "-", "connection_security_policy": "unknown"}, 1, 1},
 			}
 			for _, c := range checks {
-				if v, n := sample(fams, c.name, c.want); v != c.v || n != c.n {
+				if v, n := fams.Sum(c.name, c.want); v != c.v || n != c.n {
 					t.Errorf("%s%v: %d series, value %v; want %d series, value %v", c.name, c.want, n, v, c.n, c.v)
 				}
 			}
@@ -378,13 +344,13 @@ func TestCloseIdempotentCounts(t *testing.T) {
 	}
 	wg.Wait()
 	fams := scrape(t, m, "/metrics")
-	if v, _ := sample(fams, "istio_tcp_connections_closed_total", nil); v != 1 {
+	if v, _ := fams.Sum("istio_tcp_connections_closed_total", nil); v != 1 {
 		t.Errorf("closed = %v after 8 concurrent Close calls; want 1", v)
 	}
-	if v, _ := sample(fams, "istio_tcp_sent_bytes_total", nil); v != 10 {
+	if v, _ := fams.Sum("istio_tcp_sent_bytes_total", nil); v != 10 {
 		t.Errorf("sent bytes = %v; want 10", v)
 	}
-	if v, _ := sample(fams, "istio_tcp_sockets_open", nil); v != 0 {
+	if v, _ := fams.Sum("istio_tcp_sockets_open", nil); v != 0 {
 		t.Errorf("sockets open = %v; want 0", v)
 	}
 }
@@ -405,10 +371,10 @@ func TestConcurrentConnections(t *testing.T) {
 	}
 	wg.Wait()
 	fams := scrape(t, m, "/metrics")
-	if v, n := sample(fams, "istio_tcp_connections_opened_total", nil); v != workers*each || n != 4 {
+	if v, n := fams.Sum("istio_tcp_connections_opened_total", nil); v != workers*each || n != 4 {
 		t.Errorf("opened: %d series, total %v; want 4 series, %d", n, v, workers*each)
 	}
-	if v, _ := sample(fams, "istio_tcp_received_bytes_total", nil); v != 5*workers*each {
+	if v, _ := fams.Sum("istio_tcp_received_bytes_total", nil); v != 5*workers*each {
 		t.Errorf("received bytes = %v; want %d", v, 5*workers*each)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"log/slog"
 	"math/big"
 	"net"
@@ -33,6 +34,7 @@ import (
 
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/logtest"
+	"github.com/gozt/gozt/internal/testutil"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/xds/state"
 	"github.com/gozt/gozt/xds/xdspb"
@@ -59,16 +61,11 @@ type adsServer struct {
 func startADS(t *testing.T, addr string, opts ...grpc.ServerOption) *adsServer {
 	t.Helper()
 	var ln net.Listener
-	var err error
-	for range 50 { // a restarted server re-binds the same port; allow the old socket to go
-		if ln, err = net.Listen("tcp", addr); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A restarted server re-binds the same port; allow the old socket to go.
+	testutil.EventuallyNil(t, func() (err error) {
+		ln, err = net.Listen("tcp", addr)
+		return err
+	})
 	s := &adsServer{
 		grpc: grpc.NewServer(opts...), addr: ln.Addr().String(),
 		reqs:    make(chan *discoverypb.DeltaDiscoveryRequest, 100),
@@ -280,7 +277,7 @@ func TestClientStream(t *testing.T) {
 	if got := counterValue(c.metrics.XDSMessageBytes.WithLabelValues(xdspb.AddressType)); got < 100 {
 		t.Errorf("istio_xds_message_bytes_total{Address} = %v; want > 100", got)
 	}
-	if got := gathered(t, reg, "istio_xds_message_total", xdspb.AddressType); got != 3 {
+	if got, _ := testutil.Gather(t, reg).Sum("istio_xds_message_total", map[string]string{"url": xdspb.AddressType}); got != 3 {
 		t.Errorf("the registry's istio_xds_message_total{Address} = %v; want 3: the client counts into the families it was handed", got)
 	}
 
@@ -298,13 +295,9 @@ func TestClientStream(t *testing.T) {
 	// versions it holds (not those of rejected resources or updates).
 	addr := srv.addr
 	srv.stop()
-	deadline := time.Now().Add(waitFor)
-	for counterValue(c.metrics.XDSConnectionTerminations.WithLabelValues(reasonReconnect))+counterValue(c.metrics.XDSConnectionTerminations.WithLabelValues(reasonError)) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no termination counted")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.Eventually(t, "a termination counted", func() bool {
+		return counterValue(c.metrics.XDSConnectionTerminations.WithLabelValues(reasonReconnect))+counterValue(c.metrics.XDSConnectionTerminations.WithLabelValues(reasonError)) > 0
+	})
 	if store.WorkloadByUID("w1") == nil || store.Policy("default/p1") == nil {
 		t.Fatal("state dropped while disconnected")
 	}
@@ -498,33 +491,12 @@ func TestClassify(t *testing.T) {
 
 func statusErr(code uint32, msg string) error { return status.Error(codes.Code(code), msg) }
 
-// gathered is the value of the series of family whose one label has value label in reg.
-func gathered(t *testing.T, reg *prometheus.Registry, family, label string) float64 {
-	t.Helper()
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		for _, m := range f.GetMetric() {
-			if f.GetName() == family && len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == label {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
-}
-
 // waitConnectionErrors waits until c has counted n ConnectionError terminations.
 func waitConnectionErrors(t *testing.T, c *Client, n float64, what string) {
 	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for counterValue(c.metrics.XDSConnectionTerminations.WithLabelValues(reasonConnectionError)) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("fewer than %v connection errors counted for %s", n, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.Eventually(t, fmt.Sprintf("%v connection errors counted for %s", n, what), func() bool {
+		return counterValue(c.metrics.XDSConnectionTerminations.WithLabelValues(reasonConnectionError)) >= n
+	})
 }
 
 func counterValue(c prometheus.Counter) float64 {
@@ -599,15 +571,15 @@ func TestClientTokenFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.end <- struct{}{}
-	deadline := time.Now().Add(waitFor)
-	for !slices.ContainsFunc(logs.Lines(slog.LevelWarn), func(l string) bool {
-		return strings.Contains(l, "xds: AUTH_TOKEN") && strings.Contains(l, "is a directory")
-	}) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no token read error logged for a directory; warnings: %q", logs.Lines(slog.LevelWarn))
+	testutil.EventuallyNil(t, func() error {
+		warns := logs.Lines(slog.LevelWarn)
+		if !slices.ContainsFunc(warns, func(l string) bool {
+			return strings.Contains(l, "xds: AUTH_TOKEN") && strings.Contains(l, "is a directory")
+		}) {
+			return fmt.Errorf("no token read error logged for a directory; warnings: %q", warns)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 	select {
 	case <-srv.streams:
 		t.Error("stream opened with an unreadable token file")

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 
 	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 // buildStatic builds the node binary as make image does.
@@ -144,20 +146,18 @@ func TestRunsAsTheChartRunsIt(t *testing.T) {
 		err := ns.Do(func() (err error) { c, err = net.DialTimeout("tcp", addr, 2*time.Second); return err })
 		return c, err
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	if err := testutil.Poll(30*time.Second, func() error {
 		if ready(dial) {
-			break
+			return nil
 		}
 		select {
 		case err := <-exited:
 			t.Fatalf("container exited before it was ready: %v", err)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("not ready on 15021 within 30s")
-		}
-		time.Sleep(100 * time.Millisecond)
+		return errors.New("not ready on 15021 within 30s")
+	}); err != nil {
+		t.Fatal(err)
 	}
 
 	checkProcess(t, id)

@@ -38,6 +38,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 // repo is the repository root, relative to this package's directory (go test's working directory).
@@ -184,7 +186,7 @@ func (c *cluster) startEtcd(bin string) error {
 		"--listen-peer-urls="+pu, "--initial-advertise-peer-urls="+pu, "--initial-cluster=kubetest="+pu); err != nil {
 		return err
 	}
-	err = waitFor(30*time.Second, func() error {
+	err = testutil.Poll(30*time.Second, func() error {
 		resp, err := http.Get(cu + "/health")
 		if err != nil {
 			return err
@@ -252,7 +254,7 @@ func (c *cluster) startAPIServer(bin string) error {
 	c.client = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	// readyz is ready once the post-start hooks ran: RBAC's bootstrap roles and the
 	// system priority classes the DaemonSet names are there.
-	err = waitFor(3*time.Minute, func() error {
+	err = testutil.Poll(3*time.Minute, func() error {
 		return c.do(http.MethodGet, "/readyz", nil, nil)
 	})
 	if err != nil {
@@ -276,17 +278,6 @@ contexts:
 current-context: kubetest
 `, c.URL, base64.StdEncoding.EncodeToString(caPEM), c.token)
 	return os.WriteFile(c.Kubeconfig, []byte(kubeconfig), 0o600)
-}
-
-func waitFor(d time.Duration, f func() error) error {
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }
 
 // servingCert returns a self-signed CA and a serving certificate for 127.0.0.1 it signed.

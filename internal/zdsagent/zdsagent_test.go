@@ -6,11 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/gozt/gozt/inpod"
 	"github.com/gozt/gozt/inpod/inpodtest"
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 	"github.com/gozt/gozt/internal/zdsagent"
 )
 
@@ -34,11 +34,7 @@ func TestAgentReplaysToEveryConnection(t *testing.T) {
 		if err := <-replayed; err != nil {
 			t.Fatal(err)
 		}
-		for deadline := time.Now().Add(5 * time.Second); !m.Ready(); time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatal("manager not ready after the replay")
-			}
-		}
+		testutil.Eventually(t, "the manager ready after the replay", m.Ready)
 		return m, p
 	}
 	oldM, oldP := start()
