@@ -306,20 +306,21 @@ func TestZeroWindowHeldForever(t *testing.T) {
 	var opened, answered atomic.Int64
 	var held uint64 // heap in use after a GC while every stream is held
 	run := duringAttack(t, victim, func() {
-		var wg, all sync.WaitGroup
-		all.Add(attackers)
-		go func() {
-			all.Wait()
-			runtime.GC()
-			var ms runtime.MemStats
-			runtime.ReadMemStats(&ms)
-			held = ms.HeapInuse
-		}()
+		var wg sync.WaitGroup
+		var ready atomic.Int32
+		allAnswered := func() { // on the last attacker to have all its streams answered
+			if ready.Add(1) == attackers {
+				runtime.GC()
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				held = ms.HeapInuse
+			}
+		}
 		for range attackers {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				o, a, err := zeroWindowPeer(m.serverIP+":15008", target, cfg, streams, time.Second, all.Done)
+				o, a, err := zeroWindowPeer(m.serverIP+":15008", target, cfg, streams, time.Second, allAnswered)
 				if err != nil {
 					t.Errorf("attacker: %v", err)
 				}
@@ -354,7 +355,8 @@ func TestZeroWindowHeldForever(t *testing.T) {
 
 // zeroWindowPeer opens streams CONNECTs to target on one mTLS connection with a stream
 // window of 0, answers PINGs and SETTINGS, reads and drops the rest until every stream is
-// answered (or testutil.Timeout passes), calls onAnswered and holds them for hold, then
+// answered (or three times testutil.Timeout passes: the streams' backend dials queue on a
+// loaded machine), calls onAnswered and holds them for hold, then
 // closes. It returns the streams opened and those answered 200.
 func zeroWindowPeer(addr, target string, cfg *tls.Config, streams int, hold time.Duration, onAnswered func()) (opened, answered int, err error) {
 	tc, err := tls.Dial("tcp", addr, cfg)
@@ -381,7 +383,7 @@ func zeroWindowPeer(addr, target string, cfg *tls.Config, streams int, hold time
 		}
 		opened++
 	}
-	tc.SetReadDeadline(time.Now().Add(testutil.Timeout))
+	tc.SetReadDeadline(time.Now().Add(3 * testutil.Timeout))
 	for {
 		f, err := fr.ReadFrame()
 		if err != nil {
