@@ -117,7 +117,7 @@ alloc-names:
 	@bad=$$(awk '/^func /{f=$$0} /testing\.AllocsPerRun/ && f !~ /^func [A-Za-z0-9_]*[Aa]llocs/ {print FILENAME": "f}' $$(git ls-files '*_test.go')); \
 	 if [ -n "$$bad" ]; then echo "allocation tests must have Allocs in their name (make test-norace runs them):"; echo "$$bad"; exit 1; fi
 
-check: fmt-check vet staticcheck tidy-check proto-check test chart-check k8s-check ktls-check bench-smoke
+check: fmt-check vet staticcheck tidy-check proto-check test chart-check k8s-check ktls-check bench-smoke soak-slice
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -157,7 +157,8 @@ clean:
 # The soak: connections of every kind through two nodes fed by a real ADS server and Istio CA
 # while faults are injected on a 60 s cycle (xDS down 30 s, CA down past certificate expiry,
 # node B killed mid-stream, backends that reset, stall or vanish). soak-slice runs one 60 s
-# cycle; soak runs SOAK_DURATION or SOAK_CONNS connections; both without the race detector.
+# cycle (about 70 s; make check runs it); soak runs SOAK_DURATION or SOAK_CONNS connections;
+# both without the race detector.
 SOAK_DURATION ?= 30m
 SOAK_CONNS    ?= 1000000
 soak-slice:
