@@ -237,9 +237,11 @@ func TestRapidReset(t *testing.T) {
 // handler's dial stops; Accept afterwards fails without harming the connection.
 func TestResetEndsRequestContext(t *testing.T) {
 	leaktest.Check(t)
+	started := make(chan struct{})
 	causes := make(chan error, 1)
 	accepted := make(chan error, 1)
 	p, _, stop := serveRaw(t, Config{}, func(r *Request) {
+		close(started)
 		<-r.Context().Done()
 		causes <- context.Cause(r.Context())
 		_, err := r.Accept(nil)
@@ -247,6 +249,7 @@ func TestResetEndsRequestContext(t *testing.T) {
 	})
 	defer stop()
 	p.headers(1, false, ":method", "CONNECT", ":authority", "10.0.0.1:80")
+	<-started // a stream reset before its handler starts never runs one
 	p.write(func() error { return p.fr.WriteRSTStream(1, http2.ErrCodeCancel) })
 	select {
 	case err := <-causes:
@@ -385,6 +388,31 @@ func TestStreamsPastLimitRefused(t *testing.T) {
 	done <- nil
 }
 
+// A handler that returns without answering a stream the peer reset sends nothing on it:
+// no 503 HEADERS on a closed stream (RFC 9113 §5.1), which also cost the server a write
+// per reset under a rapid-reset flood.
+func TestNoAnswerOnResetStream(t *testing.T) {
+	leaktest.Check(t)
+	started, returned := make(chan struct{}), make(chan struct{})
+	p, _, stop := serveRaw(t, Config{}, func(r *Request) {
+		close(started)
+		<-r.Context().Done()
+		close(returned) // unanswered: the server would answer 503 for it
+	})
+	defer stop()
+	p.headers(1, false, ":method", "CONNECT", ":authority", "10.0.0.1:80")
+	<-started
+	p.write(func() error { return p.fr.WriteRSTStream(1, http2.ErrCodeCancel) })
+	<-returned
+	p.write(func() error { return p.fr.WritePing(false, [8]byte{5}) })
+	f := p.waitFor(t, "HEADERS on the reset stream, or the PING ack after it", func(f frameSummary) bool {
+		return f.typ == http2.FrameHeaders && f.stream == 1 || f.typ == http2.FramePing
+	})
+	if f.typ == http2.FrameHeaders {
+		t.Errorf("the server answered %s on a stream the peer had reset", f.status)
+	}
+}
+
 // When every handler is still busy with a stream the peer has reset, a new stream waits
 // for one to return instead of starting another handler.
 func TestStreamsWaitForBusyHandlers(t *testing.T) {
@@ -410,11 +438,11 @@ func TestStreamsWaitForBusyHandlers(t *testing.T) {
 	})
 	defer stop()
 	connect := func(id uint32) { p.headers(id, false, ":method", "CONNECT", ":authority", "10.0.0.1:80") }
-	for i := range uint32(limit) { // two streams, reset at once: their handlers keep running
+	for i := range uint32(limit) { // two streams, reset once their handlers run: these keep running
 		connect(2*i + 1)
+		testutil.Eventually(t, "the stream's handler to start", func() bool { return running.Load() == int32(i+1) })
 		p.write(func() error { return p.fr.WriteRSTStream(2*i+1, http2.ErrCodeCancel) })
 	}
-	testutil.Eventually(t, "both handlers running", func() bool { return running.Load() == limit })
 	connect(2*limit + 1) // waits: no handler is free
 	time.Sleep(50 * time.Millisecond)
 	if n := most.Load(); n != limit {

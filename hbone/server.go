@@ -71,8 +71,11 @@ func (r *Request) Reject(code int) {
 	s := r.s
 	c := s.c
 	c.lockWrite()
+	c.mu.Lock()
+	gone := s.done // reset (by the peer, mostly): no frame may follow on a closed stream
+	c.mu.Unlock()
 	var err error
-	if !s.rstWritten {
+	if !s.rstWritten && !gone {
 		err = c.writeHeadersWLocked(s.id, true, code, "", nil)
 	}
 	c.mu.Lock()
