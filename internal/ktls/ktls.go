@@ -64,6 +64,7 @@ const (
 	ReasonNoSecrets    Reason = "no_secrets"      // the key log did not give both traffic secrets of this connection
 	ReasonKernelKeys   Reason = "kernel_rejected" // TLS_TX or TLS_RX refused (e.g. the kernel lacks that cipher)
 	ReasonNotSupported Reason = "unsupported_os"  // not Linux
+	ReasonNotTCP       Reason = "not_tcp"         // the connection is neither a *net.TCPConn nor a TCPWrapper
 )
 
 // FallbackError is Enable's error. Unless Unusable is set, the *tls.Conn from Client or
@@ -126,24 +127,41 @@ type Handoff struct {
 	enableAttempted bool
 }
 
-// Client is tls.Client over conn, prepared for Enable: cfg is cloned and its KeyLogWriter
-// chained (a writer already there still gets every line).
-func Client(conn *net.TCPConn, cfg *tls.Config) (*tls.Conn, *Handoff) {
+// TCPWrapper is a connection over a *net.TCPConn (TCP returns it) whose Read and Write
+// go straight to that socket until Enable has returned; after a fallback its writes may
+// be buffered. Client and Server accept one, so a caller can keep its own LocalAddr, or
+// coalesce crypto/tls's records if the connection stays on crypto/tls.
+type TCPWrapper interface {
+	net.Conn
+	TCP() *net.TCPConn
+}
+
+// Client is tls.Client over conn (a *net.TCPConn or a TCPWrapper), prepared for Enable:
+// cfg is cloned and its KeyLogWriter chained (a writer already there still gets every
+// line).
+func Client(conn net.Conn, cfg *tls.Config) (*tls.Conn, *Handoff) {
 	return prepare(conn, cfg, true)
 }
 
-// Server is tls.Server over conn, prepared for Enable: cfg is cloned, its KeyLogWriter
-// chained, and session tickets disabled (a NewSessionTicket written before the switch
-// would shift the sequence number of every record the kernel sends).
-func Server(conn *net.TCPConn, cfg *tls.Config) (*tls.Conn, *Handoff) {
+// Server is tls.Server over conn (a *net.TCPConn or a TCPWrapper), prepared for Enable:
+// cfg is cloned, its KeyLogWriter chained, and session tickets disabled (a
+// NewSessionTicket written before the switch would shift the sequence number of every
+// record the kernel sends).
+func Server(conn net.Conn, cfg *tls.Config) (*tls.Conn, *Handoff) {
 	return prepare(conn, cfg, false)
 }
 
-func prepare(conn *net.TCPConn, cfg *tls.Config, client bool) (*tls.Conn, *Handoff) {
+func prepare(conn net.Conn, cfg *tls.Config, client bool) (*tls.Conn, *Handoff) {
 	cfg = cfg.Clone()
 	kl := &keyLog{next: cfg.KeyLogWriter}
 	cfg.KeyLogWriter = kl
-	raw := &recordConn{TCPConn: conn}
+	raw := &recordConn{Conn: conn}
+	switch c := conn.(type) {
+	case *net.TCPConn:
+		raw.tcp = c
+	case TCPWrapper:
+		raw.tcp = c.TCP()
+	}
 	h := &Handoff{raw: raw, log: kl, client: client}
 	if client {
 		h.tc = tls.Client(raw, cfg)
@@ -185,7 +203,11 @@ func (h *Handoff) Enable() (*Conn, error) {
 	// No crypto/tls I/O may race the switch: the handshake is over and nothing went
 	// through raw since (checked in keys), so marking raw gone here is in order.
 	h.raw.mode.Store(modeGone)
-	c, err := enable(h.raw.TCPConn, keys, h.tc.ConnectionState())
+	if h.raw.tcp == nil {
+		h.raw.mode.Store(modePass)
+		return nil, &FallbackError{Reason: ReasonNotTCP}
+	}
+	c, err := enable(h.raw.tcp, keys, h.tc.ConnectionState())
 	if err != nil {
 		var fe *FallbackError
 		if errors.As(err, &fe) && !fe.Unusable {
@@ -372,7 +394,8 @@ var errHandedOff = errors.New("ktls: connection handed to kernel TLS; use the kt
 // crypto/tls never reads ahead of the record it is working on, and it counts what passes
 // through, so Enable can tell whether crypto/tls read or wrote after the handshake.
 type recordConn struct {
-	*net.TCPConn
+	net.Conn
+	tcp             *net.TCPConn // the socket under Conn, nil if there is none
 	mode            atomic.Int32
 	nread, nwritten atomic.Int64
 	hdr             [5]byte // the current record's header (crypto/tls's reader only)
@@ -385,7 +408,7 @@ func (c *recordConn) Read(p []byte) (int, error) {
 	case modeGone:
 		return 0, errHandedOff
 	case modePass:
-		n, err := c.TCPConn.Read(p)
+		n, err := c.Conn.Read(p)
 		c.nread.Add(int64(n))
 		return n, err
 	}
@@ -393,7 +416,7 @@ func (c *recordConn) Read(p []byte) (int, error) {
 		return 0, nil
 	}
 	if c.nhdr < len(c.hdr) {
-		n, err := c.TCPConn.Read(p[:min(len(p), len(c.hdr)-c.nhdr)])
+		n, err := c.Conn.Read(p[:min(len(p), len(c.hdr)-c.nhdr)])
 		copy(c.hdr[c.nhdr:], p[:n])
 		c.nhdr += n
 		if c.nhdr == len(c.hdr) {
@@ -405,7 +428,7 @@ func (c *recordConn) Read(p []byte) (int, error) {
 		c.nread.Add(int64(n))
 		return n, err
 	}
-	n, err := c.TCPConn.Read(p[:min(len(p), c.body)])
+	n, err := c.Conn.Read(p[:min(len(p), c.body)])
 	c.body -= n
 	if c.body == 0 {
 		c.nhdr = 0
@@ -418,7 +441,7 @@ func (c *recordConn) Write(p []byte) (int, error) {
 	if c.mode.Load() == modeGone {
 		return 0, errHandedOff
 	}
-	n, err := c.TCPConn.Write(p)
+	n, err := c.Conn.Write(p)
 	c.nwritten.Add(int64(n))
 	return n, err
 }

@@ -48,4 +48,10 @@ func (s *Splicer) Fill(src syscall.Conn, max int) (int, error) { return 0, error
 func (s *Splicer) Drain(dst syscall.Conn, more bool) (int, error) {
 	return 0, errors.ErrUnsupported
 }
-func (s *Splicer) Close() error { return nil }
+func (s *Splicer) DrainN(dst syscall.Conn, n int, more bool) (int, error) {
+	return 0, errors.ErrUnsupported
+}
+func (s *Splicer) FillFD(fd, max int) (int, error) { return 0, errors.ErrUnsupported }
+func (s *Splicer) DrainFD(fd, n int) (int, error)  { return 0, errors.ErrUnsupported }
+func (s *Splicer) Read(p []byte) (int, error)      { return 0, errors.ErrUnsupported }
+func (s *Splicer) Close() error                    { return nil }

@@ -90,10 +90,38 @@ func (s *Splicer) Fill(src syscall.Conn, max int) (int, error) {
 	return n, nil
 }
 
+// FillFD is Fill for a caller inside src's own RawConn.Read callback, fd being src's: it
+// does not wait, so it returns syscall.EAGAIN when src has nothing yet, and the caller
+// can let go of the Splicer before it waits.
+func (s *Splicer) FillFD(fd, max int) (int, error) {
+	if s.n != 0 {
+		return 0, fmt.Errorf("ktls: splice: Fill with %d bytes still in the pipe", s.n)
+	}
+	n, err := splice(fd, s.w, max, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+	switch {
+	case err == unix.EAGAIN:
+		return 0, syscall.EAGAIN
+	case err == unix.EINVAL:
+		return 0, ErrNotData
+	case err != nil:
+		return 0, fmt.Errorf("ktls: splice from socket: %w", err)
+	case n == 0:
+		return 0, io.EOF
+	}
+	s.n = n
+	return n, nil
+}
+
 // Drain moves everything in the pipe to dst, waiting while dst's send buffer is full.
 // more passes SPLICE_F_MORE (MSG_MORE): more data follows at once, so a kernel TLS socket
 // keeps the last record open for it.
 func (s *Splicer) Drain(dst syscall.Conn, more bool) (int, error) {
+	return s.DrainN(dst, s.n, more)
+}
+
+// DrainN is Drain for the first n bytes in the pipe (at most Buffered); the rest stay for
+// a later DrainN, Drain or Read.
+func (s *Splicer) DrainN(dst syscall.Conn, n int, more bool) (int, error) {
 	rc, err := dst.SyscallConn()
 	if err != nil {
 		return 0, err
@@ -102,17 +130,19 @@ func (s *Splicer) Drain(dst syscall.Conn, more bool) (int, error) {
 	if more {
 		flags |= unix.SPLICE_F_MORE
 	}
+	left := min(n, s.n)
 	total := 0
 	var serr error
 	err = rc.Write(func(fd uintptr) bool {
-		for s.n > 0 {
-			var n int
-			n, serr = splice(s.r, int(fd), s.n, flags)
+		for left > 0 {
+			var k int
+			k, serr = splice(s.r, int(fd), left, flags)
 			if serr != nil {
 				return serr != unix.EAGAIN
 			}
-			s.n -= n
-			total += n
+			s.n -= k
+			left -= k
+			total += k
 		}
 		return true
 	})
@@ -120,6 +150,34 @@ func (s *Splicer) Drain(dst syscall.Conn, more bool) (int, error) {
 		err = fmt.Errorf("ktls: splice to socket: %w", serr)
 	}
 	return total, err
+}
+
+// DrainFD is DrainN for a caller inside dst's RawConn.Write callback, fd being dst's: one
+// non-blocking splice, so it may move fewer than n bytes, or none with syscall.EAGAIN.
+func (s *Splicer) DrainFD(fd, n int) (int, error) {
+	k, err := splice(s.r, fd, min(n, s.n), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+	if err != nil {
+		if err == unix.EAGAIN {
+			return 0, syscall.EAGAIN
+		}
+		return 0, fmt.Errorf("ktls: splice to socket: %w", err)
+	}
+	s.n -= k
+	return k, nil
+}
+
+// Read copies up to len(p) bytes out of the pipe into p: for what a full destination did
+// not take.
+func (s *Splicer) Read(p []byte) (int, error) {
+	if s.n == 0 {
+		return 0, io.EOF
+	}
+	n, err := unix.Read(s.r, p[:min(len(p), s.n)])
+	if err != nil {
+		return 0, fmt.Errorf("ktls: read pipe: %w", err)
+	}
+	s.n -= n
+	return n, nil
 }
 
 // Close closes the pipe; bytes still in it are lost.
