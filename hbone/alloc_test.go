@@ -54,7 +54,7 @@ func TestZeroAllocsPerDataFrame(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool := NewPool(Config{}, nil)
-	c, err := pool.startConn(context.Background(), Key{}, nc, nil)
+	c, err := pool.startConn(context.Background(), Key{}, nc, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

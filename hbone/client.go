@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/gozt/gozt/internal/ktls"
 	"golang.org/x/net/http2"
 )
 
@@ -21,6 +22,8 @@ type Pool struct {
 	wg        sync.WaitGroup // connection goroutines
 
 	mu     sync.Mutex
+	kernel kernelMemo
+
 	keys   map[Key]*keyPool
 	all    map[*conn]struct{} // every live connection, pooled or draining
 	closed bool
@@ -202,24 +205,27 @@ func (p *Pool) dial(ctx context.Context, k Key) (*conn, error) {
 	if err != nil {
 		return nil, dialErr(k, err, ctx)
 	}
-	bc := &bufConn{Conn: raw}
-	tlsc := tls.Client(bc, tc)
-	if err := tlsc.HandshakeContext(ctx); err != nil {
+	ts := startTLS(raw, tc, false, &p.cfg, &p.kernel)
+	if err := ts.handshake(ctx); err != nil {
 		raw.Close()
 		return nil, dialErr(k, fmt.Errorf("tls handshake: %w", err), ctx)
 	}
-	if tlsc.ConnectionState().NegotiatedProtocol != http2.NextProtoTLS {
+	if ts.tc.ConnectionState().NegotiatedProtocol != http2.NextProtoTLS {
 		raw.Close()
 		return nil, fmt.Errorf("hbone: dial %s: peer did not negotiate ALPN h2", k.Addr)
 	}
-	bc.buffering = true
-	return p.startConn(ctx, k, tlsc, bc)
+	nc, bc, kc, err := ts.finish(&p.cfg, &p.kernel)
+	if err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("hbone: dial %s: %w", k.Addr, err)
+	}
+	return p.startConn(ctx, k, nc, bc, kc)
 }
 
 // startConn runs HTTP/2 on an established connection: preface, the connection's two
 // goroutines, and the wait for the peer's SETTINGS.
-func (p *Pool) startConn(ctx context.Context, k Key, nc net.Conn, bc *bufConn) (*conn, error) {
-	c := newConn(p.cfg, false, nc, bc)
+func (p *Pool) startConn(ctx context.Context, k Key, nc net.Conn, bc *bufConn, kc *ktls.Conn) (*conn, error) {
+	c := newConn(p.cfg, false, nc, bc, kc)
 	c.onClose = func(c *conn) { p.remove(k, c) }
 	if err := c.writePreface(); err != nil {
 		nc.Close()
@@ -239,6 +245,7 @@ func (p *Pool) startConn(ctx context.Context, k Key, nc net.Conn, bc *bufConn) (
 	go func() {
 		defer p.wg.Done()
 		c.runClientReader()
+		c.reportKernelEnd()
 		p.mu.Lock()
 		delete(p.all, c)
 		p.mu.Unlock()

@@ -35,6 +35,34 @@ type Config struct {
 	// answer and of every connection closed for abuse (see doc.go, "Limits"). It runs on
 	// the connection's frame reader: it must be quick and must not block.
 	OnDrop func(DropReason)
+	// DisableKernelTLS keeps every connection's TLS records in crypto/tls. By default the
+	// connections this package runs the handshake of (Pool's, ServeTLS's) hand the record
+	// layer to the Linux kernel after the handshake when the kernel can take it, and carry
+	// on in crypto/tls when it cannot (see doc.go, "Kernel TLS").
+	DisableKernelTLS bool
+	// OnTLS, if set, is told once per such connection, after its handshake and before it
+	// carries HTTP/2, where its TLS records are handled. It runs on the dialing or serving
+	// goroutine; it must not block.
+	OnTLS func(TLSInfo)
+	// OnKernelTLSEnd, if set, is told when a kernel TLS connection ends how many DATA
+	// payload bytes it spliced (never in user space) and copied, each way.
+	OnKernelTLSEnd func(KernelTLSBytes)
+}
+
+// TLSInfo is what Config.OnTLS hears of one connection.
+type TLSInfo struct {
+	Kernel bool // the kernel encrypts and decrypts its records
+	// Reason says why not, in one word fit for a metric label: a ktls.Reason
+	// (no_kernel_tls, cipher, ...), "disabled" (DisableKernelTLS) or "not_tcp".
+	Reason string
+	Err    error // the fallback's cause, if any
+	Server bool  // the connection was accepted, not dialed
+}
+
+// KernelTLSBytes counts one kernel TLS connection's DATA payload bytes by path.
+type KernelTLSBytes struct {
+	SplicedOut, CopiedOut int64 // sent: socket → pipe → kernel TLS, or through a user-space buffer
+	SplicedIn, CopiedIn   int64 // received
 }
 
 // DropReason says why a stream or connection was dropped.

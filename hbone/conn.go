@@ -1,11 +1,13 @@
 package hbone
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"sync"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/identity"
+	"github.com/gozt/gozt/internal/ktls"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 )
@@ -26,8 +29,9 @@ type conn struct {
 	cfg     Config
 	server  bool
 	handler Handler
-	nc      net.Conn // what frames are read from and written to (usually *tls.Conn)
-	bc      *bufConn // coalescing layer under TLS, nil when the caller built the TLS conn
+	nc      net.Conn   // what frames are written to (and read from, but for kc's): *tls.Conn, or bc over kc
+	bc      *bufConn   // coalescing layer (under crypto/tls, or over kc), nil when the caller built the TLS conn
+	kc      *ktls.Conn // non-nil: the kernel handles TLS records (ktls.go)
 	peer    identity.ID
 	fr      *http2.Framer // write side under wmu; read side the frame reader's alone
 	onClose func(*conn)   // pool bookkeeping: the connection leaves the pool; see leavePool
@@ -44,7 +48,9 @@ type conn struct {
 	left    atomic.Bool    // onClose has run
 	flooded atomic.Bool    // more than maxQueuedControl control frames are queued
 	waiters atomic.Int32   // goroutines queued for wmu: the last one out flushes bc
-	extra   bool           // client: dialed because the key's other conns were congested; guarded by Pool.mu
+	// DATA payload bytes of a kernel TLS connection by path (KernelTLSBytes).
+	splicedOut, copiedOut, splicedIn, copiedIn atomic.Int64
+	extra                                      bool // client: dialed because the key's other conns were congested; guarded by Pool.mu
 
 	// The write lock: wmu serialises frames and guards the fields after it.
 	wmu        sync.Mutex
@@ -53,6 +59,8 @@ type conn struct {
 	hencLimit  uint32
 	goawaySent bool
 	dataHdr    [9]byte
+	iov        [3][]byte   // kernel TLS: buffered frames, DATA header, payload
+	bufs       net.Buffers // over iov; a field, so writev's argument does not escape per call
 
 	// The state lock: mu guards every field after it and Stream's fields marked so.
 	mu             sync.Mutex
@@ -107,12 +115,13 @@ type ctrlOp struct {
 	data [8]byte
 }
 
-func newConn(cfg Config, server bool, nc net.Conn, bc *bufConn) *conn {
+func newConn(cfg Config, server bool, nc net.Conn, bc *bufConn, kc *ktls.Conn) *conn {
 	c := &conn{
 		cfg:            cfg,
 		server:         server,
 		nc:             nc,
 		bc:             bc,
+		kc:             kc,
 		kick:           make(chan struct{}, 1),
 		work:           make(chan *Request),
 		done:           make(chan struct{}),
@@ -128,7 +137,12 @@ func newConn(cfg Config, server bool, nc net.Conn, bc *bufConn) *conn {
 		settingsCh:     make(chan struct{}),
 		idleSince:      time.Now(),
 	}
-	c.fr = http2.NewFramer(nc, nc)
+	var r io.Reader = nc
+	if kc != nil {
+		// Each Read of kc is a recvmsg(2): buffer so that small frames cost one.
+		r = bufio.NewReaderSize(kc, kernelReadBuf)
+	}
+	c.fr = http2.NewFramer(nc, r)
 	c.fr.SetMaxReadFrameSize(cfg.MaxFrameSize)
 	c.fr.SetReuseFrames()
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
@@ -138,8 +152,14 @@ func newConn(cfg Config, server bool, nc net.Conn, bc *bufConn) *conn {
 		c.fr.MaxHeaderListSize = clientMaxHeaders
 	}
 	c.henc = hpack.NewEncoder(&c.hbuf)
-	if tc, ok := nc.(*tls.Conn); ok && len(tc.ConnectionState().PeerCertificates) > 0 {
-		if id, err := identity.FromCert(tc.ConnectionState().PeerCertificates[0]); err == nil {
+	var st tls.ConnectionState
+	if kc != nil {
+		st = kc.ConnectionState() // the handshake's
+	} else if tc, ok := nc.(*tls.Conn); ok {
+		st = tc.ConnectionState()
+	}
+	if len(st.PeerCertificates) > 0 {
+		if id, err := identity.FromCert(st.PeerCertificates[0]); err == nil {
 			c.peer = id
 		}
 	}
@@ -193,7 +213,9 @@ func (c *conn) closeWith(err error) {
 		c.cancelCtx(err)
 	}
 	close(c.done)
-	if c.bc != nil {
+	if c.kc != nil {
+		c.kc.NetConn().Close() // not ktls.Conn.Close: its close_notify would bypass wmu
+	} else if c.bc != nil {
 		c.bc.Conn.Close() // not tls.Conn.Close: its close_notify would bypass wmu
 	} else {
 		c.nc.Close()

@@ -53,6 +53,21 @@
 //     leaked on every aborted stream would stall the whole connection in the end
 //     (TestAbortsKeepWindowsWhole checks that both ends' windows add up).
 //
+// # Kernel TLS
+//
+// On the connections whose handshake this package runs (Pool's dials, ServeTLS), the
+// handshake goes through internal/ktls, and after it (and the ALPN check) the record
+// layer moves to the kernel when the kernel has kernel TLS (tls.ko) and the cipher suite;
+// Config.DisableKernelTLS turns this off. Where it cannot, the connection carries on in
+// crypto/tls exactly as before, and Config.OnTLS hears why in one word (no_kernel_tls,
+// cipher, ...); a kernel that refused the ULP is not asked again for a minute (each
+// refusal can run modprobe). In kernel TLS, frames are written to a coalescing buffer
+// over the kernel TLS socket (a large DATA payload joins them in one writev(2)) and read
+// through a small read buffer. A peer's KeyUpdate, which kernel TLS here cannot follow,
+// ends the connection (its streams fail; the pool dials a new one); so does any alert.
+// closeWith closes the socket, not the kernel TLS conn, whose close_notify would bypass
+// the write lock.
+//
 // # Limits
 //
 // Port 15008 is reachable by every workload in the mesh, so a peer with a valid

@@ -70,7 +70,7 @@ func TestClientPingTimeout(t *testing.T) {
 			go io.Copy(io.Discard, b)
 			fr.WriteSettings()
 		}()
-		c, err := pool.startConn(context.Background(), Key{}, a, nil)
+		c, err := pool.startConn(context.Background(), Key{}, a, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -327,7 +327,7 @@ func TestControlQueueBounded(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
-	c := newConn(Config{}.withDefaults(), true, a, nil)
+	c := newConn(Config{}.withDefaults(), true, a, nil, nil)
 	c.mu.Lock()
 	for range maxQueuedControl + 10 {
 		c.queueLocked(ctrlOp{kind: opPingAck})

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/identity"
+	"github.com/gozt/gozt/internal/ktls"
 	"golang.org/x/net/http2"
 )
 
@@ -105,8 +106,9 @@ type Handler func(r *Request)
 // Server is the HBONE server side: it serves HTTP/2 on accepted (TLS) connections and
 // yields each CONNECT stream to the handler.
 type Server struct {
-	cfg Config
-	h   Handler
+	cfg    Config
+	h      Handler
+	kernel kernelMemo
 
 	mu       sync.Mutex
 	raws     map[net.Conn]*conn // every connection inside ServeConn, from before its handshake; nil until it serves HTTP/2
@@ -123,9 +125,10 @@ func NewServer(cfg Config, h Handler) *Server {
 
 // ServeTLS runs the TLS server handshake itself over raw (a TCP conn) so that outgoing
 // TLS records are coalesced into fewer writes; otherwise it is ServeConn.
+//
+// raw is a *net.TCPConn, or a ktls.TCPWrapper around one, for kernel TLS (see doc.go).
 func (s *Server) ServeTLS(ctx context.Context, raw net.Conn, cfg *tls.Config) error {
-	bc := &bufConn{Conn: raw}
-	return s.serve(ctx, raw, tls.Server(bc, cfg), bc)
+	return s.serve(ctx, raw, nil, startTLS(raw, cfg, true, &s.cfg, &s.kernel))
 }
 
 // ServeConn serves HTTP/2 on c until the connection ends. c is usually a *tls.Conn (the
@@ -135,7 +138,8 @@ func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
 	return s.serve(ctx, c, c, nil)
 }
 
-func (s *Server) serve(ctx context.Context, raw, nc net.Conn, bc *bufConn) error {
+// serve serves raw: through nc (ServeConn), or through the TLS that ts starts (ServeTLS).
+func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) error {
 	s.mu.Lock()
 	if s.shutdown {
 		s.mu.Unlock()
@@ -165,14 +169,30 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, bc *bufConn) error
 	stop := context.AfterFunc(ctx, func() { raw.Close() })
 	defer stop()
 	raw.SetDeadline(time.Now().Add(s.cfg.DialTimeout))
-	if tc, ok := nc.(*tls.Conn); ok {
-		if err := tc.HandshakeContext(ctx); err != nil {
+	handshake := func(ctx context.Context) error { return nil }
+	var tc *tls.Conn
+	if ts != nil {
+		tc, handshake = ts.tc, ts.handshake
+	} else if c, ok := nc.(*tls.Conn); ok {
+		tc, handshake = c, c.HandshakeContext
+	}
+	if tc != nil {
+		if err := handshake(ctx); err != nil {
 			raw.Close()
 			return fmt.Errorf("hbone: tls handshake with %s: %w", raw.RemoteAddr(), err)
 		}
 		if p := tc.ConnectionState().NegotiatedProtocol; p != http2.NextProtoTLS {
 			raw.Close()
 			return fmt.Errorf("hbone: %s negotiated ALPN %q, want h2", raw.RemoteAddr(), p)
+		}
+	}
+	var bc *bufConn
+	var kc *ktls.Conn
+	if ts != nil {
+		var err error
+		if nc, bc, kc, err = ts.finish(&s.cfg, &s.kernel); err != nil {
+			raw.Close()
+			return fmt.Errorf("hbone: kernel TLS for %s: %w", raw.RemoteAddr(), err)
 		}
 	}
 	var preface [len(http2.ClientPreface)]byte
@@ -185,10 +205,7 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, bc *bufConn) error
 	}
 	raw.SetDeadline(time.Time{})
 	s.handshakeOver(hand)
-	if bc != nil {
-		bc.buffering = true
-	}
-	c := newConn(s.cfg, true, nc, bc)
+	c := newConn(s.cfg, true, nc, bc, kc)
 	c.handler = s.h
 	c.ctx, c.cancelCtx = context.WithCancelCause(ctx)
 	s.mu.Lock()
@@ -210,6 +227,7 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, bc *bufConn) error
 	err := c.readLoop()
 	c.fail(err)
 	c.wg.Wait()
+	c.reportKernelEnd()
 	c.mu.Lock()
 	cause := c.cause
 	c.mu.Unlock()

@@ -188,20 +188,39 @@ func (c *conn) writeOpsWLocked() (closeAfter bool, err error) {
 //
 // A small payload is instead copied behind its header into one record: the copy is
 // cheaper than a second record's seal on this side and its open on the peer's.
+//
+// In kernel TLS a large payload goes out in one writev(2) with the buffered frames and
+// its header: the kernel cuts the records, so nothing is copied in user space.
 func (c *conn) writeDataWLocked(id uint32, p []byte) error {
+	if c.kc != nil {
+		c.copiedOut.Add(int64(len(p)))
+	}
 	if c.bc == nil || len(p) <= smallData {
 		return c.fr.WriteData(id, false, p)
 	}
-	h := &c.dataHdr
-	n := len(p)
-	h[0], h[1], h[2] = byte(n>>16), byte(n>>8), byte(n)
-	h[3], h[4] = byte(http2.FrameData), 0
-	h[5], h[6], h[7], h[8] = byte(id>>24)&0x7f, byte(id>>16), byte(id>>8), byte(id)
-	if _, err := c.nc.Write(h[:]); err != nil {
+	h := c.dataHeaderWLocked(id, len(p))
+	if c.kc != nil {
+		c.iov[0], c.iov[1], c.iov[2] = c.bc.buf, h, p
+		c.bufs = c.iov[:]
+		_, err := c.bufs.WriteTo(c.kc.NetConn())
+		c.bc.buf = c.bc.buf[:0]
+		c.iov = [3][]byte{}
+		return err
+	}
+	if _, err := c.nc.Write(h); err != nil {
 		return err
 	}
 	_, err := c.nc.Write(p)
 	return err
+}
+
+// dataHeaderWLocked fills the DATA frame header (no flags) for n payload bytes.
+func (c *conn) dataHeaderWLocked(id uint32, n int) []byte {
+	h := &c.dataHdr
+	h[0], h[1], h[2] = byte(n>>16), byte(n>>8), byte(n)
+	h[3], h[4] = byte(http2.FrameData), 0
+	h[5], h[6], h[7], h[8] = byte(id>>24)&0x7f, byte(id>>16), byte(id>>8), byte(id)
+	return h[:]
 }
 
 // smallData is the largest DATA payload written as one TLS record with its header

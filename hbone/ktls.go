@@ -1,0 +1,188 @@
+package hbone
+
+// Kernel TLS: after crypto/tls's handshake the record layer moves to the kernel
+// (internal/ktls) when it can take it; DATA payloads then move by splice(2).
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gozt/gozt/internal/ktls"
+)
+
+// tlsStart is one connection's TLS from its handshake to the frames' first byte.
+type tlsStart struct {
+	raw  net.Conn
+	bc   *bufConn // under crypto/tls (records coalesced on the user-space path)
+	tc   *tls.Conn
+	h    *ktls.Handoff // nil: kernel TLS is not tried
+	info TLSInfo
+}
+
+// kernelMemo remembers, for a Pool or Server, that the kernel has no TLS ULP, so its
+// connections stop asking for a while: each refused setsockopt(TCP_ULP) can make the
+// kernel run modprobe.
+type kernelMemo struct {
+	noneUntil atomic.Int64 // unix nanoseconds
+}
+
+const kernelRetry = time.Minute
+
+var errKernelMemo = errors.New("the kernel refused TCP_ULP tls on an earlier connection")
+
+// startTLS prepares the handshake over raw: through internal/ktls when kernel TLS is
+// worth trying, else crypto/tls as before.
+func startTLS(raw net.Conn, cfg *tls.Config, server bool, hc *Config, memo *kernelMemo) *tlsStart {
+	t := &tlsStart{raw: raw, bc: &bufConn{Conn: raw}, info: TLSInfo{Server: server}}
+	switch {
+	case hc.DisableKernelTLS:
+		t.info.Reason = "disabled"
+	case tcpOf(raw) == nil:
+		t.info.Reason = string(ktls.ReasonNotTCP)
+	case time.Now().UnixNano() < memo.noneUntil.Load():
+		t.info.Reason, t.info.Err = string(ktls.ReasonNoKernelTLS), errKernelMemo
+	case server:
+		t.tc, t.h = ktls.Server(t.bc, cfg)
+	default:
+		t.tc, t.h = ktls.Client(t.bc, cfg)
+	}
+	if t.tc == nil {
+		if server {
+			t.tc = tls.Server(t.bc, cfg)
+		} else {
+			t.tc = tls.Client(t.bc, cfg)
+		}
+	}
+	return t
+}
+
+func (t *tlsStart) handshake(ctx context.Context) error {
+	if t.h != nil {
+		return t.h.Handshake(ctx)
+	}
+	return t.tc.HandshakeContext(ctx)
+}
+
+// finish switches to kernel TLS if it can, tells hc.OnTLS, and returns what frames go
+// through (always a coalescing bufConn) and the kernel TLS conn (nil on the user-space
+// path). An error means the connection is unusable.
+func (t *tlsStart) finish(hc *Config, memo *kernelMemo) (nc net.Conn, bc *bufConn, kc *ktls.Conn, err error) {
+	if t.h != nil {
+		kc, err = t.h.Enable()
+		var fe *ktls.FallbackError
+		switch {
+		case err == nil:
+			t.info.Kernel = true
+		case errors.As(err, &fe) && fe.Unusable:
+			return nil, nil, nil, err
+		case fe != nil:
+			t.info.Reason, t.info.Err = string(fe.Reason), fe.Err
+			if fe.Reason == ktls.ReasonNoKernelTLS {
+				memo.noneUntil.Store(time.Now().Add(kernelRetry).UnixNano())
+			}
+		default:
+			return nil, nil, nil, err
+		}
+	}
+	if hc.OnTLS != nil {
+		hc.OnTLS(t.info)
+	}
+	if kc != nil {
+		bc = &bufConn{Conn: &kernelConn{Conn: kc, raw: t.raw}, buffering: true}
+		return bc, bc, kc, nil
+	}
+	t.bc.buffering = true
+	return t.tc, t.bc, nil, nil
+}
+
+// kernelConn is the kernel TLS conn with the addresses of the raw conn it replaced (a
+// redirected connection's LocalAddr is the address the client dialed).
+type kernelConn struct {
+	*ktls.Conn
+	raw net.Conn
+}
+
+func (k *kernelConn) LocalAddr() net.Addr  { return k.raw.LocalAddr() }
+func (k *kernelConn) RemoteAddr() net.Addr { return k.raw.RemoteAddr() }
+
+// tcpOf is the socket under c: c itself or what a ktls.TCPWrapper wraps.
+func tcpOf(c net.Conn) *net.TCPConn {
+	switch c := c.(type) {
+	case *net.TCPConn:
+		return c
+	case ktls.TCPWrapper:
+		return c.TCP()
+	}
+	return nil
+}
+
+// TCP makes bufConn a ktls.TCPWrapper: it does not buffer until the handshake is over.
+func (b *bufConn) TCP() *net.TCPConn { return tcpOf(b.Conn) }
+
+// pipes keeps idle splice pipes for reuse: each is two file descriptors and two syscalls
+// to make, and a sync.Pool would drop them without closing them.
+var pipes struct {
+	mu   sync.Mutex
+	free []*ktls.Splicer
+}
+
+const maxIdlePipes = 32
+
+func getPipe() (*ktls.Splicer, error) {
+	pipes.mu.Lock()
+	if n := len(pipes.free); n > 0 {
+		sp := pipes.free[n-1]
+		pipes.free[n-1] = nil
+		pipes.free = pipes.free[:n-1]
+		pipes.mu.Unlock()
+		return sp, nil
+	}
+	pipes.mu.Unlock()
+	return ktls.NewSplicer()
+}
+
+// putPipe keeps sp for reuse if it is empty, else closes it.
+func putPipe(sp *ktls.Splicer) {
+	if sp == nil {
+		return
+	}
+	pipes.mu.Lock()
+	if sp.Buffered() == 0 && len(pipes.free) < maxIdlePipes {
+		pipes.free = append(pipes.free, sp)
+		sp = nil
+	}
+	pipes.mu.Unlock()
+	if sp != nil {
+		sp.Close()
+	}
+}
+
+// KernelTLS reports whether the stream's connection runs in kernel TLS.
+func (s *Stream) KernelTLS() bool { return s.c.kc != nil }
+
+// KernelTLSBytes is what the stream's connection has moved so far by each path (zero
+// on the user-space path).
+func (s *Stream) KernelTLSBytes() KernelTLSBytes { return s.c.kernelBytes() }
+
+func (c *conn) kernelBytes() KernelTLSBytes {
+	return KernelTLSBytes{
+		SplicedOut: c.splicedOut.Load(), CopiedOut: c.copiedOut.Load(),
+		SplicedIn: c.splicedIn.Load(), CopiedIn: c.copiedIn.Load(),
+	}
+}
+
+// reportKernelEnd tells OnKernelTLSEnd what a kernel TLS connection moved; its owner
+// calls it once the connection's goroutines have exited.
+func (c *conn) reportKernelEnd() {
+	if c.kc != nil && c.cfg.OnKernelTLSEnd != nil {
+		c.cfg.OnKernelTLSEnd(c.kernelBytes())
+	}
+}
+
+// kernelReadBuf buffers the frame reader's reads of a kernel TLS socket.
+const kernelReadBuf = 16 << 10

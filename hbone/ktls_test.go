@@ -1,0 +1,186 @@
+package hbone
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"io"
+	"net"
+	"sync"
+	"testing"
+
+	"github.com/gozt/gozt/identity"
+	"github.com/gozt/gozt/internal/leaktest"
+	"golang.org/x/sys/unix"
+)
+
+// These run on every host: where the kernel has no TLS (this repo's usual hosts) they
+// check the fallback, and in `make test-ktls`'s VM the kernel path.
+
+// kernelHasTLS reports whether setsockopt(TCP_ULP, "tls") works here.
+func kernelHasTLS(t testing.TB) bool {
+	t.Helper()
+	a, _ := tcpPair(t)
+	rc, err := a.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	rc.Control(func(fd uintptr) { serr = unix.SetsockoptString(int(fd), unix.SOL_TCP, unix.TCP_ULP, "tls") })
+	return serr == nil
+}
+
+// tlsInfos collects what Config.OnTLS hears.
+type tlsInfos struct {
+	mu  sync.Mutex
+	got []TLSInfo
+}
+
+func (r *tlsInfos) add(i TLSInfo) {
+	r.mu.Lock()
+	r.got = append(r.got, i)
+	r.mu.Unlock()
+}
+
+func (r *tlsInfos) take() []TLSInfo {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	got := r.got
+	r.got = nil
+	return got
+}
+
+// hashEcho sends size bytes of seeded data on s, half-closes, and checks that the echo
+// hashes the same.
+func hashEcho(t *testing.T, s *Stream, seed byte, size int) {
+	t.Helper()
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i*7) ^ seed
+	}
+	sent := sha256.Sum256(data)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := s.Write(data)
+		if err == nil {
+			err = s.CloseWrite()
+		}
+		errc <- err
+	}()
+	h := sha256.New()
+	n, err := io.Copy(h, s)
+	if err != nil || n != int64(size) {
+		t.Fatalf("echo: read %d of %d bytes: %v", n, size, err)
+	}
+	if werr := <-errc; werr != nil {
+		t.Fatalf("write: %v", werr)
+	}
+	if got := h.Sum(nil); !bytes.Equal(got, sent[:]) {
+		t.Fatalf("echo hash %x, sent %x", got[:4], sent[:4])
+	}
+}
+
+// TestKernelTLSOrFallback: connections hand their records to the kernel where it has
+// kernel TLS and carry on in crypto/tls where it has not; either way they work, and
+// OnTLS hears which, once per connection and side.
+func TestKernelTLSOrFallback(t *testing.T) {
+	leaktest.Check(t)
+	kernel := kernelHasTLS(t)
+	var infos tlsInfos
+	e := newEnv(t, Config{OnTLS: infos.add}, echo)
+	check := func(t *testing.T, s *Stream, memo bool) {
+		t.Helper()
+		got := infos.take()
+		if len(got) != 2 || got[0].Server == got[1].Server {
+			t.Fatalf("OnTLS heard %+v; want one client and one server report", got)
+		}
+		for _, i := range got {
+			switch {
+			case kernel && !i.Kernel:
+				t.Errorf("kernel has TLS, but %+v", i)
+			case !kernel && (i.Kernel || i.Reason != "no_kernel_tls" || i.Err == nil):
+				t.Errorf("kernel has no TLS, but %+v; want reason no_kernel_tls with its cause", i)
+			case !kernel && memo && i.Err != errKernelMemo:
+				t.Errorf("second connection: %v; want it not to ask the kernel again", i.Err)
+			}
+		}
+		if s.KernelTLS() != kernel {
+			t.Errorf("Stream.KernelTLS() = %v on a kernel with TLS %v", s.KernelTLS(), kernel)
+		}
+	}
+	s := e.dial(t, "10.0.0.1:80")
+	check(t, s, false)
+	hashEcho(t, s, 1, 3<<20+5)
+	s.Close()
+
+	// A second connection (another source identity, so another pool key).
+	k := e.key
+	k.Src = identity.MustParse("spiffe://cluster.local/ns/default/sa/other")
+	s2, err := e.pool.Dial(context.Background(), k, "10.0.0.1:80", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, s2, true)
+	hashEcho(t, s2, 2, 100<<10)
+	s2.Close()
+}
+
+// TestKernelTLSDisabled: DisableKernelTLS keeps connections in crypto/tls, and says so.
+func TestKernelTLSDisabled(t *testing.T) {
+	var infos tlsInfos
+	e := newEnv(t, Config{DisableKernelTLS: true, OnTLS: infos.add}, echo)
+	s := e.dial(t, "10.0.0.1:80")
+	defer s.Close()
+	hashEcho(t, s, 3, 1<<20)
+	got := infos.take()
+	if len(got) != 2 {
+		t.Fatalf("OnTLS heard %+v; want two reports", got)
+	}
+	for _, i := range got {
+		if i.Kernel || i.Reason != "disabled" {
+			t.Errorf("%+v; want reason disabled", i)
+		}
+	}
+	if s.KernelTLS() {
+		t.Error("Stream.KernelTLS() with DisableKernelTLS")
+	}
+}
+
+// TestKernelTLSNotTCP: ServeTLS over something that is no TCP socket stays in
+// crypto/tls and says why.
+func TestKernelTLSNotTCP(t *testing.T) {
+	testCA()
+	var infos tlsInfos
+	srv := NewServer(Config{OnTLS: infos.add}, echo)
+	a, b := net.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- srv.ServeTLS(context.Background(), b, srvTLS) }()
+	pool := NewPool(Config{DisableKernelTLS: true}, nil)
+	defer pool.Close()
+	// The client side over the pipe, as a pooled connection would be.
+	ts := startTLS(a, cliTLS, false, &pool.cfg, &pool.kernel)
+	if err := ts.handshake(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	nc, bc, kc, err := ts.finish(&pool.cfg, &pool.kernel)
+	if err != nil || kc != nil {
+		t.Fatalf("finish: %v, %v", kc, err)
+	}
+	c, err := pool.startConn(context.Background(), Key{}, nc, bc, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.tryReserve(true)
+	s, err := c.open(context.Background(), "10.0.0.1:80", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashEcho(t, s, 4, 64<<10)
+	s.Close()
+	if got := infos.take(); len(got) != 1 || got[0].Kernel || got[0].Reason != "not_tcp" || !got[0].Server {
+		t.Errorf("server's OnTLS heard %+v; want reason not_tcp", got)
+	}
+	pool.Close()
+	srv.Close()
+	<-done
+}
