@@ -80,6 +80,14 @@ type Metrics struct {
 	// enhance_your_calm), the streams dropped before a handler answered them and the
 	// connections closed for abuse. Such streams get no access-log record of their own.
 	HBONEDrops *prometheus.CounterVec
+	// HBONEKernelTLS counts HBONE connections by where their TLS records are handled:
+	// result = "kernel" (kernel TLS), or why not (hbone.TLSInfo.Reason: no_kernel_tls,
+	// disabled, cipher, ...).
+	HBONEKernelTLS *prometheus.CounterVec
+	// HBONEKernelTLSBytes counts the DATA payload bytes of ended kernel TLS connections,
+	// labelled direction = sent|received and path = spliced (never in user space) or
+	// copied.
+	HBONEKernelTLSBytes *prometheus.CounterVec
 	// In-pod (shared) mode workload manager.
 	ActiveProxies, PendingProxies  prometheus.Gauge
 	ProxiesStarted, ProxiesStopped prometheus.Counter
@@ -130,6 +138,8 @@ func New(reg *prometheus.Registry, version string, opts ...Option) *Metrics {
 	m.XDSMessages = counter("istio_xds_message_total", "Total number of messages received (unstable)", []string{"url"})
 	m.XDSMessageBytes = counter("istio_xds_message_bytes_total", "Total number of bytes received (unstable)", []string{"url"})
 	m.HBONEDrops = counter("hbone_dropped_total", "HBONE streams refused or reset by the peer before they were answered, and HBONE connections closed with ENHANCE_YOUR_CALM (gozt)", []string{"reason"})
+	m.HBONEKernelTLS = counter("hbone_kernel_tls_connections_total", "HBONE connections by where their TLS records are handled: result=kernel, or the reason they stayed in user space (gozt)", []string{"result"})
+	m.HBONEKernelTLSBytes = counter("hbone_kernel_tls_bytes_total", "DATA payload bytes of ended kernel TLS HBONE connections, by direction and by path: spliced (never in user space) or copied (gozt)", []string{"direction", "path"})
 	m.DNSRequests = counter("istio_dns_requests_total", "Total number of DNS requests (unstable)", dnsLabelNames)
 	m.DNSUpstreamRequests = counter("istio_dns_upstream_requests_total", "Total number of DNS requests forwarded to upstream (unstable)", dnsLabelNames)
 	m.DNSUpstreamFailures = counter("istio_dns_upstream_failures_total", "Total number of DNS failures forwarding to upstream (unstable)", dnsLabelNames)

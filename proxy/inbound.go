@@ -29,6 +29,9 @@ type origDstConn struct {
 
 func (c *origDstConn) LocalAddr() net.Addr { return c.dst }
 
+// TCP lets hbone hand the socket to kernel TLS (ktls.TCPWrapper).
+func (c *origDstConn) TCP() *net.TCPConn { return c.TCPConn }
+
 // withOrigDst wraps c when iptables REDIRECT changed its destination.
 func withOrigDst(c *net.TCPConn) net.Conn {
 	dst := originalDst(c)

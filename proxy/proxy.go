@@ -157,6 +157,8 @@ func New(cfg Config, store *state.Store, certs CertSource, m *metrics.Metrics) *
 		p.dialer.Control = sockopt.Control(cfg.PacketMark)
 	}
 	cfg.HBONE.OnDrop = p.onDrop
+	cfg.HBONE.OnTLS = p.onTLS
+	cfg.HBONE.OnKernelTLSEnd = p.onKernelTLSEnd
 	p.pool = hbone.NewPool(cfg.HBONE, func(ctx context.Context, k hbone.Key) (*tls.Config, error) {
 		return certs.ClientConfig(ctx, k.Src, k.Expected())
 	})

@@ -49,6 +49,9 @@ type ConnInfo struct {
 	OriginalDst string `json:"originalDst"` // where the client was going
 	ActualDst   string `json:"actualDst"`   // what the proxy connected to
 	Protocol    string `json:"protocol"`    // HBONE or TCP
+	// TLS says where an HBONE connection's TLS records are handled: "kernel" (kernel
+	// TLS) or "user" (crypto/tls). A gozt field; empty for TCP.
+	TLS string `json:"tls,omitempty"`
 }
 
 // Connections lists the connections the proxy carries now, inbound and outbound.
@@ -63,6 +66,7 @@ func (p *Proxy) Connections() (inbound, outbound []ConnInfo) {
 			OriginalDst: tc.originalDst.String(),
 			ActualDst:   tc.server.RemoteAddr().String(),
 			Protocol:    protocolOf(tc.client, tc.server),
+			TLS:         tlsOf(tc.client, tc.server),
 		}
 		if tc.inbound {
 			inbound = append(inbound, info)
@@ -81,6 +85,19 @@ func protocolOf(a, b net.Conn) string {
 		}
 	}
 	return "TCP"
+}
+
+// tlsOf is where the HBONE leg's TLS records are handled, "" without one.
+func tlsOf(a, b net.Conn) string {
+	for _, c := range []net.Conn{a, b} {
+		if st, ok := c.(*hbone.Stream); ok {
+			if st.KernelTLS() {
+				return "kernel"
+			}
+			return "user"
+		}
+	}
+	return ""
 }
 
 func (t *tracker) init() {

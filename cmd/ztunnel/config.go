@@ -58,6 +58,7 @@ type config struct {
 	StreamWindow        uint32
 	ConnWindow          uint32
 	FrameSize           uint32
+	KernelTLS           bool
 	TerminationDeadline time.Duration
 	PacketMark          uint32
 	EnableOrigSrc       string // true | false | "" (best effort)
@@ -145,6 +146,7 @@ func settings() []setting {
 		size("HTTP2_STREAM_WINDOW_SIZE", "4Mi", "HTTP/2 stream flow-control window", func(c *config) *uint32 { return &c.StreamWindow }),
 		size("HTTP2_CONNECTION_WINDOW_SIZE", "16Mi", "HTTP/2 connection flow-control window", func(c *config) *uint32 { return &c.ConnWindow }),
 		size("HTTP2_FRAME_SIZE", "1Mi", "HTTP/2 max frame size", func(c *config) *uint32 { return &c.FrameSize }),
+		boolean("KERNEL_TLS", "true", "after the TLS 1.3 handshake, hand HBONE connections' TLS records to the Linux kernel (kernel TLS, tls.ko) and splice DATA payloads, where the kernel offers it; connections it cannot take stay in user space (one INFO line per reason, metric hbone_kernel_tls_connections_total). false: always user space", func(c *config) *bool { return &c.KernelTLS }),
 		duration("CONNECTION_TERMINATION_DEADLINE", "5s", "on shutdown, how long live connections may finish before they are closed", func(c *config) *time.Duration { return &c.TerminationDeadline }),
 		{env: "PACKET_MARK", def: "1337", form: "integer", help: "SO_MARK on every dialed socket so redirection rules skip it (0 = none)", set: func(c *config, v string) error {
 			n, err := strconv.ParseUint(v, 0, 32)

@@ -418,6 +418,7 @@ func proxyConfig(c *config) proxy.Config {
 			MaxFrameSize:      c.FrameSize,
 			MaxStreamsPerConn: c.PoolMaxStreams,
 			IdleTimeout:       c.PoolUnusedRelease,
+			DisableKernelTLS:  !c.KernelTLS,
 		},
 		PacketMark:        c.PacketMark,
 		OrigSrc:           c.EnableOrigSrc == "true",
