@@ -12,6 +12,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gozt/gozt/identity"
@@ -61,6 +62,12 @@ type conn struct {
 	dataHdr    [9]byte
 	iov        [3][]byte   // kernel TLS: buffered frames, DATA header, payload
 	bufs       net.Buffers // over iov; a field, so writev's argument does not escape per call
+	// Kernel TLS: the splice of a DATA payload into the socket (ktls.go).
+	krc     syscall.RawConn
+	splFn   func(fd uintptr) bool
+	spl     *ktls.Splicer
+	splLeft int
+	splErr  error
 
 	// The state lock: mu guards every field after it and Stream's fields marked so.
 	mu             sync.Mutex
@@ -141,6 +148,8 @@ func newConn(cfg Config, server bool, nc net.Conn, bc *bufConn, kc *ktls.Conn) *
 	if kc != nil {
 		// Each Read of kc is a recvmsg(2): buffer so that small frames cost one.
 		r = bufio.NewReaderSize(kc, kernelReadBuf)
+		c.krc, _ = kc.SyscallConn()
+		c.splFn = c.spliceWrite
 	}
 	c.fr = http2.NewFramer(nc, r)
 	c.fr.SetMaxReadFrameSize(cfg.MaxFrameSize)

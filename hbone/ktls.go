@@ -7,9 +7,12 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gozt/gozt/internal/ktls"
@@ -186,3 +189,130 @@ func (c *conn) reportKernelEnd() {
 
 // kernelReadBuf buffers the frame reader's reads of a kernel TLS socket.
 const kernelReadBuf = 16 << 10
+
+// spliceSend enables readFromSplice; a variable so tests and benchmarks can compare both
+// paths.
+var spliceSend = true
+
+// spliceMax bounds one fill of the pipe (its size, when the kernel grants it).
+const spliceMax = 1 << 20
+
+// readFromSplice is readFromPoll for a kernel TLS connection: each DATA payload moves TCP
+// socket → pipe → kernel TLS socket with splice(2), never through user space. Like
+// readFromPoll's buffer, the pipe is borrowed only while the socket has data.
+func (s *Stream) readFromSplice(rc syscall.RawConn) (int64, error) {
+	var total int64
+	var sp *ktls.Splicer
+	var ferr, perr error
+	fill := func(fd uintptr) bool {
+		if sp == nil {
+			if sp, perr = getPipe(); perr != nil {
+				return true
+			}
+		}
+		_, ferr = sp.FillFD(int(fd), spliceMax)
+		if ferr == syscall.EAGAIN {
+			putPipe(sp) // idle: wait without a pipe
+			sp = nil
+			return false
+		}
+		return true
+	}
+	for {
+		// As readFromPoll: a stream its peer does not read holds no pipe.
+		if err := s.waitSendWindow(); err != nil {
+			putPipe(sp)
+			return total, err
+		}
+		err := rc.Read(fill)
+		if perr != nil {
+			// No pipe (out of file descriptors?): copy through user space instead.
+			k, err := s.readFromPoll(rc)
+			return total + k, err
+		}
+		if err == nil {
+			err = ferr
+		}
+		if err == io.EOF {
+			putPipe(sp)
+			return total, nil
+		}
+		if err != nil {
+			putPipe(sp)
+			return total, err
+		}
+		k, err := s.writeSpliced(sp)
+		total += k
+		if err != nil {
+			putPipe(sp) // closed if the reset left bytes in it
+			return total, err
+		}
+	}
+}
+
+// writeSpliced sends what sp holds as DATA frames as the windows allow.
+func (s *Stream) writeSpliced(sp *ktls.Splicer) (int64, error) {
+	c := s.c
+	var sent int64
+	for sp.Buffered() > 0 {
+		k, err := s.reserveSend(int64(sp.Buffered()))
+		if err != nil {
+			return sent, err
+		}
+		c.lockWrite()
+		reset := s.rstWritten
+		if !reset {
+			err = c.spliceDataWLocked(s.id, sp, int(k))
+		}
+		if ferr := c.unlockWrite(); err == nil {
+			err = ferr
+		}
+		if err != nil {
+			c.closeWith(err)
+			return sent, fmt.Errorf("hbone: write: %w", err)
+		}
+		if reset {
+			return sent, s.unsent(k)
+		}
+		sent += k
+	}
+	return sent, nil
+}
+
+// spliceDataWLocked writes one DATA frame of n bytes from sp: the buffered frames and the
+// 9-byte header with MSG_MORE, so the kernel keeps the record open, then the payload
+// spliced into the same record.
+func (c *conn) spliceDataWLocked(id uint32, sp *ktls.Splicer, n int) error {
+	c.bc.buf = append(c.bc.buf, c.dataHeaderWLocked(id, n)...)
+	_, err := c.kc.WriteMore(c.bc.buf)
+	c.bc.buf = c.bc.buf[:0]
+	if err != nil {
+		return err
+	}
+	c.spl, c.splLeft, c.splErr = sp, n, nil
+	err = c.krc.Write(c.splFn)
+	c.spl = nil
+	c.splicedOut.Add(int64(n - c.splLeft))
+	if err == nil {
+		err = c.splErr
+	}
+	return err
+}
+
+// spliceWrite is spliceDataWLocked's poll callback (made once per connection: a closure
+// per frame would allocate): it moves c.splLeft bytes of c.spl into the socket, waiting
+// while the socket's send buffer is full.
+func (c *conn) spliceWrite(fd uintptr) bool {
+	for c.splLeft > 0 {
+		m, err := c.spl.DrainFD(int(fd), c.splLeft)
+		if err == syscall.EAGAIN {
+			return false
+		}
+		if err != nil {
+			c.splErr = err
+			return true
+		}
+		c.splLeft -= m
+	}
+	return true
+}

@@ -184,3 +184,122 @@ func TestKernelTLSNotTCP(t *testing.T) {
 	srv.Close()
 	<-done
 }
+
+// relay is a proxy's copy between st and tc (proxy.copyStream): the frame reader
+// delivers st's data to tc, and st is fed from tc until tc's EOF; each end half-closes
+// the other. It returns once both directions are done.
+func relay(st *Stream, tc *net.TCPConn) (toStream, fromStream int64, err error) {
+	down := make(chan error, 1)
+	var got int64
+	if err := st.DeliverTo(tc, func(n int64, err error) {
+		got = n
+		tc.CloseWrite()
+		down <- err
+	}); err != nil {
+		return 0, 0, err
+	}
+	toStream, err = st.ReadFrom(tc)
+	if err == nil {
+		err = st.CloseWrite()
+	}
+	derr := <-down
+	if err == nil {
+		err = derr
+	}
+	return toStream, got, err
+}
+
+// sendHashed writes size seeded bytes to c, half-closes it, and returns their hash.
+func sendHashed(c *net.TCPConn, seed byte, size int) <-chan [32]byte {
+	ch := make(chan [32]byte, 1)
+	go func() {
+		h := sha256.New()
+		buf := make([]byte, 100003)
+		for left := size; left > 0; {
+			n := min(left, len(buf))
+			for i := range buf[:n] {
+				buf[i] = byte(left-i) ^ seed
+			}
+			h.Write(buf[:n])
+			if _, err := c.Write(buf[:n]); err != nil {
+				break
+			}
+			left -= n
+		}
+		c.CloseWrite()
+		var sum [32]byte
+		copy(sum[:], h.Sum(nil))
+		ch <- sum
+	}()
+	return ch
+}
+
+// recvHashed reads c to EOF and returns the hash and byte count.
+func recvHashed(c *net.TCPConn) <-chan [32]byte {
+	ch := make(chan [32]byte, 1)
+	go func() {
+		h := sha256.New()
+		io.Copy(h, c)
+		var sum [32]byte
+		copy(sum[:], h.Sum(nil))
+		ch <- sum
+	}()
+	return ch
+}
+
+// TestKernelTLSSplice: TCP → HBONE → TCP both ways at once through relays on both ends,
+// as two proxies would carry a connection, with half-closes both ways. In kernel TLS
+// every DATA payload sent from a TCP socket is spliced, none copied.
+func TestKernelTLSSplice(t *testing.T) {
+	leaktest.Check(t)
+	const up, down = 5<<20 + 3, 3<<20 + 7
+	type result struct {
+		st      *Stream
+		in, out int64
+		err     error
+	}
+	served := make(chan result, 1)
+	hA, hB := tcpPair(t) // the server's backend: the handler relays to hA, the test is hB
+	e := newEnv(t, Config{}, func(r *Request) {
+		st, err := r.Accept(nil)
+		if err != nil {
+			served <- result{err: err}
+			return
+		}
+		defer st.Close()
+		in, out, err := relay(st, hA)
+		served <- result{st, in, out, err}
+	})
+	cA, cB := tcpPair(t) // the client's application: cB is the test, the relay has cA
+	s := e.dial(t, "10.0.0.1:80")
+	defer s.Close()
+	upSent, downGot := sendHashed(cB, 5, up), recvHashed(cB)
+	downSent, upGot := sendHashed(hB, 6, down), recvHashed(hB)
+	toStream, fromStream, err := relay(s, cA)
+	if err != nil {
+		t.Fatalf("client relay: %v", err)
+	}
+	r := <-served
+	if r.err != nil {
+		t.Fatalf("server relay: %v", r.err)
+	}
+	if a, b := <-upSent, <-upGot; a != b {
+		t.Error("client → server: hashes differ")
+	}
+	if a, b := <-downSent, <-downGot; a != b {
+		t.Error("server → client: hashes differ")
+	}
+	if toStream != up || fromStream != down || r.in != down || r.out != up {
+		t.Errorf("relays moved %d/%d (client) and %d/%d (server); want %d/%d and %d/%d",
+			toStream, fromStream, r.in, r.out, up, down, down, up)
+	}
+	if !s.KernelTLS() {
+		t.Skip("no kernel TLS here: the user-space path carried it")
+	}
+	cb, sb := s.KernelTLSBytes(), r.st.KernelTLSBytes()
+	t.Logf("client %+v, server %+v", cb, sb)
+	if cb.SplicedOut != up || cb.CopiedOut != 0 || sb.SplicedOut != down || sb.CopiedOut != 0 {
+		t.Errorf("sent spliced/copied: client %d/%d (want %d/0), server %d/%d (want %d/0)",
+			cb.SplicedOut, cb.CopiedOut, up, sb.SplicedOut, sb.CopiedOut, down)
+	}
+}

@@ -427,6 +427,25 @@ func (s *Stream) waitSendWindow() error {
 	}
 }
 
+// reserveSend waits until the windows allow a DATA frame and takes up to want bytes of
+// them (at most a frame's worth).
+func (s *Stream) reserveSend(want int64) (int64, error) {
+	c := s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		if err := s.writeErrLocked(); err != nil {
+			return 0, err
+		}
+		if n := min(want, int64(c.peerMaxFrame), s.sendAvail, c.sendConnAvail); n > 0 {
+			s.sendAvail -= n
+			c.sendConnAvail -= n
+			return n, nil
+		}
+		s.waitWindowLocked()
+	}
+}
+
 // waitWindowLocked waits for a change that may have opened a window (or ended the stream);
 // a waiter for the connection's window is counted so WINDOW_UPDATE on 0 wakes it.
 func (s *Stream) waitWindowLocked() {
@@ -466,6 +485,9 @@ func (s *Stream) ReadFrom(r io.Reader) (int64, error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	if rc := pollable(r); rc != nil {
+		if s.c.kc != nil && spliceSend {
+			return s.readFromSplice(rc)
+		}
 		return s.readFromPoll(rc)
 	}
 	var total int64
