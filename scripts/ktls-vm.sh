@@ -1,13 +1,17 @@
 #!/bin/sh
-# Runs internal/ktls's tests inside a VM whose kernel has kernel TLS (this repo's hosts
-# lack CONFIG_TLS): a static test binary, busybox and the tls module with the crypto
+# Runs the kernel TLS tests inside a VM whose kernel has kernel TLS (this repo's hosts
+# lack CONFIG_TLS): static test binaries, busybox and the tls module with the crypto
 # modules it asks for go into an initramfs; qemu boots the installed Debian cloud kernel
 # on it with software emulation (no KVM, no network: the tests use loopback), the tests
-# print to the serial console, the VM powers off. Exit status: the tests'.
+# print to the serial console, the VM powers off. Exit status: 0 if every binary passed.
+#
+# KTLS_VM_TESTS lists package:test-regex pairs (default: all of internal/ktls, and the
+# kernel TLS tests of hbone and proxy); extra arguments go to every binary after them.
 #
 #   apt-get install -y qemu-system-x86 busybox-static linux-image-cloud-amd64
 #   scripts/ktls-vm.sh [go test flags, e.g. -test.run KeyUpdate]
 set -eu
+TESTS=${KTLS_VM_TESTS:-"internal/ktls:. hbone:KernelTLS proxy:KernelTLS"}
 
 KVER=${KVER:-$(ls /lib/modules | grep -- '-cloud-amd64$' | sort -V | tail -n 1)}
 KERNEL=/boot/vmlinuz-$KVER
@@ -21,7 +25,14 @@ command -v qemu-system-x86_64 >/dev/null || { echo "ktls-vm: qemu-system-x86_64 
 
 rm -rf "$WORK"
 mkdir -p "$WORK/root/bin" "$WORK/root/proc" "$WORK/root/sys" "$WORK/root/dev" "$WORK/root/tmp" "$WORK/root/mod"
-CGO_ENABLED=0 go test -c -o "$WORK/root/ktls.test" ./internal/ktls
+mkdir -p "$WORK/root/tests"
+: > "$WORK/root/tests/list"
+for spec in $TESTS; do
+	pkg=${spec%%:*}
+	name=$(basename "$pkg")
+	CGO_ENABLED=0 go test -c -o "$WORK/root/tests/$name.test" "./$pkg"
+	echo "$name ${spec#*:}" >> "$WORK/root/tests/list"
+done
 cp "$BUSYBOX" "$WORK/root/bin/busybox"
 
 # tls.ko and the crypto the kernel requests when keys are installed (gcm(aes),
@@ -50,8 +61,12 @@ for m in \$(cat /mod/order); do insmod /mod/\$m 2>/dev/null || echo "ktls-vm: in
 cd /tmp
 echo "ktls-vm: booted in \$(cut -d' ' -f1 /proc/uptime) s, kernel \$(uname -r)"
 set -f
-/ktls.test -test.v -test.count=1 -test.timeout=8m \$(cat /args)
-echo "KTLS-VM-EXIT=\$?"
+code=0
+while read name run; do
+	echo "ktls-vm: \$name.test -test.run \$run"
+	(cd /tmp && /tests/\$name.test -test.v -test.count=1 -test.timeout=8m -test.run "\$run" \$(cat /args) </dev/null) || code=1
+done < /tests/list
+echo "KTLS-VM-EXIT=\$code"
 poweroff -f
 INIT
 chmod +x "$WORK/root/init"
