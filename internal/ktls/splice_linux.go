@@ -90,13 +90,11 @@ func (s *Splicer) Fill(src syscall.Conn, max int) (int, error) {
 	return n, nil
 }
 
-// FillFD is Fill for a caller inside src's own RawConn.Read callback, fd being src's: it
-// does not wait, so it returns syscall.EAGAIN when src has nothing yet, and the caller
-// can let go of the Splicer before it waits.
+// FillFD is Fill for a caller inside src's own RawConn.Read callback, fd being src's: one
+// splice that does not wait, so it returns syscall.EAGAIN when src has nothing yet (the
+// caller can let go of the Splicer before it waits) or the pipe is full. Unlike Fill it
+// may add to a pipe that holds bytes: a kernel TLS socket splices one record per call.
 func (s *Splicer) FillFD(fd, max int) (int, error) {
-	if s.n != 0 {
-		return 0, fmt.Errorf("ktls: splice: Fill with %d bytes still in the pipe", s.n)
-	}
 	n, err := splice(fd, s.w, max, unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
 	switch {
 	case err == unix.EAGAIN:
@@ -108,7 +106,7 @@ func (s *Splicer) FillFD(fd, max int) (int, error) {
 	case n == 0:
 		return 0, io.EOF
 	}
-	s.n = n
+	s.n += n
 	return n, nil
 }
 
