@@ -1,7 +1,6 @@
 package hbone
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -30,9 +29,10 @@ type conn struct {
 	cfg     Config
 	server  bool
 	handler Handler
-	nc      net.Conn   // what frames are written to (and read from, but for kc's): *tls.Conn, or bc over kc
-	bc      *bufConn   // coalescing layer (under crypto/tls, or over kc), nil when the caller built the TLS conn
-	kc      *ktls.Conn // non-nil: the kernel handles TLS records (ktls.go)
+	nc      net.Conn      // what frames are written to (and read from, but for kc's): *tls.Conn, or bc over kc
+	bc      *bufConn      // coalescing layer (under crypto/tls, or over kc), nil when the caller built the TLS conn
+	kc      *ktls.Conn    // non-nil: the kernel handles TLS records (ktls.go)
+	kr      *kernelReader // with kc: what the Framer reads from (kread.go)
 	peer    identity.ID
 	fr      *http2.Framer // write side under wmu; read side the frame reader's alone
 	onClose func(*conn)   // pool bookkeeping: the connection leaves the pool; see leavePool
@@ -146,8 +146,8 @@ func newConn(cfg Config, server bool, nc net.Conn, bc *bufConn, kc *ktls.Conn) *
 	}
 	var r io.Reader = nc
 	if kc != nil {
-		// Each Read of kc is a recvmsg(2): buffer so that small frames cost one.
-		r = bufio.NewReaderSize(kc, kernelReadBuf)
+		c.kr = newKernelReader(c)
+		r = c.kr
 		c.krc, _ = kc.SyscallConn()
 		c.splFn = c.spliceWrite
 	}

@@ -61,12 +61,24 @@
 // Config.DisableKernelTLS turns this off. Where it cannot, the connection carries on in
 // crypto/tls exactly as before, and Config.OnTLS hears why in one word (no_kernel_tls,
 // cipher, ...); a kernel that refused the ULP is not asked again for a minute (each
-// refusal can run modprobe). In kernel TLS, frames are written to a coalescing buffer
-// over the kernel TLS socket (a large DATA payload joins them in one writev(2)) and read
-// through a small read buffer. A peer's KeyUpdate, which kernel TLS here cannot follow,
-// ends the connection (its streams fail; the pool dials a new one); so does any alert.
-// closeWith closes the socket, not the kernel TLS conn, whose close_notify would bypass
-// the write lock.
+// refusal can run modprobe). In kernel TLS:
+//
+//   - Stream.ReadFrom from a TCP socket splices each DATA payload socket → pipe → kernel
+//     TLS socket: it waits for data with no pipe held, fills a pipe from a small shared
+//     free list, reserves window for what the pipe holds, then under the write lock
+//     writes the buffered frames and the 9-byte header with MSG_MORE (one record with
+//     the payload) and splices the payload after it. Other writes go to a coalescing
+//     buffer over the socket; a large payload from user space joins it in one writev(2).
+//   - The frame reader reads each frame header itself (kread.go), exactly, never into
+//     the next payload. A DATA frame for a stream under DeliverTo with nothing queued
+//     it splices kernel TLS socket → pipe → the TCP socket, as long as that socket takes
+//     it without waiting; the rest of the frame goes to the stream's queue, as
+//     writeDirectLocked's does. Every other frame goes to the Framer as before.
+//   - Stream.KernelTLSBytes counts DATA payload bytes spliced and copied each way.
+//
+// A peer's KeyUpdate, which kernel TLS here cannot follow, ends the connection (its
+// streams fail; the pool dials a new one); so does any alert. closeWith closes the
+// socket, not the kernel TLS conn, whose close_notify would bypass the write lock.
 //
 // # Limits
 //

@@ -187,9 +187,6 @@ func (c *conn) reportKernelEnd() {
 	}
 }
 
-// kernelReadBuf buffers the frame reader's reads of a kernel TLS socket.
-const kernelReadBuf = 16 << 10
-
 // spliceSend enables readFromSplice; a variable so tests and benchmarks can compare both
 // paths.
 var spliceSend = true

@@ -1,3 +1,5 @@
+//go:build linux
+
 package hbone
 
 import (
@@ -6,6 +8,7 @@ import (
 	"crypto/sha256"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -271,6 +274,9 @@ func TestKernelTLSSplice(t *testing.T) {
 		served <- result{st, in, out, err}
 	})
 	cA, cB := tcpPair(t) // the client's application: cB is the test, the relay has cA
+	// Sinks that never fill, where the kernel allows (the VM raises wmem_max), so every
+	// payload byte received can be spliced: a full sink makes the frame reader queue.
+	roomy := bigSendBuffer(t, hA, up) && bigSendBuffer(t, cA, down)
 	s := e.dial(t, "10.0.0.1:80")
 	defer s.Close()
 	upSent, downGot := sendHashed(cB, 5, up), recvHashed(cB)
@@ -301,5 +307,93 @@ func TestKernelTLSSplice(t *testing.T) {
 	if cb.SplicedOut != up || cb.CopiedOut != 0 || sb.SplicedOut != down || sb.CopiedOut != 0 {
 		t.Errorf("sent spliced/copied: client %d/%d (want %d/0), server %d/%d (want %d/0)",
 			cb.SplicedOut, cb.CopiedOut, up, sb.SplicedOut, sb.CopiedOut, down)
+	}
+	if cb.SplicedIn+cb.CopiedIn != down || sb.SplicedIn+sb.CopiedIn != up {
+		t.Errorf("received spliced+copied: client %d, server %d; want %d and %d",
+			cb.SplicedIn+cb.CopiedIn, sb.SplicedIn+sb.CopiedIn, down, up)
+	}
+	if roomy && (cb.CopiedIn != 0 || sb.CopiedIn != 0) {
+		t.Errorf("received copied: client %d, server %d; want 0 with sinks that never fill", cb.CopiedIn, sb.CopiedIn)
+	}
+	if !roomy {
+		t.Log("the kernel capped the sinks' send buffers: received bytes may be copied")
+	}
+}
+
+// bigSendBuffer asks for a send buffer that holds size bytes and reports whether c got
+// one (SO_SNDBUF reads back twice what was granted, bookkeeping included).
+func bigSendBuffer(t *testing.T, c *net.TCPConn, size int) bool {
+	t.Helper()
+	c.SetWriteBuffer(4 * size)
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got int
+	rc.Control(func(fd uintptr) { got, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF) })
+	return got >= 4*size
+}
+
+// TestKernelTLSSpliceFullSink: a DeliverTo socket that fills (its reader waits) makes the
+// frame reader stop splicing and queue the rest of each frame; nothing is lost or
+// reordered when the reader catches up.
+func TestKernelTLSSpliceFullSink(t *testing.T) {
+	leaktest.Check(t)
+	const size = 3<<20 + 11
+	served := make(chan *Stream, 1)
+	e := newEnv(t, Config{}, func(r *Request) {
+		st, err := r.Accept(nil)
+		if err != nil {
+			return
+		}
+		defer st.Close()
+		served <- st
+		io.Copy(io.Discard, st)
+		st.CloseWrite()
+	})
+	cA, cB := tcpPair(t)
+	cA.SetWriteBuffer(4096) // fills at once
+	s := e.dial(t, "10.0.0.1:80")
+	defer s.Close()
+	st := <-served
+	done := make(chan error, 1)
+	if err := s.DeliverTo(cA, func(n int64, err error) { cA.CloseWrite(); done <- err }); err != nil {
+		t.Fatal(err)
+	}
+	sent := make(chan [32]byte, 1)
+	go func() {
+		h := sha256.New()
+		buf := make([]byte, 65537)
+		for left := size; left > 0; {
+			n := min(left, len(buf))
+			for i := range buf[:n] {
+				buf[i] = byte(left ^ i)
+			}
+			h.Write(buf[:n])
+			st.Write(buf[:n])
+			left -= n
+		}
+		st.CloseWrite()
+		var sum [32]byte
+		copy(sum[:], h.Sum(nil))
+		sent <- sum
+	}()
+	if s.KernelTLS() {
+		// Read nothing until the frame reader has had to queue.
+		for s.KernelTLSBytes().CopiedIn == 0 {
+			runtime.Gosched()
+		}
+	}
+	got := recvHashed(cB)
+	if a, b := <-sent, <-got; a != b {
+		t.Fatal("hashes differ")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	b := s.KernelTLSBytes()
+	t.Logf("received: %d spliced, %d copied", b.SplicedIn, b.CopiedIn)
+	if s.KernelTLS() && b.SplicedIn+b.CopiedIn != size {
+		t.Errorf("spliced %d + copied %d, want %d", b.SplicedIn, b.CopiedIn, size)
 	}
 }

@@ -57,6 +57,9 @@ mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 ip link set lo up
+# Large socket buffers may be asked for (the zero-copy tests keep their sinks from filling).
+echo 67108864 > /proc/sys/net/core/wmem_max
+echo 67108864 > /proc/sys/net/core/rmem_max
 for m in \$(cat /mod/order); do insmod /mod/\$m 2>/dev/null || echo "ktls-vm: insmod \$m failed"; done
 cd /tmp
 echo "ktls-vm: booted in \$(cut -d' ' -f1 /proc/uptime) s, kernel \$(uname -r)"
