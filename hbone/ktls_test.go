@@ -190,20 +190,39 @@ func TestKernelTLSNotTCP(t *testing.T) {
 
 // relay is a proxy's copy between st and tc (proxy.copyStream): the frame reader
 // delivers st's data to tc, and st is fed from tc until tc's EOF; each end half-closes
-// the other. It returns once both directions are done.
+// the other, and a failure aborts both (tc with a reset). It returns once both
+// directions are done.
 func relay(st *Stream, tc *net.TCPConn) (toStream, fromStream int64, err error) {
+	return relayReady(st, tc, func() {})
+}
+
+// relayReady is relay calling ready once st's data goes to tc.
+func relayReady(st *Stream, tc *net.TCPConn, ready func()) (toStream, fromStream int64, err error) {
+	abort := func() {
+		tc.SetLinger(0)
+		tc.Close()
+		st.Close()
+	}
 	down := make(chan error, 1)
 	var got int64
 	if err := st.DeliverTo(tc, func(n int64, err error) {
 		got = n
-		tc.CloseWrite()
+		if err != nil {
+			abort()
+		} else {
+			tc.CloseWrite()
+		}
 		down <- err
 	}); err != nil {
 		return 0, 0, err
 	}
+	ready()
 	toStream, err = st.ReadFrom(tc)
 	if err == nil {
 		err = st.CloseWrite()
+	}
+	if err != nil {
+		abort()
 	}
 	derr := <-down
 	if err == nil {
