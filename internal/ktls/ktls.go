@@ -167,9 +167,36 @@ func prepare(conn net.Conn, cfg *tls.Config, client bool) (*tls.Conn, *Handoff) 
 		h.tc = tls.Client(raw, cfg)
 	} else {
 		cfg.SessionTicketsDisabled = true
+		if inner := cfg.GetConfigForClient; inner != nil {
+			// The config it returns runs the handshake: it needs the key log too.
+			cfg.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+				c, err := inner(hello)
+				if c == nil || err != nil {
+					return c, err
+				}
+				c = c.Clone()
+				c.SessionTicketsDisabled = true
+				c.KeyLogWriter = &keyLogTee{kl, c.KeyLogWriter}
+				return c, nil
+			}
+		}
 		h.tc = tls.Server(raw, cfg)
 	}
 	return h.tc, h
+}
+
+// keyLogTee is the key log of a config that GetConfigForClient returned: its own
+// writer, if any, gets every line as well.
+type keyLogTee struct {
+	kl   *keyLog
+	next io.Writer
+}
+
+func (t *keyLogTee) Write(line []byte) (int, error) {
+	if t.next != nil {
+		_, _ = t.next.Write(line)
+	}
+	return t.kl.Write(line)
 }
 
 // Handshake runs the TLS handshake (the *tls.Conn's HandshakeContext) and notes where it

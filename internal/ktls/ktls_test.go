@@ -345,6 +345,28 @@ func TestKeyLogChained(t *testing.T) {
 	}
 }
 
+// TestKeyLogGetConfigForClient: a server config whose GetConfigForClient returns the
+// config that runs the handshake (as identity/certs' does) still gets the secrets, and
+// its own KeyLogWriter still sees them.
+func TestKeyLogGetConfigForClient(t *testing.T) {
+	ccfg, scfg := testConfigs(t)
+	var buf bytes.Buffer
+	inner := scfg.Clone()
+	inner.KeyLogWriter = &buf
+	outer := &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return inner, nil }}
+	_, server := handshake(t, ccfg, outer, false, true)
+	if !strings.Contains(buf.String(), "SERVER_TRAFFIC_SECRET_0 ") {
+		t.Errorf("the inner config's key log = %q", buf.String())
+	}
+	if inner.KeyLogWriter != &buf || inner.SessionTicketsDisabled {
+		t.Error("the caller's config was changed")
+	}
+	c, s, err := server.h.log.secrets()
+	if err != nil || len(c) != 32 || len(s) != 32 {
+		t.Fatalf("secrets: %d, %d bytes, %v", len(c), len(s), err)
+	}
+}
+
 func TestKeyLogTwoRandoms(t *testing.T) {
 	var k keyLog
 	io.WriteString(&k, "CLIENT_TRAFFIC_SECRET_0 01 aa\n")
