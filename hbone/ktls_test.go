@@ -113,7 +113,7 @@ func TestKernelTLSOrFallback(t *testing.T) {
 	}
 	s := e.dial(t, "10.0.0.1:80")
 	check(t, s, false)
-	hashEcho(t, s, 1, 3<<20+5)
+	hashEcho(t, s, 1, 1<<20+5)
 	s.Close()
 
 	// A second connection (another source identity, so another pool key).
@@ -274,7 +274,7 @@ func recvHashed(c *net.TCPConn) <-chan [32]byte {
 // every DATA payload sent from a TCP socket is spliced, none copied.
 func TestKernelTLSSplice(t *testing.T) {
 	leaktest.Check(t)
-	const up, down = 5<<20 + 3, 3<<20 + 7
+	const up, down = 2<<20 + 3, 1<<20 + 7
 	type result struct {
 		st      *Stream
 		in, out int64
@@ -358,7 +358,7 @@ func bigSendBuffer(t *testing.T, c *net.TCPConn, size int) bool {
 // reordered when the reader catches up.
 func TestKernelTLSSpliceFullSink(t *testing.T) {
 	leaktest.Check(t)
-	const size = 3<<20 + 11
+	const size = 2<<20 + 11
 	served := make(chan *Stream, 1)
 	e := newEnv(t, Config{}, func(r *Request) {
 		st, err := r.Accept(nil)

@@ -34,6 +34,8 @@ for spec in $TESTS; do
 	echo "$name ${spec#*:}" >> "$WORK/root/tests/list"
 done
 cp "$BUSYBOX" "$WORK/root/bin/busybox"
+# The proxy tests read ../examples from their working directory, /tmp.
+cp -r examples "$WORK/root/examples"
 
 # tls.ko and the crypto the kernel requests when keys are installed (gcm(aes),
 # rfc7539(chacha20,poly1305)), each after its dependencies: modules.dep lists a module's
