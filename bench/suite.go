@@ -25,6 +25,7 @@ type SuiteConfig struct {
 	Ztunnel     string        // a built ztunnel binary, checked before anything starts; zero: go build ./cmd/ztunnel
 	NoZtunnel   bool          // leave the ztunnel path (two nodes on loopback, SOCKS5) out
 	NoCapture   bool          // leave the network-namespace paths (capture and veth) out
+	NoKernelTLS bool          // leave the kernel TLS ztunnel path out (it runs only where the kernel has kernel TLS)
 	Only        []string      // cases to run (rr, idle, pingpong, connrate, throughput/1, throughput/8; throughput is both); zero: all
 	Peers       bool          // also measure every chain peers.sh starts
 	PeersScript string        // zero: <Repo>/../shared/bench/peers.sh
@@ -177,7 +178,13 @@ func RunSuite(ctx context.Context, cfg SuiteConfig) (*Report, error) {
 	if ctx.Err() != nil {
 		return s.rep, ctx.Err()
 	}
-	if err := s.runAll(ctx, paths); err != nil {
+	err = s.runAll(ctx, paths)
+	for _, p := range paths {
+		if p.name == kernelTLSPair.name {
+			s.note("%s", kernelTLSCount(ctx, p.target.SOCKS5))
+		}
+	}
+	if err != nil {
 		return s.rep, err
 	}
 	if len(s.rep.Runs) == 0 {
@@ -223,21 +230,21 @@ func (s *suite) startPaths(ctx context.Context) ([]*path, error) {
 	paths := []*path{{name: "direct", target: Target{Addr: echoAddr}}}
 
 	if !s.cfg.NoZtunnel {
-		var nodes []*child
-		s.onEnd(func() { stopAll(nodes) })
-		bin, err := s.ztunnelBinary(ctx)
-		var p *path
-		if err == nil {
-			p, err = startZtunnel(ctx, s.cfg.Repo, bin, s.work, echoAddr, func(c *child) { nodes = append(nodes, c) })
-		}
-		if err == nil {
-			err = probe(ctx, p)
-		}
-		if err != nil {
-			s.note("ztunnel left out: %v", err)
-			stopAll(nodes) // no need to keep a node that is not measured
-		} else {
+		if p := s.startZtunnelPath(ctx, userTLSPair, echoAddr); p != nil {
 			paths = append(paths, p)
+		}
+	}
+	if !s.cfg.NoZtunnel && !s.cfg.NoKernelTLS {
+		if err := kernelTLSHere(); err != nil {
+			s.note("ztunnel-ktls left out: no kernel TLS here (%v)", err)
+		} else if kecho, err := Listen(kernelTLSPair.echoAddr(echoAddr), ServerConfig{Mode: ModeEcho}); err != nil {
+			s.note("ztunnel-ktls left out: %v", err)
+		} else {
+			s.onEnd(func() { kecho.Close() })
+			if p := s.startZtunnelPath(ctx, kernelTLSPair, kecho.Addr().String()); p != nil {
+				p.baselines = []string{"direct", "ztunnel"}
+				paths = append(paths, p)
+			}
 		}
 	}
 
@@ -277,6 +284,27 @@ func (s *suite) startPaths(ctx context.Context) ([]*path, error) {
 		}
 	}
 	return paths, nil
+}
+
+// startZtunnelPath starts a pair of ztunnel nodes in front of echo and probes it, or notes
+// why it is left out and returns nil.
+func (s *suite) startZtunnelPath(ctx context.Context, zp ztunnelPair, echo string) *path {
+	var nodes []*child
+	s.onEnd(func() { stopAll(nodes) })
+	bin, err := s.ztunnelBinary(ctx)
+	var p *path
+	if err == nil {
+		p, err = startZtunnel(ctx, zp, s.cfg.Repo, bin, s.work, echo, func(c *child) { nodes = append(nodes, c) })
+	}
+	if err == nil {
+		err = probe(ctx, p)
+	}
+	if err != nil {
+		s.note("%s left out: %v", zp.name, err)
+		stopAll(nodes) // no need to keep a node that is not measured
+		return nil
+	}
+	return p
 }
 
 // ztunnelBinary returns the configured ztunnel binary, or builds one the first time it is

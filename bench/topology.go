@@ -145,6 +145,46 @@ var ztunnelNodes = []ztunnelNode{
 	{name: "ztunnel-b", ip: "127.0.0.3", workload: "default/server/server"},
 }
 
+// A ztunnelPair is one two-node ztunnel path: its nodes, the topology they load (the
+// example file, with their addresses when they differ), and KERNEL_TLS.
+type ztunnelPair struct {
+	name      string
+	nodes     []ztunnelNode
+	kernelTLS bool
+}
+
+// The ztunnel path keeps TLS in user space, so that the kernel TLS path, on its own
+// addresses (the topology's workloads moved there), compares with it in the same run.
+var (
+	userTLSPair   = ztunnelPair{name: "ztunnel", nodes: ztunnelNodes}
+	kernelTLSPair = ztunnelPair{name: "ztunnel-ktls", kernelTLS: true, nodes: []ztunnelNode{
+		{name: "ztunnel-ktls-a", ip: "127.0.0.4", workload: "default/client/client", socks5: true},
+		{name: "ztunnel-ktls-b", ip: "127.0.0.5", workload: "default/server/server"},
+	}}
+)
+
+// topology writes the pair's topology into work (the example's, addresses replaced) and
+// returns its path.
+func (zp ztunnelPair) topology(repo, work string) (string, error) {
+	src := filepath.Join(repo, "examples", "two-nodes.yaml")
+	if zp.nodes[0].ip == ztunnelNodes[0].ip {
+		return src, nil
+	}
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return "", err
+	}
+	r := strings.NewReplacer(ztunnelNodes[0].ip, zp.nodes[0].ip, ztunnelNodes[1].ip, zp.nodes[1].ip)
+	dst := filepath.Join(work, zp.name+"-two-nodes.yaml")
+	return dst, os.WriteFile(dst, []byte(r.Replace(string(b))), 0o644)
+}
+
+// echoAddr is echo's address moved to the pair's server node.
+func (zp ztunnelPair) echoAddr(echo string) string {
+	_, port, _ := net.SplitHostPort(echo)
+	return net.JoinHostPort(zp.nodes[1].ip, port)
+}
+
 // ztunnelPorts maps each listener's variable to its port; every node uses its own IP.
 var ztunnelPorts = []struct{ env, port string }{
 	{"ADMIN_ADDR", "15000"}, {"STATS_ADDR", "15020"}, {"READINESS_ADDR", "15021"},
@@ -189,14 +229,15 @@ func waitPortsFree(ctx context.Context, addrs []string) error {
 	return nil
 }
 
-func (n ztunnelNode) env(repo, work string) []string {
+func (n ztunnelNode) env(zp ztunnelPair, topology, work string) []string {
 	env := []string{
 		"PROXY_MODE=dedicated",
 		"PROXY_WORKLOAD_INFO=" + n.workload,
-		"LOCAL_XDS_PATH=" + filepath.Join(repo, "examples", "two-nodes.yaml"),
+		"LOCAL_XDS_PATH=" + topology,
 		"CA_PROVIDER=builtin",
 		"CA_DIR=" + filepath.Join(work, "ca"),
 		"XDS_ADDRESS=",
+		"KERNEL_TLS=" + strconv.FormatBool(zp.kernelTLS),
 	}
 	for _, p := range ztunnelPorts {
 		env = append(env, p.env+"="+n.ip+":"+p.port)
@@ -223,15 +264,19 @@ func buildZtunnel(ctx context.Context, repo, work string) (string, error) {
 // startZtunnel starts the two ztunnel nodes of binary bin, one after the other so that the
 // first creates the shared built-in CA, and waits until both are ready. The client reaches
 // the echo server through node A's SOCKS5 listener, HBONE to node B, and node B's inbound.
-func startZtunnel(ctx context.Context, repo, bin, work, echoAddr string, track func(*child)) (*path, error) {
-	p := &path{name: "ztunnel", target: Target{Addr: echoAddr, SOCKS5: "127.0.0.2:15080"}}
-	for _, n := range ztunnelNodes {
+func startZtunnel(ctx context.Context, zp ztunnelPair, repo, bin, work, echoAddr string, track func(*child)) (*path, error) {
+	p := &path{name: zp.name, target: Target{Addr: echoAddr, SOCKS5: zp.nodes[0].ip + ":15080"}}
+	topology, err := zp.topology(repo, work)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range zp.nodes {
 		if err := waitPortsFree(ctx, n.addrs()); err != nil {
 			return nil, err
 		}
 	}
-	for _, n := range ztunnelNodes {
-		c, err := startChild(n.name, filepath.Join(work, n.name+".log"), n.env(repo, work), repo, bin)
+	for _, n := range zp.nodes {
+		c, err := startChild(n.name, filepath.Join(work, n.name+".log"), n.env(zp, topology, work), repo, bin)
 		if err != nil {
 			return nil, err
 		}
@@ -323,4 +368,31 @@ func (pr *peers) down(log io.Writer) {
 	cmd := exec.CommandContext(ctx, "bash", pr.script, "down", pr.state)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.Run()
+}
+
+// kernelTLSCount says how node A of the kernel TLS path (SOCKS5 on socks) carried its
+// HBONE connections, from its hbone_kernel_tls_connections_total: "kernel" for every
+// one, or it was not the path it claims to be.
+func kernelTLSCount(ctx context.Context, socks string) string {
+	host, _, _ := net.SplitHostPort(socks)
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://"+net.JoinHostPort(host, "15020")+"/metrics", nil)
+	if err != nil {
+		return "ztunnel-ktls: " + err.Error()
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "ztunnel-ktls: metrics: " + err.Error()
+	}
+	defer res.Body.Close()
+	var counts []string
+	sc := bufio.NewScanner(res.Body)
+	for sc.Scan() {
+		if l := sc.Text(); strings.HasPrefix(l, "hbone_kernel_tls_connections_total{") {
+			counts = append(counts, strings.TrimPrefix(l, "hbone_kernel_tls_connections_total"))
+		}
+	}
+	if len(counts) == 0 {
+		return "ztunnel-ktls: node A counted no HBONE connections"
+	}
+	return "ztunnel-ktls: node A's HBONE connections by where TLS ran: " + strings.Join(counts, ", ")
 }

@@ -7,6 +7,9 @@
 #
 # KTLS_VM_TESTS lists package:test-regex pairs (default: all of internal/ktls, and the
 # kernel TLS tests of hbone and proxy); extra arguments go to every binary after them.
+# KTLS_VM_ZBENCH, if set, names zbench suite cases (e.g. throughput/1,rr) run after the
+# tests on the ztunnel and ztunnel-ktls paths: a check that the suite's kernel TLS path
+# works, not a measurement (the guest is emulated).
 #
 #   apt-get install -y qemu-system-x86 busybox-static linux-image-cloud-amd64
 #   scripts/ktls-vm.sh [go test flags, e.g. -test.run KeyUpdate]
@@ -34,6 +37,13 @@ for spec in $TESTS; do
 	echo "$name ${spec#*:}" >> "$WORK/root/tests/list"
 done
 cp "$BUSYBOX" "$WORK/root/bin/busybox"
+if [ -n "${KTLS_VM_ZBENCH:-}" ]; then
+	CGO_ENABLED=0 go build -tags grpcnotrace -o "$WORK/root/bin/ztunnel" ./cmd/ztunnel
+	CGO_ENABLED=0 go build -o "$WORK/root/bin/zbench" ./cmd/zbench
+	echo "$KTLS_VM_ZBENCH" > "$WORK/root/zbench"
+	mkdir -p "$WORK/root/etc"
+	echo "nameserver 127.0.0.1" > "$WORK/root/etc/resolv.conf" # the nodes' DNS proxy reads it
+fi
 # The proxy tests read ../examples from their working directory, /tmp.
 cp -r examples "$WORK/root/examples"
 
@@ -71,6 +81,10 @@ while read name run; do
 	echo "ktls-vm: \$name.test -test.run \$run"
 	(cd /tmp && /tests/\$name.test -test.v -test.count=1 -test.timeout=8m -test.run "\$run" \$(cat /args) </dev/null) || code=1
 done < /tests/list
+if [ -s /zbench ]; then
+	echo "ktls-vm: zbench suite --only \$(cat /zbench)"
+	/bin/zbench suite --short --no-capture --repo / --ztunnel /bin/ztunnel --only "\$(cat /zbench)" </dev/null || code=1
+fi
 echo "KTLS-VM-EXIT=\$code"
 poweroff -f
 INIT

@@ -149,6 +149,7 @@ func suite(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.Repo, "repo", "", "repository root (default: found from the working directory)")
 	fs.StringVar(&cfg.Ztunnel, "ztunnel", "", "ztunnel binary to run (default: go build ./cmd/ztunnel)")
 	fs.BoolVar(&cfg.NoZtunnel, "no-ztunnel", false, "leave the ztunnel path (two nodes on loopback, via SOCKS5) out")
+	fs.BoolVar(&cfg.NoKernelTLS, "no-kernel-tls", false, "leave the ztunnel-ktls path out (two nodes with KERNEL_TLS=true; it runs only where the kernel has kernel TLS, and the ztunnel path then keeps TLS in user space for comparison)")
 	fs.BoolVar(&cfg.NoCapture, "no-capture", false, "leave the network-namespace paths out (capture: iptables redirection to ztunnel over a veth pair; veth: its baseline); they need root, ip and iptables")
 	fs.StringVar(&cfg.EchoAddr, "echo", "", "echo server address (default 127.0.0.3:8080, the server workload's)")
 	only := fs.String("only", "", "run only these cases, comma-separated: rr, idle, pingpong, connrate, throughput/1, throughput/8 (throughput: both)")
