@@ -31,7 +31,15 @@
 // on crypto/tls.
 //
 // Splicer moves bytes socket → pipe → socket with splice(2), so a payload read from a TCP
-// socket reaches a kernel TLS socket (and back) without crossing user space.
+// socket reaches a kernel TLS socket (and back) without crossing user space. FillFD,
+// DrainFD and DrainN serve callers that wait in their own RawConn callbacks (to hold no
+// pipe while idle, or to allocate nothing per frame).
+//
+// hbone is the user: its Pool and Server run every handshake through Client and Server
+// (over its write-coalescing conn, a TCPWrapper, so a fallback keeps the coalescing), call
+// Enable after the ALPN check, and on a *FallbackError carry on with the *tls.Conn and
+// report the Reason; on success they frame HTTP/2 over the Conn and splice DATA payloads
+// both ways (hbone/doc.go, "Kernel TLS").
 package ktls
 
 import (
