@@ -78,7 +78,9 @@ func enable(tcp *net.TCPConn, k *trafficKeys, st tls.ConnectionState) (*Conn, er
 	if ferr != nil {
 		return nil, ferr
 	}
-	return &Conn{tcp: tcp, rc: rc, state: st}, nil
+	c := &Conn{tcp: tcp, rc: rc, state: st}
+	c.recvFn, c.sendFn = c.recvCall, c.sendCall
+	return c, nil
 }
 
 func setULP(fd int) error { return unix.SetsockoptString(fd, unix.SOL_TCP, unix.TCP_ULP, "tls") }
@@ -101,9 +103,25 @@ type Conn struct {
 	ctl  []byte // a control record's plaintext gathered across Reads
 	ctlT uint8  // its content type
 	rerr error  // sticky: io.EOF, ErrKeyUpdate, *RecordError, a decryption failure
+	// recv's poll callback (made once: a closure per Read would allocate) and its
+	// arguments and results.
+	recvFn      func(fd uintptr) bool
+	recvB       []byte
+	recvN, oobN int
+	recvErr     error
+	iov         unix.Iovec
+	msg         unix.Msghdr
 
 	wmu         sync.Mutex // guards closeNotify
 	closeNotify bool       // close_notify sent
+
+	smu       sync.Mutex // serializes send and guards its callback's fields, as recv's
+	sendFn    func(fd uintptr) bool
+	sendB     []byte
+	sendOOB   []byte
+	sendFlags int
+	sendDone  int
+	sendErr   error
 }
 
 // ConnectionState is the *tls.Conn's state at the end of the handshake (peer
@@ -150,13 +168,11 @@ func (c *Conn) Read(b []byte) (int, error) {
 
 // recv is one recvmsg(2) with room for the TLS_GET_RECORD_TYPE control message.
 func (c *Conn) recv(b []byte) (n int, typ uint8, err error) {
-	var oobn int
-	var serr error
+	c.recvB = b
+	err = c.rc.Read(c.recvFn)
+	n, oobn, serr := c.recvN, c.oobN, c.recvErr
+	c.recvB, c.recvErr = nil, nil
 	oob := c.oob[:cmsgSpace]
-	err = c.rc.Read(func(fd uintptr) bool {
-		n, oobn, _, _, serr = unix.Recvmsg(int(fd), b, oob, 0)
-		return serr != unix.EAGAIN
-	})
 	if err == nil && serr != nil {
 		err = &net.OpError{Op: "read", Net: "tcp", Source: c.tcp.LocalAddr(), Addr: c.tcp.RemoteAddr(), Err: serr}
 	}
@@ -170,6 +186,23 @@ func (c *Conn) recv(b []byte) (n int, typ uint8, err error) {
 		}
 	}
 	return n, typ, nil
+}
+
+// recvCall is recvmsg(2) into c.recvB (never empty) and c.oob. Not unix.Recvmsg: its
+// sockaddr escapes, one allocation per call.
+func (c *Conn) recvCall(fd uintptr) bool {
+	c.iov = unix.Iovec{Base: &c.recvB[0]}
+	c.iov.SetLen(len(c.recvB))
+	c.msg = unix.Msghdr{Iov: &c.iov, Control: &c.oob[0]}
+	c.msg.SetIovlen(1)
+	c.msg.SetControllen(cmsgSpace)
+	n, _, errno := unix.Syscall(unix.SYS_RECVMSG, fd, uintptr(unsafe.Pointer(&c.msg)), 0)
+	c.recvN, c.oobN, c.recvErr = int(n), int(c.msg.Controllen), nil
+	if errno != 0 {
+		c.recvN, c.oobN, c.recvErr = 0, 0, errno
+	}
+	c.iov, c.msg = unix.Iovec{}, unix.Msghdr{}
+	return c.recvErr != unix.EAGAIN
 }
 
 // control takes (part of) a non-application record. It returns nil to read on, or the
@@ -237,24 +270,30 @@ func (c *Conn) writeRecord(typ uint8, data []byte) error {
 }
 
 func (c *Conn) send(b, oob []byte, flags int) (int, error) {
-	var done int
-	var serr error
-	err := c.rc.Write(func(fd uintptr) bool {
-		for done < len(b) {
-			var n int
-			n, serr = unix.SendmsgN(int(fd), b[done:], oob, nil, flags)
-			if serr != nil {
-				return serr != unix.EAGAIN
-			}
-			done += n
-			oob = nil // a cmsg goes with the first bytes only
-		}
-		return true
-	})
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	c.sendB, c.sendOOB, c.sendFlags, c.sendDone, c.sendErr = b, oob, flags, 0, nil
+	err := c.rc.Write(c.sendFn)
+	done, serr := c.sendDone, c.sendErr
+	c.sendB, c.sendOOB, c.sendErr = nil, nil, nil
 	if err == nil && serr != nil {
 		err = &net.OpError{Op: "write", Net: "tcp", Source: c.tcp.LocalAddr(), Addr: c.tcp.RemoteAddr(), Err: serr}
 	}
 	return done, err
+}
+
+func (c *Conn) sendCall(fd uintptr) bool {
+	for c.sendDone < len(c.sendB) {
+		n, err := unix.SendmsgN(int(fd), c.sendB[c.sendDone:], c.sendOOB, nil, c.sendFlags)
+		if err != nil {
+			c.sendErr = err
+			return err != unix.EAGAIN
+		}
+		c.sendDone += n
+		c.sendOOB = nil // a cmsg goes with the first bytes only
+	}
+	c.sendErr = nil
+	return true
 }
 
 // CloseWrite sends close_notify and shuts the socket's write side (FIN), as
