@@ -416,3 +416,63 @@ func TestKernelTLSSpliceFullSink(t *testing.T) {
 		t.Errorf("spliced %d + copied %d, want %d", b.SplicedIn, b.CopiedIn, size)
 	}
 }
+
+// TestKernelTLSRelayAllocs: a round trip through two relays over kernel TLS (spliced
+// both ways on both ends) allocates nothing.
+func TestKernelTLSRelayAllocs(t *testing.T) {
+	if testing.CoverMode() != "" || raceEnabled {
+		t.Skip("allocation counts need a build without -race and -cover")
+	}
+	if !kernelHasTLS(t) {
+		t.Skip("no kernel TLS here: run `make test-ktls`")
+	}
+	leaktest.Check(t)
+	hA, hB := tcpPair(t)
+	served := make(chan struct{})
+	e := newEnv(t, Config{}, func(r *Request) {
+		defer close(served)
+		st, err := r.Accept(nil)
+		if err != nil {
+			return
+		}
+		defer st.Close()
+		relay(st, hA)
+	})
+	cA, cB := tcpPair(t)
+	s := e.dial(t, "10.0.0.1:80")
+	relayed := make(chan error, 1)
+	go func() { _, _, err := relay(s, cA); relayed <- err }()
+	buf := make([]byte, 64<<10)
+	round := func() {
+		if _, err := cB.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(hB, buf); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := hB.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(cB, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 100 {
+		round()
+	}
+	allocs := testing.AllocsPerRun(200, round)
+	b := s.KernelTLSBytes()
+	if allocs != 0 {
+		t.Errorf("%v allocations per 64 KiB round trip through kernel TLS relays, want 0", allocs)
+	}
+	if b.CopiedOut != 0 {
+		t.Errorf("client copied %d bytes out; want all spliced", b.CopiedOut)
+	}
+	t.Logf("%v allocs per round; client %+v", allocs, b)
+	cB.CloseWrite()
+	hB.CloseWrite()
+	if err := <-relayed; err != nil {
+		t.Fatal(err)
+	}
+	<-served
+}
