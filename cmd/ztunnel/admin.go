@@ -100,7 +100,7 @@ func (r *readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 func adminHandler(level *slog.LevelVar, dump func() map[string]any, quit func()) http.Handler {
 	mux := http.NewServeMux()
 	endpoints := []struct{ path, help string }{
-		{"/config_dump", "workloads, services, policies, certificates, config, version and (in-pod mode) workloadState as JSON"},
+		{"/config_dump", "workloads, services, policies, certificates, config, version, kernelTls and (in-pod mode) workloadState as JSON"},
 		{"/logging", "POST ?level=debug|info|warn|error sets the log level"},
 		{"/quitquitquit", "POST starts a graceful shutdown"},
 		{"/debug/pprof/", "Go profiles"},

@@ -27,6 +27,7 @@ import (
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/certs"
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/proxy"
 	"github.com/gozt/gozt/xds"
 	"github.com/gozt/gozt/xds/state"
 )
@@ -355,5 +356,18 @@ func TestConfigDumpIstioctl(t *testing.T) {
 		if c.got != c.want {
 			t.Errorf("%s: got %q; want %q", c.what, c.got, c.want)
 		}
+	}
+}
+
+// TestKernelTLSDump: the kernelTls section counts proxied connections by where their
+// HBONE leg's TLS runs; plain TCP ones are not counted.
+func TestKernelTLSDump(t *testing.T) {
+	got := kernelTLSDump(true, [][]proxy.ConnInfo{
+		{{Protocol: "HBONE", TLS: "kernel"}, {Protocol: "TCP"}},
+		{{Protocol: "HBONE", TLS: "user"}, {Protocol: "HBONE", TLS: "kernel"}},
+	})
+	b, _ := json.Marshal(got)
+	if want := `{"enabled":true,"proxiedConnections":{"kernel":2,"user":1}}`; string(b) != want {
+		t.Errorf("kernelTls = %s, want %s", b, want)
 	}
 }

@@ -375,10 +375,36 @@ func (n *node) configDump() map[string]any {
 	if sd, ok := n.store.Dump().(*state.Dump); ok {
 		d["workloads"], d["services"], d["policies"] = sd.Workloads, sd.Services, sd.Policies
 	}
+	var conns [][]proxy.ConnInfo
+	if n.proxy != nil {
+		in, out := n.proxy.Connections()
+		conns = append(conns, in, out)
+	}
 	if n.inpod != nil {
-		d["workloadState"] = n.workloadState()
+		ws := n.workloadState()
+		d["workloadState"] = ws
+		for _, pd := range ws {
+			conns = append(conns, pd.Connections.Inbound, pd.Connections.Outbound)
+		}
+	}
+	if n.proxy != nil || n.inpod != nil {
+		d["kernelTls"] = kernelTLSDump(n.cfg.KernelTLS, conns)
 	}
 	return d
+}
+
+// kernelTLSDump is /config_dump's kernelTls (a gozt section): whether KERNEL_TLS is on,
+// and the proxied connections whose HBONE leg runs in kernel TLS and in user space.
+func kernelTLSDump(enabled bool, conns [][]proxy.ConnInfo) map[string]any {
+	counts := map[string]int{"kernel": 0, "user": 0}
+	for _, cs := range conns {
+		for _, c := range cs {
+			if c.TLS != "" {
+				counts[c.TLS]++
+			}
+		}
+	}
+	return map[string]any{"enabled": enabled, "proxiedConnections": counts}
 }
 
 // dnsConfig answers for the workloads this node serves (the dedicated one, or the local
