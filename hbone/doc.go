@@ -75,6 +75,8 @@
 //     it without waiting; the rest of the frame goes to the stream's queue, as
 //     writeDirectLocked's does. Every other frame goes to the Framer as before.
 //   - Stream.KernelTLSBytes counts DATA payload bytes spliced and copied each way.
+//   - File descriptors: each connection's frame reader keeps a pipe (two), and a stream
+//     borrows one from the free list only while it sends.
 //
 // A peer's KeyUpdate, which kernel TLS here cannot follow, ends the connection (its
 // streams fail; the pool dials a new one); so does any alert. closeWith closes the
