@@ -217,6 +217,10 @@ func (s *Stream) readFromSplice(rc syscall.RawConn) (int64, error) {
 	}
 	for {
 		// As readFromPoll: a stream its peer does not read holds no pipe.
+		if sp != nil && !s.sendWindowOpen() {
+			putPipe(sp)
+			sp = nil
+		}
 		if err := s.waitSendWindow(); err != nil {
 			putPipe(sp)
 			return total, err
@@ -245,6 +249,14 @@ func (s *Stream) readFromSplice(rc syscall.RawConn) (int64, error) {
 			return total, err
 		}
 	}
+}
+
+// sendWindowOpen reports whether a DATA frame could go out now.
+func (s *Stream) sendWindowOpen() bool {
+	c := s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return s.sendAvail > 0 && c.sendConnAvail > 0
 }
 
 // writeSpliced sends what sp holds as DATA frames as the windows allow.
