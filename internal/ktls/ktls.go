@@ -35,9 +35,10 @@
 // DrainFD and DrainN serve callers that wait in their own RawConn callbacks (to hold no
 // pipe while idle, or to allocate nothing per frame).
 //
-// hbone is the user: its Pool and Server run every handshake through Client and Server
-// (over its write-coalescing conn, a TCPWrapper, so a fallback keeps the coalescing), call
-// Enable after the ALPN check, and on a *FallbackError carry on with the *tls.Conn and
+// hbone is the user: its Pool and Server ask Available before each handshake, run it
+// through Client and Server if the kernel has kernel TLS (over hbone's write-coalescing
+// conn, a TCPWrapper, so a later fallback keeps the coalescing), call Enable after the
+// ALPN check, and on a *FallbackError carry on with the *tls.Conn and
 // report the Reason; on success they frame HTTP/2 over the Conn and splice DATA payloads
 // both ways (hbone/doc.go, "Kernel TLS").
 package ktls
@@ -133,6 +134,30 @@ type Handoff struct {
 	handshook       bool
 	read, written   int64 // raw bytes at the end of the handshake
 	enableAttempted bool
+}
+
+// Available reports whether the kernel can take tcp's records, as a *FallbackError
+// (ReasonNoKernelTLS, ReasonNotSupported) if not. It installs the TLS ULP (setsockopt
+// TCP_ULP "tls"), which without keys leaves the socket plain TCP, so the handshake runs
+// as before; Enable then only adds the keys. A caller that asks first runs a connection
+// the kernel cannot take through plain crypto/tls from its start, not through Client's
+// record-exact reads. tcp must be connected.
+func Available(tcp *net.TCPConn) error {
+	rc, err := tcp.SyscallConn()
+	if err != nil {
+		return &FallbackError{Reason: ReasonNoKernelTLS, Err: err}
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = setULP(int(fd)) }); err != nil {
+		return &FallbackError{Reason: ReasonNoKernelTLS, Err: err}
+	}
+	if serr != nil {
+		if errors.Is(serr, errors.ErrUnsupported) {
+			return &FallbackError{Reason: ReasonNotSupported, Err: serr}
+		}
+		return &FallbackError{Reason: ReasonNoKernelTLS, Err: fmt.Errorf("setsockopt TCP_ULP tls: %w", serr)}
+	}
+	return nil
 }
 
 // TCPWrapper is a connection over a *net.TCPConn (TCP returns it) whose Read and Write

@@ -83,7 +83,13 @@ func enable(tcp *net.TCPConn, k *trafficKeys, st tls.ConnectionState) (*Conn, er
 	return c, nil
 }
 
-func setULP(fd int) error { return unix.SetsockoptString(fd, unix.SOL_TCP, unix.TCP_ULP, "tls") }
+// setULP installs the TLS ULP; one already there (Available) is fine.
+func setULP(fd int) error {
+	if err := unix.SetsockoptString(fd, unix.SOL_TCP, unix.TCP_ULP, "tls"); err != nil && err != unix.EEXIST {
+		return err
+	}
+	return nil
+}
 
 // cmsgSpace fits one TLS record-type control message.
 var cmsgSpace = unix.CmsgSpace(1)

@@ -2,6 +2,7 @@ package ktls
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/binary"
@@ -325,4 +326,28 @@ func writeFrames(c net.Conn, seed byte, size int) (sum [32]byte) {
 	}
 	copy(sum[:], h.Sum(nil))
 	return sum
+}
+
+// TestKTLSAvailableFirst: Available installs the ULP before the handshake, which then runs
+// over a socket that is still plain TCP; Enable adds the keys.
+func TestKTLSAvailableFirst(t *testing.T) {
+	needKernelTLS(t)
+	ccfg, scfg := testConfigs(t)
+	ca, sa := tcpPair(t)
+	for _, c := range []*net.TCPConn{ca, sa} {
+		if err := Available(c); err != nil {
+			t.Fatalf("Available: %v", err)
+		}
+	}
+	ctc, ch := Client(ca, ccfg)
+	stc, sh := Server(sa, scfg)
+	errc := make(chan error, 1)
+	go func() { errc <- sh.Handshake(context.Background()) }()
+	if err := ch.Handshake(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	exchange(t, mustEnable(t, side{ctc, ch}), mustEnable(t, side{stc, sh}), 1<<20)
 }
