@@ -56,10 +56,12 @@
 // # Kernel TLS
 //
 // On the connections whose handshake this package runs (Pool's dials, ServeTLS), the
-// handshake goes through internal/ktls, and after it (and the ALPN check) the record
-// layer moves to the kernel when the kernel has kernel TLS (tls.ko) and the cipher suite;
-// Config.DisableKernelTLS turns this off. Where it cannot, the connection carries on in
-// crypto/tls exactly as before, and Config.OnTLS hears why in one word (no_kernel_tls,
+// kernel is asked first (ktls.Available installs the TLS ULP, which leaves the socket
+// plain TCP until keys arrive). If it has kernel TLS (tls.ko), the handshake goes through
+// internal/ktls, and after it (and the ALPN check) the record layer moves to the kernel
+// if it also has the cipher suite; Config.DisableKernelTLS turns this off. Where it
+// cannot, the connection runs in crypto/tls as before (from its start, when the kernel
+// said no before the handshake), and Config.OnTLS hears why in one word (no_kernel_tls,
 // cipher, ...); a kernel that refused the ULP is not asked again for a minute (each
 // refusal can run modprobe). In kernel TLS:
 //

@@ -42,17 +42,24 @@ var errKernelMemo = errors.New("the kernel refused TCP_ULP tls on an earlier con
 // worth trying, else crypto/tls as before.
 func startTLS(raw net.Conn, cfg *tls.Config, server bool, hc *Config, memo *kernelMemo) *tlsStart {
 	t := &tlsStart{raw: raw, bc: &bufConn{Conn: raw}, info: TLSInfo{Server: server}}
+	tcp := tcpOf(raw)
 	switch {
 	case hc.DisableKernelTLS:
 		t.info.Reason = "disabled"
-	case tcpOf(raw) == nil:
+	case tcp == nil:
 		t.info.Reason = string(ktls.ReasonNotTCP)
 	case time.Now().UnixNano() < memo.noneUntil.Load():
 		t.info.Reason, t.info.Err = string(ktls.ReasonNoKernelTLS), errKernelMemo
-	case server:
-		t.tc, t.h = ktls.Server(t.bc, cfg)
 	default:
-		t.tc, t.h = ktls.Client(t.bc, cfg)
+		// Asked before the handshake, so a connection the kernel cannot take runs exactly
+		// the user-space path from its start.
+		if err := ktls.Available(tcp); err != nil {
+			t.fallback(err, memo)
+		} else if server {
+			t.tc, t.h = ktls.Server(t.bc, cfg)
+		} else {
+			t.tc, t.h = ktls.Client(t.bc, cfg)
+		}
 	}
 	if t.tc == nil {
 		if server {
@@ -62,6 +69,19 @@ func startTLS(raw net.Conn, cfg *tls.Config, server bool, hc *Config, memo *kern
 		}
 	}
 	return t
+}
+
+// fallback notes why the connection stays in user space (err is a *ktls.FallbackError).
+func (t *tlsStart) fallback(err error, memo *kernelMemo) {
+	var fe *ktls.FallbackError
+	if !errors.As(err, &fe) {
+		t.info.Reason, t.info.Err = string(ktls.ReasonNoKernelTLS), err
+		return
+	}
+	t.info.Reason, t.info.Err = string(fe.Reason), fe.Err
+	if fe.Reason == ktls.ReasonNoKernelTLS || fe.Reason == ktls.ReasonNotSupported {
+		memo.noneUntil.Store(time.Now().Add(kernelRetry).UnixNano())
+	}
 }
 
 func (t *tlsStart) handshake(ctx context.Context) error {
@@ -84,10 +104,7 @@ func (t *tlsStart) finish(hc *Config, memo *kernelMemo) (nc net.Conn, bc *bufCon
 		case errors.As(err, &fe) && fe.Unusable:
 			return nil, nil, nil, err
 		case fe != nil:
-			t.info.Reason, t.info.Err = string(fe.Reason), fe.Err
-			if fe.Reason == ktls.ReasonNoKernelTLS {
-				memo.noneUntil.Store(time.Now().Add(kernelRetry).UnixNano())
-			}
+			t.fallback(fe, memo)
 		default:
 			return nil, nil, nil, err
 		}

@@ -193,24 +193,34 @@ func (c *conn) writeOpsWLocked() (closeAfter bool, err error) {
 // its header: the kernel cuts the records, so nothing is copied in user space.
 func (c *conn) writeDataWLocked(id uint32, p []byte) error {
 	if c.kc != nil {
-		c.copiedOut.Add(int64(len(p)))
+		return c.writeKernelDataWLocked(id, p)
 	}
 	if c.bc == nil || len(p) <= smallData {
 		return c.fr.WriteData(id, false, p)
 	}
 	h := c.dataHeaderWLocked(id, len(p))
-	if c.kc != nil {
-		c.iov[0], c.iov[1], c.iov[2] = c.bc.buf, h, p
-		c.bufs = c.iov[:]
-		_, err := c.bufs.WriteTo(c.kc.NetConn())
-		c.bc.buf = c.bc.buf[:0]
-		c.iov = [3][]byte{}
-		return err
-	}
 	if _, err := c.nc.Write(h); err != nil {
 		return err
 	}
 	_, err := c.nc.Write(p)
+	return err
+}
+
+// writeKernelDataWLocked is writeDataWLocked in kernel TLS. Not inlined: its frame would
+// grow the user-space path's, whose TLS writes keep an idle copy goroutine's stack within
+// 4 KiB (TestIdleConnectionStacks).
+//
+//go:noinline
+func (c *conn) writeKernelDataWLocked(id uint32, p []byte) error {
+	c.copiedOut.Add(int64(len(p)))
+	if len(p) <= smallData {
+		return c.fr.WriteData(id, false, p)
+	}
+	c.iov[0], c.iov[1], c.iov[2] = c.bc.buf, c.dataHeaderWLocked(id, len(p)), p
+	c.bufs = c.iov[:]
+	_, err := c.bufs.WriteTo(c.kc.NetConn())
+	c.bc.buf = c.bc.buf[:0]
+	c.iov = [3][]byte{}
 	return err
 }
 
