@@ -38,6 +38,10 @@ const kernelRetry = time.Minute
 
 var errKernelMemo = errors.New("the kernel refused TCP_ULP tls on an earlier connection")
 
+// kernelAvailable is ktls.Available; a variable so that tests on a kernel without kernel
+// TLS can take the fallback after the handshake too.
+var kernelAvailable = ktls.Available
+
 // startTLS prepares the handshake over raw: through internal/ktls when kernel TLS is
 // worth trying, else crypto/tls as before.
 func startTLS(raw net.Conn, cfg *tls.Config, server bool, hc *Config, memo *kernelMemo) *tlsStart {
@@ -53,7 +57,7 @@ func startTLS(raw net.Conn, cfg *tls.Config, server bool, hc *Config, memo *kern
 	default:
 		// Asked before the handshake, so a connection the kernel cannot take runs exactly
 		// the user-space path from its start.
-		if err := ktls.Available(tcp); err != nil {
+		if err := kernelAvailable(tcp); err != nil {
 			t.fallback(err, memo)
 		} else if server {
 			t.tc, t.h = ktls.Server(t.bc, cfg)

@@ -476,3 +476,33 @@ func TestKernelTLSRelayAllocs(t *testing.T) {
 	}
 	<-served
 }
+
+// TestKernelTLSFallbackAfterHandshake: a connection that learns only from Enable, after
+// its handshake, that the kernel cannot take it (here the question before the handshake
+// is skipped) carries on in crypto/tls, its records still coalesced.
+func TestKernelTLSFallbackAfterHandshake(t *testing.T) {
+	leaktest.Check(t)
+	defer func(f func(*net.TCPConn) error) { kernelAvailable = f }(kernelAvailable)
+	kernelAvailable = func(*net.TCPConn) error { return nil }
+	kernel := kernelHasTLS(t)
+	var infos tlsInfos
+	e := newEnv(t, Config{OnTLS: infos.add}, echo)
+	s := e.dial(t, "10.0.0.1:80")
+	defer s.Close()
+	hashEcho(t, s, 9, 1<<20+1)
+	got := infos.take()
+	if len(got) != 2 {
+		t.Fatalf("OnTLS heard %+v; want two reports", got)
+	}
+	for _, i := range got {
+		if kernel && !i.Kernel || !kernel && (i.Kernel || i.Reason != "no_kernel_tls" || i.Err == nil || i.Err == errKernelMemo) {
+			t.Errorf("%+v; want kernel %v, else no_kernel_tls from Enable", i, kernel)
+		}
+	}
+	if s.KernelTLS() != kernel {
+		t.Errorf("KernelTLS() = %v", s.KernelTLS())
+	}
+	if !kernel && s.c.bc == nil {
+		t.Error("the fallback lost its coalescing layer")
+	}
+}
