@@ -347,8 +347,12 @@ func TestZeroWindowHeldForever(t *testing.T) {
 	// or more), as ReadFrom waits for window before it borrows one.
 	per := float64(held-min(run.heap0, held)) / (attackers * streams)
 	t.Logf("live heap while the streams are held: %.1f MiB, %.1f KiB per stream", float64(held)/(1<<20), per/1024)
-	if held == 0 || per > 12<<10 {
-		t.Errorf("heap grew by %.1f KiB per zero-window stream, want at most 12", per/1024)
+	limit := 12.0 // KiB
+	if raceEnabled {
+		limit = 32 // 5 to 18 KiB seen
+	}
+	if held == 0 || per > limit*1024 {
+		t.Errorf("heap grew by %.1f KiB per zero-window stream, want at most %.0f", per/1024, limit)
 	}
 	heapReturns(t, run.heap0)
 }
