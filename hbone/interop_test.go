@@ -36,18 +36,7 @@ func TestInteropClientWithXNetServer(t *testing.T) {
 		}
 		w.Header().Set("Baggage", "from=xnet")
 		w.WriteHeader(http.StatusOK)
-		w.(http.Flusher).Flush()
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := r.Body.Read(buf)
-			if n > 0 {
-				w.Write(buf[:n])
-				w.(http.Flusher).Flush()
-			}
-			if err != nil {
-				return
-			}
-		}
+		echoBody(w, r)
 	})
 	srv := &http2.Server{}
 	var wg sync.WaitGroup
@@ -190,5 +179,22 @@ func TestInteropXNetTransportWithServer(t *testing.T) {
 	}
 	if n := e.serverConns(); n != 1 {
 		t.Errorf("x/net transport used %d connections, want 1", n)
+	}
+}
+
+// echoBody is an x/net/http2 CONNECT handler's tunnel: the request body written back as it
+// arrives, after the caller's WriteHeader.
+func echoBody(w http.ResponseWriter, r *http.Request) {
+	w.(http.Flusher).Flush()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := r.Body.Read(buf)
+		if n > 0 {
+			w.Write(buf[:n])
+			w.(http.Flusher).Flush()
+		}
+		if err != nil {
+			return
+		}
 	}
 }

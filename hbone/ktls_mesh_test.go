@@ -209,18 +209,7 @@ func xnetEchoServer(t *testing.T) netip.AddrPort {
 	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
-		w.(http.Flusher).Flush()
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := r.Body.Read(buf)
-			if n > 0 {
-				w.Write(buf[:n])
-				w.(http.Flusher).Flush()
-			}
-			if err != nil {
-				return
-			}
-		}
+		echoBody(w, r)
 	})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
