@@ -373,23 +373,11 @@ func (s *Stream) write(p []byte) (int, error) {
 	c := s.c
 	total := 0
 	for len(p) > 0 {
-		c.mu.Lock()
-		var n int64
-		for {
-			if err := s.writeErrLocked(); err != nil {
-				c.mu.Unlock()
-				return total, err
-			}
-			if n = min(int64(len(p)), int64(c.peerMaxFrame), s.sendAvail, c.sendConnAvail); n > 0 {
-				break
-			}
-			s.waitWindowLocked()
+		n, err := s.reserveSend(int64(len(p)))
+		if err != nil {
+			return total, err
 		}
-		s.sendAvail -= n
-		c.sendConnAvail -= n
-		c.mu.Unlock()
 		c.lockWrite()
-		var err error
 		reset := s.rstWritten
 		if !reset {
 			err = c.writeDataWLocked(s.id, p[:n])
