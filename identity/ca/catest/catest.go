@@ -44,9 +44,18 @@ type Root struct {
 // NewRoot generates a root named name, valid from an hour ago for ten years.
 func NewRoot(tb testing.TB, name string) *Root {
 	tb.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	r, err := GenerateRoot(name)
 	if err != nil {
 		tb.Fatal(err)
+	}
+	return r
+}
+
+// GenerateRoot is NewRoot for callers that are not tests (the load generator's CA).
+func GenerateRoot(name string) (*Root, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
 	}
 	now := time.Now()
 	tmpl := &x509.Certificate{
@@ -60,13 +69,13 @@ func NewRoot(tb testing.TB, name string) *Root {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
 	if err != nil {
-		tb.Fatal(err)
+		return nil, err
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		tb.Fatal(err)
+		return nil, err
 	}
-	return &Root{Cert: cert, Key: key}
+	return &Root{Cert: cert, Key: key}, nil
 }
 
 // Intermediate returns a CA named name signed by r and valid from notBefore to notAfter.
@@ -212,9 +221,18 @@ func (r *Root) IssueErr(id identity.ID, notBefore, notAfter time.Time) (*ca.Issu
 // ServingCert returns a TLS server certificate for the given DNS names and IPs.
 func (r *Root) ServingCert(tb testing.TB, names ...string) tls.Certificate {
 	tb.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	c, err := r.NewServingCert(names...)
 	if err != nil {
 		tb.Fatal(err)
+	}
+	return c
+}
+
+// NewServingCert is ServingCert for callers that are not tests.
+func (r *Root) NewServingCert(names ...string) (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
@@ -232,9 +250,9 @@ func (r *Root) ServingCert(tb testing.TB, names ...string) tls.Certificate {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, r.Cert, key.Public(), r.Key)
 	if err != nil {
-		tb.Fatal(err)
+		return tls.Certificate{}, err
 	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
 }
 
 // ClientFunc adapts a function to ca.Client.
@@ -260,20 +278,20 @@ type Request struct {
 // with an intermediate, its answer holds the leaf, the intermediates, then the top root.
 type IstioServer struct {
 	pb.UnimplementedIstioCertificateServiceServer
-	Addr string // 127.0.0.1:port
+	Addr string // 127.0.0.1:port, from StartIstio; "" from NewIstio
 
 	root *Root
 	srv  *grpc.Server
 
-	mu        sync.Mutex
-	requests  []Request
-	fail      error
-	auth      func(ctx context.Context, authorization string) error
-	override  string // URI to sign instead of the CSR's
-	extra     []*x509.Certificate
-	tlsCert   *tls.Certificate
-	stopOnce  sync.Once
-	serveDone chan struct{}
+	mu       sync.Mutex
+	requests []Request
+	fail     error
+	auth     func(ctx context.Context, authorization string) error
+	override string // URI to sign instead of the CSR's
+	extra    []*x509.Certificate
+	tlsCert  *tls.Certificate
+	stopOnce sync.Once
+	serving  sync.WaitGroup // one per Serve
 }
 
 // StartIstio starts the server; tlsCert nil means plaintext (reach it at http://Addr). It is
@@ -299,7 +317,17 @@ func StartIstioAt(tb testing.TB, addr string, root *Root, tlsCert *tls.Certifica
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s := &IstioServer{Addr: ln.Addr().String(), root: root, tlsCert: tlsCert, serveDone: make(chan struct{})}
+	s := NewIstio(root, tlsCert)
+	s.Addr = ln.Addr().String()
+	s.Serve(ln)
+	tb.Cleanup(s.Stop)
+	return s
+}
+
+// NewIstio returns a server that serves no listener yet (see Serve); tlsCert nil means
+// plaintext. Its owner calls Stop.
+func NewIstio(root *Root, tlsCert *tls.Certificate) *IstioServer {
+	s := &IstioServer{root: root, tlsCert: tlsCert}
 	var opts []grpc.ServerOption
 	if tlsCert != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{
@@ -312,12 +340,17 @@ func StartIstioAt(tb testing.TB, addr string, root *Root, tlsCert *tls.Certifica
 	}
 	s.srv = grpc.NewServer(opts...)
 	pb.RegisterIstioCertificateServiceServer(s.srv, s)
+	return s
+}
+
+// Serve serves ln until Stop, in a goroutine Stop waits for. One server may serve several
+// listeners, such as one inside each network namespace of a test topology.
+func (s *IstioServer) Serve(ln net.Listener) {
+	s.serving.Add(1)
 	go func() {
-		defer close(s.serveDone)
+		defer s.serving.Done()
 		s.srv.Serve(ln)
 	}()
-	tb.Cleanup(s.Stop)
-	return s
 }
 
 // StartIstioTLS starts the server over TLS with a serving certificate from root for names
@@ -332,7 +365,7 @@ func StartIstioTLS(tb testing.TB, root *Root, names ...string) *IstioServer {
 func (s *IstioServer) Stop() {
 	s.stopOnce.Do(func() {
 		s.srv.Stop()
-		<-s.serveDone
+		s.serving.Wait()
 	})
 }
 
