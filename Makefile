@@ -7,7 +7,7 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 RUN_DIR   ?= .tmp/run
 
-.PHONY: all build image helm kube-apiserver kubectl manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check
+.PHONY: all build image helm kube-apiserver kubectl manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs
 
 all: build
 
@@ -111,6 +111,14 @@ ktls-check:
 	@if command -v qemu-system-x86_64 >/dev/null && command -v cpio >/dev/null && [ -x /bin/busybox ] && ls /lib/modules 2>/dev/null | grep -q -- '-cloud-amd64$$'; then \
 	  scripts/ktls-vm.sh; \
 	else echo "ktls-check: SKIPPED: no qemu-system-x86 or Debian cloud kernel (apt-get install -y qemu-system-x86 busybox-static linux-image-cloud-amd64)"; fi
+
+# gozt beside the Rust ztunnel (package interop): both directions over HBONE in dedicated
+# and in-pod mode, policies, DNS, and what an operator reads of each (metrics, access log,
+# /config_dump, admin), as real processes in network namespaces (root). It takes the Rust
+# ztunnel's binary by path and skips without it:
+#   make interop-rs ZTUNNEL_RS=/path/to/ztunnel
+interop-rs:
+	ZTUNNEL_RS=$(ZTUNNEL_RS) $(GO) test -count=1 -v -timeout 10m ./interop
 
 test-norace:
 	$(GO) test -count=1 -run '$(NORACE_TESTS)' ./...

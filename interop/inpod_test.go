@@ -1,0 +1,175 @@
+//go:build linux
+
+package interop
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/gozt/gozt/internal/cnirules"
+	"github.com/gozt/gozt/internal/zdsagent"
+)
+
+// The in-pod topology, as in production: pods A (10.32.0.1) and B (10.32.0.2) are network
+// namespaces joined by a veth, each with istio-cni's in-pod rules; node A and node B are
+// namespaces of their own (loopback only: admin, the CA) where one ztunnel each runs in
+// PROXY_MODE=shared, enrolled by a ZDS agent that hands it its pod's namespace.
+const (
+	podPrefix = "10.32.0"
+	podA      = podPrefix + ".1"
+	podB      = podPrefix + ".2"
+)
+
+var inPodConfig = `workloads:
+  - uid: Kubernetes//Pod/default/client
+    name: client
+    namespace: default
+    serviceAccount: client
+    workloadIps: ["` + podA + `"]
+    protocol: HBONE
+    node: node-a
+  - uid: Kubernetes//Pod/default/server
+    name: server
+    namespace: default
+    serviceAccount: server
+    workloadIps: ["` + podB + `"]
+    protocol: HBONE
+    node: node-b
+`
+
+// TestInPod runs every pair in in-pod mode: the client in pod A dials pod B's address, the
+// rules hand the connection to node A's ztunnel inside pod A, which carries it over HBONE
+// to node B's ztunnel inside pod B, and on to the server.
+func TestInPod(t *testing.T) {
+	requirePeers(t)
+	for _, pair := range pairs {
+		t.Run(pairName(pair), func(t *testing.T) {
+			pa, pb := newHost(t, "pa"), newHost(t, "pb")
+			link(t, pa, pb, podPrefix)
+			for _, p := range []*host{pa, pb} {
+				installInPodRules(t, p)
+			}
+			ln := pb.listen(t, net.JoinHostPort(podB, portEcho))
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					go func() {
+						defer c.Close()
+						io.Copy(c, c)
+						c.(*net.TCPConn).CloseWrite()
+					}()
+				}
+			}()
+			c := newCA(t)
+			config := filepath.Join(t.TempDir(), "pods.yaml")
+			if err := os.WriteFile(config, []byte(inPodConfig), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			// Node B first, so that the server pod is enrolled before the client dials it.
+			nodeB := startInPodNode(t, pair[1], "node-b", c, config,
+				zdsagent.Pod{UID: "Kubernetes//Pod/default/server", Name: "server", Namespace: "default", ServiceAccount: "server", NetNS: "/var/run/netns/" + pb.Name})
+			nodeA := startInPodNode(t, pair[0], "node-a", c, config,
+				zdsagent.Pod{UID: "Kubernetes//Pod/default/client", Name: "client", Namespace: "default", ServiceAccount: "client", NetNS: "/var/run/netns/" + pa.Name})
+
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			conn, err := dialRetry(ctx, pa, net.JoinHostPort(podB, portEcho))
+			if err != nil {
+				t.Fatalf("pod A -> pod B: %v", err)
+			}
+			defer conn.Close()
+			sent, got, err := stream(conn, 16<<20, 4)
+			if err != nil || got != sent {
+				t.Fatalf("16 MiB from pod A to pod B came back with %s, %v; sent %s", got, err, sent)
+			}
+			// Both ends saw the other's identity: the connection went over HBONE, so it
+			// was captured on both sides and not sent straight across the veth.
+			a := labels("reporter", "source", "source_principal", clientID, "destination_principal", serverID, "connection_security_policy", "mutual_tls")
+			b := labels("reporter", "destination", "source_principal", clientID, "destination_principal", serverID, "connection_security_policy", "mutual_tls")
+			if !eventually(func() bool { return hasSeries(nodeA.metrics(t), "istio_tcp_connections_opened_total", a...) }) {
+				t.Errorf("node A (%s) counted no captured mTLS connection with %v", nodeA.prog, a)
+			}
+			if !eventually(func() bool { return hasSeries(nodeB.metrics(t), "istio_tcp_connections_opened_total", b...) }) {
+				t.Errorf("node B (%s) counted no inbound mTLS connection with %v", nodeB.prog, b)
+			}
+		})
+	}
+}
+
+// startInPodNode starts prog in a node namespace of its own, enrolled over ZDS with pod.
+func startInPodNode(t *testing.T, prog, nodeName string, c *ca, config string, pod zdsagent.Pod) *node {
+	t.Helper()
+	h := newHost(t, nodeName)
+	c.serveIn(t, h)
+	agent, err := zdsagent.Listen(filepath.Join(t.TempDir(), "ztunnel.sock"), pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replayed := make(chan error, 4)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		agent.Serve(func(_ int, err error) { replayed <- err })
+	}()
+	t.Cleanup(func() { agent.Close(); <-served })
+	env := c.env(prog)
+	for k, v := range map[string]string{
+		"PROXY_MODE":     "shared",
+		"NODE_NAME":      nodeName,
+		"INPOD_UDS":      agent.Path,
+		"XDS_ADDRESS":    "",
+		"LOCAL_XDS_PATH": config,
+		"PACKET_MARK":    "1337",
+		"RUST_LOG":       "info",
+	} {
+		env[k] = v
+	}
+	n := startProcess(t, prog, h, env)
+	select {
+	case err := <-replayed:
+		if err != nil {
+			t.Fatalf("%s: ZDS snapshot: %v", prog, err)
+		}
+	case <-n.done:
+		t.Fatalf("%s exited before it took the pods; log:\n%s", prog, n.tail(30))
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s did not connect to the ZDS agent in 30s; log:\n%s", prog, n.tail(30))
+	}
+	n.waitReady(t)
+	return n
+}
+
+// installInPodRules installs istio-cni's in-pod rules and routes in h.
+func installInPodRules(t *testing.T, h *host) {
+	t.Helper()
+	for _, rule := range cnirules.InPod() {
+		h.MustExec(t, append([]string{"iptables", "-w"}, rule...)...)
+	}
+	for _, args := range cnirules.InPodRoutes() {
+		h.MustExec(t, append([]string{"ip"}, args...)...)
+	}
+}
+
+// dialRetry dials addr from inside h until it connects: a pod's listeners come up as its
+// node takes it, and until then the rules send the connection nowhere.
+func dialRetry(ctx context.Context, h *host, addr string) (net.Conn, error) {
+	var last error
+	for ctx.Err() == nil {
+		c, err := h.dial(ctx, addr)
+		if err == nil {
+			return c, nil
+		}
+		last = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil, errors.Join(ctx.Err(), last)
+}
