@@ -3,9 +3,11 @@
 package interop
 
 import (
+	"context"
 	"io"
 	"net"
 	"testing"
+	"time"
 )
 
 // observed holds, per case, what each pair did where the two programs may legitimately
@@ -39,6 +41,26 @@ func runFlows(t *testing.T, m *mesh, pair string, obs observed) {
 	t.Run("echo", func(t *testing.T) {
 		if got := m.roundTrip(net.JoinHostPort(serverIP, portEcho)); got != "ok" {
 			t.Fatalf("round trip to the server workload: %s", got)
+		}
+	})
+	t.Run("dedicated-capture", func(t *testing.T) {
+		// Not through SOCKS5: dialed from node A's namespace and redirected to 15001.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := m.a.dial(ctx, net.JoinHostPort(serverIP, portEcho))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		sent, got, err := stream(c, 4<<20, 5)
+		if err != nil || got != sent {
+			t.Fatalf("4 MiB through the captured path came back with %s, %v; sent %s", got, err, sent)
+		}
+		if !eventually(func() bool {
+			return hasSeries(m.nodeA.metrics(t), "istio_tcp_connections_opened_total", labels("reporter", "source", "source_principal", clientID, "destination_principal", serverID)...)
+		}) {
+			t.Error("node A counted no outbound mTLS connection: the rules did not hand it the client's")
 		}
 	})
 	t.Run("service-vip", func(t *testing.T) {
@@ -111,6 +133,20 @@ func runFlows(t *testing.T, m *mesh, pair string, obs observed) {
 				t.Errorf("port %s: %s; want %s", p.port, got, p.want)
 			}
 			obs.add("policy on port "+p.port+", client sees", pair, got)
+		}
+	})
+	t.Run("certificates", func(t *testing.T) {
+		// Each program's CA client asked the shared CA for its own workload's identity.
+		asked := map[string]bool{}
+		for _, r := range m.ca.srv.Requests() {
+			if r.CSR != nil && len(r.CSR.URIs) == 1 {
+				asked[r.CSR.URIs[0].String()] = true
+			}
+		}
+		for _, id := range []string{clientID, serverID} {
+			if !asked[id] {
+				t.Errorf("no certificate request for %s; the CA saw %v", id, asked)
+			}
 		}
 	})
 	t.Run("identities", func(t *testing.T) {

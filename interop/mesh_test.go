@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gozt/gozt/internal/cnirules"
 )
 
 // The dedicated-mode mesh: node A serves workload default/client on 10.31.0.1 with SOCKS5,
@@ -44,6 +46,10 @@ const (
 )
 
 const banner = "hello from the server\n"
+
+// packetMark is the SO_MARK both programs put on their own sockets (PACKET_MARK), so that
+// the capture rules let them pass.
+const packetMark = "1337"
 
 // meshConfig is the local config both programs read (the Rust ztunnel's localhost.yaml shape):
 // the two workloads, the echo service, and the server namespace's policies.
@@ -124,6 +130,11 @@ func newMesh(t *testing.T, pair [2]string) *mesh {
 		t.Fatal(err)
 	}
 	m.serveBackends(t)
+	// Dedicated capture on node A, as next to a sidecar-like ztunnel: TCP the client
+	// workload dials to another host goes to 15001 unless it carries ztunnel's mark.
+	for _, rule := range cnirules.Redirect(packetMark, "127.0.0.0/8", "9999") {
+		m.a.MustExec(t, append([]string{"iptables", "-w", "-t", "nat"}, rule...)...)
+	}
 	m.nodeB = startNode(t, pair[1], m.b, m.dedicatedEnv(pair[1], "node-b", "default/server/server"))
 	m.nodeA = startNode(t, pair[0], m.a, m.dedicatedEnv(pair[0], "node-a", "default/client/client"))
 	return m
@@ -140,6 +151,7 @@ func (m *mesh) dedicatedEnv(prog, nodeName, workload string) map[string]string {
 		"XDS_ADDRESS":            "",
 		"LOCAL_XDS_PATH":         m.config,
 		"UNSTABLE_ENABLE_SOCKS5": "true",
+		"PACKET_MARK":            packetMark,
 		"RUST_LOG":               "info",
 	} {
 		e[k] = v
