@@ -125,20 +125,28 @@ type localPolicy struct {
 	Rules     [][][]localMatch `yaml:"rules"`
 }
 
-// localStringMatch is {Exact: x}, {Prefix: x}, {Suffix: x}, or presence: the bare Presence
-// or {Presence: []}, the form the Rust ztunnel writes for its StringMatch::Presence() (and
-// istioctl prints back from /config_dump); {Presence: {}} is taken too.
+// localStringMatch is a string match in either of two forms: the Rust ztunnel's, whose
+// serde_yaml reads an enum only as a tag (!Exact x, !Prefix x, !Suffix x, !Presence []), or
+// the map form {Exact: x}, {Prefix: x}, {Suffix: x}, {Presence: []} (what istioctl prints
+// back from /config_dump); presence is also the bare Presence or {Presence: {}}.
 type localStringMatch struct{ m *securitypb.StringMatch }
 
 func (l *localStringMatch) UnmarshalYAML(n *yaml.Node) error {
+	if tag, ok := strings.CutPrefix(n.Tag, "!"); ok && tag != "" && !strings.HasPrefix(tag, "!") {
+		return l.set(tag, n)
+	}
 	if n.Kind == yaml.ScalarNode && n.Value == "Presence" {
 		l.m = &securitypb.StringMatch{MatchType: &securitypb.StringMatch_Presence{}}
 		return nil
 	}
 	if n.Kind != yaml.MappingNode || len(n.Content) != 2 {
-		return fmt.Errorf("line %d: string match must be {Exact|Prefix|Suffix: value}, Presence or {Presence: []}", n.Line)
+		return fmt.Errorf("line %d: string match must be !Exact|!Prefix|!Suffix value, {Exact|Prefix|Suffix: value}, Presence or {Presence: []}", n.Line)
 	}
-	k, v := n.Content[0].Value, n.Content[1]
+	return l.set(n.Content[0].Value, n.Content[1])
+}
+
+// set makes the match of kind k with value v.
+func (l *localStringMatch) set(k string, v *yaml.Node) error {
 	if k == "Presence" {
 		if (v.Kind != yaml.SequenceNode && v.Kind != yaml.MappingNode) || len(v.Content) > 0 {
 			return fmt.Errorf("line %d: Presence takes no value: write {Presence: []} or Presence", v.Line)
@@ -147,7 +155,7 @@ func (l *localStringMatch) UnmarshalYAML(n *yaml.Node) error {
 		return nil
 	}
 	if k != "Exact" && k != "Prefix" && k != "Suffix" {
-		return fmt.Errorf("line %d: unknown string match %q (want Exact, Prefix, Suffix or Presence)", n.Line, k)
+		return fmt.Errorf("line %d: unknown string match %q (want Exact, Prefix, Suffix or Presence)", v.Line, k)
 	}
 	if v.Kind != yaml.ScalarNode {
 		return fmt.Errorf("line %d: %s takes a string", v.Line, k)

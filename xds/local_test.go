@@ -152,6 +152,31 @@ func TestLocalPresenceForms(t *testing.T) {
 	}
 }
 
+// The Rust ztunnel's serde_yaml reads its StringMatch enum only as a YAML tag; its files
+// write matches that way, and gozt reads them alike.
+func TestLocalTaggedStringMatches(t *testing.T) {
+	b, err := ParseLocal("p.yaml", []byte(`policies:
+  - name: p
+    rules:
+      - - - principals: [!Exact cluster.local/ns/a/sa/b, !Prefix "cluster.local/ns/c/"]
+            namespaces: [!Suffix -prod]
+            notPrincipals: [!Presence []]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := b.Policies[0].Rules[0].Clauses[0].Matches[0]
+	if len(m.Principals) != 2 || m.Principals[0].Kind != state.MatchExact || m.Principals[0].Value != "cluster.local/ns/a/sa/b" ||
+		m.Principals[1].Kind != state.MatchPrefix || m.Principals[1].Value != "cluster.local/ns/c/" ||
+		len(m.Namespaces) != 1 || m.Namespaces[0].Kind != state.MatchSuffix || m.Namespaces[0].Value != "-prod" ||
+		len(m.NotPrincipals) != 1 || m.NotPrincipals[0].Kind != state.MatchPresence {
+		t.Fatalf("match = %+v", m)
+	}
+	if _, err := ParseLocal("p.yaml", []byte("policies:\n  - name: p\n    rules: [[[ {principals: [!Regex x]} ]]]\n")); err == nil || !strings.Contains(err.Error(), `unknown string match "Regex"`) {
+		t.Errorf("!Regex: %v; want an unknown string match error", err)
+	}
+}
+
 func TestLocalErrors(t *testing.T) {
 	for _, tc := range []struct{ name, yaml, want string }{
 		{"unknown field", "workloads:\n  - name: a\n    colour: blue\n", "xds: bad.yaml: line 3: field colour not found in type"},
