@@ -26,6 +26,9 @@ type Labels struct {
 	DestinationCluster string
 
 	RequestProtocol, ConnectionSecurityPolicy string
+
+	// The workloads' locality, as the Rust ztunnel labels it since 1.27.
+	SourceRegion, SourceZone, DestinationRegion, DestinationZone string
 }
 
 // withDefaults fills empty labels with Istio's defaults.
@@ -38,6 +41,7 @@ func (l Labels) withDefaults() Labels {
 		&l.DestinationWorkload, &l.DestinationCanonicalService, &l.DestinationCanonicalRevision,
 		&l.DestinationWorkloadNamespace, &l.DestinationPrincipal, &l.DestinationApp, &l.DestinationVersion,
 		&l.DestinationCluster, &l.ConnectionSecurityPolicy,
+		&l.SourceRegion, &l.SourceZone, &l.DestinationRegion, &l.DestinationZone,
 	} {
 		if *f == "" {
 			*f = Unknown
@@ -61,6 +65,7 @@ func (l *Labels) values(flag string) []string {
 		l.DestinationWorkloadNamespace, l.DestinationPrincipal, l.DestinationApp,
 		l.DestinationVersion, l.DestinationCluster,
 		l.RequestProtocol, flag, l.ConnectionSecurityPolicy,
+		l.SourceRegion, l.SourceZone, l.DestinationRegion, l.DestinationZone,
 	}
 	for i, v := range vs {
 		vs[i] = validUTF8(v)

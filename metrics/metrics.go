@@ -51,6 +51,7 @@ var trafficLabelNames = []string{
 	"destination_workload_namespace", "destination_principal", "destination_app",
 	"destination_version", "destination_cluster",
 	"request_protocol", "response_flags", "connection_security_policy",
+	"source_region", "source_zone", "destination_region", "destination_zone",
 }
 
 var dnsLabelNames = []string{"request_query_type", "request_protocol", "source_canonical_service", "source_canonical_revision"}
@@ -92,6 +93,8 @@ type Metrics struct {
 	ActiveProxies, PendingProxies  prometheus.Gauge
 	ProxiesStarted, ProxiesStopped prometheus.Counter
 
+	workloadManager bool // export workload_manager_* (in-pod mode)
+
 	mu     sync.RWMutex
 	series map[seriesKey]*series // guarded by mu; grows like the registry's own series
 }
@@ -108,6 +111,13 @@ func WithAccessLog(l *slog.Logger) Option {
 			m.log = l
 		}
 	}
+}
+
+// WithWorkloadManager registers the in-pod workload manager's families
+// (workload_manager_*), which the Rust ztunnel exports only in in-pod mode. Without it
+// the gauges and counters still work; they are just not exported.
+func WithWorkloadManager() Option {
+	return func(m *Metrics) { m.workloadManager = true }
 }
 
 // New registers Istio's families on reg, including istio_build{component="ztunnel",tag=version}
@@ -154,7 +164,9 @@ func New(reg *prometheus.Registry, version string, opts ...Option) *Metrics {
 	m.PendingProxies = prometheus.NewGauge(prometheus.GaugeOpts{Name: "workload_manager_pending_proxy_count", Help: "The total number current workloads with pending proxies (unstable)"})
 	m.ProxiesStarted = prometheus.NewCounter(prometheus.CounterOpts{Name: "workload_manager_proxies_started_total", Help: "The total number of proxies that were started (unstable)"})
 	m.ProxiesStopped = prometheus.NewCounter(prometheus.CounterOpts{Name: "workload_manager_proxies_stopped_total", Help: "The total number of proxies that were stopped (unstable)"})
-	reg.MustRegister(m.ActiveProxies, m.PendingProxies, m.ProxiesStarted, m.ProxiesStopped)
+	if m.workloadManager {
+		reg.MustRegister(m.ActiveProxies, m.PendingProxies, m.ProxiesStarted, m.ProxiesStopped)
+	}
 
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "istio_build", Help: "Istio component build info"}, []string{"component", "tag"})
 	build.WithLabelValues("ztunnel", validUTF8(version)).Set(1)

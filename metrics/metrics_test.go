@@ -530,3 +530,29 @@ func TestForgetChurnedWorkloads(t *testing.T) {
 		t.Errorf("/metrics is %d bytes once every churned series is gone, want about %d", got, base)
 	}
 }
+
+// workload_manager_* are exported in in-pod mode only, as the Rust ztunnel does.
+func TestWorkloadManagerFamiliesInPodOnly(t *testing.T) {
+	for _, inPod := range []bool{false, true} {
+		reg := prometheus.NewRegistry()
+		var opts []Option
+		if inPod {
+			opts = append(opts, WithWorkloadManager())
+		}
+		m := New(reg, "test", opts...)
+		m.ActiveProxies.Set(2) // usable either way
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, f := range fams {
+			if f.GetName() == "workload_manager_active_proxy_count" {
+				found = true
+			}
+		}
+		if found != inPod {
+			t.Errorf("in-pod %v: workload_manager_active_proxy_count exported = %v", inPod, found)
+		}
+	}
+}

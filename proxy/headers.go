@@ -84,6 +84,7 @@ func sourceLabels(l *metrics.Labels, w *state.Workload) {
 	l.SourceApp = l.SourceCanonicalService
 	l.SourceVersion = w.CanonicalRevision
 	l.SourceCluster = w.ClusterID
+	l.SourceRegion, l.SourceZone = w.Locality.Region, w.Locality.Zone
 }
 
 func destLabels(l *metrics.Labels, w *state.Workload, svc *state.Service) {
@@ -95,6 +96,7 @@ func destLabels(l *metrics.Labels, w *state.Workload, svc *state.Service) {
 		l.DestinationApp = l.DestinationCanonicalService
 		l.DestinationVersion = w.CanonicalRevision
 		l.DestinationCluster = w.ClusterID
+		l.DestinationRegion, l.DestinationZone = w.Locality.Region, w.Locality.Zone
 	}
 	if svc != nil {
 		l.DestinationService = svc.Hostname

@@ -314,6 +314,7 @@ func (p *Proxy) inboundSourceLabels(l *metrics.Labels, peer identity.ID, client 
 	l.SourceCanonicalService = b["service.name"]
 	l.SourceCanonicalRevision = b["service.version"]
 	l.SourceApp, l.SourceVersion = l.SourceCanonicalService, l.SourceCanonicalRevision
+	l.SourceRegion, l.SourceZone = b["cloud.region"], b["cloud.availability_zone"]
 }
 
 // servePlaintext handles a connection captured on 15006: policy with no peer identity,

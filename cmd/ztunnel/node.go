@@ -79,7 +79,11 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 		addrs:    map[string]net.Addr{},
 		store:    state.NewStoreWith(state.Options{Network: cfg.Network}),
 	}
-	n.metrics = metrics.New(n.registry, version, metrics.WithAccessLog(slog.Default().With("scope", "access")))
+	mopts := []metrics.Option{metrics.WithAccessLog(slog.Default().With("scope", "access"))}
+	if n.local.Mode == state.ModeShared {
+		mopts = append(mopts, metrics.WithWorkloadManager())
+	}
+	n.metrics = metrics.New(n.registry, version, mopts...)
 
 	// Background work (config sources, certificate prefetch) runs on bg until the node stops.
 	bg, stopBG := context.WithCancel(context.Background())
