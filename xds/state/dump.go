@@ -21,7 +21,7 @@ type GatewayDump struct {
 
 // WorkloadDump is one workload in the dump.
 type WorkloadDump struct {
-	UID                   string         `json:"uid"`
+	UID                   string         `json:"uid,omitempty"`
 	WorkloadIPs           []string       `json:"workloadIps"`
 	Waypoint              *GatewayDump   `json:"waypoint,omitempty"`
 	NetworkGateway        *GatewayDump   `json:"networkGateway,omitempty"`
@@ -29,22 +29,22 @@ type WorkloadDump struct {
 	NetworkMode           string         `json:"networkMode"`
 	Name                  string         `json:"name"`
 	Namespace             string         `json:"namespace"`
-	TrustDomain           string         `json:"trustDomain"`
-	ServiceAccount        string         `json:"serviceAccount"`
-	Network               string         `json:"network"`
-	WorkloadName          string         `json:"workloadName"`
-	WorkloadType          string         `json:"workloadType"`
-	CanonicalName         string         `json:"canonicalName"`
-	CanonicalRevision     string         `json:"canonicalRevision"`
-	Hostname              string         `json:"hostname"`
-	Node                  string         `json:"node"`
+	TrustDomain           string         `json:"trustDomain,omitempty"`
+	ServiceAccount        string         `json:"serviceAccount,omitempty"`
+	Network               string         `json:"network,omitempty"`
+	WorkloadName          string         `json:"workloadName,omitempty"`
+	WorkloadType          string         `json:"workloadType,omitempty"`
+	CanonicalName         string         `json:"canonicalName,omitempty"`
+	CanonicalRevision     string         `json:"canonicalRevision,omitempty"`
+	Hostname              string         `json:"hostname,omitempty"`
+	Node                  string         `json:"node,omitempty"`
 	NativeTunnel          bool           `json:"nativeTunnel,omitempty"`
 	ApplicationTunnel     *AppTunnelDump `json:"applicationTunnel,omitempty"`
-	AuthorizationPolicies []string       `json:"authorizationPolicies"`
+	AuthorizationPolicies []string       `json:"authorizationPolicies,omitempty"`
 	Status                string         `json:"status"`
 	ClusterID             string         `json:"clusterId"`
 	Locality              *LocalityDump  `json:"locality,omitempty"`
-	Services              []string       `json:"services"`
+	Services              []string       `json:"services,omitempty"`
 	Capacity              uint32         `json:"capacity"`
 }
 
@@ -88,8 +88,8 @@ type ServiceDump struct {
 	Waypoint        *GatewayDump            `json:"waypoint,omitempty"`
 	LoadBalancer    *LoadBalancerDump       `json:"loadBalancer,omitempty"`
 	IPFamilies      string                  `json:"ipFamilies,omitempty"`
-	Canonical       bool                    `json:"canonical,omitempty"`
-	Visibility      string                  `json:"visibility,omitempty"`
+	Canonical       bool                    `json:"canonical"`
+	Visibility      string                  `json:"visibility"`
 }
 
 // PolicyDump is one authorization policy in the dump.
@@ -222,9 +222,10 @@ func (s *Store) serviceDumpLocked(key string, svc *Service) ServiceDump {
 	if sd.SubjectAltNames == nil {
 		sd.SubjectAltNames = []string{}
 	}
-	if int(svc.IPFamilies) < len(familyNames) {
+	if svc.IPFamilies != 0 && int(svc.IPFamilies) < len(familyNames) { // unset: omitted, as by the Rust ztunnel
 		sd.IPFamilies = familyNames[svc.IPFamilies]
 	}
+	sd.Visibility = "Public" // the Rust ztunnel's names for the two visibilities
 	if svc.Visibility == VisibilityNamespace {
 		sd.Visibility = "Namespace"
 	}

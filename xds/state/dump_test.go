@@ -30,9 +30,15 @@ func TestDumpJSON(t *testing.T) {
 	if len(d.Workloads) != 2 || d.Workloads[0]["name"] != "a" || d.Workloads[1]["protocol"] != "HBONE" {
 		t.Errorf("workloads not sorted by uid or misnamed: %v", d.Workloads)
 	}
-	for _, key := range []string{"uid", "workloadIps", "trustDomain", "serviceAccount", "canonicalName", "status", "clusterId", "capacity", "services", "authorizationPolicies"} {
+	for _, key := range []string{"uid", "workloadIps", "trustDomain", "serviceAccount", "status", "clusterId", "capacity", "services"} {
 		if _, ok := d.Workloads[1][key]; !ok {
 			t.Errorf("workload lacks %q: %v", key, d.Workloads[1])
+		}
+	}
+	// Empty ones are left out, as the Rust ztunnel leaves them out (interop's observability test).
+	for _, key := range []string{"canonicalName", "authorizationPolicies", "hostname", "network"} {
+		if v, ok := d.Workloads[1][key]; ok {
+			t.Errorf("workload has empty %q = %v; want it left out", key, v)
 		}
 	}
 	svc := d.Services[0]
