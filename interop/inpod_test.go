@@ -31,16 +31,20 @@ var inPodConfig = `workloads:
     name: client
     namespace: default
     serviceAccount: client
+    trustDomain: cluster.local # the Rust ztunnel's local config has no default (spiffe:///ns/...)
     workloadIps: ["` + podA + `"]
     protocol: HBONE
     node: node-a
+    services: {}
   - uid: Kubernetes//Pod/default/server
     name: server
     namespace: default
     serviceAccount: server
+    trustDomain: cluster.local
     workloadIps: ["` + podB + `"]
     protocol: HBONE
     node: node-b
+    services: {}
 `
 
 // TestInPod runs every pair in in-pod mode: the client in pod A dials pod B's address, the
