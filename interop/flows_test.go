@@ -119,7 +119,23 @@ func runFlows(t *testing.T, m *mesh, pair string, obs observed) {
 		c := m.dial(t, net.JoinHostPort(serverIP, portReset))
 		c.Write([]byte("x"))
 		_, err := c.Read(make([]byte, 1))
+		t.Logf("the backend reset; the client saw %s", errKind(err))
 		obs.add("backend reset, client sees", pair, errKind(err))
+	})
+	t.Run("client-reset", func(t *testing.T) {
+		// What the server's backend sees when the client resets: recorded, compared below.
+		c := m.dial(t, net.JoinHostPort(serverIP, portReport))
+		c.Write([]byte("x"))
+		time.Sleep(50 * time.Millisecond) // the stream is up on node B
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+		select {
+		case got := <-m.reported:
+			t.Logf("the client reset; the backend saw %s", got)
+			obs.add("client reset, backend sees", pair, got)
+		case <-time.After(10 * time.Second):
+			t.Error("the backend's connection stayed open 10s after the client reset")
+		}
 	})
 	t.Run("policy", func(t *testing.T) {
 		for _, p := range []struct{ port, want string }{

@@ -43,6 +43,7 @@ const (
 	portNotAllowed  = "8085" // echo; no ALLOW rule names it
 	portDenied      = "8086" // echo; a DENY rule names it
 	portBySA        = "8087" // echo; allowed by serviceAccounts, not by principal
+	portReport      = "8088" // reads until EOF or an error and reports which
 )
 
 const banner = "hello from the server\n"
@@ -105,7 +106,7 @@ policies:
     dryRun: false
     rules:
       - - - principals: [!Exact "cluster.local/ns/default/sa/client"]
-        - - destinationPorts: [8080, 8081, 8082, 8083, 8084, 8086]
+        - - destinationPorts: [8080, 8081, 8082, 8083, 8084, 8086, 8088]
       - - - serviceAccounts: [{namespace: default, serviceAccount: client}]
         - - destinationPorts: [8087]
   - name: deny-8086
@@ -132,13 +133,15 @@ type mesh struct {
 	config     string
 	nodeA      *node
 	nodeB      *node
-	halfServer chan int // bytes portHalfServer read after its half-close
+	halfServer chan int    // bytes portHalfServer read after its half-close
+	reported   chan string // how portReport's reads ended (errKind)
 }
 
-// newMesh builds the namespaces, the CA and the backends, and starts the pair.
-func newMesh(t *testing.T, pair [2]string) *mesh {
+// newMesh builds the namespaces, the CA and the backends, and starts the pair, each node
+// with env added to its environment.
+func newMesh(t *testing.T, pair [2]string, env ...string) *mesh {
 	t.Helper()
-	m := &mesh{a: newHost(t, "ia"), b: newHost(t, "ib"), ca: newCA(t), halfServer: make(chan int, 16)}
+	m := &mesh{a: newHost(t, "ia"), b: newHost(t, "ib"), ca: newCA(t), halfServer: make(chan int, 16), reported: make(chan string, 16)}
 	link(t, m.a, m.b, meshPrefix)
 	m.ca.serveIn(t, m.a)
 	m.ca.serveIn(t, m.b)
@@ -152,8 +155,13 @@ func newMesh(t *testing.T, pair [2]string) *mesh {
 	for _, rule := range cnirules.Redirect(packetMark, "127.0.0.0/8", "9999") {
 		m.a.MustExec(t, append([]string{"iptables", "-w", "-t", "nat"}, rule...)...)
 	}
-	m.nodeB = startNode(t, pair[1], m.b, m.dedicatedEnv(pair[1], "node-b", "default/server/server"))
-	m.nodeA = startNode(t, pair[0], m.a, m.dedicatedEnv(pair[0], "node-a", "default/client/client"))
+	envB, envA := m.dedicatedEnv(pair[1], "node-b", "default/server/server"), m.dedicatedEnv(pair[0], "node-a", "default/client/client")
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		envA[k], envB[k] = v, v
+	}
+	m.nodeB = startNode(t, pair[1], m.b, envB)
+	m.nodeA = startNode(t, pair[0], m.a, envA)
 	return m
 }
 
@@ -217,6 +225,13 @@ func (m *mesh) serveBackends(t *testing.T) {
 		h := sha256.New()
 		io.Copy(h, c)
 		io.WriteString(c, hex.EncodeToString(h.Sum(nil)))
+	})
+	serve(portReport, func(c *net.TCPConn) {
+		_, err := io.Copy(io.Discard, c)
+		if err == nil {
+			err = io.EOF // io.Copy's clean end
+		}
+		m.reported <- errKind(err)
 	})
 	serve(portHalfServer, func(c *net.TCPConn) {
 		io.WriteString(c, "bye")

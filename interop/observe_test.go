@@ -84,6 +84,70 @@ func TestObservability(t *testing.T) {
 	checkDifferences(t, "observability", diffs)
 }
 
+// TestAccessLogJSON compares the fields of the access log records in LOG_FORMAT=json, for the
+// same connection through the service VIP (node A's record and node B's).
+func TestAccessLogJSON(t *testing.T) {
+	requirePeers(t)
+	keys := map[string][2]map[string]bool{}
+	for _, prog := range []string{gozt, rs} {
+		t.Run(prog, func(t *testing.T) {
+			m := newMesh(t, [2]string{prog, prog}, "LOG_FORMAT=json")
+			if got := m.roundTrip(net.JoinHostPort(echoVIP, "80")); got != "ok" {
+				t.Fatalf("through the VIP: %s", got)
+			}
+			var k [2]map[string]bool
+			for i, n := range []*node{m.nodeA, m.nodeB} {
+				if !eventually(func() bool { k[i] = jsonAccessKeys(t, n); return k[i] != nil }) {
+					t.Fatalf("%s: no JSON access record of a completed connection:\n%s", prog, n.tail(10))
+				}
+			}
+			keys[prog] = k
+		})
+	}
+	if t.Failed() {
+		return
+	}
+	var diffs []string
+	for i, role := range []string{"node A", "node B"} {
+		g, r := keys[gozt][i], keys[rs][i]
+		if only := onlyIn(g, r); len(only) > 0 {
+			diffs = append(diffs, fmt.Sprintf("%s: JSON access log keys only in gozt: %s", role, strings.Join(only, ",")))
+		}
+		if only := onlyIn(r, g); len(only) > 0 {
+			diffs = append(diffs, fmt.Sprintf("%s: JSON access log keys only in rs: %s", role, strings.Join(only, ",")))
+		}
+	}
+	checkDifferences(t, "access-json", diffs)
+}
+
+// jsonAccessKeys returns the keys of n's first JSON log record of a completed connection,
+// the framing keys (time, level, message, its logger's name) left out; nil if none yet.
+func jsonAccessKeys(t *testing.T, n *node) map[string]bool {
+	for _, line := range n.logLines() {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			continue
+		}
+		msg, _ := rec["msg"].(string)
+		if m, ok := rec["message"].(string); ok {
+			msg = m
+		}
+		if msg != "connection complete" {
+			continue
+		}
+		keys := map[string]bool{}
+		for k := range rec {
+			switch k {
+			case "time", "timestamp", "level", "msg", "message", "scope", "target":
+			default:
+				keys[k] = true
+			}
+		}
+		return keys
+	}
+	return nil
+}
+
 // observe reads everything of n that TestObservability compares, ending with /quitquitquit.
 func observe(t *testing.T, n *node) view {
 	t.Helper()
