@@ -50,8 +50,13 @@ var inPodConfig = `workloads:
 // TestInPod runs every pair in in-pod mode: the client in pod A dials pod B's address, the
 // rules hand the connection to node A's ztunnel inside pod A, which carries it over HBONE
 // to node B's ztunnel inside pod B, and on to the server.
+//
+// With a connection open, the gozt-gozt and rs-rs pairs' /config_dump (workloadState and its
+// connections, what istioctl ztunnel-config connections prints) and metrics are compared as
+// TestObservability compares them in dedicated mode.
 func TestInPod(t *testing.T) {
 	requirePeers(t)
+	views := map[string][2]view{}
 	for _, pair := range pairs {
 		t.Run(pairName(pair), func(t *testing.T) {
 			pa, pb := newHost(t, "pa"), newHost(t, "pb")
@@ -105,8 +110,38 @@ func TestInPod(t *testing.T) {
 			if !eventually(func() bool { return hasSeries(nodeB.metrics(t), "istio_tcp_connections_opened_total", b...) }) {
 				t.Errorf("node B (%s) counted no inbound mTLS connection with %v", nodeB.prog, b)
 			}
+			if pair[0] != pair[1] {
+				return
+			}
+			open, err := dialRetry(ctx, pa, net.JoinHostPort(podB, portEcho))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer open.Close()
+			open.Write([]byte("ping"))
+			io.ReadFull(open, make([]byte, 4))
+			var v [2]view
+			for i, n := range []*node{nodeA, nodeB} {
+				_, dump, err := n.get("15000", "/config_dump")
+				if err != nil {
+					t.Fatal(err)
+				}
+				v[i] = view{metrics: n.metrics(t), dump: dump}
+				keep(t, pair[0]+"-inpod-"+[]string{"node-a", "node-b"}[i], v[i])
+			}
+			views[pair[0]] = v
 		})
 	}
+	if t.Failed() {
+		return
+	}
+	var diffs []string
+	for i, role := range []string{"node A", "node B"} {
+		g, r := views[gozt][i], views[rs][i]
+		diffs = append(diffs, compareMetrics(role, g.metrics, r.metrics)...)
+		diffs = append(diffs, compareDump(role, g.dump, r.dump)...)
+	}
+	checkDifferences(t, "inpod", diffs)
 }
 
 // startInPodNode starts prog in a node namespace of its own, enrolled over ZDS with pod.
