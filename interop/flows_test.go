@@ -142,7 +142,8 @@ func runFlows(t *testing.T, m *mesh, pair string, obs observed) {
 			{portEcho, "ok"},       // ALLOW by principal and port
 			{portBySA, "ok"},       // ALLOW by service account and port
 			{portNotAllowed, "no"}, // no ALLOW rule names the port
-			{portDenied, "no"},     // ALLOW names it, a DENY rule too
+			{portDenied, "no"},     // ALLOW names it, a DENY rule by namespace too
+			{portDenyByID, "no"},   // ALLOW names it, a DENY rule by principal too
 		} {
 			got := m.roundTrip(net.JoinHostPort(serverIP, p.port))
 			if (got == "ok") != (p.want == "ok") {

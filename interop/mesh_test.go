@@ -44,6 +44,7 @@ const (
 	portDenied      = "8086" // echo; a DENY rule names it
 	portBySA        = "8087" // echo; allowed by serviceAccounts, not by principal
 	portReport      = "8088" // reads until EOF or an error and reports which
+	portDenyByID    = "8089" // echo; ALLOW names it, a DENY rule for the client's principal too
 )
 
 const banner = "hello from the server\n"
@@ -106,7 +107,7 @@ policies:
     dryRun: false
     rules:
       - - - principals: [!Exact "cluster.local/ns/default/sa/client"]
-        - - destinationPorts: [8080, 8081, 8082, 8083, 8084, 8086, 8088]
+        - - destinationPorts: [8080, 8081, 8082, 8083, 8084, 8086, 8088, 8089]
       - - - serviceAccounts: [{namespace: default, serviceAccount: client}]
         - - destinationPorts: [8087]
   - name: deny-8086
@@ -117,6 +118,14 @@ policies:
     rules:
       - - - namespaces: [!Exact default]
         - - destinationPorts: [8086]
+  - name: deny-client-8089
+    namespace: default
+    scope: Namespace
+    action: Deny
+    dryRun: false
+    rules:
+      - - - principals: [!Exact "cluster.local/ns/default/sa/client"]
+        - - destinationPorts: [8089]
   - name: deny-strangers
     namespace: default
     scope: Namespace
@@ -210,7 +219,7 @@ func (m *mesh) serveBackends(t *testing.T) {
 		io.Copy(c, c)
 		c.CloseWrite()
 	}
-	for _, p := range []string{portEcho, portNotAllowed, portDenied, portBySA} {
+	for _, p := range []string{portEcho, portNotAllowed, portDenied, portBySA, portDenyByID} {
 		serve(p, echo)
 	}
 	serve(portServerFirst, func(c *net.TCPConn) {
