@@ -3,14 +3,10 @@
 package zdsagent
 
 import (
-	"bytes"
-	"errors"
-	"fmt"
 	"net"
 	"time"
 
 	"golang.org/x/sys/unix"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/gozt/gozt/inpod/zdspb"
 )
@@ -21,26 +17,21 @@ const timeout = 5 * time.Second
 type listener struct{ ln *net.UnixListener }
 
 func listen(path string) (listener, error) {
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	ln, err := ListenUnix(path)
 	return listener{ln}, err
 }
 
 func (l listener) close() error { return l.ln.Close() }
 
-// accept waits for ztunnel and checks its hello, the bare bytes 08 01.
+// accept waits for ztunnel and checks its hello (see ReadHello).
 func (l listener) accept() (packetConn, error) {
 	for {
 		c, err := l.ln.AcceptUnix()
 		if err != nil {
 			return packetConn{}, err
 		}
-		pc := packetConn{c}
-		hello, err := pc.read()
-		if err == nil && !bytes.Equal(hello, []byte{0x08, 0x01}) {
-			err = fmt.Errorf("hello % x; want 08 01", hello)
-		}
-		if err == nil {
-			return pc, nil
+		if ReadHello(c, timeout) == nil {
+			return packetConn{c}, nil
 		}
 		c.Close() // not a ztunnel we understand; wait for the next
 	}
@@ -50,47 +41,8 @@ type packetConn struct{ c *net.UnixConn }
 
 func (p packetConn) close() { p.c.Close() }
 
-func (p packetConn) read() ([]byte, error) {
-	b := make([]byte, 1024)
-	p.c.SetReadDeadline(time.Now().Add(timeout))
-	n, err := p.c.Read(b)
-	return b[:n], err
-}
-
 func (p packetConn) request(req *zdspb.WorkloadRequest, fds []int) (nack string, err error) {
-	b, err := proto.Marshal(req)
-	if err != nil {
-		closeAll(fds)
-		return "", err
-	}
-	var oob []byte
-	if len(fds) > 0 {
-		oob = unix.UnixRights(fds...)
-	}
-	p.c.SetWriteDeadline(time.Now().Add(timeout))
-	_, _, err = p.c.WriteMsgUnix(b, oob, nil)
-	closeAll(fds)
-	if err != nil {
-		return "", err
-	}
-	b, err = p.read()
-	if err != nil {
-		return "", err
-	}
-	var resp zdspb.WorkloadResponse
-	if err := proto.Unmarshal(b, &resp); err != nil {
-		return "", err
-	}
-	if resp.GetAck() == nil {
-		return "", errors.New("response without an ack")
-	}
-	return resp.GetAck().GetError(), nil
-}
-
-func closeAll(fds []int) {
-	for _, fd := range fds {
-		unix.Close(fd)
-	}
+	return Request(p.c, req, fds, timeout)
 }
 
 func openNetNS(path string) (int, error) {
