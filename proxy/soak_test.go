@@ -33,6 +33,7 @@ import (
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/ca/catest"
 	"github.com/gozt/gozt/identity/certs"
+	"github.com/gozt/gozt/internal/istiogrpc"
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/testutil"
 	"github.com/gozt/gozt/metrics"
@@ -881,11 +882,11 @@ func startSoakNode(tb testing.TB, name string, cfg proxy.Config, adsAddr, caAddr
 	n := &soakNode{name: name, reg: prometheus.NewRegistry(), tb: tb}
 	store := state.NewStore()
 	met := metrics.New(n.reg, "soak", metrics.WithAccessLog(slog.New(log)))
-	xc, err := xds.NewClient(xds.Config{Address: "http://" + adsAddr, NodeID: "ztunnel~" + name, Logger: quiet}, store, met)
+	xc, err := xds.NewClient(xds.Config{Config: istiogrpc.Config{Address: "http://" + adsAddr}, NodeID: "ztunnel~" + name, Logger: quiet}, store, met)
 	if err != nil {
 		tb.Fatalf("%s: xds: %v", name, err)
 	}
-	n.ca, err = ca.New(context.Background(), ca.Config{Provider: "istio", Address: "http://" + caAddr, SecretTTL: soakTTL})
+	n.ca, err = ca.New(context.Background(), ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: "http://" + caAddr}, SecretTTL: soakTTL})
 	if err != nil {
 		tb.Fatalf("%s: ca: %v", name, err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/certs"
 	"github.com/gozt/gozt/inpod"
+	"github.com/gozt/gozt/internal/istiogrpc"
 	"github.com/gozt/gozt/internal/netns"
 	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/metrics"
@@ -458,12 +459,7 @@ func proxyConfig(c *config) proxy.Config {
 func caConfig(c *config) ca.Config {
 	return ca.Config{
 		Provider:     c.CAProvider,
-		Address:      c.CAAddress,
-		RootCA:       c.CARootCA,
-		AltHostname:  c.AltCAHostname,
-		TokenFile:    c.AuthToken,
-		ClusterID:    c.ClusterID,
-		Headers:      headerNames(c.CAHeaders),
+		Config:       c.endpoint(c.CAAddress, c.CARootCA, c.AltCAHostname, c.CAHeaders),
 		SecretTTL:    c.SecretTTL,
 		Impersonate:  !c.local().Dedicated(), // one ztunnel, many workload identities
 		Dir:          c.CADir,
@@ -488,15 +484,23 @@ func xdsConfig(c *config) xds.Config {
 		ip = "1.1.1.1"
 	}
 	return xds.Config{
-		Address:     c.XDSAddress,
-		RootCA:      c.XDSRootCA,
-		AltHostname: c.AltXDSHostname,
+		Config:   c.endpoint(c.XDSAddress, c.XDSRootCA, c.AltXDSHostname, c.XDSHeaders),
+		NodeID:   fmt.Sprintf("ztunnel~%s~%s.%s~%s.svc.cluster.local", ip, c.PodName, c.PodNamespace, c.PodNamespace),
+		Metadata: meta,
+		OnDemand: c.XDSOnDemand,
+	}
+}
+
+// endpoint is an Istio gRPC endpoint (xDS or CA) of the node's: its own address, root, alt
+// hostname and headers, the token and cluster id both share.
+func (c *config) endpoint(addr, rootCA, altHostname string, headers map[string]string) istiogrpc.Config {
+	return istiogrpc.Config{
+		Address:     addr,
+		RootCA:      rootCA,
+		AltHostname: altHostname,
 		TokenFile:   c.AuthToken,
 		ClusterID:   c.ClusterID,
-		Headers:     headerNames(c.XDSHeaders),
-		NodeID:      fmt.Sprintf("ztunnel~%s~%s.%s~%s.svc.cluster.local", ip, c.PodName, c.PodNamespace, c.PodNamespace),
-		Metadata:    meta,
-		OnDemand:    c.XDSOnDemand,
+		Headers:     headerNames(headers),
 	}
 }
 
