@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -289,20 +288,12 @@ func (s *Stream) writeSpliced(sp *ktls.Splicer) (int64, error) {
 		if err != nil {
 			return sent, err
 		}
-		c.lockWrite()
-		reset := s.rstWritten
+		reset := s.beginData()
 		if !reset {
 			err = c.spliceDataWLocked(s.id, sp, int(k))
 		}
-		if ferr := c.unlockWrite(); err == nil {
-			err = ferr
-		}
-		if err != nil {
-			c.closeWith(err)
-			return sent, fmt.Errorf("hbone: write: %w", err)
-		}
-		if reset {
-			return sent, s.unsent(k)
+		if err := s.endData(k, reset, err); err != nil {
+			return sent, err
 		}
 		sent += k
 	}
