@@ -127,6 +127,21 @@ func newKey() (*ecdsa.PrivateKey, error) {
 	return k, nil
 }
 
+// LeafTemplate is the workload leaf this package's built-in CA issues, and catest's too:
+// uri (the SPIFFE ID) its only subject alternative name, digital signature and key
+// encipherment, server and client authentication, not a CA, a random 127-bit serial.
+func LeafTemplate(uri *url.URL, notBefore, notAfter time.Time) *x509.Certificate {
+	return &x509.Certificate{
+		SerialNumber:          serial(),
+		NotBefore:             notBefore,
+		NotAfter:              notAfter,
+		URIs:                  []*url.URL{uri},
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true,
+	}
+}
+
 // NewCSR returns a PEM PKCS#10 request whose only subject alternative name is id's URI, signed
 // with SHA-256 by key (no common name, as Istio expects).
 func NewCSR(key crypto.Signer, id identity.ID) ([]byte, error) {
