@@ -491,7 +491,7 @@ func (s *Stream) ReadFrom(r io.Reader) (int64, error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	if rc := pollable(r); rc != nil {
-		if s.c.kc != nil && spliceSend {
+		if s.c.kt.conn != nil && spliceSend {
 			return s.readFromSplice(rc)
 		}
 		return s.readFromPoll(rc)
