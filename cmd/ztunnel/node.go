@@ -38,7 +38,7 @@ type node struct {
 	store    *state.Store
 	xds      *xds.Client // nil without XDS_ADDRESS
 	certs    *certs.Manager
-	proxy    *proxy.Proxy   // the node's own listeners (node and dedicated mode)
+	proxy    *proxy.Proxy   // the node's own listeners (node and dedicated mode); nil in in-pod mode
 	inpod    *inpod.Manager // in-pod (shared) mode only
 	pods     *podProxies    // in-pod mode: the pods' proxies the Manager drives
 
@@ -105,14 +105,17 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 
 	goBG("metrics sweep", n.forgetGoneWorkloads)
 
-	pcfg := proxyConfig(cfg)
-	if n.xds != nil && cfg.XDSOnDemand {
-		pcfg.Demand = n.xds.DemandAddress
-	}
-	n.proxy = proxy.New(pcfg, n.store, n.certs, n.metrics)
 	inPod := n.local.Mode == state.ModeShared
+	if !inPod {
+		// In-pod mode has no node-level proxy: every pod's listeners open inside its netns
+		// (podproxies.go), so the node opens none of its own.
+		pcfg := proxyConfig(cfg)
+		if n.xds != nil && cfg.XDSOnDemand {
+			pcfg.Demand = n.xds.DemandAddress
+		}
+		n.proxy = proxy.New(pcfg, n.store, n.certs, n.metrics)
+	}
 	if inPod {
-		// Every pod's listeners open inside its netns, so the node opens none of its own.
 		if err := netns.CheckCapabilities(); err != nil {
 			return fmt.Errorf("PROXY_MODE=shared (in-pod) cannot enter pod namespaces or mark sockets: %w", err)
 		}
@@ -142,7 +145,9 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 	}
 	servers, err := n.startHTTP()
 	if err != nil {
-		n.proxy.Shutdown(context.Background())
+		if n.proxy != nil {
+			n.proxy.Shutdown(context.Background())
+		}
 		return err
 	}
 	proxyCtx, stopProxy := context.WithCancel(context.Background())
@@ -150,7 +155,9 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 	proxyDone := make(chan struct{})
 	go func() {
 		defer close(proxyDone)
-		n.proxy.Serve(proxyCtx)
+		if n.proxy != nil {
+			n.proxy.Serve(proxyCtx)
+		}
 	}()
 	if inPod {
 		n.pods = newPodProxies(n)
@@ -175,7 +182,9 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 		n.inpod.Close() // drains every pod's proxy, in the background...
 		n.pods.wait()   // ...each within CONNECTION_TERMINATION_DEADLINE
 	}
-	err = n.proxy.Shutdown(drainCtx)
+	if n.proxy != nil {
+		err = n.proxy.Shutdown(drainCtx)
+	}
 	stopProxy()
 	<-proxyDone
 	for _, s := range servers {
