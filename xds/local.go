@@ -455,9 +455,9 @@ func (lp *localPolicy) proto(loc func(...any) string) (*securitypb.Authorization
 	return p, nil
 }
 
-// ParseLocal parses a local config file's bytes into a full-state batch. Errors name the line
+// ParseFile parses a local config file's bytes into a full-state batch. Errors name the line
 // and field at fault. name is used in error messages.
-func ParseLocal(name string, data []byte) (*state.Batch, error) {
+func ParseFile(name string, data []byte) (*state.Batch, error) {
 	var cfg localConfig
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -510,9 +510,9 @@ func convertEach[E, P, T any](loc locator, section string, entries []E, toProto 
 	return out, nil
 }
 
-// Local is the LOCAL_XDS_PATH source: it replaces what it loaded before on every change of
+// FileSource is the LOCAL_XDS_PATH source: it replaces what it loaded before on every change of
 // the file, leaving resources from xDS alone.
-type Local struct {
+type FileSource struct {
 	path  string
 	store *state.Store
 	log   *slog.Logger
@@ -527,16 +527,16 @@ type Local struct {
 	mtime     time.Time
 }
 
-// LoadLocal loads path into store once; the error names the line and field at fault.
-func LoadLocal(path string, store *state.Store) (*Local, error) {
-	l := &Local{path: path, store: store, log: slog.Default().With("component", "xds", "file", path)}
+// LoadFile loads path into store once; the error names the line and field at fault.
+func LoadFile(path string, store *state.Store) (*FileSource, error) {
+	l := &FileSource{path: path, store: store, log: slog.Default().With("component", "xds", "file", path)}
 	if err := l.reload(); err != nil {
 		return nil, err
 	}
 	return l, nil
 }
 
-func (l *Local) reload() error {
+func (l *FileSource) reload() error {
 	fi, err := os.Stat(l.path)
 	if err != nil {
 		return fmt.Errorf("xds: local config: %w", err)
@@ -548,7 +548,7 @@ func (l *Local) reload() error {
 	l.mu.Lock()
 	l.size, l.mtime = fi.Size(), fi.ModTime()
 	l.mu.Unlock()
-	b, err := ParseLocal(l.path, data)
+	b, err := ParseFile(l.path, data)
 	if err != nil {
 		return err
 	}
@@ -580,7 +580,7 @@ func (l *Local) reload() error {
 	return nil
 }
 
-func (l *Local) changed() bool {
+func (l *FileSource) changed() bool {
 	fi, err := os.Stat(l.path)
 	if err != nil {
 		return false
@@ -592,7 +592,7 @@ func (l *Local) changed() bool {
 
 // Run polls the file and reloads it when its size or mtime changes, until ctx ends. A bad
 // file is logged and the previous state kept.
-func (l *Local) Run(ctx context.Context) error {
+func (l *FileSource) Run(ctx context.Context) error {
 	every := l.PollInterval
 	if every <= 0 {
 		every = time.Second

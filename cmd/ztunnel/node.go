@@ -205,11 +205,11 @@ func (n *node) startConfigSources(goBG func(string, func(context.Context) error)
 		return errors.New("config: no workload source: set LOCAL_XDS_PATH (a local YAML file) or XDS_ADDRESS (a control plane)")
 	}
 	if cfg.LocalXDSPath != "" {
-		local, err := xds.LoadLocal(cfg.LocalXDSPath, n.store)
+		file, err := xds.LoadFile(cfg.LocalXDSPath, n.store)
 		if err != nil {
 			return fmt.Errorf("LOCAL_XDS_PATH: %w", err)
 		}
-		goBG("local config", local.Run)
+		goBG("local config", file.Run)
 	}
 	if cfg.XDSAddress != "" {
 		xc := xdsConfig(cfg)
