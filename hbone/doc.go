@@ -1,5 +1,10 @@
 // Package hbone is the HBONE wire: HTTP/2 CONNECT tunnels over mutual TLS, as spoken by
-// Istio's ztunnel, waypoints and east-west gateways.
+// Istio's ztunnel, waypoints and east-west gateways. It is usable on its own, in any Go
+// program that dials or serves HBONE: it knows nothing of xDS, workloads or where
+// certificates come from (the caller hands it a *tls.Config); of this module it imports
+// only the SPIFFE ID type (package identity) and two internal helpers (kernel TLS,
+// goroutine reuse). The package example opens a stream through a Pool to a Server, both
+// with SPIFFE identities over mTLS.
 //
 // It owns the client side (Pool: connections pooled per source identity, expected peer
 // identities, address and source IP; one dial in flight per key; idle eviction; GOAWAYed
