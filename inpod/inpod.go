@@ -6,7 +6,7 @@
 //
 // Both are Manager, which the Rust ztunnel calls the workload manager: that is the name its
 // readiness task ("workload manager") and metric families (workload_manager_*) carry, here
-// as there. internal/zdsagent is the other end, a node agent stand-in for tests and demos.
+// as there. inpod/zdsagent is the other end, a node agent stand-in for tests and demos.
 //
 // # Wire protocol (ZDS, istio.workload.zds; messages in inpod/zdspb)
 //

@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gozt/gozt/inpod/zdsagent"
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/netns/netnstest"
 	"github.com/gozt/gozt/internal/testutil"
-	"github.com/gozt/gozt/internal/zdsagent"
 )
 
 // TestNetnsInPodUpgrade is a ztunnel upgrade on a node in in-pod mode: a second ztunnel

@@ -14,9 +14,9 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gozt/gozt/inpod/zdsagent"
 	"github.com/gozt/gozt/inpod/zdspb"
 	"github.com/gozt/gozt/internal/netns"
-	"github.com/gozt/gozt/internal/zdsagent"
 )
 
 // timeout bounds each of the agent's waits for ztunnel.
@@ -24,7 +24,7 @@ const timeout = 10 * time.Second
 
 // Agent is the istio-cni node agent's side of ZDS: a SOCK_SEQPACKET listener ztunnel
 // connects to, scripted by the test one packet at a time (bad ones included) on the wire
-// helpers of internal/zdsagent, whose Agent replays a fixed set of pods instead. Each
+// helpers of inpod/zdsagent, whose Agent replays a fixed set of pods instead. Each
 // method fails the test on an error; everything closes when it ends.
 type Agent struct {
 	t    testing.TB

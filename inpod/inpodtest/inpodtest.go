@@ -1,7 +1,7 @@
 // Package inpodtest holds what tests of inpod.Manager (the workload manager) and of the code
 // that wires it need: Proxies, a fake inpod.Proxies that records its calls and can bind a
 // port in each pod's netns; and (Linux) Agent, the node agent's end of ZDS scripted one
-// packet at a time, bad packets included, on internal/zdsagent's wire helpers, with the
+// packet at a time, bad packets included, on inpod/zdsagent's wire helpers, with the
 // requests it sends (AddReq, KeepReq, DelReq, SnapshotReq) and NSFD for a pod's netns fd.
 package inpodtest
 
