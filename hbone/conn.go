@@ -11,7 +11,6 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/gozt/gozt/identity"
@@ -29,10 +28,8 @@ type conn struct {
 	cfg     Config
 	server  bool
 	handler Handler
-	nc      net.Conn      // what frames are written to (and read from, but for kc's): *tls.Conn, or bc over kc
-	bc      *bufConn      // coalescing layer (under crypto/tls, or over kc), nil when the caller built the TLS conn
-	kc      *ktls.Conn    // non-nil: the kernel handles TLS records (ktls.go)
-	kr      *kernelReader // with kc: what the Framer reads from (kread.go)
+	nc      net.Conn // what frames are written to (and read from, but in kernel TLS): *tls.Conn, or bc over kt.conn
+	bc      *bufConn // coalescing layer (under crypto/tls, or over kt.conn), nil when the caller built the TLS conn
 	peer    identity.ID
 	fr      *http2.Framer // write side under wmu; read side the frame reader's alone
 	onClose func(*conn)   // pool bookkeeping: the connection leaves the pool; see leavePool
@@ -40,6 +37,10 @@ type conn struct {
 	// closeWith. Set before the frame reader starts (server only).
 	ctx       context.Context
 	cancelCtx context.CancelCauseFunc
+
+	// Kernel TLS's part of the connection, all of it (ktls.go, ksend.go, kread.go): kt.conn
+	// is nil on the user-space path; kernelTLS says who owns each of its fields.
+	kt kernelTLS
 
 	// Channels and counters: safe from any goroutine.
 	kick    chan struct{}  // wakes writeLoop; capacity 1
@@ -49,9 +50,7 @@ type conn struct {
 	left    atomic.Bool    // onClose has run
 	flooded atomic.Bool    // more than maxQueuedControl control frames are queued
 	waiters atomic.Int32   // goroutines queued for wmu: the last one out flushes bc
-	// DATA payload bytes of a kernel TLS connection by path (KernelTLSBytes).
-	splicedOut, copiedOut, splicedIn, copiedIn atomic.Int64
-	extra                                      bool // client: dialed because the key's other conns were congested; guarded by Pool.mu
+	extra   bool           // client: dialed because the key's other conns were congested; guarded by Pool.mu
 
 	// The write lock: wmu serialises frames and guards the fields after it.
 	wmu        sync.Mutex
@@ -60,14 +59,6 @@ type conn struct {
 	hencLimit  uint32
 	goawaySent bool
 	dataHdr    [9]byte
-	iov        [3][]byte   // kernel TLS: buffered frames, DATA header, payload
-	bufs       net.Buffers // over iov; a field, so writev's argument does not escape per call
-	// Kernel TLS: the splice of a DATA payload into the socket (ktls.go).
-	krc     syscall.RawConn
-	splFn   func(fd uintptr) bool
-	spl     *ktls.Splicer
-	splLeft int
-	splErr  error
 
 	// The state lock: mu guards every field after it and Stream's fields marked so.
 	mu             sync.Mutex
@@ -128,7 +119,6 @@ func newConn(cfg Config, server bool, nc net.Conn, bc *bufConn, kc *ktls.Conn) *
 		server:         server,
 		nc:             nc,
 		bc:             bc,
-		kc:             kc,
 		kick:           make(chan struct{}, 1),
 		work:           make(chan *Request),
 		done:           make(chan struct{}),
@@ -146,10 +136,11 @@ func newConn(cfg Config, server bool, nc net.Conn, bc *bufConn, kc *ktls.Conn) *
 	}
 	var r io.Reader = nc
 	if kc != nil {
-		c.kr = newKernelReader(c)
-		r = c.kr
-		c.krc, _ = kc.SyscallConn()
-		c.splFn = c.spliceWrite
+		c.kt.conn = kc
+		c.kt.reader = newKernelReader(c)
+		r = c.kt.reader
+		c.kt.rc, _ = kc.SyscallConn()
+		c.kt.spliceFn = c.spliceWrite
 	}
 	c.fr = http2.NewFramer(nc, r)
 	c.fr.SetMaxReadFrameSize(cfg.MaxFrameSize)
@@ -222,8 +213,8 @@ func (c *conn) closeWith(err error) {
 		c.cancelCtx(err)
 	}
 	close(c.done)
-	if c.kc != nil {
-		c.kc.NetConn().Close() // not ktls.Conn.Close: its close_notify would bypass wmu
+	if c.kt.conn != nil {
+		c.kt.conn.NetConn().Close() // not ktls.Conn.Close: its close_notify would bypass wmu
 	} else if c.bc != nil {
 		c.bc.Conn.Close() // not tls.Conn.Close: its close_notify would bypass wmu
 	} else {

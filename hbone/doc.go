@@ -1,5 +1,10 @@
 // Package hbone is the HBONE wire: HTTP/2 CONNECT tunnels over mutual TLS, as spoken by
-// Istio's ztunnel, waypoints and east-west gateways.
+// Istio's ztunnel, waypoints and east-west gateways. It is usable on its own, in any Go
+// program that dials or serves HBONE: it knows nothing of xDS, workloads or where
+// certificates come from (the caller hands it a *tls.Config); of this module it imports
+// only the SPIFFE ID type (package identity) and two internal helpers (kernel TLS,
+// goroutine reuse). The package example opens a stream through a Pool to a Server, both
+// with SPIFFE identities over mTLS.
 //
 // It owns the client side (Pool: connections pooled per source identity, expected peer
 // identities, address and source IP; one dial in flight per key; idle eviction; GOAWAYed
@@ -142,7 +147,24 @@
 // ends with data still queued), so a proxy needs one goroutine per proxied connection,
 // not two. A handler goroutine whose stream ended waits up to a second to run the
 // connection's next stream, so its grown stack is reused. Pool.Close and ServeConn
-// return only after all of theirs, drains included, have exited. The code is split by
-// direction: conn.go (lifecycle), write.go, read.go, flow.go (windows and SETTINGS),
-// stream.go (the Stream API), limits.go.
+// return only after all of theirs, drains included, have exited.
+//
+// # Files
+//
+// The API: client.go (Pool, Dial), server.go (Server, Handler, Request, Serve, ServeConn,
+// ServeTLS, Shutdown), stream.go (Stream: Read/Write, ReadFrom and WriteTo, DeliverTo,
+// half-close, reset, deadlines), config.go (Config and its defaults, Key, TLSInfo,
+// KernelTLSBytes, DropReason), errors.go (StatusError, ResetError, GoAwayError, the
+// connection errors). Below it, by direction:
+//
+//   - conn.go: one connection's lifecycle (newConn, closeWith) and its fields, grouped by
+//     the lock or goroutine that owns them.
+//   - write.go: the write side (the write lock, control frames queued for writeLoop,
+//     DATA and HEADERS frames); buf.go: the pooled buffers and the coalescing bufConn.
+//   - read.go: the frame reader (readLoop) and what each frame does.
+//   - flow.go: windows and SETTINGS; limits.go: what a peer may make a connection do.
+//   - Kernel TLS: ktls.go (the handshake, the move to the kernel, the fallback, what a
+//     connection reports), ksend.go (the send side: writev and the splice into the
+//     socket, the pipes' free list), kread.go (the receive side: the frame reader's
+//     source, the splice out to a DeliverTo socket).
 package hbone

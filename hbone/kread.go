@@ -51,7 +51,7 @@ func (k *kernelReader) Read(p []byte) (int, error) {
 		return 0, nil
 	}
 	for !k.busy {
-		if _, err := io.ReadFull(k.c.kc, k.hdr[:]); err != nil {
+		if _, err := io.ReadFull(k.c.kt.conn, k.hdr[:]); err != nil {
 			return 0, err
 		}
 		n := int(k.hdr[0])<<16 | int(k.hdr[1])<<8 | int(k.hdr[2])
@@ -78,7 +78,7 @@ func (k *kernelReader) Read(p []byte) (int, error) {
 		k.busy = k.hoff < len(k.hdr) || k.pass > 0
 		return n, nil
 	}
-	n, err := k.c.kc.Read(p[:min(len(p), k.pass)])
+	n, err := k.c.kt.conn.Read(p[:min(len(p), k.pass)])
 	k.pass -= n
 	k.busy = k.pass > 0
 	return n, err
@@ -133,7 +133,7 @@ func (k *kernelReader) spliceData(id uint32, end bool, n int) (bool, error) {
 		s.cond.Broadcast()
 	}
 	c.mu.Unlock()
-	c.splicedIn.Add(int64(spliced))
+	c.kt.splicedIn.Add(int64(spliced))
 	if err == nil && rest > 0 {
 		err = k.queueRest(s, rest)
 	}
@@ -161,7 +161,7 @@ func (k *kernelReader) spliceData(id uint32, end bool, n int) (bool, error) {
 // splicePayload moves up to n payload bytes to sink while it takes them without waiting.
 // It returns the bytes sink took and those left (in the pipe, then in the socket).
 func (k *kernelReader) splicePayload(sink syscall.RawConn, n int) (spliced, rest int, err error) {
-	rc, _ := k.c.kc.SyscallConn()
+	rc, _ := k.c.kt.conn.SyscallConn()
 	left := n
 	for left > 0 {
 		k.want = left
@@ -231,7 +231,7 @@ func (k *kernelReader) queueRest(s *Stream, rest int) error {
 		if k.sp.Buffered() > 0 {
 			n, err = k.sp.Read(buf[:min(rest, k.sp.Buffered(), len(buf))])
 		} else {
-			n, err = c.kc.Read(buf[:min(rest, len(buf))])
+			n, err = c.kt.conn.Read(buf[:min(rest, len(buf))])
 		}
 		if n == 0 {
 			if err == nil || err == io.EOF {
@@ -240,7 +240,7 @@ func (k *kernelReader) queueRest(s *Stream, rest int) error {
 			return err
 		}
 		rest -= n
-		c.copiedIn.Add(int64(n))
+		c.kt.copiedIn.Add(int64(n))
 		c.mu.Lock()
 		if s.localClosed {
 			c.releaseConnLocked(int64(n))

@@ -1,22 +1,40 @@
 package hbone
 
-// Kernel TLS: after crypto/tls's handshake the record layer moves to the kernel
-// (internal/ktls) when it can take it; DATA payloads then move by splice(2).
+// Kernel TLS, its start: the handshake through internal/ktls, the move of the record layer
+// to the kernel after it, the fallback to crypto/tls, and what a connection reports. The
+// send side is ksend.go, the receive side kread.go.
 
 import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
-	"io"
 	"net"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/gozt/gozt/internal/ktls"
 )
+
+// kernelTLS is a connection's kernel TLS state, grouped by who may touch it. conn.kt.conn
+// nil means the connection runs in crypto/tls (or the caller's TLS) and the rest is unused.
+type kernelTLS struct {
+	// Set by newConn, then read-only.
+	conn     *ktls.Conn            // the kernel handles TLS records
+	reader   *kernelReader         // what the Framer reads from (kread.go)
+	rc       syscall.RawConn       // conn's socket, for the send splice (ksend.go)
+	spliceFn func(fd uintptr) bool // spliceWrite, bound once: a closure per frame would allocate
+
+	// DATA payload bytes by path (KernelTLSBytes); atomic, from any goroutine.
+	splicedOut, copiedOut, splicedIn, copiedIn atomic.Int64
+
+	// The send side's scratch, under conn.wmu (ksend.go).
+	iov     [3][]byte   // buffered frames, DATA header, payload
+	bufs    net.Buffers // over iov; a field, so writev's argument does not escape per call
+	spl     *ktls.Splicer
+	splLeft int
+	splErr  error
+}
 
 // tlsStart is one connection's TLS from its handshake to the frames' first byte.
 type tlsStart struct {
@@ -148,46 +166,8 @@ func tcpOf(c net.Conn) *net.TCPConn {
 // TCP makes bufConn a ktls.TCPWrapper: it does not buffer until the handshake is over.
 func (b *bufConn) TCP() *net.TCPConn { return tcpOf(b.Conn) }
 
-// pipes keeps idle splice pipes for reuse: each is two file descriptors and two syscalls
-// to make, and a sync.Pool would drop them without closing them.
-var pipes struct {
-	mu   sync.Mutex
-	free []*ktls.Splicer
-}
-
-const maxIdlePipes = 32
-
-func getPipe() (*ktls.Splicer, error) {
-	pipes.mu.Lock()
-	if n := len(pipes.free); n > 0 {
-		sp := pipes.free[n-1]
-		pipes.free[n-1] = nil
-		pipes.free = pipes.free[:n-1]
-		pipes.mu.Unlock()
-		return sp, nil
-	}
-	pipes.mu.Unlock()
-	return ktls.NewSplicer()
-}
-
-// putPipe keeps sp for reuse if it is empty, else closes it.
-func putPipe(sp *ktls.Splicer) {
-	if sp == nil {
-		return
-	}
-	pipes.mu.Lock()
-	if sp.Buffered() == 0 && len(pipes.free) < maxIdlePipes {
-		pipes.free = append(pipes.free, sp)
-		sp = nil
-	}
-	pipes.mu.Unlock()
-	if sp != nil {
-		sp.Close()
-	}
-}
-
 // KernelTLS reports whether the stream's connection runs in kernel TLS.
-func (s *Stream) KernelTLS() bool { return s.c.kc != nil }
+func (s *Stream) KernelTLS() bool { return s.c.kt.conn != nil }
 
 // KernelTLSBytes is what the stream's connection has moved so far by each path (zero
 // on the user-space path).
@@ -195,154 +175,15 @@ func (s *Stream) KernelTLSBytes() KernelTLSBytes { return s.c.kernelBytes() }
 
 func (c *conn) kernelBytes() KernelTLSBytes {
 	return KernelTLSBytes{
-		SplicedOut: c.splicedOut.Load(), CopiedOut: c.copiedOut.Load(),
-		SplicedIn: c.splicedIn.Load(), CopiedIn: c.copiedIn.Load(),
+		SplicedOut: c.kt.splicedOut.Load(), CopiedOut: c.kt.copiedOut.Load(),
+		SplicedIn: c.kt.splicedIn.Load(), CopiedIn: c.kt.copiedIn.Load(),
 	}
 }
 
 // reportKernelEnd tells OnKernelTLSEnd what a kernel TLS connection moved; its owner
 // calls it once the connection's goroutines have exited.
 func (c *conn) reportKernelEnd() {
-	if c.kc != nil && c.cfg.OnKernelTLSEnd != nil {
+	if c.kt.conn != nil && c.cfg.OnKernelTLSEnd != nil {
 		c.cfg.OnKernelTLSEnd(c.kernelBytes())
 	}
-}
-
-// spliceSend enables readFromSplice; a variable so tests and benchmarks can compare both
-// paths.
-var spliceSend = true
-
-// spliceMax bounds one fill of the pipe (its size, when the kernel grants it).
-const spliceMax = 1 << 20
-
-// readFromSplice is readFromPoll for a kernel TLS connection: each DATA payload moves TCP
-// socket → pipe → kernel TLS socket with splice(2), never through user space. Like
-// readFromPoll's buffer, the pipe is borrowed only while the socket has data.
-func (s *Stream) readFromSplice(rc syscall.RawConn) (int64, error) {
-	var total int64
-	var sp *ktls.Splicer
-	var ferr, perr error
-	fill := func(fd uintptr) bool {
-		if sp == nil {
-			if sp, perr = getPipe(); perr != nil {
-				return true
-			}
-		}
-		_, ferr = sp.FillFD(int(fd), spliceMax)
-		if ferr == syscall.EAGAIN {
-			putPipe(sp) // idle: wait without a pipe
-			sp = nil
-			return false
-		}
-		return true
-	}
-	for {
-		// As readFromPoll: a stream its peer does not read holds no pipe.
-		if sp != nil && !s.sendWindowOpen() {
-			putPipe(sp)
-			sp = nil
-		}
-		if err := s.waitSendWindow(); err != nil {
-			putPipe(sp)
-			return total, err
-		}
-		err := rc.Read(fill)
-		if perr != nil {
-			// No pipe (out of file descriptors?): copy through user space instead.
-			k, err := s.readFromPoll(rc)
-			return total + k, err
-		}
-		if err == nil {
-			err = ferr
-		}
-		if err == io.EOF {
-			putPipe(sp)
-			return total, nil
-		}
-		if err != nil {
-			putPipe(sp)
-			return total, err
-		}
-		k, err := s.writeSpliced(sp)
-		total += k
-		if err != nil {
-			putPipe(sp) // closed if the reset left bytes in it
-			return total, err
-		}
-	}
-}
-
-// sendWindowOpen reports whether a DATA frame could go out now.
-func (s *Stream) sendWindowOpen() bool {
-	c := s.c
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return s.sendAvail > 0 && c.sendConnAvail > 0
-}
-
-// writeSpliced sends what sp holds as DATA frames as the windows allow.
-func (s *Stream) writeSpliced(sp *ktls.Splicer) (int64, error) {
-	c := s.c
-	var sent int64
-	for sp.Buffered() > 0 {
-		k, err := s.reserveSend(int64(sp.Buffered()))
-		if err != nil {
-			return sent, err
-		}
-		c.lockWrite()
-		reset := s.rstWritten
-		if !reset {
-			err = c.spliceDataWLocked(s.id, sp, int(k))
-		}
-		if ferr := c.unlockWrite(); err == nil {
-			err = ferr
-		}
-		if err != nil {
-			c.closeWith(err)
-			return sent, fmt.Errorf("hbone: write: %w", err)
-		}
-		if reset {
-			return sent, s.unsent(k)
-		}
-		sent += k
-	}
-	return sent, nil
-}
-
-// spliceDataWLocked writes one DATA frame of n bytes from sp: the buffered frames and the
-// 9-byte header with MSG_MORE, so the kernel keeps the record open, then the payload
-// spliced into the same record.
-func (c *conn) spliceDataWLocked(id uint32, sp *ktls.Splicer, n int) error {
-	c.bc.buf = append(c.bc.buf, c.dataHeaderWLocked(id, n)...)
-	_, err := c.kc.WriteMore(c.bc.buf)
-	c.bc.buf = c.bc.buf[:0]
-	if err != nil {
-		return err
-	}
-	c.spl, c.splLeft, c.splErr = sp, n, nil
-	err = c.krc.Write(c.splFn)
-	c.spl = nil
-	c.splicedOut.Add(int64(n - c.splLeft))
-	if err == nil {
-		err = c.splErr
-	}
-	return err
-}
-
-// spliceWrite is spliceDataWLocked's poll callback (made once per connection: a closure
-// per frame would allocate): it moves c.splLeft bytes of c.spl into the socket, waiting
-// while the socket's send buffer is full.
-func (c *conn) spliceWrite(fd uintptr) bool {
-	for c.splLeft > 0 {
-		m, err := c.spl.DrainFD(int(fd), c.splLeft)
-		if err == syscall.EAGAIN {
-			return false
-		}
-		if err != nil {
-			c.splErr = err
-			return true
-		}
-		c.splLeft -= m
-	}
-	return true
 }

@@ -458,7 +458,7 @@ func requestKeyUpdate(t *testing.T, c *conn) {
 	h.SetLen(unix.CmsgLen(1))
 	oob[unix.CmsgLen(0)] = 22     // handshake
 	msg := []byte{24, 0, 0, 1, 1} // KeyUpdate, length 1, update_requested
-	rc, err := c.kc.NetConn().SyscallConn()
+	rc, err := c.kt.conn.NetConn().SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,8 +20,8 @@ import (
 
 // readLoop is the connection's single frame reader. It returns the error that ends it.
 func (c *conn) readLoop() error {
-	if c.kr != nil {
-		defer c.kr.close()
+	if c.kt.reader != nil {
+		defer c.kt.reader.close()
 	}
 	for {
 		f, err := c.fr.ReadFrame()
@@ -176,8 +176,8 @@ func (c *conn) handleDataLocked(f *http2.DataFrame) (finish *Stream, err error) 
 		return nil, nil
 	}
 	s.recvAvail -= n
-	if c.kc != nil {
-		c.copiedIn.Add(int64(len(data)))
+	if c.kt.conn != nil {
+		c.kt.copiedIn.Add(int64(len(data)))
 	}
 	if pad := n - int64(len(data)); pad > 0 {
 		s.unacked += pad

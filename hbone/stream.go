@@ -377,20 +377,12 @@ func (s *Stream) write(p []byte) (int, error) {
 		if err != nil {
 			return total, err
 		}
-		c.lockWrite()
-		reset := s.rstWritten
+		reset := s.beginData()
 		if !reset {
 			err = c.writeDataWLocked(s.id, p[:n])
 		}
-		if ferr := c.unlockWrite(); err == nil {
-			err = ferr
-		}
-		if err != nil {
-			c.closeWith(err)
-			return total, fmt.Errorf("hbone: write: %w", err)
-		}
-		if reset {
-			return total, s.unsent(n)
+		if err := s.endData(n, reset, err); err != nil {
+			return total, err
 		}
 		total += int(n)
 		p = p[n:]
@@ -434,6 +426,32 @@ func (s *Stream) reserveSend(want int64) (int64, error) {
 	}
 }
 
+// beginData takes the connection's write lock for one DATA frame of the stream's, whose
+// bytes reserveSend granted, and reports whether the stream was reset meanwhile: then
+// nothing is written, and endData gives the bytes back.
+func (s *Stream) beginData() (reset bool) {
+	s.c.lockWrite()
+	return s.rstWritten
+}
+
+// endData releases the write lock beginData took and settles the frame of n reserved
+// bytes: an error writing it (err) or flushing closes the connection; a reset stream
+// returns its n bytes to the connection's window and ends the write.
+func (s *Stream) endData(n int64, reset bool, err error) error {
+	c := s.c
+	if ferr := c.unlockWrite(); err == nil {
+		err = ferr
+	}
+	if err != nil {
+		c.closeWith(err)
+		return fmt.Errorf("hbone: write: %w", err)
+	}
+	if reset {
+		return s.unsent(n)
+	}
+	return nil
+}
+
 // waitWindowLocked waits for a change that may have opened a window (or ended the stream);
 // a waiter for the connection's window is counted so WINDOW_UPDATE on 0 wakes it.
 func (s *Stream) waitWindowLocked() {
@@ -473,7 +491,7 @@ func (s *Stream) ReadFrom(r io.Reader) (int64, error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	if rc := pollable(r); rc != nil {
-		if s.c.kc != nil && spliceSend {
+		if s.c.kt.conn != nil && spliceSend {
 			return s.readFromSplice(rc)
 		}
 		return s.readFromPoll(rc)

@@ -192,7 +192,7 @@ func (c *conn) writeOpsWLocked() (closeAfter bool, err error) {
 // In kernel TLS a large payload goes out in one writev(2) with the buffered frames and
 // its header: the kernel cuts the records, so nothing is copied in user space.
 func (c *conn) writeDataWLocked(id uint32, p []byte) error {
-	if c.kc != nil {
+	if c.kt.conn != nil {
 		return c.writeKernelDataWLocked(id, p)
 	}
 	if c.bc == nil || len(p) <= smallData {
@@ -203,24 +203,6 @@ func (c *conn) writeDataWLocked(id uint32, p []byte) error {
 		return err
 	}
 	_, err := c.nc.Write(p)
-	return err
-}
-
-// writeKernelDataWLocked is writeDataWLocked in kernel TLS. Not inlined: its frame would
-// grow the user-space path's, whose TLS writes keep an idle copy goroutine's stack within
-// 4 KiB (TestIdleConnectionStacks).
-//
-//go:noinline
-func (c *conn) writeKernelDataWLocked(id uint32, p []byte) error {
-	c.copiedOut.Add(int64(len(p)))
-	if len(p) <= smallData {
-		return c.fr.WriteData(id, false, p)
-	}
-	c.iov[0], c.iov[1], c.iov[2] = c.bc.buf, c.dataHeaderWLocked(id, len(p)), p
-	c.bufs = c.iov[:]
-	_, err := c.bufs.WriteTo(c.kc.NetConn())
-	c.bc.buf = c.bc.buf[:0]
-	c.iov = [3][]byte{}
 	return err
 }
 

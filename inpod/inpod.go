@@ -4,6 +4,10 @@
 // stops. It hands every pod to a Proxies implementation; it opens no socket in a pod itself,
 // knows nothing of xDS or certificates, and never blocks a pod's acknowledgement on them.
 //
+// Both are Manager, which the Rust ztunnel calls the workload manager: that is the name its
+// readiness task ("workload manager") and metric families (workload_manager_*) carry, here
+// as there. inpod/zdsagent is the other end, a node agent stand-in for tests and demos.
+//
 // # Wire protocol (ZDS, istio.workload.zds; messages in inpod/zdspb)
 //
 // The agent listens on a SOCK_SEQPACKET unix socket (INPOD_UDS, default

@@ -251,10 +251,8 @@ func send(c *net.UnixConn, msg proto.Message) error {
 func (m *Manager) newConnection() {
 	m.snapshotDone = false
 	m.named = make(map[string]bool)
-	for uid, p := range m.pending {
-		p.NetNS.Close()
-		delete(m.pending, uid)
-		m.setState(uid, nil)
+	for uid := range m.pending {
+		m.dropPending(uid)
 	}
 }
 
@@ -352,11 +350,7 @@ func (m *Manager) stop(uid string, how func(string)) {
 }
 
 func (m *Manager) del(uid string) {
-	if p, ok := m.pending[uid]; ok {
-		p.NetNS.Close()
-		delete(m.pending, uid)
-		m.setState(uid, nil)
-	}
+	m.dropPending(uid)
 	if !m.snapshotDone {
 		// Before the snapshot, Del only unnames the pod; reconcile drains a proxy it runs.
 		delete(m.named, uid)
@@ -394,12 +388,19 @@ func (m *Manager) shutdown() {
 	for _, uid := range slices.Sorted(maps.Keys(m.running)) {
 		m.stop(uid, m.proxies.Drain)
 	}
-	for uid, p := range m.pending {
+	for uid := range m.pending {
+		m.dropPending(uid)
+	}
+	m.publish(false)
+}
+
+// dropPending forgets uid if it is pending: its NetNS is closed and its state gone.
+func (m *Manager) dropPending(uid string) {
+	if p, ok := m.pending[uid]; ok {
 		p.NetNS.Close()
 		delete(m.pending, uid)
 		m.setState(uid, nil)
 	}
-	m.publish(false)
 }
 
 // setState records uid's state for WorkloadState; nil forgets the pod.

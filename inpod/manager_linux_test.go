@@ -16,6 +16,7 @@ import (
 	"github.com/gozt/gozt/inpod/zdspb"
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/netns/netnstest"
 	"github.com/gozt/gozt/internal/testutil"
 )
 
@@ -60,7 +61,7 @@ func wantAck(t *testing.T, got string) {
 
 // The whole exchange on one connection: hello, Add/Keep, SnapshotSent, Del.
 func TestSnapshotThenDel(t *testing.T) {
-	nsA := netns.NewAnonymous(t)
+	nsA := netnstest.NewAnonymous(t)
 	f := &inpodtest.Proxies{}
 	m, a := setup(t, f)
 	c := a.Accept()
@@ -103,7 +104,7 @@ func TestSnapshotThenDel(t *testing.T) {
 // An agent restart replays its cache: running pods it names keep running untouched, a pod
 // it no longer names is drained.
 func TestAgentRestart(t *testing.T) {
-	nsA, nsB := netns.NewAnonymous(t), netns.NewAnonymous(t)
+	nsA, nsB := netnstest.NewAnonymous(t), netnstest.NewAnonymous(t)
 	f := &inpodtest.Proxies{}
 	m, a := setup(t, f)
 	c := a.Accept()
@@ -150,7 +151,7 @@ func TestAgentRestart(t *testing.T) {
 
 // The same netns twice is one Start; a new netns for the uid replaces the proxy.
 func TestAddSameAndNewNetns(t *testing.T) {
-	ns1, ns2 := netns.NewAnonymous(t), netns.NewAnonymous(t)
+	ns1, ns2 := netnstest.NewAnonymous(t), netnstest.NewAnonymous(t)
 	f := &inpodtest.Proxies{Listen: "127.0.0.1:15008"}
 	m, a := setup(t, f)
 	c := a.Accept()
@@ -174,7 +175,7 @@ func TestAddSameAndNewNetns(t *testing.T) {
 
 // Del stops only its pod.
 func TestDelStopsOnlyThatPod(t *testing.T) {
-	ns := netns.NewAnonymous(t)
+	ns := netnstest.NewAnonymous(t)
 	f := &inpodtest.Proxies{}
 	m, a := setup(t, f)
 	c := a.Accept()
@@ -193,7 +194,7 @@ func TestDelStopsOnlyThatPod(t *testing.T) {
 // A pod whose proxy cannot bind is NACKed, kept pending (not ready) and retried until it
 // starts; the connection stays up throughout.
 func TestStartFailureRetried(t *testing.T) {
-	ns := netns.NewAnonymous(t)
+	ns := netnstest.NewAnonymous(t)
 	blocker, err := netns.Sockets{NS: ns}.Listen(t.Context(), "tcp", "127.0.0.1:15008")
 	if err != nil {
 		t.Fatal(err)
@@ -248,7 +249,7 @@ func TestStartFailureRetried(t *testing.T) {
 // Malformed packets are NACKed as read errors and protocol errors as process errors; either
 // drops the connection, ztunnel redials, and no fd leaks.
 func TestBadInput(t *testing.T) {
-	ns := netns.NewAnonymous(t)
+	ns := netnstest.NewAnonymous(t)
 	f := &inpodtest.Proxies{}
 	m, a := setup(t, f)
 
@@ -342,7 +343,7 @@ func TestBadInput(t *testing.T) {
 
 // 500 add/delete cycles leave fds and goroutines where they were.
 func TestAddDelCycles(t *testing.T) {
-	ns := netns.NewAnonymous(t)
+	ns := netnstest.NewAnonymous(t)
 	f := &inpodtest.Proxies{Listen: "127.0.0.1:15008"}
 	m, a := setup(t, f)
 	c := a.Accept()
@@ -366,7 +367,7 @@ func TestAddDelCycles(t *testing.T) {
 
 // Close drains every proxy gracefully and releases pending pods' namespaces.
 func TestCloseDrains(t *testing.T) {
-	ns := netns.NewAnonymous(t)
+	ns := netnstest.NewAnonymous(t)
 	f := &inpodtest.Proxies{}
 	m, a := setup(t, f)
 	c := a.Accept()

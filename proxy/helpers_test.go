@@ -57,7 +57,7 @@ func exampleYAML(tb testing.TB) string {
 
 func parseBatch(tb testing.TB, yaml string) *state.Batch {
 	tb.Helper()
-	b, err := xds.ParseLocal("test.yaml", []byte(yaml))
+	b, err := xds.ParseFile("test.yaml", []byte(yaml))
 	if err != nil {
 		tb.Fatalf("parse topology: %v", err)
 	}

@@ -116,7 +116,7 @@ func FuzzInboundAuthority(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	batch, err := xds.ParseLocal("two-nodes.yaml", data)
+	batch, err := xds.ParseFile("two-nodes.yaml", data)
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/gozt/gozt/internal/istiogrpc"
 	"github.com/gozt/gozt/xds/state"
 	"github.com/gozt/gozt/xds/xdspb"
 	"github.com/gozt/gozt/xds/xdspb/discoverypb"
@@ -44,7 +45,7 @@ func BenchmarkHandlePush(b *testing.B) {
 			resp := genPush(b, n)
 			b.ReportAllocs()
 			for b.Loop() {
-				c, err := NewClient(Config{Address: "http://127.0.0.1:1"}, state.NewStore(), nil)
+				c, err := NewClient(Config{Config: istiogrpc.Config{Address: "http://127.0.0.1:1"}}, state.NewStore(), nil)
 				if err != nil {
 					b.Fatal(err)
 				}

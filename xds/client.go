@@ -58,16 +58,10 @@ const (
 
 // Config configures the delta ADS client. The zero value of each field is its documented default.
 type Config struct {
-	// Address (XDS_ADDRESS), RootCA (XDS_ROOT_CA), AltHostname (ALT_XDS_HOSTNAME),
-	// TokenFile (AUTH_TOKEN), ClusterID (CLUSTER_ID) and Headers (XDS_HEADER_*) describe the
-	// control plane's endpoint, with internal/istiogrpc's defaults: "host:port" is TLS,
+	// The control plane's endpoint (XDS_ADDRESS, XDS_ROOT_CA, ALT_XDS_HOSTNAME, AUTH_TOKEN,
+	// CLUSTER_ID, XDS_HEADER_*), with internal/istiogrpc's defaults: "host:port" is TLS,
 	// "http://" plaintext; the root file and the token are read again at each connect.
-	Address     string
-	RootCA      string
-	AltHostname string
-	TokenFile   string
-	ClusterID   string
-	Headers     map[string]string
+	istiogrpc.Config
 	// NodeID is "ztunnel~IP~pod.ns~ns.svc.cluster.local"; istiod keys the proxy type off it.
 	NodeID string
 	// Metadata are the node metadata string fields (NAME, NAMESPACE, INSTANCE_IPS, ...).
@@ -121,10 +115,7 @@ func NewClient(cfg Config, store *state.Store, m *metrics.Metrics) (*Client, err
 		cfg.Logger = slog.Default()
 	}
 	log := cfg.Logger.With("component", "xds")
-	ep, err := istiogrpc.New(istiogrpc.Config{
-		Name: "XDS", Address: cfg.Address, RootCA: cfg.RootCA, AltHostname: cfg.AltHostname,
-		TokenFile: cfg.TokenFile, ClusterID: cfg.ClusterID, Headers: cfg.Headers, Logger: log,
-	})
+	ep, err := istiogrpc.New("XDS", cfg.Config, log)
 	if err != nil {
 		return nil, err
 	}

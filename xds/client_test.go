@@ -32,6 +32,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/gozt/gozt/internal/istiogrpc"
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/logtest"
 	"github.com/gozt/gozt/internal/testutil"
@@ -200,7 +201,8 @@ func TestClientStream(t *testing.T) {
 	store := state.NewStore()
 	reg := prometheus.NewRegistry()
 	c, err := NewClient(Config{
-		Address: "http://" + srv.addr, NodeID: "ztunnel~10.0.0.9~ztunnel-x.istio-system~istio-system.svc.cluster.local",
+		Config:   istiogrpc.Config{Address: "http://" + srv.addr},
+		NodeID:   "ztunnel~10.0.0.9~ztunnel-x.istio-system~istio-system.svc.cluster.local",
 		Metadata: map[string]string{"NAME": "ztunnel-x", "NODE_NAME": "node-a"},
 	}, store, metrics.New(reg, "test"))
 	if err != nil {
@@ -329,7 +331,7 @@ func TestClientOnDemand(t *testing.T) {
 	leaktest.Check(t)
 	srv := startADS(t, "127.0.0.1:0")
 	store := state.NewStore()
-	c, err := NewClient(Config{Address: "http://" + srv.addr, OnDemand: true}, store, nil)
+	c, err := NewClient(Config{Config: istiogrpc.Config{Address: "http://" + srv.addr}, OnDemand: true}, store, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,8 +418,10 @@ func TestClientTLSAndHeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, err := NewClient(Config{
-		Address: srv.addr, RootCA: rootFile, AltHostname: "istiod.istio-system.svc", // no scheme: TLS
-		TokenFile: tokenFile, ClusterID: "c1", Headers: map[string]string{"X-Extra": "v"},
+		Config: istiogrpc.Config{
+			Address: srv.addr, RootCA: rootFile, AltHostname: "istiod.istio-system.svc", // no scheme: TLS
+			TokenFile: tokenFile, ClusterID: "c1", Headers: map[string]string{"X-Extra": "v"},
+		},
 	}, state.NewStore(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -437,7 +441,7 @@ func TestClientTLSAndHeaders(t *testing.T) {
 	srv.initial(t)
 
 	// The wrong server name never gets a stream: TLS verification is on.
-	bad, err := NewClient(Config{Address: "https://" + srv.addr, RootCA: rootPEM}, state.NewStore(), nil)
+	bad, err := NewClient(Config{Config: istiogrpc.Config{Address: "https://" + srv.addr, RootCA: rootPEM}}, state.NewStore(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,15 +457,15 @@ func TestClientTLSAndHeaders(t *testing.T) {
 func TestClientConfigErrors(t *testing.T) {
 	for _, cfg := range []Config{
 		{},
-		{Address: "ftp://x:1"},
-		{Address: "https://x:1", RootCA: "/nonexistent/root.pem"},
-		{Address: "https://x:1", RootCA: "-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----"},
+		{Config: istiogrpc.Config{Address: "ftp://x:1"}},
+		{Config: istiogrpc.Config{Address: "https://x:1", RootCA: "/nonexistent/root.pem"}},
+		{Config: istiogrpc.Config{Address: "https://x:1", RootCA: "-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----"}},
 	} {
 		if _, err := NewClient(cfg, state.NewStore(), nil); err == nil || !strings.HasPrefix(err.Error(), "xds: ") {
 			t.Errorf("NewClient(%+v) = %v; want an xds: error", cfg, err)
 		}
 	}
-	if _, err := NewClient(Config{Address: "http://x:1"}, state.NewStore(), nil); err != nil {
+	if _, err := NewClient(Config{Config: istiogrpc.Config{Address: "http://x:1"}}, state.NewStore(), nil); err != nil {
 		t.Errorf("plaintext config rejected: %v", err)
 	}
 }
@@ -510,7 +514,7 @@ func counterValue(c prometheus.Counter) float64 {
 func TestClientReconnectAfterCleanEnd(t *testing.T) {
 	leaktest.Check(t)
 	srv := startADS(t, "127.0.0.1:0")
-	c, err := NewClient(Config{Address: "http://" + srv.addr, OnDemand: true}, state.NewStore(), nil)
+	c, err := NewClient(Config{Config: istiogrpc.Config{Address: "http://" + srv.addr}, OnDemand: true}, state.NewStore(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -542,7 +546,7 @@ func TestClientTokenFile(t *testing.T) {
 	srv := startADS(t, "127.0.0.1:0")
 	tok := filepath.Join(t.TempDir(), "istio-token")
 	logs := &logtest.Recorder{}
-	c, err := NewClient(Config{Address: "http://" + srv.addr, TokenFile: tok, Logger: logs.Logger()}, state.NewStore(), nil)
+	c, err := NewClient(Config{Config: istiogrpc.Config{Address: "http://" + srv.addr, TokenFile: tok}, Logger: logs.Logger()}, state.NewStore(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -600,7 +604,8 @@ func TestClientWarnsOncePerError(t *testing.T) {
 	logs := &logtest.Recorder{}
 	errs := make(chan error, 100)
 	c, err := NewClient(Config{
-		Address: "http://" + dead, Logger: logs.Logger(),
+		Config: istiogrpc.Config{Address: "http://" + dead},
+		Logger: logs.Logger(),
 		OnError: func(err error) {
 			select {
 			case errs <- err:
@@ -646,7 +651,7 @@ func TestClientRoots(t *testing.T) {
 	})))
 	const alt = "istiod.istio-system.svc"
 	newC := func(rootCA string) *Client {
-		c, err := NewClient(Config{Address: srv.addr, RootCA: rootCA, AltHostname: alt}, state.NewStore(), nil)
+		c, err := NewClient(Config{Config: istiogrpc.Config{Address: srv.addr, RootCA: rootCA, AltHostname: alt}}, state.NewStore(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

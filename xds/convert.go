@@ -90,12 +90,27 @@ func convertPorts(ps []*workloadpb.Port) (map[uint16]uint16, error) {
 	return m, nil
 }
 
+// resourceError is a resource that did not convert: `workload "uid": uid: empty`. The
+// Convert functions return it behind the package's prefix ("xds: "); the local file source
+// puts the entry's line there instead.
+type resourceError struct {
+	kind, name string
+	err        error
+}
+
+func (e *resourceError) Error() string { return fmt.Sprintf("%s %q: %v", e.kind, e.name, e.err) }
+func (e *resourceError) Unwrap() error { return e.err }
+
+func resourceErr(kind, name string, err error) error {
+	return fmt.Errorf("xds: %w", &resourceError{kind, name, err})
+}
+
 // ConvertWorkload converts one istio.workload.Workload, applying ztunnel's defaults (trust
 // domain cluster.local, service account default, cluster Kubernetes, capacity 1).
 func ConvertWorkload(p *workloadpb.Workload) (*state.Workload, error) {
 	w, err := convertWorkload(p)
 	if err != nil {
-		return nil, fmt.Errorf("xds: workload %q: %w", p.GetUid(), err)
+		return nil, resourceErr("workload", p.GetUid(), err)
 	}
 	return w, nil
 }
@@ -195,7 +210,7 @@ func convertWorkload(p *workloadpb.Workload) (*state.Workload, error) {
 func ConvertService(p *workloadpb.Service) (*state.Service, error) {
 	s, err := convertService(p)
 	if err != nil {
-		return nil, fmt.Errorf("xds: service %q: %w", p.GetNamespace()+"/"+p.GetHostname(), err)
+		return nil, resourceErr("service", p.GetNamespace()+"/"+p.GetHostname(), err)
 	}
 	return s, nil
 }
@@ -276,7 +291,7 @@ func convertService(p *workloadpb.Service) (*state.Service, error) {
 func ConvertAuthorization(p *securitypb.Authorization) (*state.Policy, error) {
 	pol, err := convertAuthorization(p)
 	if err != nil {
-		return nil, fmt.Errorf("xds: authorization %q: %w", p.GetNamespace()+"/"+p.GetName(), err)
+		return nil, resourceErr("authorization", p.GetNamespace()+"/"+p.GetName(), err)
 	}
 	return pol, nil
 }

@@ -463,9 +463,9 @@ func (lp *localPolicy) proto(loc func(...any) string) (*securitypb.Authorization
 	return p, nil
 }
 
-// ParseLocal parses a local config file's bytes into a full-state batch. Errors name the line
+// ParseFile parses a local config file's bytes into a full-state batch. Errors name the line
 // and field at fault. name is used in error messages.
-func ParseLocal(name string, data []byte) (*state.Batch, error) {
+func ParseFile(name string, data []byte) (*state.Batch, error) {
 	var cfg localConfig
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -480,51 +480,47 @@ func ParseLocal(name string, data []byte) (*state.Batch, error) {
 	_ = yaml.Unmarshal(data, &root) // already parsed once; only needed for line numbers
 	loc := locator{&root}
 	b := &state.Batch{}
-	for i := range cfg.Workloads {
-		wl := func(p ...any) string { return loc.at(append([]any{"workloads", i}, p...)...) }
-		p, err := cfg.Workloads[i].proto(wl)
-		if err == nil {
-			var w *state.Workload
-			if w, err = ConvertWorkload(p); err == nil {
-				b.Workloads = append(b.Workloads, w)
-				continue
-			}
-			err = fmt.Errorf("%s: %s", wl(), strings.TrimPrefix(err.Error(), "xds: "))
-		}
+	var err error
+	if b.Workloads, err = convertEach(loc, "workloads", cfg.Workloads, (*localWorkload).proto, ConvertWorkload); err != nil {
 		return nil, fmt.Errorf("xds: %s: %w", name, err)
 	}
-	for i := range cfg.Services {
-		sl := func(p ...any) string { return loc.at(append([]any{"services", i}, p...)...) }
-		p, err := cfg.Services[i].proto(sl)
-		if err == nil {
-			var s *state.Service
-			if s, err = ConvertService(p); err == nil {
-				b.Services = append(b.Services, s)
-				continue
-			}
-			err = fmt.Errorf("%s: %s", sl(), strings.TrimPrefix(err.Error(), "xds: "))
-		}
+	if b.Services, err = convertEach(loc, "services", cfg.Services, (*localService).proto, ConvertService); err != nil {
 		return nil, fmt.Errorf("xds: %s: %w", name, err)
 	}
-	for i := range cfg.Policies {
-		pl := func(p ...any) string { return loc.at(append([]any{"policies", i}, p...)...) }
-		p, err := cfg.Policies[i].proto(pl)
-		if err == nil {
-			var pol *state.Policy
-			if pol, err = ConvertAuthorization(p); err == nil {
-				b.Policies = append(b.Policies, pol)
-				continue
-			}
-			err = fmt.Errorf("%s: %s", pl(), strings.TrimPrefix(err.Error(), "xds: "))
-		}
+	if b.Policies, err = convertEach(loc, "policies", cfg.Policies, (*localPolicy).proto, ConvertAuthorization); err != nil {
 		return nil, fmt.Errorf("xds: %s: %w", name, err)
 	}
 	return b, nil
 }
 
-// Local is the LOCAL_XDS_PATH source: it replaces what it loaded before on every change of
+// convertEach converts one section of the file (workloads, services, policies): each entry
+// to its proto with toProto, which checks the file's own fields, then to state with the
+// converter xDS uses. An error names the entry's line; a converter's error loses its "xds: "
+// prefix there, since the caller adds it once for the file.
+func convertEach[E, P, T any](loc locator, section string, entries []E, toProto func(*E, func(...any) string) (P, error), convert func(P) (T, error)) ([]T, error) {
+	var out []T
+	for i := range entries {
+		at := func(p ...any) string { return loc.at(append([]any{section, i}, p...)...) }
+		p, err := toProto(&entries[i], at)
+		if err != nil {
+			return nil, err
+		}
+		t, err := convert(p)
+		if err != nil {
+			var re *resourceError
+			if errors.As(err, &re) {
+				err = re
+			}
+			return nil, fmt.Errorf("%s: %w", at(), err)
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+// FileSource is the LOCAL_XDS_PATH source: it replaces what it loaded before on every change of
 // the file, leaving resources from xDS alone.
-type Local struct {
+type FileSource struct {
 	path  string
 	store *state.Store
 	log   *slog.Logger
@@ -539,16 +535,16 @@ type Local struct {
 	mtime     time.Time
 }
 
-// LoadLocal loads path into store once; the error names the line and field at fault.
-func LoadLocal(path string, store *state.Store) (*Local, error) {
-	l := &Local{path: path, store: store, log: slog.Default().With("component", "xds", "file", path)}
+// LoadFile loads path into store once; the error names the line and field at fault.
+func LoadFile(path string, store *state.Store) (*FileSource, error) {
+	l := &FileSource{path: path, store: store, log: slog.Default().With("component", "xds", "file", path)}
 	if err := l.reload(); err != nil {
 		return nil, err
 	}
 	return l, nil
 }
 
-func (l *Local) reload() error {
+func (l *FileSource) reload() error {
 	fi, err := os.Stat(l.path)
 	if err != nil {
 		return fmt.Errorf("xds: local config: %w", err)
@@ -560,7 +556,7 @@ func (l *Local) reload() error {
 	l.mu.Lock()
 	l.size, l.mtime = fi.Size(), fi.ModTime()
 	l.mu.Unlock()
-	b, err := ParseLocal(l.path, data)
+	b, err := ParseFile(l.path, data)
 	if err != nil {
 		return err
 	}
@@ -592,7 +588,7 @@ func (l *Local) reload() error {
 	return nil
 }
 
-func (l *Local) changed() bool {
+func (l *FileSource) changed() bool {
 	fi, err := os.Stat(l.path)
 	if err != nil {
 		return false
@@ -604,7 +600,7 @@ func (l *Local) changed() bool {
 
 // Run polls the file and reloads it when its size or mtime changes, until ctx ends. A bad
 // file is logged and the previous state kept.
-func (l *Local) Run(ctx context.Context) error {
+func (l *FileSource) Run(ctx context.Context) error {
 	every := l.PollInterval
 	if every <= 0 {
 		every = time.Second

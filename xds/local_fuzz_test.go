@@ -18,7 +18,7 @@ func FuzzParseLocal(f *testing.F) {
 	f.Add([]byte("workloads:\n  - uid: x\n    workloadIps: [\"::1\", \"bad\"]\n"))
 	f.Add([]byte("policies: [{name: p, scope: Global, rules: [[{matches: [{principals: [{exact: a}]}]}]]}]"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		b, err := ParseLocal("fuzz.yaml", data)
+		b, err := ParseFile("fuzz.yaml", data)
 		if err != nil {
 			return
 		}

@@ -16,7 +16,7 @@ import (
 func TestExamplesLoad(t *testing.T) {
 	t.Run("localhost", func(t *testing.T) {
 		s := state.NewStore()
-		if _, err := LoadLocal("../examples/localhost.yaml", s); err != nil {
+		if _, err := LoadFile("../examples/localhost.yaml", s); err != nil {
 			t.Fatal(err)
 		}
 		w := s.FindWorkload("default", "local")
@@ -34,7 +34,7 @@ func TestExamplesLoad(t *testing.T) {
 	})
 	t.Run("two-nodes", func(t *testing.T) {
 		s := state.NewStore()
-		if _, err := LoadLocal("../examples/two-nodes.yaml", s); err != nil {
+		if _, err := LoadFile("../examples/two-nodes.yaml", s); err != nil {
 			t.Fatal(err)
 		}
 		client, server := s.FindWorkload("default", "client"), s.FindWorkload("default", "server")
@@ -103,7 +103,7 @@ policies:
 `
 
 func TestLocalFullShape(t *testing.T) {
-	b, err := ParseLocal("full.yaml", []byte(fullLocal))
+	b, err := ParseFile("full.yaml", []byte(fullLocal))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestLocalFullShape(t *testing.T) {
 // istioctl prints back from /config_dump); {Presence: {}} is taken too.
 func TestLocalPresenceForms(t *testing.T) {
 	for _, form := range []string{"Presence", "{Presence: []}", "{Presence: {}}"} {
-		b, err := ParseLocal("p.yaml", []byte("policies:\n  - name: p\n    rules: [[[ {notPrincipals: ["+form+"]} ]]]\n"))
+		b, err := ParseFile("p.yaml", []byte("policies:\n  - name: p\n    rules: [[[ {notPrincipals: ["+form+"]} ]]]\n"))
 		if err != nil {
 			t.Errorf("%s: %v", form, err)
 			continue
@@ -192,16 +192,16 @@ func TestLocalErrors(t *testing.T) {
 		{"bad gateway", "workloads:\n  - name: a\n    waypoint: {destination: nowhere}\n", `line 3: workloads[0].waypoint: destination "nowhere"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := ParseLocal("bad.yaml", []byte(tc.yaml))
+			_, err := ParseFile("bad.yaml", []byte(tc.yaml))
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "xds: bad.yaml: ") {
 				t.Fatalf("err = %v; want containing %q", err, tc.want)
 			}
 		})
 	}
-	if b, err := ParseLocal("empty.yaml", nil); err != nil || !b.Empty() {
+	if b, err := ParseFile("empty.yaml", nil); err != nil || !b.Empty() {
 		t.Errorf("empty file: %v %+v", err, b)
 	}
-	if _, err := LoadLocal(filepath.Join(t.TempDir(), "missing.yaml"), state.NewStore()); err == nil {
+	if _, err := LoadFile(filepath.Join(t.TempDir(), "missing.yaml"), state.NewStore()); err == nil {
 		t.Error("missing file accepted")
 	}
 }
@@ -219,7 +219,7 @@ func TestLocalReload(t *testing.T) {
 		s := state.NewStore()
 		// A resource from another source (xDS) must survive local reloads.
 		s.Apply(&state.Batch{Workloads: []*state.Workload{{UID: "from-xds", Name: "x", Namespace: "d"}}})
-		l, err := LoadLocal(path, s)
+		l, err := LoadFile(path, s)
 		if err != nil {
 			t.Fatal(err)
 		}

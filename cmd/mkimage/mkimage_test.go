@@ -16,7 +16,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 
-	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/netns/netnstest"
 	"github.com/gozt/gozt/internal/testutil"
 )
 
@@ -98,7 +98,7 @@ func TestRunsAsTheChartRunsIt(t *testing.T) {
 	if out, err := exec.Command("umoci", "unpack", "--image", filepath.Join(dir, "oci")+":test", bundle).CombinedOutput(); err != nil {
 		t.Fatalf("umoci unpack: %v\n%s", err, out)
 	}
-	ns := netns.New(t, "image")
+	ns := netnstest.New(t, "image")
 	examples, err := filepath.Abs("../../examples")
 	if err != nil {
 		t.Fatal(err)

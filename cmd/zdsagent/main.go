@@ -16,8 +16,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/gozt/gozt/inpod/zdsagent"
 	"github.com/gozt/gozt/internal/cnirules"
-	"github.com/gozt/gozt/internal/zdsagent"
 )
 
 func main() {

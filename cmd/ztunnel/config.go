@@ -10,7 +10,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gozt/gozt/hbone"
+	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/internal/istiogrpc"
+	"github.com/gozt/gozt/proxy"
+	"github.com/gozt/gozt/xds"
 	"github.com/gozt/gozt/xds/state"
 )
 
@@ -406,3 +410,98 @@ func markdownTable() string {
 }
 
 func osGetenv(k string) (string, bool) { return os.LookupEnv(k) }
+
+// Translation: the settings into each package's own Config.
+
+// proxyListenerEnv maps proxy listener names to their settings.
+var proxyListenerEnv = map[string]string{
+	proxy.ListenerOutbound:         "OUTBOUND_ADDR",
+	proxy.ListenerInboundPlaintext: "INBOUND_PLAINTEXT_ADDR",
+	proxy.ListenerInbound:          "INBOUND_ADDR",
+	proxy.ListenerSocks5:           "SOCKS5_ADDR",
+}
+
+func (c *config) enableProxy() bool {
+	return c.OutboundAddr != "" || c.InboundPlaintextAddr != "" || c.InboundAddr != "" || c.Socks5Addr != ""
+}
+
+func proxyConfig(c *config) proxy.Config {
+	return proxy.Config{
+		Local:                c.local(),
+		OutboundAddr:         c.OutboundAddr,
+		InboundPlaintextAddr: c.InboundPlaintextAddr,
+		InboundAddr:          c.InboundAddr,
+		Socks5Addr:           c.Socks5Addr,
+		HBONE: hbone.Config{
+			StreamWindow:      c.StreamWindow,
+			ConnWindow:        c.ConnWindow,
+			MaxFrameSize:      c.FrameSize,
+			MaxStreamsPerConn: c.PoolMaxStreams,
+			IdleTimeout:       c.PoolUnusedRelease,
+			DisableKernelTLS:  !c.KernelTLS,
+		},
+		PacketMark:        c.PacketMark,
+		OrigSrc:           c.EnableOrigSrc == "true",
+		KeepaliveDisabled: !c.KeepaliveEnabled,
+		KeepaliveTime:     c.KeepaliveTime,
+		KeepaliveInterval: c.KeepaliveInterval,
+		KeepaliveRetries:  c.KeepaliveRetries,
+	}
+}
+
+func caConfig(c *config) ca.Config {
+	return ca.Config{
+		Provider:     c.CAProvider,
+		Config:       c.endpoint(c.CAAddress, c.CARootCA, c.AltCAHostname, c.CAHeaders),
+		SecretTTL:    c.SecretTTL,
+		Impersonate:  !c.local().Dedicated(), // one ztunnel, many workload identities
+		Dir:          c.CADir,
+		SpiffeSocket: c.SpiffeSocket,
+		LocalXDS:     c.LocalXDSPath != "",
+	}
+}
+
+func xdsConfig(c *config) xds.Config {
+	meta := map[string]string{
+		"NAME":         c.PodName,
+		"NAMESPACE":    c.PodNamespace,
+		"INSTANCE_IPS": c.InstanceIP,
+		"NODE_NAME":    c.NodeName,
+		"CLUSTER_ID":   c.ClusterID,
+	}
+	for k, v := range c.ProxyMeta {
+		meta[k] = v
+	}
+	ip := c.InstanceIP
+	if ip == "" {
+		ip = "1.1.1.1"
+	}
+	return xds.Config{
+		Config:   c.endpoint(c.XDSAddress, c.XDSRootCA, c.AltXDSHostname, c.XDSHeaders),
+		NodeID:   fmt.Sprintf("ztunnel~%s~%s.%s~%s.svc.cluster.local", ip, c.PodName, c.PodNamespace, c.PodNamespace),
+		Metadata: meta,
+		OnDemand: c.XDSOnDemand,
+	}
+}
+
+// endpoint is an Istio gRPC endpoint (xDS or CA) of the node's: its own address, root, alt
+// hostname and headers, the token and cluster id both share.
+func (c *config) endpoint(addr, rootCA, altHostname string, headers map[string]string) istiogrpc.Config {
+	return istiogrpc.Config{
+		Address:     addr,
+		RootCA:      rootCA,
+		AltHostname: altHostname,
+		TokenFile:   c.AuthToken,
+		ClusterID:   c.ClusterID,
+		Headers:     headerNames(headers),
+	}
+}
+
+// headerNames turns XDS_HEADER_X_FOO style suffixes into header names (x-foo).
+func headerNames(m map[string]string) map[string]string {
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[strings.ToLower(strings.ReplaceAll(k, "_", "-"))] = v
+	}
+	return out
+}

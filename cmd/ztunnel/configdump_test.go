@@ -243,7 +243,7 @@ func newFixedCA(t *testing.T, id identity.ID) fixedCA {
 func TestConfigDumpIstioctl(t *testing.T) {
 	leaktest.Check(t)
 	store := state.NewStore()
-	if _, err := xds.LoadLocal("testdata/config_dump.yaml", store); err != nil {
+	if _, err := xds.LoadFile("testdata/config_dump.yaml", store); err != nil {
 		t.Fatal(err)
 	}
 	app, broken := identity.MustParse("spiffe://cluster.local/ns/default/sa/app"), identity.MustParse("spiffe://cluster.local/ns/default/sa/broken")

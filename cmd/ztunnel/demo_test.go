@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/netns/netnstest"
 )
 
 // runDemo runs scripts/demo.sh with a prebuilt binary and returns its output and exit
@@ -20,12 +20,12 @@ import (
 // addresses (127.0.0.2/3, ports 15000-15080 and 8080) cannot collide with anything else on
 // the machine (the bench suite uses the same two-node topology); prepare, if not nil, is
 // given that namespace first.
-func runDemo(t *testing.T, bin string, prepare func(*netns.NS)) (string, error) {
+func runDemo(t *testing.T, bin string, prepare func(*netnstest.NS)) (string, error) {
 	t.Helper()
 	args := []string{"bash", "../../scripts/demo.sh"}
 	if os.Geteuid() == 0 {
 		if _, err := exec.LookPath("ip"); err == nil {
-			ns := netns.New(t, "demo")
+			ns := netnstest.New(t, "demo")
 			args = append([]string{"ip", "netns", "exec", ns.Name}, args...)
 			if prepare != nil {
 				prepare(ns)
@@ -91,12 +91,12 @@ func TestDemo(t *testing.T) {
 // run (an address is taken) or its traffic does not get through (HBONE is blocked).
 func TestDemoFailures(t *testing.T) {
 	requireDemoTools(t)
-	netns.Require(t, "iptables") // both cases need a private namespace
+	netnstest.Require(t, "iptables") // both cases need a private namespace
 	bin := buildZtunnel(t)
 
 	t.Run("address taken", func(t *testing.T) {
 		var squatter net.Listener
-		out, err := runDemo(t, bin, func(ns *netns.NS) {
+		out, err := runDemo(t, bin, func(ns *netnstest.NS) {
 			if err := ns.Do(func() (err error) {
 				squatter, err = net.Listen("tcp", "127.0.0.3:8080")
 				return err
@@ -111,7 +111,7 @@ func TestDemoFailures(t *testing.T) {
 	})
 
 	t.Run("hbone blocked", func(t *testing.T) {
-		out, err := runDemo(t, bin, func(ns *netns.NS) {
+		out, err := runDemo(t, bin, func(ns *netnstest.NS) {
 			ns.MustExec(t, "iptables", "-w", "-A", "OUTPUT", "-p", "tcp", "-d", "127.0.0.3", "--dport", "15008", "-j", "REJECT", "--reject-with", "tcp-reset")
 		})
 		if err == nil || !strings.Contains(out, "RESULT: FAILED") || strings.Contains(out, "RESULT: ok") {

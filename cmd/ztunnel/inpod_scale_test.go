@@ -17,6 +17,7 @@ import (
 	"github.com/gozt/gozt/inpod/zdspb"
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/netns/netnstest"
 	"github.com/gozt/gozt/internal/testutil"
 )
 
@@ -51,9 +52,9 @@ func openFDs(tb testing.TB) int {
 // (listeners in the pod's netns, DNS included): afterwards the process has as many fds and
 // goroutines as before the first cycle.
 func TestNetnsInPodChurn(t *testing.T) {
-	netns.RequireRoot(t)
+	netnstest.RequireRoot(t)
 	leaktest.Check(t)
-	pod := netns.NewAnonymous(t)
+	pod := netnstest.NewAnonymous(t)
 	n, c := startInPodNode(t)
 	info := &zdspb.WorkloadInfo{Name: "churn", Namespace: "default", ServiceAccount: "default"}
 	cycle := func(i int) {
@@ -126,11 +127,11 @@ func fdTargets(tb testing.TB) string {
 // plus goroutine stacks (KiB/pod), the process's RSS, goroutines. Goals: ACK p99 under
 // 50 ms, under 64 KiB per idle pod.
 func BenchmarkEnroll(b *testing.B) {
-	netns.RequireRoot(b)
+	netnstest.RequireRoot(b)
 	const pods = 200
 	nss := make([]*netns.NetNS, pods)
 	for i := range nss {
-		nss[i] = netns.NewAnonymous(b)
+		nss[i] = netnstest.NewAnonymous(b)
 	}
 	n, c := startInPodNode(b)
 	var acks []time.Duration

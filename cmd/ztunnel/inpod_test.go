@@ -26,12 +26,13 @@ import (
 	"github.com/gozt/gozt/internal/cnirules"
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/netns/netnstest"
 	"github.com/gozt/gozt/internal/testutil"
 )
 
 // inPodRules installs istio-cni's in-pod rules in a pod's namespace, as its node agent does
 // before it hands the pod to ztunnel.
-func inPodRules(t *testing.T, pod *netns.NS) {
+func inPodRules(t *testing.T, pod *netnstest.NS) {
 	t.Helper()
 	for _, rule := range cnirules.InPod() {
 		pod.MustExec(t, append([]string{"iptables", "-w"}, rule...)...)
@@ -51,12 +52,12 @@ const (
 // inPodTopology builds two pods as network namespaces behind veth pairs from a node
 // namespace that routes between them, each pod with istio-cni's in-pod rules, and writes
 // dir/workloads.yaml (writeWorkloads) with both pods on node-a.
-func inPodTopology(t *testing.T) (node, podA, podB *netns.NS, dir string) {
+func inPodTopology(t *testing.T) (node, podA, podB *netnstest.NS, dir string) {
 	t.Helper()
-	node = netns.New(t, "inpod-node")
-	podA, podB = netns.New(t, "pod-a"), netns.New(t, "pod-b")
-	netns.Link(t, podA, inPodA+"/24", node, inPodNodeToA+"/24")
-	netns.Link(t, podB, inPodB+"/24", node, "10.31.2.1/24")
+	node = netnstest.New(t, "inpod-node")
+	podA, podB = netnstest.New(t, "pod-a"), netnstest.New(t, "pod-b")
+	netnstest.Link(t, podA, inPodA+"/24", node, inPodNodeToA+"/24")
+	netnstest.Link(t, podB, inPodB+"/24", node, "10.31.2.1/24")
 	podA.MustExec(t, "ip", "route", "add", "default", "via", inPodNodeToA)
 	podB.MustExec(t, "ip", "route", "add", "default", "via", "10.31.2.1")
 	node.MustExec(t, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
@@ -88,7 +89,7 @@ func inPodEnv(uds, dir string) map[string]string {
 }
 
 // openNS opens a handle on a named namespace, closed when the test ends.
-func openNS(t *testing.T, ns *netns.NS) *netns.NetNS {
+func openNS(t *testing.T, ns *netnstest.NS) *netns.NetNS {
 	t.Helper()
 	h, err := netns.Open("/var/run/netns/" + ns.Name)
 	if err != nil {
@@ -99,7 +100,7 @@ func openNS(t *testing.T, ns *netns.NS) *netns.NetNS {
 }
 
 // dialIn connects from inside ns.
-func dialIn(ns *netns.NS, network, addr string) (net.Conn, error) {
+func dialIn(ns *netnstest.NS, network, addr string) (net.Conn, error) {
 	var c net.Conn
 	err := ns.Do(func() (err error) {
 		c, err = net.DialTimeout(network, addr, 5*time.Second)
@@ -116,7 +117,7 @@ func dialIn(ns *netns.NS, network, addr string) (net.Conn, error) {
 // outside the mesh is captured on B's 15006, a DNS query is redirected to A's 15053, and
 // DelWorkload closes B's listeners only.
 func TestNetnsInPod(t *testing.T) {
-	netns.Require(t, "iptables", "curl")
+	netnstest.Require(t, "iptables", "curl")
 	leaktest.Check(t)
 	http.DefaultClient.Transport = &http.Transport{DisableKeepAlives: true}
 
@@ -137,7 +138,7 @@ func TestNetnsInPod(t *testing.T) {
 	pods := []struct {
 		uid  string
 		info *zdspb.WorkloadInfo
-		ns   *netns.NS
+		ns   *netnstest.NS
 	}{
 		{"uid-a", &zdspb.WorkloadInfo{Name: "client", Namespace: "default", ServiceAccount: "client"}, nsA},
 		{"uid-b", &zdspb.WorkloadInfo{Name: "server", Namespace: "default", ServiceAccount: "server"}, nsB},
@@ -344,7 +345,7 @@ func TestNetnsInPod(t *testing.T) {
 }
 
 // nsFDs counts this process's fds that refer to ns.
-func nsFDs(t *testing.T, ns *netns.NS) int {
+func nsFDs(t *testing.T, ns *netnstest.NS) int {
 	t.Helper()
 	var st syscall.Stat_t
 	if err := syscall.Stat("/var/run/netns/"+ns.Name, &st); err != nil {
@@ -374,10 +375,10 @@ func idFDs(t testing.TB, id netns.ID) int {
 // SO_REUSEPORT is NACKed with "failure to start proxy", shows Pending and keeps the node
 // unready until the retry, 5 s later, succeeds once the port is free.
 func TestNetnsInPodStartFails(t *testing.T) {
-	netns.RequireRoot(t)
+	netnstest.RequireRoot(t)
 	leaktest.Check(t)
 	http.DefaultClient.Transport = &http.Transport{DisableKeepAlives: true}
-	pod := netns.NewAnonymous(t)
+	pod := netnstest.NewAnonymous(t)
 	blocker, err := (netns.Sockets{NS: pod}).Listen(context.Background(), "tcp", "[::]:15008")
 	if err != nil {
 		t.Fatal(err)

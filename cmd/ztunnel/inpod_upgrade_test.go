@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gozt/gozt/inpod/zdsagent"
 	"github.com/gozt/gozt/internal/leaktest"
-	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/netns/netnstest"
 	"github.com/gozt/gozt/internal/testutil"
-	"github.com/gozt/gozt/internal/zdsagent"
 )
 
 // TestNetnsInPodUpgrade is a ztunnel upgrade on a node in in-pod mode: a second ztunnel
@@ -27,7 +27,7 @@ import (
 // working through its drain and is closed at its drain deadline, as in Istio: an L4
 // connection cannot move to another process.
 func TestNetnsInPodUpgrade(t *testing.T) {
-	netns.Require(t, "iptables")
+	netnstest.Require(t, "iptables")
 	leaktest.Check(t)
 	http.DefaultClient.Transport = &http.Transport{DisableKeepAlives: true}
 	_, nsA, nsB, dir := inPodTopology(t)
@@ -65,7 +65,7 @@ func TestNetnsInPodUpgrade(t *testing.T) {
 	oldNode, stopOld, oldDone := startReady("old ztunnel")
 	// Closing the old ztunnel's listeners moves the handshakes the kernel gave them to the
 	// new one's rather than resetting them (without it, about one connection in 5000 failed).
-	for _, ns := range []*netns.NS{nsA, nsB} {
+	for _, ns := range []*netnstest.NS{nsA, nsB} {
 		if got := strings.TrimSpace(ns.MustExec(t, "cat", "/proc/sys/net/ipv4/tcp_migrate_req")); got != "1" {
 			t.Errorf("%s: tcp_migrate_req = %s; want 1, set by ztunnel", ns.Name, got)
 		}

@@ -21,7 +21,7 @@ import (
 
 	"github.com/gozt/gozt/internal/cnirules"
 	"github.com/gozt/gozt/internal/leaktest"
-	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/netns/netnstest"
 	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/internal/testutil"
 )
@@ -90,7 +90,7 @@ policies:
 // TCP from outside goes to 15006 except HBONE on 15008, which ztunnel serves directly.
 // Port nsExcludedPort is left out both ways (the excludeInboundPorts/excludeOutboundPorts
 // annotations): the plain-TCP baseline for the bulk transfer.
-func redirect(t *testing.T, ns *netns.NS) {
+func redirect(t *testing.T, ns *netnstest.NS) {
 	t.Helper()
 	mark := strconv.Itoa(nsMark)
 	for _, family := range []struct{ tool, loopback string }{{"iptables", "127.0.0.0/8"}, {"ip6tables", "::1/128"}} {
@@ -110,7 +110,7 @@ func haveIP6tables() bool {
 
 // addAddr gives ns's one veth link another address (nodad: usable at once, no duplicate
 // address detection wait).
-func addAddr(t *testing.T, ns *netns.NS, cidr string) {
+func addAddr(t *testing.T, ns *netnstest.NS, cidr string) {
 	t.Helper()
 	for _, line := range strings.Split(ns.MustExec(t, "ip", "-o", "link", "show", "type", "veth"), "\n") {
 		_, rest, ok := strings.Cut(line, ": ")
@@ -128,7 +128,7 @@ func addAddr(t *testing.T, ns *netns.NS, cidr string) {
 // listeners and every socket it dials later belong to that namespace. mode is the
 // PROXY_MODE setting and its companion (PROXY_WORKLOAD_INFO or NODE_NAME), plus any
 // overrides.
-func startNodeIn(t *testing.T, bin string, ns *netns.NS, dir string, mode ...string) *proc {
+func startNodeIn(t *testing.T, bin string, ns *netnstest.NS, dir string, mode ...string) *proc {
 	t.Helper()
 	p := startProc(t, "ztunnel in "+ns.Name, append([]string{
 		"LOCAL_XDS_PATH=" + filepath.Join(dir, "workloads.yaml"),
@@ -173,7 +173,7 @@ func (s *podServer) lastClient(port string) string {
 
 // startPodServer listens on ip:ports inside ns (the sockets belong to ns for life) and serves
 // them until the test ends.
-func startPodServer(t *testing.T, ns *netns.NS, ip string, ports ...string) *podServer {
+func startPodServer(t *testing.T, ns *netnstest.NS, ip string, ports ...string) *podServer {
 	t.Helper()
 	s := &podServer{seen: map[string]int{}, from: map[string]string{}}
 	for _, port := range ports {
@@ -240,7 +240,7 @@ func (r *patternReader) Read(p []byte) (int, error) {
 }
 
 // scrape reads a node's /metrics from inside its namespace.
-func scrape(t *testing.T, ns *netns.NS) string {
+func scrape(t *testing.T, ns *netnstest.NS) string {
 	t.Helper()
 	return ns.MustExec(t, "curl", "-fsS", "-m", "5", "http://127.0.0.1:15020/metrics")
 }
@@ -256,7 +256,7 @@ func metricSum(t *testing.T, text, metric string, want map[string]string) float6
 // waitMetric polls a node's metrics until metric with labels reaches at least atLeast: the
 // proxy records a connection when both of its directions have ended, a moment after the
 // client sees the end.
-func waitMetric(t *testing.T, ns *netns.NS, node, metric string, labels map[string]string, atLeast float64) {
+func waitMetric(t *testing.T, ns *netnstest.NS, node, metric string, labels map[string]string, atLeast float64) {
 	t.Helper()
 	waitMetricFrom(t, func() string { return scrape(t, ns) }, node, metric, labels, atLeast)
 }
@@ -285,7 +285,7 @@ func waitMetricFrom(t *testing.T, scrape func() string, node, metric string, lab
 // plainGet sends one HTTP request from inside ns on a socket carrying mark (0: none). With
 // ztunnel's mark the namespace's redirection skips it: a client outside the mesh, whose
 // plain TCP reaches the destination node as such.
-func plainGet(ns *netns.NS, mark int, addr, path string) (string, error) {
+func plainGet(ns *netnstest.NS, mark int, addr, path string) (string, error) {
 	var c net.Conn
 	d := net.Dialer{Timeout: 5 * time.Second, Control: sockopt.Control(uint32(mark))}
 	if err := ns.Do(func() (err error) {
@@ -309,13 +309,13 @@ func plainGet(ns *netns.NS, mark int, addr, path string) (string, error) {
 // and authorized without a peer identity. Also: IPv6 pods, a service VIP, a deny policy,
 // 32 MiB both ways against an excluded plain-TCP port, and drain on SIGTERM.
 func TestNetnsDedicated(t *testing.T) {
-	netns.Require(t, "iptables", "curl")
+	netnstest.Require(t, "iptables", "curl")
 	leaktest.Check(t)
 	bin := buildZtunnel(t)
 
-	a := netns.New(t, "node-a")
-	b := netns.New(t, "node-b")
-	netns.Link(t, a, nsClientIP+"/24", b, nsServerIP+"/24")
+	a := netnstest.New(t, "node-a")
+	b := netnstest.New(t, "node-b")
+	netnstest.Link(t, a, nsClientIP+"/24", b, nsServerIP+"/24")
 	// The service VIP needs a route for the client's connect to leave the socket layer;
 	// iptables then captures it like any other destination.
 	a.MustExec(t, "ip", "route", "add", nsEchoVIP+"/32", "via", nsServerIP)
@@ -557,7 +557,7 @@ func TestNetnsDedicated(t *testing.T) {
 // the pods in podCIDR: their outbound TCP goes to 15001; TCP addressed to one of them goes
 // to 15008 when it is HBONE and to 15006 otherwise. REDIRECT keeps the pod address as the
 // original destination (SO_ORIGINAL_DST), which is how ztunnel knows the pod meant.
-func nodeRedirect(t *testing.T, ns *netns.NS, podCIDR string) {
+func nodeRedirect(t *testing.T, ns *netnstest.NS, podCIDR string) {
 	t.Helper()
 	for _, rule := range [][]string{
 		{"-N", "GOZT_PREROUTING"},
@@ -576,7 +576,7 @@ func nodeRedirect(t *testing.T, ns *netns.NS, podCIDR string) {
 // address (outbound) and original destination (inbound). TestNetnsInPod is the in-pod
 // topology that replaces it where istio-cni runs.
 func TestNetnsNodeCapture(t *testing.T) {
-	netns.Require(t, "iptables", "curl")
+	netnstest.Require(t, "iptables", "curl")
 	leaktest.Check(t)
 	bin := buildZtunnel(t)
 
@@ -585,16 +585,16 @@ func TestNetnsNodeCapture(t *testing.T) {
 		serverPod = "10.21.2.2"
 		vip       = "10.96.0.11"
 	)
-	nodeA, nodeB := netns.New(t, "node-a"), netns.New(t, "node-b")
-	podA, podB := netns.New(t, "pod-client"), netns.New(t, "pod-server")
-	netns.Link(t, nodeA, "10.20.0.1/24", nodeB, "10.20.0.2/24")
-	netns.Link(t, podA, clientPod+"/24", nodeA, "10.21.1.1/24")
-	netns.Link(t, podB, serverPod+"/24", nodeB, "10.21.2.1/24")
+	nodeA, nodeB := netnstest.New(t, "node-a"), netnstest.New(t, "node-b")
+	podA, podB := netnstest.New(t, "pod-client"), netnstest.New(t, "pod-server")
+	netnstest.Link(t, nodeA, "10.20.0.1/24", nodeB, "10.20.0.2/24")
+	netnstest.Link(t, podA, clientPod+"/24", nodeA, "10.21.1.1/24")
+	netnstest.Link(t, podB, serverPod+"/24", nodeB, "10.21.2.1/24")
 	podA.MustExec(t, "ip", "route", "add", "default", "via", "10.21.1.1")
 	podB.MustExec(t, "ip", "route", "add", "default", "via", "10.21.2.1")
 	nodeA.MustExec(t, "ip", "route", "add", "10.21.2.0/24", "via", "10.20.0.2")
 	nodeB.MustExec(t, "ip", "route", "add", "10.21.1.0/24", "via", "10.20.0.1")
-	for _, n := range []*netns.NS{nodeA, nodeB} {
+	for _, n := range []*netnstest.NS{nodeA, nodeB} {
 		n.MustExec(t, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
 	}
 	nodeRedirect(t, nodeA, "10.21.1.0/24")
@@ -655,7 +655,7 @@ func TestNetnsNodeCapture(t *testing.T) {
 // checkPlaintextInbound sends plain HTTP from outside the mesh (from, which no rule
 // captures) to the server pod's port 8080: the server's ztunnel captures it on 15006,
 // delivers it, and reports it without mTLS in the metrics scrape reads.
-func checkPlaintextInbound(t *testing.T, from *netns.NS, server *podServer, serverIP string, scrape func() string) {
+func checkPlaintextInbound(t *testing.T, from *netnstest.NS, server *podServer, serverIP string, scrape func() string) {
 	t.Helper()
 	before := server.count("8080")
 	out, err := plainGet(from, 0, serverIP+":8080", "/plain")
@@ -672,7 +672,7 @@ func checkPlaintextInbound(t *testing.T, from *netns.NS, server *podServer, serv
 
 // checkDenyPolicy checks that the deny-8081 policy of writeWorkloads stops both HBONE from
 // the client pod and plain TCP from outside the mesh.
-func checkDenyPolicy(t *testing.T, clientPod, outside *netns.NS, server *podServer, serverIP string) {
+func checkDenyPolicy(t *testing.T, clientPod, outside *netnstest.NS, server *podServer, serverIP string) {
 	t.Helper()
 	if out, err := clientPod.Exec("curl", "-sS", "-m", "10", "http://"+serverIP+":8081/denied"); err == nil || strings.Contains(string(out), "server pod") {
 		t.Errorf("curl over HBONE to a denied port: %v %q; want a failure", err, out)
@@ -687,7 +687,7 @@ func checkDenyPolicy(t *testing.T, clientPod, outside *netns.NS, server *podServ
 
 // checkVIP sends HTTP from the client pod to the echo service's VIP: its ztunnel carries it
 // over HBONE to the server pod's 8080 and reports the service in the metrics scrape reads.
-func checkVIP(t *testing.T, clientPod *netns.NS, vip string, scrape func() string) {
+func checkVIP(t *testing.T, clientPod *netnstest.NS, vip string, scrape func() string) {
 	t.Helper()
 	out := clientPod.MustExec(t, "curl", "-sS", "-m", "10", "http://"+vip+"/vip")
 	if want := "server pod port 8080 got GET /vip"; !strings.Contains(out, want) {

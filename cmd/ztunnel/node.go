@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -17,8 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gozt/gozt/dns"
-	"github.com/gozt/gozt/hbone"
-	"github.com/gozt/gozt/identity"
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/certs"
 	"github.com/gozt/gozt/inpod"
@@ -42,7 +38,7 @@ type node struct {
 	store    *state.Store
 	xds      *xds.Client // nil without XDS_ADDRESS
 	certs    *certs.Manager
-	proxy    *proxy.Proxy   // the node's own listeners (node and dedicated mode)
+	proxy    *proxy.Proxy   // the node's own listeners (node and dedicated mode); nil in in-pod mode
 	inpod    *inpod.Manager // in-pod (shared) mode only
 	pods     *podProxies    // in-pod mode: the pods' proxies the Manager drives
 
@@ -113,14 +109,17 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 
 	goBG("metrics sweep", n.forgetGoneWorkloads)
 
-	pcfg := proxyConfig(cfg)
-	if n.xds != nil && cfg.XDSOnDemand {
-		pcfg.Demand = n.xds.DemandAddress
-	}
-	n.proxy = proxy.New(pcfg, n.store, n.certs, n.metrics)
 	inPod := n.local.Mode == state.ModeShared
+	if !inPod {
+		// In-pod mode has no node-level proxy: every pod's listeners open inside its netns
+		// (podproxies.go), so the node opens none of its own.
+		pcfg := proxyConfig(cfg)
+		if n.xds != nil && cfg.XDSOnDemand {
+			pcfg.Demand = n.xds.DemandAddress
+		}
+		n.proxy = proxy.New(pcfg, n.store, n.certs, n.metrics)
+	}
 	if inPod {
-		// Every pod's listeners open inside its netns, so the node opens none of its own.
 		if err := netns.CheckCapabilities(); err != nil {
 			return fmt.Errorf("PROXY_MODE=shared (in-pod) cannot enter pod namespaces or mark sockets: %w", err)
 		}
@@ -150,7 +149,9 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 	}
 	servers, err := n.startHTTP()
 	if err != nil {
-		n.proxy.Shutdown(context.Background())
+		if n.proxy != nil {
+			n.proxy.Shutdown(context.Background())
+		}
 		return err
 	}
 	proxyCtx, stopProxy := context.WithCancel(context.Background())
@@ -158,7 +159,9 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 	proxyDone := make(chan struct{})
 	go func() {
 		defer close(proxyDone)
-		n.proxy.Serve(proxyCtx)
+		if n.proxy != nil {
+			n.proxy.Serve(proxyCtx)
+		}
 	}()
 	if inPod {
 		n.pods = newPodProxies(n)
@@ -183,7 +186,9 @@ func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func
 		n.inpod.Close() // drains every pod's proxy, in the background...
 		n.pods.wait()   // ...each within CONNECTION_TERMINATION_DEADLINE
 	}
-	err = n.proxy.Shutdown(drainCtx)
+	if n.proxy != nil {
+		err = n.proxy.Shutdown(drainCtx)
+	}
 	stopProxy()
 	<-proxyDone
 	for _, s := range servers {
@@ -204,11 +209,11 @@ func (n *node) startConfigSources(goBG func(string, func(context.Context) error)
 		return errors.New("config: no workload source: set LOCAL_XDS_PATH (a local YAML file) or XDS_ADDRESS (a control plane)")
 	}
 	if cfg.LocalXDSPath != "" {
-		local, err := xds.LoadLocal(cfg.LocalXDSPath, n.store)
+		file, err := xds.LoadFile(cfg.LocalXDSPath, n.store)
 		if err != nil {
 			return fmt.Errorf("LOCAL_XDS_PATH: %w", err)
 		}
-		goBG("local config", local.Run)
+		goBG("local config", file.Run)
 	}
 	if cfg.XDSAddress != "" {
 		xc := xdsConfig(cfg)
@@ -265,101 +270,6 @@ func (n *node) startHTTP() ([]*http.Server, error) {
 	return servers, nil
 }
 
-// prefetchCertificates keeps a certificate ready for every workload this node serves:
-// fetched when the workload appears, forgotten when the last one with that identity goes.
-// The node is ready once the current set has been fetched; failures are retried every 5s
-// and shown at readiness (the certificate manager logs them).
-func (n *node) prefetchCertificates(ctx context.Context) error {
-	have := map[identity.ID]bool{}
-	changes := n.store.Subscribe(ctx)
-	for {
-		var retry <-chan time.Time
-		if err := n.syncCertificates(ctx, have); err != nil {
-			n.ready.failed(taskCerts, err)
-			retry = time.After(5 * time.Second)
-		} else {
-			n.ready.done(taskCerts)
-		}
-		select {
-		case _, open := <-changes:
-			if !open {
-				return nil
-			}
-		case <-retry:
-		}
-	}
-}
-
-// syncCertificates prefetches new identities, forgets gone ones and returns why a wanted
-// certificate is not available, nil when every one is.
-func (n *node) syncCertificates(ctx context.Context, have map[identity.ID]bool) error {
-	want := map[identity.ID]bool{}
-	for _, w := range n.local.Workloads(n.store) {
-		if w.Protocol == state.TunnelHBONE || w.NativeTunnel {
-			want[w.Identity()] = true
-		}
-	}
-	for id := range have {
-		if !want[id] {
-			n.certs.Forget(id)
-			delete(have, id)
-		}
-	}
-	var errs []error
-	if len(want) == 0 && n.local.Dedicated() {
-		errs = append(errs, fmt.Errorf("no HBONE workload %s (PROXY_WORKLOAD_INFO) in the workload store yet", n.local.Workload))
-	}
-	byName := func(a, b identity.ID) int { return strings.Compare(a.String(), b.String()) }
-	for _, id := range slices.SortedFunc(maps.Keys(want), byName) {
-		if !have[id] {
-			n.certs.Prefetch(id)
-			have[id] = true
-		}
-		fetchCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		if _, err := n.certs.Certificate(fetchCtx, id); err != nil {
-			errs = append(errs, err)
-		}
-		cancel()
-	}
-	return errors.Join(errs...)
-}
-
-// metricsSweepEvery is how often the node drops the metric series of workloads that have
-// left the workload store (a variable for tests).
-var metricsSweepEvery = time.Minute
-
-// forgetGoneWorkloads drops, every metricsSweepEvery, the metric series of workloads the
-// store no longer has, so workloads that churn names do not grow /metrics for good.
-func (n *node) forgetGoneWorkloads(ctx context.Context) error {
-	t := time.NewTicker(metricsSweepEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		if dropped := n.metrics.Forget(goneFrom(n.store)); dropped > 0 {
-			slog.Debug("metrics: dropped the series of workloads that left", "label_sets", dropped)
-		}
-	}
-}
-
-// goneFrom reports, for a metric label's (namespace, workload), whether no workload in
-// store has that name now (the proxy labels a workload by its workload name, else its
-// name).
-func goneFrom(store *state.Store) func(namespace, workload string) bool {
-	type nsName struct{ ns, name string }
-	known := map[nsName]bool{}
-	store.EachWorkload(func(w *state.Workload) {
-		known[nsName{w.Namespace, w.Name}] = true
-		if w.WorkloadName != "" {
-			known[nsName{w.Namespace, w.WorkloadName}] = true
-		}
-	})
-	return func(ns, w string) bool { return !known[nsName{ns, w}] }
-}
-
 func (n *node) requestQuit() { n.quitOnce.Do(func() { close(n.quit) }) }
 
 func (n *node) listenerSummary() string {
@@ -368,47 +278,6 @@ func (n *node) listenerSummary() string {
 		parts = append(parts, strings.ToLower(strings.TrimSuffix(name, "_ADDR"))+"="+a.String())
 	}
 	return strings.Join(parts, " ")
-}
-
-func (n *node) configDump() map[string]any {
-	d := map[string]any{
-		"version":      map[string]string{"version": version, "buildInfo": versionString()},
-		"config":       n.cfg,
-		"certificates": n.certs.Dump(),
-	}
-	if sd, ok := n.store.Dump().(*state.Dump); ok {
-		d["workloads"], d["services"], d["policies"] = sd.Workloads, sd.Services, sd.Policies
-	}
-	var conns [][]proxy.ConnInfo
-	if n.proxy != nil {
-		in, out := n.proxy.Connections()
-		conns = append(conns, in, out)
-	}
-	if n.inpod != nil {
-		ws := n.workloadState()
-		d["workloadState"] = ws
-		for _, pd := range ws {
-			conns = append(conns, pd.Connections.Inbound, pd.Connections.Outbound)
-		}
-	}
-	if n.proxy != nil || n.inpod != nil {
-		d["kernelTls"] = kernelTLSDump(n.cfg.KernelTLS, conns)
-	}
-	return d
-}
-
-// kernelTLSDump is /config_dump's kernelTls (a gozt section): whether KERNEL_TLS is on,
-// and the proxied connections whose HBONE leg runs in kernel TLS and in user space.
-func kernelTLSDump(enabled bool, conns [][]proxy.ConnInfo) map[string]any {
-	counts := map[string]int{"kernel": 0, "user": 0}
-	for _, cs := range conns {
-		for _, c := range cs {
-			if c.TLS != "" {
-				counts[c.TLS]++
-			}
-		}
-	}
-	return map[string]any{"enabled": enabled, "proxiedConnections": counts}
 }
 
 // dnsConfig answers for the workloads this node serves (the dedicated one, or the local
@@ -421,94 +290,4 @@ func (n *node) dnsConfig(local state.Local) dns.Config {
 		FixedSearch:   n.local.Dedicated(), // a dedicated ztunnel shares its workload's resolv.conf
 		DisableIPv6:   !n.cfg.IPv6Enabled,
 	}
-}
-
-// proxyListenerEnv maps proxy listener names to their settings.
-var proxyListenerEnv = map[string]string{
-	proxy.ListenerOutbound:         "OUTBOUND_ADDR",
-	proxy.ListenerInboundPlaintext: "INBOUND_PLAINTEXT_ADDR",
-	proxy.ListenerInbound:          "INBOUND_ADDR",
-	proxy.ListenerSocks5:           "SOCKS5_ADDR",
-}
-
-func (c *config) enableProxy() bool {
-	return c.OutboundAddr != "" || c.InboundPlaintextAddr != "" || c.InboundAddr != "" || c.Socks5Addr != ""
-}
-
-func proxyConfig(c *config) proxy.Config {
-	return proxy.Config{
-		Local:                c.local(),
-		OutboundAddr:         c.OutboundAddr,
-		InboundPlaintextAddr: c.InboundPlaintextAddr,
-		InboundAddr:          c.InboundAddr,
-		Socks5Addr:           c.Socks5Addr,
-		HBONE: hbone.Config{
-			StreamWindow:      c.StreamWindow,
-			ConnWindow:        c.ConnWindow,
-			MaxFrameSize:      c.FrameSize,
-			MaxStreamsPerConn: c.PoolMaxStreams,
-			IdleTimeout:       c.PoolUnusedRelease,
-			DisableKernelTLS:  !c.KernelTLS,
-		},
-		PacketMark:        c.PacketMark,
-		OrigSrc:           c.EnableOrigSrc == "true",
-		KeepaliveDisabled: !c.KeepaliveEnabled,
-		KeepaliveTime:     c.KeepaliveTime,
-		KeepaliveInterval: c.KeepaliveInterval,
-		KeepaliveRetries:  c.KeepaliveRetries,
-	}
-}
-
-func caConfig(c *config) ca.Config {
-	return ca.Config{
-		Provider:     c.CAProvider,
-		Address:      c.CAAddress,
-		RootCA:       c.CARootCA,
-		AltHostname:  c.AltCAHostname,
-		TokenFile:    c.AuthToken,
-		ClusterID:    c.ClusterID,
-		Headers:      headerNames(c.CAHeaders),
-		SecretTTL:    c.SecretTTL,
-		Impersonate:  !c.local().Dedicated(), // one ztunnel, many workload identities
-		Dir:          c.CADir,
-		SpiffeSocket: c.SpiffeSocket,
-		LocalXDS:     c.LocalXDSPath != "",
-	}
-}
-
-func xdsConfig(c *config) xds.Config {
-	meta := map[string]string{
-		"NAME":         c.PodName,
-		"NAMESPACE":    c.PodNamespace,
-		"INSTANCE_IPS": c.InstanceIP,
-		"NODE_NAME":    c.NodeName,
-		"CLUSTER_ID":   c.ClusterID,
-	}
-	for k, v := range c.ProxyMeta {
-		meta[k] = v
-	}
-	ip := c.InstanceIP
-	if ip == "" {
-		ip = "1.1.1.1"
-	}
-	return xds.Config{
-		Address:     c.XDSAddress,
-		RootCA:      c.XDSRootCA,
-		AltHostname: c.AltXDSHostname,
-		TokenFile:   c.AuthToken,
-		ClusterID:   c.ClusterID,
-		Headers:     headerNames(c.XDSHeaders),
-		NodeID:      fmt.Sprintf("ztunnel~%s~%s.%s~%s.svc.cluster.local", ip, c.PodName, c.PodNamespace, c.PodNamespace),
-		Metadata:    meta,
-		OnDemand:    c.XDSOnDemand,
-	}
-}
-
-// headerNames turns XDS_HEADER_X_FOO style suffixes into header names (x-foo).
-func headerNames(m map[string]string) map[string]string {
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		out[strings.ToLower(strings.ReplaceAll(k, "_", "-"))] = v
-	}
-	return out
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/gozt/gozt/identity"
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/ca/catest"
+	"github.com/gozt/gozt/internal/istiogrpc"
 )
 
 // tokenReview asks the apiserver whether token is valid for audience, as istiod does for
@@ -118,7 +119,7 @@ func TestCATokenReview(t *testing.T) {
 	})
 
 	tokenFile := filepath.Join(t.TempDir(), path)
-	cli, err := ca.New(context.Background(), ca.Config{Provider: "istio", Address: "http://" + srv.Addr, TokenFile: tokenFile})
+	cli, err := ca.New(context.Background(), ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: "http://" + srv.Addr, TokenFile: tokenFile}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -153,15 +153,7 @@ func (b *Builtin) Issue(id identity.ID, notBefore, notAfter time.Time) (*Issued,
 	if err != nil {
 		return nil, fmt.Errorf("ca: %w", err)
 	}
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber:          serial(),
-		NotBefore:             notBefore,
-		NotAfter:              notAfter,
-		URIs:                  []*url.URL{u},
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		BasicConstraintsValid: true,
-	}, b.cert, key.Public(), b.key)
+	der, err := x509.CreateCertificate(rand.Reader, LeafTemplate(u, notBefore, notAfter), b.cert, key.Public(), b.key)
 	if err != nil {
 		return nil, fmt.Errorf("ca: sign leaf for %s: %w", id, err)
 	}

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/identity"
+	"github.com/gozt/gozt/internal/istiogrpc"
 )
 
 // Client issues a certificate for one identity.
@@ -58,22 +59,21 @@ func (i *Issued) Identity() (identity.ID, error) {
 
 // Config mirrors the environment (cmd/ztunnel fills it): zero values mean the documented defaults.
 type Config struct {
-	Provider     string            // "istio" | "spiffe" | "builtin" | "" (auto, see New)
-	Address      string            // CA_ADDRESS [DefaultAddress]; host:port is TLS, http:// plaintext
-	RootCA       string            // CA_ROOT_CA: path (re-read at each connection), "SYSTEM", or inline PEM
-	AltHostname  string            // ALT_CA_HOSTNAME: name to verify the CA's certificate against instead of the address host
-	TokenFile    string            // AUTH_TOKEN path (re-read every call)
-	ClusterID    string            // CLUSTER_ID
-	Headers      map[string]string // CA_HEADER_*
-	SecretTTL    time.Duration     // SECRET_TTL [24h]
-	Impersonate  bool              // shared mode: send ImpersonatedIdentity metadata
-	Dir          string            // CA_DIR for builtin: cacerts layout; a self-signed root is generated on first start
-	SpiffeSocket string            // SPIFFE_ENDPOINT_SOCKET for spiffe
-	LocalXDS     bool              // LOCAL_XDS_PATH set (for the auto rule)
+	Provider string // "istio" | "spiffe" | "builtin" | "" (auto, see New)
+	// The Istio CA's endpoint (CA_ADDRESS [DefaultAddress], CA_ROOT_CA, ALT_CA_HOSTNAME,
+	// AUTH_TOKEN, CLUSTER_ID, CA_HEADER_*), with internal/istiogrpc's defaults, the same as
+	// the xDS client's: host:port is TLS, http:// plaintext; the root file is re-read at each
+	// connection, the token at every call.
+	istiogrpc.Config
+	SecretTTL    time.Duration // SECRET_TTL [24h]
+	Impersonate  bool          // shared mode: send ImpersonatedIdentity metadata
+	Dir          string        // CA_DIR for builtin: cacerts layout; a self-signed root is generated on first start
+	SpiffeSocket string        // SPIFFE_ENDPOINT_SOCKET for spiffe
+	LocalXDS     bool          // LOCAL_XDS_PATH set (for the auto rule)
 }
 
-// Defaults applied by New. The endpoint fields (Address to Headers) take
-// internal/istiogrpc's defaults, the same as the xDS client's.
+// Defaults applied by New. The endpoint (Config.Config) takes internal/istiogrpc's
+// defaults, the same as the xDS client's, but for the address.
 const (
 	DefaultAddress   = "https://localhost:15012"
 	DefaultSecretTTL = 24 * time.Hour
@@ -125,6 +125,21 @@ func newKey() (*ecdsa.PrivateKey, error) {
 		return nil, fmt.Errorf("ca: generate key: %w", err)
 	}
 	return k, nil
+}
+
+// LeafTemplate is the workload leaf this package's built-in CA issues, and catest's too:
+// uri (the SPIFFE ID) its only subject alternative name, digital signature and key
+// encipherment, server and client authentication, not a CA, a random 127-bit serial.
+func LeafTemplate(uri *url.URL, notBefore, notAfter time.Time) *x509.Certificate {
+	return &x509.Certificate{
+		SerialNumber:          serial(),
+		NotBefore:             notBefore,
+		NotAfter:              notAfter,
+		URIs:                  []*url.URL{uri},
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true,
+	}
 }
 
 // NewCSR returns a PEM PKCS#10 request whose only subject alternative name is id's URI, signed

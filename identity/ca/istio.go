@@ -33,11 +33,9 @@ type istioClient struct {
 }
 
 func newIstio(cfg Config) (*istioClient, error) {
-	ep, err := istiogrpc.New(istiogrpc.Config{
-		Name: "CA", Address: cmp.Or(cfg.Address, DefaultAddress), RootCA: cfg.RootCA, AltHostname: cfg.AltHostname,
-		TokenFile: cfg.TokenFile, ClusterID: cfg.ClusterID, Headers: cfg.Headers,
-		Logger: slog.Default().With("component", "ca"),
-	})
+	endpoint := cfg.Config
+	endpoint.Address = cmp.Or(endpoint.Address, DefaultAddress)
+	ep, err := istiogrpc.New("CA", endpoint, slog.Default().With("component", "ca"))
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/gozt/gozt/identity"
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/ca/catest"
+	"github.com/gozt/gozt/internal/istiogrpc"
 	"github.com/gozt/gozt/internal/leaktest"
 )
 
@@ -52,8 +53,9 @@ func TestIstioIssue(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := newClient(t, ca.Config{
-		Provider: "istio", Address: "http://" + srv.Addr, TokenFile: tok, ClusterID: "c1",
-		Headers: map[string]string{"x-extra": "v"}, SecretTTL: 2 * time.Hour,
+		Provider:  "istio",
+		Config:    istiogrpc.Config{Address: "http://" + srv.Addr, TokenFile: tok, ClusterID: "c1", Headers: map[string]string{"x-extra": "v"}},
+		SecretTTL: 2 * time.Hour,
 	})
 	iss, err := fetch(t, c, idA)
 	if err != nil {
@@ -119,7 +121,7 @@ func TestIstioTokenFile(t *testing.T) {
 	leaktest.Check(t)
 	srv := catest.StartIstio(t, catest.NewRoot(t, "root"), nil)
 	tok := filepath.Join(t.TempDir(), "token")
-	c := newClient(t, ca.Config{Provider: "istio", Address: "http://" + srv.Addr, TokenFile: tok})
+	c := newClient(t, ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: "http://" + srv.Addr, TokenFile: tok}})
 	if _, err := fetch(t, c, idA); err != nil {
 		t.Fatalf("fetch without a token file: %v", err)
 	}
@@ -153,7 +155,7 @@ func TestIstioTokenFile(t *testing.T) {
 func TestIstioImpersonation(t *testing.T) {
 	leaktest.Check(t)
 	srv := catest.StartIstio(t, catest.NewRoot(t, "root"), nil)
-	c := newClient(t, ca.Config{Provider: "istio", Address: "http://" + srv.Addr, Impersonate: true})
+	c := newClient(t, ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: "http://" + srv.Addr}, Impersonate: true})
 	if _, err := fetch(t, c, idB); err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +178,7 @@ func TestIstioWrongIdentityRejected(t *testing.T) {
 	leaktest.Check(t)
 	srv := catest.StartIstio(t, catest.NewRoot(t, "root"), nil)
 	srv.SetOverride(idB.String())
-	c := newClient(t, ca.Config{Provider: "istio", Address: "http://" + srv.Addr})
+	c := newClient(t, ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: "http://" + srv.Addr}})
 	_, err := fetch(t, c, idA)
 	if err == nil || !strings.Contains(err.Error(), "asked for "+idA.String()) {
 		t.Fatalf("err = %v; want leaf-is-for-other-identity error", err)
@@ -187,7 +189,7 @@ func TestIstioUnavailable(t *testing.T) {
 	leaktest.Check(t)
 	srv := catest.StartIstio(t, catest.NewRoot(t, "root"), nil)
 	srv.SetFail(catest.ErrUnavailable)
-	c := newClient(t, ca.Config{Provider: "istio", Address: "http://" + srv.Addr})
+	c := newClient(t, ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: "http://" + srv.Addr}})
 	if _, err := fetch(t, c, idA); err == nil || !strings.Contains(err.Error(), "CA down") {
 		t.Fatalf("err = %v; want the server's error", err)
 	}
@@ -209,7 +211,7 @@ func TestIstioUnauthenticated(t *testing.T) {
 		return nil
 	})
 	tok := filepath.Join(t.TempDir(), "token")
-	c := newClient(t, ca.Config{Provider: "istio", Address: "http://" + srv.Addr, TokenFile: tok})
+	c := newClient(t, ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: "http://" + srv.Addr, TokenFile: tok}})
 	for _, tc := range []struct{ token, wantErr string }{
 		{"bad", "token rejected"},
 		{"good", ""},
@@ -232,7 +234,7 @@ func TestIstioSeveralRoots(t *testing.T) {
 	root, next := catest.NewRoot(t, "root"), catest.NewRoot(t, "next")
 	srv := catest.StartIstio(t, root, nil)
 	srv.AddRoot(next.Cert)
-	c := newClient(t, ca.Config{Provider: "istio", Address: "http://" + srv.Addr})
+	c := newClient(t, ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: "http://" + srv.Addr}})
 	iss, err := fetch(t, c, idA)
 	if err != nil {
 		t.Fatal(err)
@@ -253,14 +255,14 @@ func TestIstioRootRotation(t *testing.T) {
 	cert := oldRoot.ServingCert(t, "127.0.0.1")
 	srv := catest.StartIstio(t, signer, &cert)
 	rootFile := oldRoot.WriteRootFile(t)
-	c := newClient(t, ca.Config{Provider: "istio", Address: "https://" + srv.Addr, RootCA: rootFile})
+	c := newClient(t, ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: "https://" + srv.Addr, RootCA: rootFile}})
 	if _, err := fetch(t, c, idA); err != nil {
 		t.Fatal(err)
 	}
 
 	srv.SetTLSCert(newRoot.ServingCert(t, "127.0.0.1"))
 	// A fresh client that still trusts only the old root is refused: the rotation is real.
-	stale := newClient(t, ca.Config{Provider: "istio", Address: "https://" + srv.Addr, RootCA: string(oldRoot.PEM())})
+	stale := newClient(t, ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: "https://" + srv.Addr, RootCA: string(oldRoot.PEM())}})
 	if _, err := fetch(t, stale, idA); err == nil || !strings.Contains(err.Error(), "unknown authority") {
 		t.Fatalf("stale root: err = %v; want unknown authority", err)
 	}
@@ -281,13 +283,13 @@ func TestIstioEndpoint(t *testing.T) {
 	root := catest.NewRoot(t, "root")
 	srv := catest.StartIstioTLS(t, root, "istiod.istio-system.svc")
 	rootFile := root.WriteRootFile(t)
-	inline := newClient(t, ca.Config{Provider: "istio", Address: srv.Addr, RootCA: string(root.PEM())})
+	inline := newClient(t, ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: srv.Addr, RootCA: string(root.PEM())}})
 	if _, err := fetch(t, inline, idA); err == nil || !strings.Contains(err.Error(), "127.0.0.1") {
 		t.Fatalf("without ALT_CA_HOSTNAME: err = %v; want a name mismatch for 127.0.0.1", err)
 	}
 	c := newClient(t, ca.Config{
-		Provider: "istio", Address: srv.Addr, RootCA: rootFile, AltHostname: "istiod.istio-system.svc",
-		ClusterID: "c1", Headers: map[string]string{"X-Extra": "v"},
+		Provider: "istio",
+		Config:   istiogrpc.Config{Address: srv.Addr, RootCA: rootFile, AltHostname: "istiod.istio-system.svc", ClusterID: "c1", Headers: map[string]string{"X-Extra": "v"}},
 	})
 	if _, err := fetch(t, c, idA); err != nil {
 		t.Fatal(err)
@@ -299,11 +301,11 @@ func TestIstioEndpoint(t *testing.T) {
 	if got := md.Get("x-extra"); len(got) != 1 || got[0] != "v" {
 		t.Errorf("x-extra = %q; want v", got)
 	}
-	system := newClient(t, ca.Config{Provider: "istio", Address: srv.Addr, RootCA: "SYSTEM", AltHostname: "istiod.istio-system.svc"})
+	system := newClient(t, ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: srv.Addr, RootCA: "SYSTEM", AltHostname: "istiod.istio-system.svc"}})
 	if _, err := fetch(t, system, idA); err == nil || !strings.Contains(err.Error(), "unknown authority") {
 		t.Errorf("CA_ROOT_CA=SYSTEM: err = %v; want unknown authority", err)
 	}
-	inline = newClient(t, ca.Config{Provider: "istio", Address: srv.Addr, RootCA: string(root.PEM()), AltHostname: "istiod.istio-system.svc"})
+	inline = newClient(t, ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: srv.Addr, RootCA: string(root.PEM()), AltHostname: "istiod.istio-system.svc"}})
 	if _, err := fetch(t, inline, idA); err != nil {
 		t.Fatalf("inline root with ALT_CA_HOSTNAME: %v", err)
 	}
@@ -320,8 +322,8 @@ func TestNewErrors(t *testing.T) {
 		{ca.Config{Provider: "vault"}, "CA_PROVIDER"},
 		{ca.Config{Provider: "spiffe"}, "SPIFFE_ENDPOINT_SOCKET"},
 		{ca.Config{Provider: "builtin"}, "CA_DIR"},
-		{ca.Config{Provider: "istio", Address: "ftp://x:1", RootCA: "SYSTEM"}, "CA_ADDRESS"},
-		{ca.Config{Provider: "istio", Address: "https://x:1", RootCA: "/nonexistent/root.pem"}, "CA_ROOT_CA"},
+		{ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: "ftp://x:1", RootCA: "SYSTEM"}}, "CA_ADDRESS"},
+		{ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: "https://x:1", RootCA: "/nonexistent/root.pem"}}, "CA_ROOT_CA"},
 		{ca.Config{SecretTTL: -time.Second}, "SECRET_TTL"},
 	} {
 		c, err := ca.New(context.Background(), tc.cfg)
@@ -349,7 +351,7 @@ func BenchmarkFetch(b *testing.B) {
 	})
 	b.Run("istio-grpc-loopback", func(b *testing.B) {
 		srv := catest.StartIstio(b, root, nil)
-		c, err := ca.New(context.Background(), ca.Config{Provider: "istio", Address: "http://" + srv.Addr})
+		c, err := ca.New(context.Background(), ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: "http://" + srv.Addr}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -371,7 +373,7 @@ func TestIstioIntermediateExpiresFirst(t *testing.T) {
 	now := time.Now()
 	inter := root.Intermediate(t, "intermediate", now.Add(-time.Hour), now.Add(time.Hour))
 	srv := catest.StartIstio(t, inter, nil)
-	c := newClient(t, ca.Config{Provider: "istio", Address: "http://" + srv.Addr}) // SECRET_TTL 24h
+	c := newClient(t, ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: "http://" + srv.Addr}}) // SECRET_TTL 24h
 	iss, err := fetch(t, c, idA)
 	if err != nil {
 		t.Fatalf("chain with an intermediate valid for another hour: %v", err)
@@ -395,7 +397,7 @@ func TestIstioIntermediateExpired(t *testing.T) {
 	now := time.Now()
 	inter := root.Intermediate(t, "old intermediate", now.Add(-2*time.Hour), now.Add(-time.Minute))
 	srv := catest.StartIstio(t, inter, nil)
-	c := newClient(t, ca.Config{Provider: "istio", Address: "http://" + srv.Addr})
+	c := newClient(t, ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: "http://" + srv.Addr}})
 	_, err := fetch(t, c, idA)
 	want := "CA chain expired at " + inter.Cert.NotAfter.UTC().Format(time.RFC3339)
 	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "CN=old intermediate") {

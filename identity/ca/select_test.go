@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"testing"
+
+	"github.com/gozt/gozt/internal/istiogrpc"
 )
 
 func TestNewSelectsProvider(t *testing.T) {
@@ -12,13 +14,13 @@ func TestNewSelectsProvider(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{Config{RootCA: "SYSTEM"}, "*ca.istioClient"},
+		{Config{Config: istiogrpc.Config{RootCA: "SYSTEM"}}, "*ca.istioClient"},
 		{Config{SpiffeSocket: sock}, "*ca.spiffeClient"},
 		{Config{SpiffeSocket: sock, LocalXDS: true}, "*ca.spiffeClient"},
 		{Config{LocalXDS: true, Dir: t.TempDir()}, "*ca.Builtin"},
-		{Config{LocalXDS: true, Address: "http://127.0.0.1:1"}, "*ca.istioClient"},
-		{Config{Provider: "builtin", Address: "http://127.0.0.1:1", Dir: t.TempDir()}, "*ca.Builtin"},
-		{Config{Provider: "istio", SpiffeSocket: sock, RootCA: "SYSTEM"}, "*ca.istioClient"},
+		{Config{LocalXDS: true, Config: istiogrpc.Config{Address: "http://127.0.0.1:1"}}, "*ca.istioClient"},
+		{Config{Provider: "builtin", Config: istiogrpc.Config{Address: "http://127.0.0.1:1"}, Dir: t.TempDir()}, "*ca.Builtin"},
+		{Config{Provider: "istio", SpiffeSocket: sock, Config: istiogrpc.Config{RootCA: "SYSTEM"}}, "*ca.istioClient"},
 	} {
 		c, err := New(context.Background(), tc.cfg)
 		if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/ca/catest"
 	"github.com/gozt/gozt/identity/certs"
+	"github.com/gozt/gozt/internal/istiogrpc"
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/logtest"
 	"github.com/gozt/gozt/internal/testutil"
@@ -382,7 +383,7 @@ func TestClose(t *testing.T) {
 func TestIstioCADownKeepsServing(t *testing.T) {
 	leaktest.Check(t)
 	srv := catest.StartIstio(t, catest.NewRoot(t, "root"), nil)
-	c, err := ca.New(context.Background(), ca.Config{Provider: "istio", Address: "http://" + srv.Addr, SecretTTL: 4 * time.Second})
+	c, err := ca.New(context.Background(), ca.Config{Provider: "istio", Config: istiogrpc.Config{Address: "http://" + srv.Addr}, SecretTTL: 4 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

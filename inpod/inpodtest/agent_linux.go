@@ -3,7 +3,6 @@
 package inpodtest
 
 import (
-	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -15,12 +14,18 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gozt/gozt/inpod/zdsagent"
 	"github.com/gozt/gozt/inpod/zdspb"
 	"github.com/gozt/gozt/internal/netns"
 )
 
+// timeout bounds each of the agent's waits for ztunnel.
+const timeout = 10 * time.Second
+
 // Agent is the istio-cni node agent's side of ZDS: a SOCK_SEQPACKET listener ztunnel
-// connects to. Each method fails the test on an error; everything closes when it ends.
+// connects to, scripted by the test one packet at a time (bad ones included) on the wire
+// helpers of inpod/zdsagent, whose Agent replays a fixed set of pods instead. Each
+// method fails the test on an error; everything closes when it ends.
 type Agent struct {
 	t    testing.TB
 	Path string
@@ -30,7 +35,7 @@ type Agent struct {
 // NewAgent listens on path (see SocketPath).
 func NewAgent(t testing.TB, path string) *Agent {
 	t.Helper()
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	ln, err := zdsagent.ListenUnix(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,44 +67,32 @@ type AgentConn struct {
 // Accept waits for ztunnel to connect and checks its hello, the bare bytes 08 01.
 func (a *Agent) Accept() *AgentConn {
 	a.t.Helper()
-	a.ln.SetDeadline(time.Now().Add(10 * time.Second))
+	a.ln.SetDeadline(time.Now().Add(timeout))
 	c, err := a.ln.AcceptUnix()
 	if err != nil {
 		a.t.Fatalf("agent: accept: %v", err)
 	}
 	a.t.Cleanup(func() { c.Close() })
-	ac := &AgentConn{t: a.t, C: c}
-	if got := ac.Read(); !bytes.Equal(got, []byte{0x08, 0x01}) {
-		a.t.Fatalf("hello = % x; want 08 01", got)
+	if err := zdsagent.ReadHello(c, timeout); err != nil {
+		a.t.Fatalf("agent: %v", err)
 	}
-	return ac
+	return &AgentConn{t: a.t, C: c}
 }
 
 // Read reads one packet.
 func (c *AgentConn) Read() []byte {
 	c.t.Helper()
-	b := make([]byte, 2048)
-	c.C.SetReadDeadline(time.Now().Add(10 * time.Second))
-	n, err := c.C.Read(b)
+	b, err := zdsagent.Read(c.C, timeout)
 	if err != nil {
 		c.t.Fatalf("agent: read: %v", err)
 	}
-	return b[:n]
+	return b
 }
 
 // SendRaw sends one packet with fds as SCM_RIGHTS and closes the agent's copies of them.
 func (c *AgentConn) SendRaw(b []byte, fds ...int) {
 	c.t.Helper()
-	var oob []byte
-	if len(fds) > 0 {
-		oob = unix.UnixRights(fds...)
-	}
-	c.C.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	_, _, err := c.C.WriteMsgUnix(b, oob, nil)
-	for _, fd := range fds {
-		unix.Close(fd)
-	}
-	if err != nil {
+	if err := zdsagent.Send(c.C, b, fds, 5*time.Second); err != nil {
 		c.t.Fatalf("agent: send: %v", err)
 	}
 }
@@ -107,14 +100,11 @@ func (c *AgentConn) SendRaw(b []byte, fds ...int) {
 // Ack reads ztunnel's answer to one request: "" for an ACK, else the NACK's error.
 func (c *AgentConn) Ack() string {
 	c.t.Helper()
-	var resp zdspb.WorkloadResponse
-	if err := proto.Unmarshal(c.Read(), &resp); err != nil {
-		c.t.Fatalf("agent: bad response: %v", err)
+	nack, err := zdsagent.ReadAck(c.C, timeout)
+	if err != nil {
+		c.t.Fatalf("agent: %v", err)
 	}
-	if resp.GetAck() == nil {
-		c.t.Fatalf("agent: response without an ack: %v", &resp)
-	}
-	return resp.GetAck().GetError()
+	return nack
 }
 
 // Send sends req with fds and returns the answer (see Ack).
@@ -145,7 +135,7 @@ func (c *AgentConn) AddPod(uid string, info *zdspb.WorkloadInfo, ns *netns.NetNS
 // WantClosed checks that ztunnel dropped the connection, and closes the agent's end.
 func (c *AgentConn) WantClosed() {
 	c.t.Helper()
-	c.C.SetReadDeadline(time.Now().Add(10 * time.Second))
+	c.C.SetReadDeadline(time.Now().Add(timeout))
 	n, err := c.C.Read(make([]byte, 2048))
 	if n != 0 || (err != nil && !errors.Is(err, io.EOF)) {
 		c.t.Fatalf("agent: read %d bytes, %v; want the connection closed", n, err)

@@ -1,5 +1,8 @@
-// Package inpodtest holds a fake inpod.Proxies for tests of the workload manager and of the
-// code that wires it.
+// Package inpodtest holds what tests of inpod.Manager (the workload manager) and of the code
+// that wires it need: Proxies, a fake inpod.Proxies that records its calls and can bind a
+// port in each pod's netns; and (Linux) Agent, the node agent's end of ZDS scripted one
+// packet at a time, bad packets included, on inpod/zdsagent's wire helpers, with the
+// requests it sends (AddReq, KeepReq, DelReq, SnapshotReq) and NSFD for a pod's netns fd.
 package inpodtest
 
 import (

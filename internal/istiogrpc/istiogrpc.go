@@ -50,17 +50,16 @@ const (
 	PlaintextPort    = "15010" // istiod's plaintext port (xDS and CA)
 )
 
-// Config describes one endpoint. Name is "XDS" or "CA": it names the variables in errors
-// (XDS_ADDRESS, XDS_ROOT_CA) and, lower-cased, prefixes them ("xds: ...").
+// Config describes one endpoint: the fields the xDS and CA clients' configurations embed,
+// so that each is declared and documented once. The zero value of each is the default in
+// the package comment.
 type Config struct {
-	Name        string
-	Address     string
-	RootCA      string
-	AltHostname string
-	TokenFile   string
-	ClusterID   string
-	Headers     map[string]string
-	Logger      *slog.Logger // gets the token file's WARN; default slog.Default()
+	Address     string            // XDS_ADDRESS, CA_ADDRESS
+	RootCA      string            // XDS_ROOT_CA, CA_ROOT_CA
+	AltHostname string            // ALT_XDS_HOSTNAME, ALT_CA_HOSTNAME
+	TokenFile   string            // AUTH_TOKEN
+	ClusterID   string            // CLUSTER_ID
+	Headers     map[string]string // XDS_HEADER_*, CA_HEADER_*
 }
 
 // Endpoint is a checked Config. It is safe for concurrent use.
@@ -79,15 +78,17 @@ type Endpoint struct {
 	rootPool *x509.CertPool // guarded by mu
 }
 
-// New checks cfg and applies the defaults in the package comment.
-func New(cfg Config) (*Endpoint, error) {
-	prefix := strings.ToLower(cfg.Name)
-	addrVar, rootVar := cfg.Name+"_ADDRESS", cfg.Name+"_ROOT_CA"
+// New checks cfg and applies the defaults in the package comment. name is "XDS" or "CA": it
+// names the variables in errors (XDS_ADDRESS, XDS_ROOT_CA) and, lower-cased, prefixes them
+// ("xds: ..."). log gets the token file's WARN; nil is slog.Default().
+func New(name string, cfg Config, log *slog.Logger) (*Endpoint, error) {
+	prefix := strings.ToLower(name)
+	addrVar, rootVar := name+"_ADDRESS", name+"_ROOT_CA"
 	if cfg.Address == "" {
 		return nil, fmt.Errorf("%s: %s is empty", prefix, addrVar)
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+	if log == nil {
+		log = slog.Default()
 	}
 	raw := cfg.Address
 	if !strings.Contains(raw, "://") {
@@ -100,7 +101,7 @@ func New(cfg Config) (*Endpoint, error) {
 	e := &Endpoint{
 		prefix: prefix, rootVar: rootVar, addr: u.Host, plaintext: u.Scheme == "http",
 		md:    metadata.Pairs("clusterid", cmp.Or(cfg.ClusterID, DefaultClusterID)),
-		token: token.NewFile(cfg.TokenFile, cfg.Logger),
+		token: token.NewFile(cfg.TokenFile, log),
 	}
 	if u.Port() == "" {
 		e.addr = net.JoinHostPort(u.Hostname(), TLSPort)

@@ -51,8 +51,7 @@ func call(t *testing.T, ep *istiogrpc.Endpoint, srv *catest.IstioServer) (metada
 
 func newEndpoint(t *testing.T, cfg istiogrpc.Config) *istiogrpc.Endpoint {
 	t.Helper()
-	cfg.Name = "XDS"
-	ep, err := istiogrpc.New(cfg)
+	ep, err := istiogrpc.New("XDS", cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,13 +101,12 @@ func TestConfigErrors(t *testing.T) {
 		{istiogrpc.Config{Address: "x:1", RootCA: empty}, "ca: CA_ROOT_CA"},
 		{istiogrpc.Config{Address: "x:1", RootCA: "-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----"}, "ca: CA_ROOT_CA"},
 	} {
-		tc.cfg.Name = "CA"
-		if _, err := istiogrpc.New(tc.cfg); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+		if _, err := istiogrpc.New("CA", tc.cfg, nil); err == nil || !strings.HasPrefix(err.Error(), tc.want) {
 			t.Errorf("New(%+v) = %v; want an error starting %q", tc.cfg, err, tc.want)
 		}
 	}
 	// Plaintext reads no root at all.
-	if _, err := istiogrpc.New(istiogrpc.Config{Name: "CA", Address: "http://x:1"}); err != nil {
+	if _, err := istiogrpc.New("CA", istiogrpc.Config{Address: "http://x:1"}, nil); err != nil {
 		t.Errorf("plaintext with the default (missing) root: %v", err)
 	}
 }

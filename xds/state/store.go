@@ -1,7 +1,11 @@
 // Package state is the workload cache: workloads, services, endpoints and authorization
 // policies as plain Go values (netip.Addr, identity.ID; no protobuf types), their indexes
 // (network/IP, uid, namespace/name, node, hostname, VIP and CIDR VIP), outbound resolution and
-// load balancing (Store.Resolve) and the /config_dump view.
+// load balancing (Store.Resolve) and the /config_dump view. It also says what one proxy
+// serves (local.go): Mode is PROXY_MODE (shared, i.e. in-pod, node or dedicated), and Local
+// is a proxy's mode, node, network and workload in one value, with the questions the data
+// plane, the DNS proxy and certificate prefetch ask the Store about them (a node's Local
+// makes each pod's with Local.Pod).
 //
 // It does not talk to the control plane or parse protos: package xds converts resources into
 // these types outside any lock and hands the Store one Batch per push. Values handed to the

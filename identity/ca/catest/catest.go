@@ -163,20 +163,14 @@ func (r *Root) PEM() []byte {
 	return []byte(certPEM(r.Cert))
 }
 
-// sign issues a leaf for pub with the given URI SAN and validity.
+// sign issues a leaf for pub with the given URI SAN and validity, from the template the
+// built-in CA uses (ca.LeafTemplate).
 func (r *Root) sign(pub any, uri string, notBefore, notAfter time.Time) (*x509.Certificate, error) {
 	u, err := url.Parse(uri)
 	if err != nil {
 		return nil, err
 	}
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: serial(),
-		NotBefore:    notBefore,
-		NotAfter:     notAfter,
-		URIs:         []*url.URL{u},
-		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}, r.Cert, pub, r.Key)
+	der, err := x509.CreateCertificate(rand.Reader, ca.LeafTemplate(u, notBefore, notAfter), r.Cert, pub, r.Key)
 	if err != nil {
 		return nil, err
 	}

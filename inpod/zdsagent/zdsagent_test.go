@@ -9,9 +9,9 @@ import (
 
 	"github.com/gozt/gozt/inpod"
 	"github.com/gozt/gozt/inpod/inpodtest"
+	"github.com/gozt/gozt/inpod/zdsagent"
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/testutil"
-	"github.com/gozt/gozt/internal/zdsagent"
 )
 
 // Two Managers connect to one agent, as an old and a new ztunnel do during an upgrade: each

@@ -1,6 +1,6 @@
 //go:build linux
 
-package netns
+package netns_test
 
 import (
 	"context"
@@ -20,6 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/netns/netnstest"
 )
 
 func isOpen(fd int) bool {
@@ -29,12 +31,12 @@ func isOpen(fd int) bool {
 
 // FromFD accepts a network namespace and closes anything else it is handed.
 func TestFromFD(t *testing.T) {
-	own, err := Open("/proc/self/ns/net")
+	own, err := netns.Open("/proc/self/ns/net")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer own.Close()
-	again, err := Open("/proc/thread-self/ns/net")
+	again, err := netns.Open("/proc/thread-self/ns/net")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +47,7 @@ func TestFromFD(t *testing.T) {
 	if err := again.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
-	if err := again.Do(func() error { return nil }); !errors.Is(err, ErrClosed) {
+	if err := again.Do(func() error { return nil }); !errors.Is(err, netns.ErrClosed) {
 		t.Errorf("Do after Close = %v; want ErrClosed", err)
 	}
 
@@ -63,7 +65,7 @@ func TestFromFD(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, fd := range map[string]int{"pipe": p[0], "/dev/null": devNull, "mount namespace": mnt} {
-		if n, err := FromFD(fd); err == nil {
+		if n, err := netns.FromFD(fd); err == nil {
 			n.Close()
 			t.Errorf("FromFD(%s) accepted it", name)
 		}
@@ -78,8 +80,8 @@ func TestFromFD(t *testing.T) {
 // and SO_REUSEPORT, and dials from inside carry the mark.
 func TestSocketsListenInside(t *testing.T) {
 	leaktest.Check(t)
-	n := NewAnonymous(t)
-	s := Sockets{NS: n, Mark: 0x539, ReusePort: true}
+	n := netnstest.NewAnonymous(t)
+	s := netns.Sockets{NS: n, Mark: 0x539, ReusePort: true}
 	ln, err := s.Listen(t.Context(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +150,7 @@ func intOpt(t *testing.T, c syscall.Conn, opt int) int {
 
 // Do runs fn inside the namespace, and afterwards no thread of the process is left there.
 func TestDoRestoresThread(t *testing.T) {
-	n := NewAnonymous(t)
+	n := netnstest.NewAnonymous(t)
 	host := readNS(t, "/proc/thread-self/ns/net")
 	var inside string
 	for range 20 {
@@ -184,8 +186,8 @@ func readNS(t *testing.T, p string) string {
 
 // CheckCapabilities passes as root and names the capability a thread lacks.
 func TestCheckCapabilities(t *testing.T) {
-	RequireRoot(t)
-	if err := CheckCapabilities(); err != nil {
+	netnstest.RequireRoot(t)
+	if err := netns.CheckCapabilities(); err != nil {
 		t.Fatalf("as root: %v", err)
 	}
 	for _, tc := range []struct {
@@ -212,7 +214,7 @@ func TestCheckCapabilities(t *testing.T) {
 				errc <- err
 				return
 			}
-			errc <- checkThread()
+			errc <- netns.CheckThread()
 		}()
 		err := <-errc
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -225,8 +227,8 @@ func TestCheckCapabilities(t *testing.T) {
 // asked, reports a refusal, and gives up at the dialer's timeout or when ctx ends.
 func TestSocketsDialOutcomes(t *testing.T) {
 	leaktest.Check(t)
-	n := NewAnonymous(t)
-	s := Sockets{NS: n, Mark: 0x539}
+	n := netnstest.NewAnonymous(t)
+	s := netns.Sockets{NS: n, Mark: 0x539}
 	ln, err := s.Listen(t.Context(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -292,8 +294,8 @@ func TestSocketsDialOutcomes(t *testing.T) {
 // BenchmarkSocketsDial compares Dial (socket made inside the namespace, connect on the
 // poller) with running the whole dial on a thread inside the namespace, as Dial did first.
 func BenchmarkSocketsDial(b *testing.B) {
-	n := NewAnonymous(b)
-	s := Sockets{NS: n, Mark: 0x539}
+	n := netnstest.NewAnonymous(b)
+	s := netns.Sockets{NS: n, Mark: 0x539}
 	ln, err := s.Listen(b.Context(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)

@@ -1,38 +1,46 @@
 //go:build linux
 
-package netns
+package netnstest
 
 import (
 	"fmt"
+	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gozt/gozt/internal/netns"
 )
 
 // NewAnonymous creates an unnamed namespace with loopback up, for tests that need a pod's
 // netns without `ip`: it lives as long as some fd refers to it, and t's cleanup closes the
 // returned one. It skips t without root.
-func NewAnonymous(t TB) *NetNS {
+func NewAnonymous(t testing.TB) *netns.NetNS {
 	t.Helper()
 	RequireRoot(t)
-	var fd int
-	err := onThread(func() error {
+	// Do on the process's own namespace runs fn on a locked thread and moves that thread
+	// back there afterwards, so the unshare leaves no thread of the process behind.
+	self, err := netns.Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatalf("netns: new anonymous namespace: %v", err)
+	}
+	defer self.Close()
+	fd := -1
+	err = self.Do(func() (err error) {
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			return fmt.Errorf("netns: unshare: %w", err)
+			return fmt.Errorf("unshare: %w", err)
 		}
-		return nil
-	}, func() (err error) {
 		if fd, err = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
 			return err
 		}
 		return loopbackUp()
 	})
 	if err != nil {
-		if fd > 0 {
+		if fd >= 0 {
 			unix.Close(fd)
 		}
 		t.Fatalf("netns: new anonymous namespace: %v", err)
 	}
-	n, err := FromFD(fd)
+	n, err := netns.FromFD(fd)
 	if err != nil {
 		t.Fatalf("netns: new anonymous namespace: %v", err)
 	}

@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
-	"sync"
 	"syscall"
 	"time"
 
@@ -23,42 +22,15 @@ import (
 // not define it.
 const nsGetNSType = 0xb703
 
-// ErrClosed is returned by a NetNS used after Close.
-var ErrClosed = errors.New("netns: namespace closed")
-
-// NetNS is an open network namespace (an fd received over SCM_RIGHTS, or a file such as
-// /proc/<pid>/ns/net or /var/run/netns/<name>). It is safe for concurrent use.
-type NetNS struct {
-	id ID
-
-	mu sync.RWMutex // guards fd: held for reading while a thread enters the namespace
-	fd int          // -1 after Close
-}
-
-// ID identifies a namespace: two fds refer to the same namespace when their IDs are equal.
-type ID struct{ Dev, Ino uint64 }
-
-func (id ID) String() string { return fmt.Sprintf("net:[%d] dev %d", id.Ino, id.Dev) }
-
-// FromFD takes ownership of fd, which must be a network namespace; when it is not, FromFD
-// closes it and fails.
-func FromFD(fd int) (*NetNS, error) {
-	id, err := check(fd)
-	if err != nil {
-		unix.Close(fd)
-		return nil, err
-	}
-	return &NetNS{id: id, fd: fd}, nil
-}
-
-// Open opens the network namespace at path.
-func Open(path string) (*NetNS, error) {
+func openFD(path string) (int, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("netns: open %s: %w", path, err)
+		return -1, fmt.Errorf("netns: open %s: %w", path, err)
 	}
-	return FromFD(fd)
+	return fd, nil
 }
+
+func closeFD(fd int) error { return unix.Close(fd) }
 
 // check reports fd's ID if fd is a network namespace. Kernels before 4.11 lack
 // NS_GET_NSTYPE; there any nsfs file passes.
@@ -80,26 +52,7 @@ func check(fd int) (ID, error) {
 	return ID{Dev: st.Dev, Ino: st.Ino}, nil
 }
 
-// ID returns the namespace's identity; it stays valid after Close.
-func (n *NetNS) ID() ID { return n.id }
-
-// Close closes the fd. Sockets already opened in the namespace keep working; Do fails
-// afterwards. Close is idempotent.
-func (n *NetNS) Close() error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.fd < 0 {
-		return nil
-	}
-	err := unix.Close(n.fd)
-	n.fd = -1
-	return err
-}
-
-// Do runs fn on an OS thread inside the namespace and returns fn's error. A socket fn creates
-// belongs to the namespace for its whole life, so fn may open listeners that other goroutines
-// then serve. fn must not start goroutines that create sockets: they run elsewhere.
-func (n *NetNS) Do(fn func() error) error {
+func (n *NetNS) do(fn func() error) error {
 	return onThread(func() error {
 		n.mu.RLock()
 		defer n.mu.RUnlock()
@@ -148,18 +101,7 @@ func onThread(enter, fn func() error) error {
 	return <-errc
 }
 
-// Sockets opens sockets inside one network namespace with the options in-pod mode needs: the
-// socket factory a per-pod proxy takes. The zero value opens plain sockets in the process's
-// own namespace.
-type Sockets struct {
-	NS        *NetNS // nil: the process's own namespace
-	Mark      uint32 // SO_MARK on every socket, listeners and dials (PACKET_MARK); 0: none
-	ReusePort bool   // SO_REUSEPORT on listeners (INPOD_PORT_REUSE)
-}
-
-// Listen opens a stream listener (net.ListenConfig.Listen) inside the namespace. Accepted
-// connections get no TCP keepalive from Go: the proxy sets its own (KEEPALIVE_*), or none.
-func (s Sockets) Listen(ctx context.Context, network, address string) (net.Listener, error) {
+func (s Sockets) listen(ctx context.Context, network, address string) (net.Listener, error) {
 	lc := net.ListenConfig{Control: s.listenControl, KeepAlive: -1}
 	var ln net.Listener
 	err := s.do(func() (err error) {
@@ -169,8 +111,7 @@ func (s Sockets) Listen(ctx context.Context, network, address string) (net.Liste
 	return ln, err
 }
 
-// ListenPacket opens a packet listener (net.ListenConfig.ListenPacket) inside the namespace.
-func (s Sockets) ListenPacket(ctx context.Context, network, address string) (net.PacketConn, error) {
+func (s Sockets) listenPacket(ctx context.Context, network, address string) (net.PacketConn, error) {
 	lc := net.ListenConfig{Control: s.listenControl}
 	var pc net.PacketConn
 	err := s.do(func() (err error) {
@@ -180,16 +121,7 @@ func (s Sockets) ListenPacket(ctx context.Context, network, address string) (net
 	return pc, err
 }
 
-// Dial connects from inside the namespace with d's settings (nil: a zero net.Dialer); d's own
-// Control or ControlContext runs after the mark is set. With a namespace, address must be an
-// IP and port: a name could resolve to several addresses, which net.Dialer races on goroutines
-// that run outside the namespace.
-//
-// Only the socket is created inside the namespace (a socket belongs to the namespace it was
-// made in, for life); the connect runs on the calling goroutine through the runtime's poller,
-// so no OS thread is held, and no namespace switched, while it waits. Holding a locked thread
-// through every connect made new connections in in-pod mode 40% slower than outside it.
-func (s Sockets) Dial(ctx context.Context, d *net.Dialer, network, address string) (net.Conn, error) {
+func (s Sockets) dial(ctx context.Context, d *net.Dialer, network, address string) (net.Conn, error) {
 	var dd net.Dialer
 	if d != nil {
 		dd = *d
@@ -350,6 +282,7 @@ func (s Sockets) listenControl(_, _ string, c syscall.RawConn) error {
 	return nil
 }
 
+// do runs fn inside the namespace, or right here when there is none.
 func (s Sockets) do(fn func() error) error {
 	if s.NS == nil {
 		return fn()
@@ -357,13 +290,9 @@ func (s Sockets) do(fn func() error) error {
 	return s.NS.Do(fn)
 }
 
-// CheckCapabilities reports whether this process can do what in-pod mode needs: enter a
-// network namespace (setns, which needs CAP_SYS_ADMIN) and mark its sockets (SO_MARK, which
-// needs CAP_NET_ADMIN, or CAP_NET_RAW since Linux 5.17). The error names each capability
-// that is missing.
-func CheckCapabilities() error {
+func checkCapabilities() error {
 	errc := make(chan error, 1)
-	go func() { // owned by CheckCapabilities, which waits for its result
+	go func() { // owned by checkCapabilities, which waits for its result
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread() // checkThread leaves the thread as it found it
 		errc <- checkThread()

@@ -1,0 +1,48 @@
+package main
+
+import (
+	"github.com/gozt/gozt/proxy"
+	"github.com/gozt/gozt/xds/state"
+)
+
+// configDump is /config_dump's sections (admin.go serves them).
+func (n *node) configDump() map[string]any {
+	d := map[string]any{
+		"version":      map[string]string{"version": version, "buildInfo": versionString()},
+		"config":       n.cfg,
+		"certificates": n.certs.Dump(),
+	}
+	if sd, ok := n.store.Dump().(*state.Dump); ok {
+		d["workloads"], d["services"], d["policies"] = sd.Workloads, sd.Services, sd.Policies
+	}
+	var conns [][]proxy.ConnInfo
+	if n.proxy != nil {
+		in, out := n.proxy.Connections()
+		conns = append(conns, in, out)
+	}
+	if n.inpod != nil {
+		ws := n.workloadState()
+		d["workloadState"] = ws
+		for _, pd := range ws {
+			conns = append(conns, pd.Connections.Inbound, pd.Connections.Outbound)
+		}
+	}
+	if n.proxy != nil || n.inpod != nil {
+		d["kernelTls"] = kernelTLSDump(n.cfg.KernelTLS, conns)
+	}
+	return d
+}
+
+// kernelTLSDump is /config_dump's kernelTls (a gozt section): whether KERNEL_TLS is on,
+// and the proxied connections whose HBONE leg runs in kernel TLS and in user space.
+func kernelTLSDump(enabled bool, conns [][]proxy.ConnInfo) map[string]any {
+	counts := map[string]int{"kernel": 0, "user": 0}
+	for _, cs := range conns {
+		for _, c := range cs {
+			if c.TLS != "" {
+				counts[c.TLS]++
+			}
+		}
+	}
+	return map[string]any{"enabled": enabled, "proxiedConnections": counts}
+}
