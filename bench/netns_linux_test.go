@@ -10,16 +10,16 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/internal/leaktest"
-	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/netns/netnstest"
 )
 
 // A listener that exists only inside a namespace: the dialer reaches it, over IPv4 (sockets
 // made ahead) and IPv6 (dialed on the namespace thread), from ordinary goroutines, and the
 // same address dialed from this process's own namespace does not reach it.
 func TestNetnsDialerReachesOnlyItsNamespace(t *testing.T) {
-	netns.Require(t)
+	netnstest.Require(t)
 	leaktest.Check(t)
-	ns := netns.New(t, "dialer")
+	ns := netnstest.New(t, "dialer")
 	d, err := NewNetnsDialer(ns.Name)
 	if err != nil {
 		t.Fatal(err)

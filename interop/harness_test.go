@@ -22,6 +22,7 @@ import (
 
 	"github.com/gozt/gozt/identity/ca/catest"
 	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/netns/netnstest"
 )
 
 var rsFlag = flag.String("ztunnel-rs", "", "the Rust ztunnel's binary (default $ZTUNNEL_RS)")
@@ -67,7 +68,7 @@ func requirePeers(t *testing.T) {
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("ZTUNNEL_RS: %v", err)
 	}
-	netns.Require(t, "iptables")
+	netnstest.Require(t, "iptables")
 	buildOnce.Do(func() {
 		if buildDir, buildErr = os.MkdirTemp("", "gozt-interop-"); buildErr != nil {
 			return
@@ -99,14 +100,14 @@ func pairName(p [2]string) string { return p[0] + "-" + p[1] }
 
 // host is a network namespace with the sockets to reach into it from the test process.
 type host struct {
-	*netns.NS
+	*netnstest.NS
 	ip   string // its address on the veth; "" for a node namespace with loopback only
 	sock netns.Sockets
 }
 
 func newHost(t *testing.T, name string) *host {
 	t.Helper()
-	ns := netns.New(t, name)
+	ns := netnstest.New(t, name)
 	h, err := netns.Open("/var/run/netns/" + ns.Name)
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +120,7 @@ func newHost(t *testing.T, name string) *host {
 func link(t *testing.T, a, b *host, prefix string) {
 	t.Helper()
 	a.ip, b.ip = prefix+".1", prefix+".2"
-	netns.Link(t, a.NS, a.ip+"/24", b.NS, b.ip+"/24")
+	netnstest.Link(t, a.NS, a.ip+"/24", b.NS, b.ip+"/24")
 }
 
 // dial connects from inside the host.

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gozt/gozt/inpod/zdsagent"
 	"github.com/gozt/gozt/internal/cnirules"
-	"github.com/gozt/gozt/internal/zdsagent"
 )
 
 // The in-pod topology, as in production: pods A (10.32.0.1) and B (10.32.0.2) are network

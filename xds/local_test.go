@@ -155,7 +155,7 @@ func TestLocalPresenceForms(t *testing.T) {
 // The Rust ztunnel's serde_yaml reads its StringMatch enum only as a YAML tag; its files
 // write matches that way, and gozt reads them alike.
 func TestLocalTaggedStringMatches(t *testing.T) {
-	b, err := ParseLocal("p.yaml", []byte(`policies:
+	b, err := ParseFile("p.yaml", []byte(`policies:
   - name: p
     rules:
       - - - principals: [!Exact cluster.local/ns/a/sa/b, !Prefix "cluster.local/ns/c/"]
@@ -172,7 +172,7 @@ func TestLocalTaggedStringMatches(t *testing.T) {
 		len(m.NotPrincipals) != 1 || m.NotPrincipals[0].Kind != state.MatchPresence {
 		t.Fatalf("match = %+v", m)
 	}
-	if _, err := ParseLocal("p.yaml", []byte("policies:\n  - name: p\n    rules: [[[ {principals: [!Regex x]} ]]]\n")); err == nil || !strings.Contains(err.Error(), `unknown string match "Regex"`) {
+	if _, err := ParseFile("p.yaml", []byte("policies:\n  - name: p\n    rules: [[[ {principals: [!Regex x]} ]]]\n")); err == nil || !strings.Contains(err.Error(), `unknown string match "Regex"`) {
 		t.Errorf("!Regex: %v; want an unknown string match error", err)
 	}
 }
