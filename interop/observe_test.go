@@ -172,7 +172,9 @@ func observe(t *testing.T, n *node) view {
 	v.admin["GET /healthz/ready"] = answer(http.MethodGet, "15021", "/healthz/ready")
 	v.admin["GET /stats/prometheus"] = strings.Fields(answer(http.MethodGet, "15020", "/stats/prometheus"))[0]
 	v.admin["GET /logging"] = answer(http.MethodGet, "15000", "/logging")
-	v.admin["POST /logging?level=debug"] = answer(http.MethodPost, "15000", "/logging?level=debug")
+	for _, q := range []string{"", "?level=debug", "?level=access:debug", "?level=access=debug", "?level=info,access:debug", "?reset", "?level=bogus", "?level=access:bogus"} {
+		v.admin["POST /logging"+q] = answer(http.MethodPost, "15000", "/logging"+q)
+	}
 	v.admin["GET /quitquitquit"] = answer(http.MethodGet, "15000", "/quitquitquit")
 	v.admin["POST /quitquitquit"] = answer(http.MethodPost, "15000", "/quitquitquit")
 	select {

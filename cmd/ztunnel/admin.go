@@ -95,13 +95,23 @@ func (r *readiness) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	fmt.Fprint(w, "ready\n")
 }
 
+// loggingUsage is /logging's help, in the Rust ztunnel's words where they apply.
+const loggingUsage = `usage: POST /logging					(To list current level)
+usage: POST /logging?level=<level>				(To change global levels)
+usage: POST /logging?level={mod1}:{level1},{mod2}:{level2}	(To change specific mods' logging level)
+usage: POST /logging?reset[&level=...]				(To restore the levels at start first)
+
+hint: loglevel:	error|warn|info|debug|trace|off
+hint: mod_name:	access|dns (ztunnel::access also names access)
+`
+
 // adminHandler serves the admin port: an index, the config dump, log levels, shutdown and
 // pprof. dump returns the sections of /config_dump; quit starts a graceful shutdown.
-func adminHandler(level *slog.LevelVar, dump func() map[string]any, quit func()) http.Handler {
+func adminHandler(levels *logLevels, dump func() map[string]any, quit func()) http.Handler {
 	mux := http.NewServeMux()
 	endpoints := []struct{ path, help string }{
 		{"/config_dump", "workloads, services, policies, certificates, config, version, kernelTls and (in-pod mode) workloadState as JSON"},
-		{"/logging", "POST ?level=debug|info|warn|error sets the log level"},
+		{"/logging", "POST lists the log levels; ?level=info,access=debug (or access:debug) sets them, &reset first restores the levels at start"},
 		{"/quitquitquit", "POST starts a graceful shutdown"},
 		{"/debug/pprof/", "Go profiles"},
 	}
@@ -124,16 +134,18 @@ func adminHandler(level *slog.LevelVar, dump func() map[string]any, quit func())
 	mux.HandleFunc("/logging", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			w.WriteHeader(http.StatusMethodNotAllowed)
-			fmt.Fprint(w, "usage: POST /logging?level=debug|info|warn|error\n")
+			fmt.Fprint(w, loggingUsage)
 			return
 		}
-		if v := r.URL.Query().Get("level"); v != "" {
-			if err := level.UnmarshalText([]byte(v)); err != nil {
-				http.Error(w, fmt.Sprintf("bad level %q: want debug, info, warn or error", v), http.StatusBadRequest)
+		q := r.URL.Query()
+		if _, reset := q["reset"]; reset || q.Get("level") != "" {
+			if err := levels.apply(q.Get("level"), reset); err != nil {
+				w.WriteHeader(http.StatusBadRequest)
+				fmt.Fprintf(w, "Invalid level provided: %v\n%s", err, loggingUsage)
 				return
 			}
 		}
-		fmt.Fprintf(w, "current log level is %s\n", strings.ToLower(level.Level().String()))
+		fmt.Fprintf(w, "current log level is %s\n", levels)
 	})
 	mux.HandleFunc("/quitquitquit", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"slices"
 	"strconv"
@@ -108,9 +106,6 @@ func cpuCores(v string) (int, error) {
 	return int(min(math.Ceil(f), 1<<16)), nil
 }
 
-// logScopes are the RUST_LOG targets gozt has: the scope attribute of its loggers.
-var logScopes = []string{"access", "dns"}
-
 // parseRustLog reads an env_logger/tracing directive list such as "info,access=debug": the
 // bare level is the default, target=level sets one scope. Targets gozt has no logger for are
 // returned in ignored.
@@ -157,28 +152,3 @@ func rustLevel(v string) (string, error) {
 	return "", fmt.Errorf("unknown level %q", v)
 }
 
-// scopeHandler gives loggers carrying a scope attribute (access, dns) their own level; the
-// rest follow the default level, which POST /logging changes at run time.
-type scopeHandler struct {
-	slog.Handler
-	scopes map[string]slog.Level
-	level  slog.Leveler // this logger's level: the default or its scope's
-}
-
-func (h *scopeHandler) Enabled(_ context.Context, l slog.Level) bool {
-	return l >= h.level.Level()
-}
-
-func (h *scopeHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	next := &scopeHandler{Handler: h.Handler.WithAttrs(attrs), scopes: h.scopes, level: h.level}
-	for _, a := range attrs {
-		if l, ok := h.scopes[a.Value.String()]; ok && a.Key == "scope" {
-			next.level = l
-		}
-	}
-	return next
-}
-
-func (h *scopeHandler) WithGroup(name string) slog.Handler {
-	return &scopeHandler{Handler: h.Handler.WithGroup(name), scopes: h.scopes, level: h.level}
-}

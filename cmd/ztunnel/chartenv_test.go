@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"log/slog"
 	"os/exec"
 	"strings"
 	"testing"
@@ -171,12 +170,17 @@ func TestLogScopes(t *testing.T) {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
-	level := new(slog.LevelVar)
-	log := newLogger(c, level, &buf)
+	levels, err := newLogLevels(c.LogLevel, c.LogScopes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := newLogger(c, levels, &buf)
 	log.Debug("hidden")
 	log.With("scope", "access").Debug("conn")
 	log.With("scope", "dns").Debug("hidden too")
-	level.Set(slog.LevelDebug)
+	if err := levels.apply("debug", false); err != nil {
+		t.Fatal(err)
+	}
 	log.Debug("shown now")
 	var msgs []string
 	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"math/big"
 	"net/http/httptest"
 	"net/url"
@@ -257,7 +256,7 @@ func TestConfigDumpIstioctl(t *testing.T) {
 	}
 	n := &node{cfg: &config{}, store: store, certs: m}
 	rec := httptest.NewRecorder()
-	adminHandler(new(slog.LevelVar), n.configDump, func() {}).ServeHTTP(rec, httptest.NewRequest("GET", "/config_dump", nil))
+	adminHandler(mustLogLevels(t), n.configDump, func() {}).ServeHTTP(rec, httptest.NewRequest("GET", "/config_dump", nil))
 	body := rec.Body.Bytes()
 
 	// The golden file holds the sections istioctl reads; version and config vary by build.

@@ -55,9 +55,13 @@ func mainExit(args []string) int {
 		// Only when it differs: setting it stops the runtime following a changed CPU limit.
 		runtime.GOMAXPROCS(n)
 	}
-	logLevel := new(slog.LevelVar)
 	logs := newLogWriter(os.Stderr, 100*time.Millisecond)
 	defer logs.Close()
+	logLevel, err := newLogLevels(cfg.LogLevel, cfg.LogScopes)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ztunnel: config:", err)
+		return 2
+	}
 	slog.SetDefault(newLogger(cfg, logLevel, logs))
 	for _, u := range cfg.chart.unused {
 		slog.Info("chart variable accepted, not acted on", "variable", u)
@@ -72,26 +76,13 @@ func mainExit(args []string) int {
 	return 0
 }
 
-func newLogger(cfg *config, level *slog.LevelVar, w io.Writer) *slog.Logger {
-	_ = level.UnmarshalText([]byte(cfg.LogLevel))
-	opts := &slog.HandlerOptions{Level: level}
-	if len(cfg.LogScopes) > 0 {
-		opts.Level = slog.Level(math.MinInt) // scopeHandler decides
-	}
+func newLogger(cfg *config, levels *logLevels, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: slog.Level(math.MinInt)} // scopeHandler decides
 	var h slog.Handler = slog.NewTextHandler(w, opts)
 	if cfg.LogFormat == "json" {
 		h = slog.NewJSONHandler(w, opts)
 	}
-	if len(cfg.LogScopes) > 0 {
-		scopes := map[string]slog.Level{}
-		for s, l := range cfg.LogScopes {
-			var lv slog.Level
-			_ = lv.UnmarshalText([]byte(l))
-			scopes[s] = lv
-		}
-		h = &scopeHandler{Handler: h, scopes: scopes, level: level}
-	}
-	return slog.New(h)
+	return slog.New(newScopeHandler(h, levels))
 }
 
 func versionString() string {

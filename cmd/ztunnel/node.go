@@ -31,7 +31,7 @@ import (
 type node struct {
 	cfg      *config
 	local    state.Local // what this node serves: cfg.local()
-	logLevel *slog.LevelVar
+	logLevel *logLevels
 	ready    *readiness
 	registry *prometheus.Registry
 	metrics  *metrics.Metrics
@@ -59,7 +59,7 @@ const (
 // run starts a node and blocks until ctx ends or /quitquitquit is called, then drains:
 // listeners stop, HBONE peers get GOAWAY, live connections have CONNECTION_TERMINATION_DEADLINE
 // to finish. started, if not nil, is called once every listener is bound.
-func run(ctx context.Context, cfg *config, logLevel *slog.LevelVar, started func(*node)) error {
+func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*node)) error {
 	if limit, err := sockopt.RaiseFileLimit(); err != nil {
 		slog.Warn("could not raise the open-file limit", "err", err)
 	} else {

@@ -52,7 +52,7 @@ func startStoppableNode(t testing.TB, cfg *config) (*node, context.CancelFunc, <
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
-		done <- run(ctx, cfg, new(slog.LevelVar), func(n *node) { started <- n })
+		done <- run(ctx, cfg, mustLogLevels(t), func(n *node) { started <- n })
 	}()
 	t.Cleanup(func() { cancel(); <-stopped })
 	select {
@@ -98,8 +98,8 @@ func TestAdminReadinessStats(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(b), "debug") || n.logLevel.Level() != slog.LevelDebug {
-		t.Errorf("POST /logging?level=debug: %q, level now %v", b, n.logLevel.Level())
+	if !strings.Contains(string(b), "debug") || n.logLevel.def.Level() != slog.LevelDebug {
+		t.Errorf("POST /logging?level=debug: %q, level now %v", b, n.logLevel.def.Level())
 	}
 
 	ready := "http://" + n.addrs["READINESS_ADDR"].String() + "/healthz/ready"
