@@ -151,4 +151,3 @@ func rustLevel(v string) (string, error) {
 	}
 	return "", fmt.Errorf("unknown level %q", v)
 }
-

@@ -82,6 +82,9 @@ type config struct {
 	XDSHeaders map[string]string // XDS_HEADER_<NAME>
 	CAHeaders  map[string]string // CA_HEADER_<NAME>
 	ProxyMeta  map[string]string // ISTIO_META_<NAME>
+
+	PreferredServiceNamespace string  // PREFERED_SERVICE_NAMESPACE
+	rust                      rustEnv // the Rust ztunnel's own variables, until resolveRust
 }
 
 // setting is one row of the configuration table: it drives parsing, --help and
@@ -173,7 +176,9 @@ func settings() []setting {
 }
 
 // allSettings is every variable gozt reads: its own, then the chart's.
-func allSettings() []setting { return append(settings(), chartSettings()...) }
+func allSettings() []setting {
+	return append(append(settings(), chartSettings()...), rustSettings()...)
+}
 
 // prefixed are the variable families collected by prefix.
 var prefixed = []struct {
@@ -183,6 +188,7 @@ var prefixed = []struct {
 	{"XDS_HEADER_", "extra gRPC metadata sent to the xDS server (XDS_HEADER_X_FOO=v sends x-foo: v)", func(c *config) *map[string]string { return &c.XDSHeaders }},
 	{"CA_HEADER_", "extra gRPC metadata sent to the CA", func(c *config) *map[string]string { return &c.CAHeaders }},
 	{"ISTIO_META_", "proxy metadata sent in the xDS node metadata", func(c *config) *map[string]string { return &c.ProxyMeta }},
+	{"ISTIO_METAJSON_", "JSON proxy metadata; not used: reported at start (gozt sends ISTIO_META_* only)", func(c *config) *map[string]string { return &c.rust.metaJSON }},
 }
 
 // loadConfig reads the environment (getenv) and then args (flags named after each variable,
@@ -232,6 +238,9 @@ func loadConfig(getenv func(string) (string, bool), environ []string, args []str
 		}
 	}
 	if err := resolveChart(c, explicit); err != nil {
+		return nil, err
+	}
+	if err := resolveRust(c, explicit); err != nil {
 		return nil, err
 	}
 	if !c.EnableSocks5 && !explicit["SOCKS5_ADDR"] {
@@ -395,16 +404,22 @@ already in GODEBUG is kept (GODEBUG=schedtrace=0 turns this off).
 // markdownTable is docs/CONFIGURATION.md's configuration table.
 func markdownTable() string {
 	var b strings.Builder
-	b.WriteString("| variable | default | meaning |\n| --- | --- | --- |\n")
+	b.WriteString("| variable | default | Rust ztunnel | meaning |\n| --- | --- | --- | --- |\n")
+	rs := func(env string) string {
+		if notInRust[env] {
+			return "–"
+		}
+		return "reads it"
+	}
 	for _, s := range allSettings() {
 		def := "`" + s.def + "`"
 		if s.def == "" {
 			def = "–"
 		}
-		fmt.Fprintf(&b, "| `%s` | %s | %s |\n", s.env, def, strings.ReplaceAll(s.help, "|", `\|`))
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", s.env, def, rs(s.env), strings.ReplaceAll(s.help, "|", `\|`))
 	}
 	for _, p := range prefixed {
-		fmt.Fprintf(&b, "| `%s<NAME>` | – | %s |\n", p.prefix, p.help)
+		fmt.Fprintf(&b, "| `%s<NAME>` | – | %s | %s |\n", p.prefix, rs(p.prefix+"<NAME>"), p.help)
 	}
 	return b.String()
 }

@@ -73,7 +73,7 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		registry: prometheus.NewRegistry(),
 		quit:     make(chan struct{}),
 		addrs:    map[string]net.Addr{},
-		store:    state.NewStoreWith(state.Options{Network: cfg.Network}),
+		store:    state.NewStoreWith(state.Options{Network: cfg.Network, PreferredServiceNamespace: cfg.PreferredServiceNamespace}),
 	}
 	mopts := []metrics.Option{metrics.WithAccessLog(slog.Default().With("scope", "access"))}
 	if n.local.Mode == state.ModeShared {

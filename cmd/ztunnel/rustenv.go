@@ -1,0 +1,110 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// rustSettings are the variables the Rust ztunnel reads (its src/config.rs and lib.rs) that
+// have no gozt setting of the same name elsewhere in the table: each is implemented here with
+// the Rust meaning, accepted and reported once at start as not used (with why), or refused
+// at start with an error naming it, never silently different. cmd/ztunnel's
+// TestRustVariables holds the Rust ztunnel's list against the table.
+func rustSettings() []setting {
+	return []setting{
+		boolean("FAKE_CA", "false", "the Rust ztunnel's self-signed CA for local runs: true means CA_PROVIDER=builtin when CA_PROVIDER is unset", func(c *config) *bool { return &c.rust.fakeCA }),
+		str("PREFERED_SERVICE_NAMESPACE", "", "when several services share a VIP or hostname, the one in this namespace wins (the Rust ztunnel's spelling)", func(c *config) *string { return &c.PreferredServiceNamespace }),
+		str("ISTIO_META_DNS_CAPTURE", "", "false turns the DNS proxy off (DNS_PROXY_ADDR=off) unless DNS_PROXY_ADDR is set; the Rust ztunnel reads it from the proxy metadata", func(c *config) *string { return &c.rust.dnsCapture }),
+		str("ISTIO_META_DNS_PROXY_ADDR", "", "the DNS proxy's address when DNS_PROXY_ADDR is unset (a port alone means localhost:PORT)", func(c *config) *string { return &c.rust.dnsProxyAddr }),
+		str("ISTIO_META_CLUSTER_ID", "", "the cluster id when CLUSTER_ID is unset (the chart sets it)", func(c *config) *string { return new(string) }),
+		only("ENABLE_PROXY", "true", "the Rust ztunnel's switch to run only DNS and admin", "true", "gozt always runs the proxy"),
+		only("TLS12_ENABLED", "false", "TLS 1.2 for HBONE (FIPS)", "false", "gozt speaks TLS 1.3 only for now"),
+		only("LOCALHOST_APP_TUNNEL", "true", "send application-tunnel traffic to the pod over localhost", "true", "gozt always dials an application tunnel on 127.0.0.1, the Rust default"),
+		refusedIfSet("CRL_PATH", "the peer CA's revocation list (the chart's peerCaCrl)", "gozt cannot check peers against a CRL yet, and will not trust revoked certificates silently: unset it (peerCaCrl.enabled=false) or run the Rust ztunnel"),
+		refusedIfSet("LOCAL_XDS", "the local config inline", "inline config is not supported: write it to a file and set LOCAL_XDS_PATH"),
+		chartOnly("PROXY_CONFIG", "the mesh's proxy config (proxyAdminPort, statsPort, proxyMetadata, ...); not used: gozt takes each as its own variable (ADMIN_ADDR, STATS_ADDR, ISTIO_META_*)"),
+		chartOnly("ENABLE_RESPONSE_BAGGAGE", "baggage on CONNECT responses; not used: gozt's inbound sends none, its outbound reads none"),
+		chartOnly("AUTHZ_POLICY_INFO_LOGGING", "policy decisions at info level; not used: gozt logs a denial in the access record at error level"),
+		chartOnly("USER_TIMEOUT_ENABLED", "TCP_USER_TIMEOUT on proxied connections; not used: gozt relies on keepalive (KEEPALIVE_*)"),
+		chartOnly("KUBERNETES_SERVICE_HOST", "set in every pod; not used: gozt's defaults do not depend on running in Kubernetes"),
+		chartOnly("ISTIO_META_ISTIO_VERSION", "Istio's version, which the Rust ztunnel reports in /config_dump; not used: gozt reports its own build"),
+	}
+}
+
+// notInRust are the variables of gozt's table that the Rust ztunnel does not read (its
+// listeners' addresses are fixed; the rest are gozt's own features). The configuration table
+// says so in its "Rust ztunnel" column.
+var notInRust = map[string]bool{
+	"ADMIN_ADDR": true, "STATS_ADDR": true, "READINESS_ADDR": true, "OUTBOUND_ADDR": true,
+	"INBOUND_PLAINTEXT_ADDR": true, "INBOUND_ADDR": true, "SOCKS5_ADDR": true, "DNS_PROXY_ADDR": true,
+	"CA_PROVIDER": true, "CA_DIR": true, "SPIFFE_ENDPOINT_SOCKET": true, "KERNEL_TLS": true,
+	"LOG_LEVEL": true, "INPOD_ENABLED": true,
+}
+
+// rustEnv holds the raw Rust-only variables until resolveRust maps them.
+type rustEnv struct {
+	fakeCA                   bool
+	dnsCapture, dnsProxyAddr string
+	metaJSON                 map[string]string // ISTIO_METAJSON_<NAME>
+}
+
+// only accepts one value, the one gozt implements, and refuses any other with why.
+func only(env, def, help, want, why string) setting {
+	return setting{env: env, def: def, form: want, help: help + "; only " + want + ": " + why, set: func(_ *config, v string) error {
+		if v == "" || strings.EqualFold(v, want) {
+			return nil
+		}
+		if b, err := strconv.ParseBool(v); err == nil && strconv.FormatBool(b) == want {
+			return nil
+		}
+		return errors.New(why)
+	}}
+}
+
+// refusedIfSet refuses any non-empty value with why.
+func refusedIfSet(env, help, why string) setting {
+	return setting{env: env, form: "unset", help: help + "; refused when set: " + why, set: func(_ *config, v string) error {
+		if v != "" {
+			return errors.New(why)
+		}
+		return nil
+	}}
+}
+
+// resolveRust maps the Rust-only variables onto gozt settings; a gozt variable set explicitly
+// wins.
+func resolveRust(c *config, explicit map[string]bool) error {
+	for name := range c.rust.metaJSON {
+		c.chart.unused = append(c.chart.unused, "ISTIO_METAJSON_"+name+": JSON proxy metadata; not used (gozt sends ISTIO_META_* only)")
+	}
+	if c.rust.fakeCA && !explicit["CA_PROVIDER"] {
+		c.CAProvider = "builtin"
+	}
+	if !explicit["DNS_PROXY_ADDR"] {
+		if v := c.rust.dnsProxyAddr; v != "" {
+			if _, err := strconv.ParseUint(v, 10, 16); err == nil {
+				v = "localhost:" + v
+			}
+			if err := addrSetting("ISTIO_META_DNS_PROXY_ADDR").set(c, v); err != nil {
+				return fmt.Errorf("config: ISTIO_META_DNS_PROXY_ADDR=%q: %v", c.rust.dnsProxyAddr, err)
+			}
+		}
+		if v := c.rust.dnsCapture; v != "" {
+			on, err := strconv.ParseBool(v)
+			if err != nil {
+				return fmt.Errorf("config: ISTIO_META_DNS_CAPTURE=%q: %v; accepted: true or false", v, err)
+			}
+			if !on {
+				c.DNSProxyAddr = ""
+			}
+		}
+	}
+	return nil
+}
+
+// addrSetting parses an address into DNS_PROXY_ADDR's field, as that setting does.
+func addrSetting(env string) setting {
+	return addr(env, "", "", func(c *config) *string { return &c.DNSProxyAddr })
+}
