@@ -68,7 +68,11 @@ type Config struct {
 	KeepaliveTime     time.Duration // [180s]
 	KeepaliveInterval time.Duration // [180s]
 	KeepaliveRetries  int           // [9]
-	WorkloadWait      time.Duration // [5s] how long to wait for an unknown local workload to appear
+	// UserTimeout, when not zero, is TCP_USER_TIMEOUT on proxied sockets: how long sent
+	// data may stay unacknowledged before the kernel drops the connection (the Rust
+	// ztunnel's USER_TIMEOUT_ENABLED, time + retries × interval).
+	UserTimeout  time.Duration
+	WorkloadWait time.Duration // [5s] how long to wait for an unknown local workload to appear
 	// Demand, when set (XDS_ON_DEMAND), asks the control plane for an address the cache
 	// does not hold and waits for the answer.
 	Demand func(ctx context.Context, network string, ip netip.Addr) error
@@ -348,8 +352,14 @@ func (p *Proxy) AcceptError() error {
 	return errors.Join(errs...)
 }
 
-// tuneSocket applies ztunnel's socket options: TCP_NODELAY (Go's default) and keepalive.
+// tuneSocket applies ztunnel's socket options: TCP_NODELAY (Go's default), keepalive and
+// TCP_USER_TIMEOUT.
 func (p *Proxy) tuneSocket(c *net.TCPConn) {
+	if p.cfg.UserTimeout > 0 {
+		if err := sockopt.SetUserTimeout(c, p.cfg.UserTimeout); err != nil {
+			p.log.Debug("proxy: user timeout", "err", err)
+		}
+	}
 	if p.cfg.KeepaliveDisabled {
 		return
 	}

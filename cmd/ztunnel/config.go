@@ -461,7 +461,17 @@ func proxyConfig(c *config) proxy.Config {
 		KeepaliveTime:     c.KeepaliveTime,
 		KeepaliveInterval: c.KeepaliveInterval,
 		KeepaliveRetries:  c.KeepaliveRetries,
+		UserTimeout:       c.userTimeout(),
 	}
+}
+
+// userTimeout is TCP_USER_TIMEOUT when USER_TIMEOUT_ENABLED is true: as the Rust ztunnel
+// sets it, the time keepalive takes to give up (time + retries × interval).
+func (c *config) userTimeout() time.Duration {
+	if !c.rust.userTimeout {
+		return 0
+	}
+	return c.KeepaliveTime + time.Duration(c.KeepaliveRetries)*c.KeepaliveInterval
 }
 
 func caConfig(c *config) ca.Config {

@@ -27,7 +27,7 @@ func rustSettings() []setting {
 		chartOnly("PROXY_CONFIG", "the mesh's proxy config (proxyAdminPort, statsPort, proxyMetadata, ...); not used: gozt takes each as its own variable (ADMIN_ADDR, STATS_ADDR, ISTIO_META_*)"),
 		chartOnly("ENABLE_RESPONSE_BAGGAGE", "baggage on CONNECT responses; not used: gozt's inbound sends none, its outbound reads none"),
 		chartOnly("AUTHZ_POLICY_INFO_LOGGING", "policy decisions at info level; not used: gozt logs a denial in the access record at error level"),
-		chartOnly("USER_TIMEOUT_ENABLED", "TCP_USER_TIMEOUT on proxied connections; not used: gozt relies on keepalive (KEEPALIVE_*)"),
+		boolean("USER_TIMEOUT_ENABLED", "false", "TCP_USER_TIMEOUT on proxied sockets, KEEPALIVE_TIME + KEEPALIVE_RETRIES × KEEPALIVE_INTERVAL: unacknowledged data drops a connection as soon as keepalive would", func(c *config) *bool { return &c.rust.userTimeout }),
 		chartOnly("KUBERNETES_SERVICE_HOST", "set in every pod; not used: gozt's defaults do not depend on running in Kubernetes"),
 		chartOnly("ISTIO_META_ISTIO_VERSION", "Istio's version, which the Rust ztunnel reports in /config_dump; not used: gozt reports its own build"),
 	}
@@ -45,7 +45,7 @@ var notInRust = map[string]bool{
 
 // rustEnv holds the raw Rust-only variables until resolveRust maps them.
 type rustEnv struct {
-	fakeCA                   bool
+	fakeCA, userTimeout      bool
 	dnsCapture, dnsProxyAddr string
 	metaJSON                 map[string]string // ISTIO_METAJSON_<NAME>
 }

@@ -4,6 +4,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Every variable the Rust ztunnel reads (testdata/rust-ztunnel-env.txt, with the commit it was
@@ -59,6 +60,8 @@ func TestRustVariablesMeaning(t *testing.T) {
 		{"dns proxy port", map[string]string{"ISTIO_META_DNS_PROXY_ADDR": "15054"}, "", func(c *config) bool { return c.DNSProxyAddr == "localhost:15054" }},
 		{"dns proxy addr", map[string]string{"ISTIO_META_DNS_PROXY_ADDR": "127.0.0.1:15054"}, "", func(c *config) bool { return c.DNSProxyAddr == "127.0.0.1:15054" }},
 		{"bad dns capture", map[string]string{"ISTIO_META_DNS_CAPTURE": "maybe"}, "ISTIO_META_DNS_CAPTURE", nil},
+		{"user timeout", map[string]string{"USER_TIMEOUT_ENABLED": "true", "KEEPALIVE_TIME": "60s", "KEEPALIVE_INTERVAL": "10s", "KEEPALIVE_RETRIES": "3"}, "", func(c *config) bool { return proxyConfig(c).UserTimeout == 90*time.Second }},
+		{"user timeout off", map[string]string{}, "", func(c *config) bool { return proxyConfig(c).UserTimeout == 0 }},
 		{"preferred namespace", map[string]string{"PREFERED_SERVICE_NAMESPACE": "istio-system"}, "", func(c *config) bool { return c.PreferredServiceNamespace == "istio-system" }},
 		{"proxy off", map[string]string{"ENABLE_PROXY": "false"}, "ENABLE_PROXY", nil},
 		{"proxy on", map[string]string{"ENABLE_PROXY": "true"}, "", func(*config) bool { return true }},
