@@ -74,6 +74,10 @@ type Config struct {
 	// Source, when set, replaces Local: it returns the client workload for a client address.
 	// A nil result answers SERVFAIL, as does a client Local does not serve.
 	Source func(client netip.Addr) *state.Workload
+	// WorkloadWait, when positive, is how long a query from a client the store does not know
+	// yet waits for it to appear before that SERVFAIL (a pod's DNS proxy, whose pod may ask
+	// before its workload's xDS push arrives).
+	WorkloadWait time.Duration
 	// DisableIPv6 suppresses AAAA answers for mesh services (IPV6_ENABLED=false).
 	DisableIPv6 bool
 	// UpstreamTimeout bounds one exchange with one upstream [5s].

@@ -793,3 +793,30 @@ func TestListenFactory(t *testing.T) {
 		t.Errorf("factory calls: %s; want (after any retries) %s", got, want)
 	}
 }
+
+// A pod's DNS proxy (WorkloadWait) answers a query from a client whose workload reaches the
+// store while the query waits, and answers SERVFAIL once the wait is over without it.
+func TestUnknownSourceWaits(t *testing.T) {
+	leaktest.Check(t)
+	e := start(t, "late", func(c *Config) { c.WorkloadWait = 3 * time.Second })
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		e.srv.store.Apply(&state.Batch{Workloads: []*state.Workload{wl("late", "ns1", true, "10.0.0.9")}})
+	}()
+	began := time.Now()
+	if got := summary(e.query(t, "udp", "svc1.ns1.svc.cluster.local", dns.TypeA, 0)); !strings.HasPrefix(got, "NOERROR aa [svc1.ns1.svc.cluster.local. A 10.96.0.1") {
+		t.Errorf("query while the workload arrives: %s", got)
+	}
+	if d := time.Since(began); d < 250*time.Millisecond {
+		t.Errorf("answered in %v, before the workload arrived", d)
+	}
+
+	never := start(t, "never", func(c *Config) { c.WorkloadWait = 200 * time.Millisecond })
+	began = time.Now()
+	if got := summary(never.query(t, "udp", "svc1.ns1.svc.cluster.local", dns.TypeA, 0)); got != "SERVFAIL []" {
+		t.Errorf("query from a client that never arrives: %s; want SERVFAIL", got)
+	}
+	if d := time.Since(began); d < 200*time.Millisecond || d > 2*time.Second {
+		t.Errorf("SERVFAIL after %v; want after the 200ms wait", d)
+	}
+}

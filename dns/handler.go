@@ -79,7 +79,7 @@ func (s *Server) respond(ctx context.Context, req *dns.Msg, client netip.Addr, p
 		return s.failure(req, dns.RcodeNotImplemented)
 	}
 	q := req.Question[0]
-	src := s.source(client)
+	src := s.awaitSource(ctx, client)
 	labels := [4]string{queryType(q.Qtype), proto, metrics.Unknown, metrics.Unknown}
 	if src != nil {
 		if src.CanonicalName != "" {
@@ -270,6 +270,30 @@ func (s *Server) exchange(ctx context.Context, network, upstream string, req *dn
 		}
 		if network == "tcp" {
 			return nil, fmt.Errorf("dns: upstream %s/%s: reply does not match the query", network, upstream)
+		}
+	}
+}
+
+// awaitSource is source, waiting up to Config.WorkloadWait for the store to learn of the
+// client: a new pod's first query can race its workload's xDS push.
+func (s *Server) awaitSource(ctx context.Context, client netip.Addr) *state.Workload {
+	if w := s.source(client); w != nil || s.cfg.WorkloadWait <= 0 {
+		return w
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.WorkloadWait)
+	defer cancel()
+	changes := s.store.Subscribe(ctx)
+	for {
+		if w := s.source(client); w != nil {
+			return w
+		}
+		select {
+		case _, ok := <-changes:
+			if !ok {
+				return nil
+			}
+		case <-ctx.Done():
+			return nil
 		}
 	}
 }

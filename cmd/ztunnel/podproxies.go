@@ -75,6 +75,7 @@ func (pp *podProxies) Start(p inpod.Pod) error {
 	var d *dns.Server
 	if cfg.DNSProxyAddr != "" {
 		dc := pp.n.dnsConfig(local) // the search list is the client's namespace, not ztunnel's resolv.conf
+		dc.WorkloadWait = podDNSWorkloadWait
 		dc.Listen, dc.ListenPacket = sockets.Listen, sockets.ListenPacket
 		dc.Dial = func(ctx context.Context, network, address string) (net.Conn, error) {
 			return sockets.Dial(ctx, nil, network, address)
@@ -96,6 +97,11 @@ func (pp *podProxies) Start(p inpod.Pod) error {
 	go servePod(ctx, pod)
 	return nil
 }
+
+// podDNSWorkloadWait bounds how long a pod's DNS proxy waits for the pod's workload to reach
+// the store before it answers SERVFAIL: under a resolver's usual 5 s timeout, so the client
+// sees an answer, not a retry.
+const podDNSWorkloadWait = 2 * time.Second
 
 // servePod runs a pod's proxy and DNS proxy until both stop.
 func servePod(ctx context.Context, pod *podProxy) {
