@@ -43,10 +43,7 @@ func TestDNS(t *testing.T) {
 			m := &mesh{a: newHost(t, "da"), b: newHost(t, "db"), ca: newCA(t)}
 			link(t, m.a, m.b, meshPrefix)
 			m.ca.serveIn(t, m.a)
-			m.config = filepath.Join(t.TempDir(), "mesh.yaml")
-			if err := os.WriteFile(m.config, []byte(meshConfig), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			m.config = writeConfig(t, meshConfig)
 			serveUpstream(t, m.a)
 			startNode(t, prog, m.a, m.dedicatedEnv(prog, "node-a", "default/client/client"))
 			for _, q := range questions {

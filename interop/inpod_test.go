@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -79,10 +78,7 @@ func TestInPod(t *testing.T) {
 				}
 			}()
 			c := newCA(t)
-			config := filepath.Join(t.TempDir(), "pods.yaml")
-			if err := os.WriteFile(config, []byte(inPodConfig), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			config := writeConfig(t, inPodConfig)
 			// Node B first, so that the server pod is enrolled before the client dials it.
 			nodeB := startInPodNode(t, pair[1], "node-b", c, config,
 				zdsagent.Pod{UID: "Kubernetes//Pod/default/server", Name: "server", Namespace: "default", ServiceAccount: "server", NetNS: "/var/run/netns/" + pb.Name})

@@ -154,10 +154,7 @@ func newMesh(t *testing.T, pair [2]string, env ...string) *mesh {
 	link(t, m.a, m.b, meshPrefix)
 	m.ca.serveIn(t, m.a)
 	m.ca.serveIn(t, m.b)
-	m.config = filepath.Join(t.TempDir(), "mesh.yaml")
-	if err := os.WriteFile(m.config, []byte(meshConfig), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	m.config = writeConfig(t, meshConfig)
 	m.serveBackends(t)
 	// Dedicated capture on node A, as next to a sidecar-like ztunnel: TCP the client
 	// workload dials to another host goes to 15001 unless it carries ztunnel's mark.
@@ -172,6 +169,16 @@ func newMesh(t *testing.T, pair [2]string, env ...string) *mesh {
 	m.nodeB = startNode(t, pair[1], m.b, envB)
 	m.nodeA = startNode(t, pair[0], m.a, envA)
 	return m
+}
+
+// writeConfig writes a local config file both programs read and returns its path.
+func writeConfig(t *testing.T, yaml string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // dedicatedEnv is one node's environment: dedicated mode for workload (ns/name/sa), the

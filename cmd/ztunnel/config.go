@@ -84,6 +84,7 @@ type config struct {
 	ProxyMeta  map[string]string // ISTIO_META_<NAME>
 
 	PreferredServiceNamespace string  // PREFERED_SERVICE_NAMESPACE
+	TLS12Enabled              bool    // TLS12_ENABLED
 	rust                      rustEnv // the Rust ztunnel's own variables, until resolveRust
 }
 

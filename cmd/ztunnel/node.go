@@ -104,7 +104,7 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		return err
 	}
 	defer caClient.Close()
-	n.certs = certs.New(certs.Config{PQCOnly: cfg.Compliance == "pqc"}, caClient)
+	n.certs = certs.New(certs.Config{PQCOnly: cfg.Compliance == "pqc", TLS12: cfg.TLS12Enabled}, caClient)
 	defer n.certs.Close()
 
 	goBG("metrics sweep", n.forgetGoneWorkloads)

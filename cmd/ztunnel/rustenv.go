@@ -20,7 +20,7 @@ func rustSettings() []setting {
 		str("ISTIO_META_DNS_PROXY_ADDR", "", "the DNS proxy's address when DNS_PROXY_ADDR is unset (a port alone means localhost:PORT)", func(c *config) *string { return &c.rust.dnsProxyAddr }),
 		str("ISTIO_META_CLUSTER_ID", "", "the cluster id when CLUSTER_ID is unset (the chart sets it)", func(c *config) *string { return new(string) }),
 		only("ENABLE_PROXY", "true", "the Rust ztunnel's switch to run only DNS and admin", "true", "gozt always runs the proxy"),
-		only("TLS12_ENABLED", "false", "TLS 1.2 for HBONE (FIPS)", "false", "gozt speaks TLS 1.3 only for now"),
+		boolean("TLS12_ENABLED", "false", "accept TLS 1.2 (ECDHE with AES-GCM, the Rust ztunnel's suites) beside 1.3 on HBONE, for peers limited to it (FIPS); between two ztunnels 1.3 is still chosen, and a 1.2 connection keeps its records in user space (no kernel TLS)", func(c *config) *bool { return &c.TLS12Enabled }),
 		only("LOCALHOST_APP_TUNNEL", "true", "send application-tunnel traffic to the pod over localhost", "true", "gozt always dials an application tunnel on 127.0.0.1, the Rust default"),
 		refusedIfSet("CRL_PATH", "the peer CA's revocation list (the chart's peerCaCrl)", "gozt cannot check peers against a CRL yet, and will not trust revoked certificates silently: unset it (peerCaCrl.enabled=false) or run the Rust ztunnel"),
 		refusedIfSet("LOCAL_XDS", "the local config inline", "inline config is not supported: write it to a file and set LOCAL_XDS_PATH"),

@@ -28,6 +28,7 @@ type Config struct {
 	FetchTimeout time.Duration // [10s] how long Certificate waits for a first fetch
 	MaxInflight  int           // [8] CSRs in flight at once
 	PQCOnly      bool          // COMPLIANCE_POLICY=pqc: key exchange X25519MLKEM768 only, no X25519 fallback
+	TLS12        bool          // TLS12_ENABLED: accept TLS 1.2 (ECDHE, AES-GCM) beside 1.3, for peers limited to it (FIPS)
 	Logger       *slog.Logger  // [slog.Default()]
 }
 

@@ -29,11 +29,31 @@ func (m *Manager) curves() []tls.CurveID {
 // ALPN is the only application protocol the mesh speaks over mTLS (HBONE is HTTP/2).
 const ALPN = "h2"
 
+// tls12Suites are the TLS 1.2 suites TLS12_ENABLED accepts, the Rust ztunnel's: ECDHE with
+// AES-GCM (TLS 1.3's suites are not configurable and stay AES-GCM by checkSuite).
+var tls12Suites = []uint16{
+	tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+	tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384, tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+}
+
+// versions are the TLS versions and 1.2 suites of every mesh config: 1.3 only, or 1.2 and
+// 1.3 with TLS12_ENABLED.
+func (m *Manager) versions(c *tls.Config) *tls.Config {
+	c.MinVersion, c.MaxVersion = tls.VersionTLS13, tls.VersionTLS13
+	if m.cfg.TLS12 {
+		c.MinVersion, c.CipherSuites = tls.VersionTLS12, tls12Suites
+	}
+	return c
+}
+
 // checkSuite enforces the AES-GCM-only rule: Go does not let TLS 1.3 suites be configured, so
-// the negotiated one is checked after the fact.
+// the negotiated one is checked after the fact (a 1.2 one is among tls12Suites by config).
 func checkSuite(cs tls.ConnectionState) error {
 	switch cs.CipherSuite {
 	case tls.TLS_AES_128_GCM_SHA256, tls.TLS_AES_256_GCM_SHA384:
+		return nil
+	}
+	if cs.Version == tls.VersionTLS12 && slices.Contains(tls12Suites, cs.CipherSuite) {
 		return nil
 	}
 	return fmt.Errorf("certs: negotiated cipher suite %s is not AES-GCM", tls.CipherSuiteName(cs.CipherSuite))
@@ -73,7 +93,7 @@ func PeerIdentity(cs tls.ConnectionState) (identity.ID, error) {
 }
 
 // ClientConfig returns the config for dialing as src a server that must be one of expected:
-// TLS 1.3 only, AES-GCM, X25519MLKEM768 preferred with X25519 fallback, ALPN h2, no SNI (the
+// TLS 1.3 only (1.2 too with Config.TLS12), AES-GCM, X25519MLKEM768 preferred with X25519 fallback, ALPN h2, no SNI (the
 // caller must leave ServerName empty), no session resumption. The client certificate is
 // looked up per handshake, so a long-lived pool picks up rotations by itself. The server's
 // chain is verified against src's bundle and its URI SAN must be one of expected. ctx bounds
@@ -86,9 +106,7 @@ func (m *Manager) ClientConfig(ctx context.Context, src identity.ID, expected []
 		return nil, err
 	}
 	expected = slices.Clone(expected)
-	return &tls.Config{
-		MinVersion:       tls.VersionTLS13,
-		MaxVersion:       tls.VersionTLS13,
+	return m.versions(&tls.Config{
 		CurvePreferences: m.curves(),
 		NextProtos:       []string{ALPN},
 		// Verification is VerifyConnection's: chain to the mesh bundle and SPIFFE URI SAN,
@@ -119,7 +137,7 @@ func (m *Manager) ClientConfig(ctx context.Context, src identity.ID, expected []
 			}
 			return nil
 		},
-	}, nil
+	}), nil
 }
 
 // ServerConfig returns the config for the mTLS listener. local maps a handshake to the
@@ -127,9 +145,7 @@ func (m *Manager) ClientConfig(ctx context.Context, src identity.ID, expected []
 // present a certificate chaining to that identity's bundle whose identity is in the same
 // trust domain. Certificates are looked up per handshake.
 func (m *Manager) ServerConfig(local func(*tls.ClientHelloInfo) (identity.ID, error)) *tls.Config {
-	return &tls.Config{
-		MinVersion:             tls.VersionTLS13,
-		MaxVersion:             tls.VersionTLS13,
+	return m.versions(&tls.Config{
 		CurvePreferences:       m.curves(),
 		NextProtos:             []string{ALPN},
 		SessionTicketsDisabled: true,
@@ -143,18 +159,16 @@ func (m *Manager) ServerConfig(local func(*tls.ClientHelloInfo) (identity.ID, er
 			if err != nil {
 				return nil, err
 			}
-			return h.serverConfig(id, m.curves()), nil
+			return h.serverConfig(id, m), nil
 		},
-	}
+	})
 }
 
 // serverConfig is built once per issued certificate; handshakes then allocate nothing for it.
-func (h *held) serverConfig(id identity.ID, curves []tls.CurveID) *tls.Config {
+func (h *held) serverConfig(id identity.ID, m *Manager) *tls.Config {
 	h.once.Do(func() {
-		h.server = &tls.Config{
-			MinVersion:             tls.VersionTLS13,
-			MaxVersion:             tls.VersionTLS13,
-			CurvePreferences:       curves,
+		h.server = m.versions(&tls.Config{
+			CurvePreferences:       m.curves(),
 			NextProtos:             []string{ALPN},
 			SessionTicketsDisabled: true,
 			Certificates:           []tls.Certificate{h.iss.Certificate},
@@ -174,7 +188,7 @@ func (h *held) serverConfig(id identity.ID, curves []tls.CurveID) *tls.Config {
 				}
 				return nil
 			},
-		}
+		})
 	})
 	return h.server
 }

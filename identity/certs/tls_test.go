@@ -164,6 +164,59 @@ func TestHandshakePQCOnly(t *testing.T) {
 	wantErr(t, "server", r.serverErr, "no key exchanges supported")
 }
 
+// TLS12_ENABLED: a peer limited to TLS 1.2 is served with an ECDHE AES-GCM suite, and the
+// mesh's own handshakes stay TLS 1.3; without it that peer is refused.
+func TestHandshakeTLS12(t *testing.T) {
+	leaktest.Check(t)
+	g := newGated(t, time.Hour)
+	now := time.Now()
+	old := func() *tls.Config { // a FIPS-limited peer: TLS 1.2 at most
+		return &tls.Config{
+			MaxVersion: tls.VersionTLS12, Certificates: []tls.Certificate{g.root.Issue(t, idA, now, now.Add(time.Hour)).Certificate},
+			InsecureSkipVerify: true, NextProtos: []string{"h2"},
+		}
+	}
+	for _, enabled := range []bool{false, true} {
+		m := certs.New(certs.Config{TLS12: enabled}, g)
+		sc := m.ServerConfig(func(*tls.ClientHelloInfo) (identity.ID, error) { return idB, nil })
+		r := handshake(t, old(), sc)
+		if !enabled {
+			wantErr(t, "server", r.serverErr, "unsupported versions")
+			m.Close()
+			continue
+		}
+		if r.clientErr != nil || r.serverErr != nil {
+			t.Fatalf("TLS 1.2 peer: client err %v, server err %v", r.clientErr, r.serverErr)
+		}
+		if s := r.server; s.Version != tls.VersionTLS12 || s.NegotiatedProtocol != "h2" ||
+			(s.CipherSuite != tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256 && s.CipherSuite != tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384) {
+			t.Errorf("version %x alpn %q suite %s; want TLS 1.2, h2, ECDHE-ECDSA AES-GCM", s.Version, s.NegotiatedProtocol, tls.CipherSuiteName(s.CipherSuite))
+		}
+		if peer, err := certs.PeerIdentity(r.server); err != nil || peer != idA {
+			t.Errorf("server sees peer %v (%v); want %v", peer, err, idA)
+		}
+		// Our own client against a server limited to 1.2, and between two of ours: 1.3.
+		srv12 := sc.Clone()
+		srv12.MaxVersion = tls.VersionTLS12
+		inner := srv12.GetConfigForClient
+		srv12.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			c, err := inner(h)
+			if c != nil {
+				c = c.Clone()
+				c.MaxVersion = tls.VersionTLS12
+			}
+			return c, err
+		}
+		if r := handshake(t, clientCfg(t, m, idA, idB), srv12); r.clientErr != nil || r.serverErr != nil || r.client.Version != tls.VersionTLS12 {
+			t.Errorf("client to a TLS 1.2 server: %v %v version %x", r.clientErr, r.serverErr, r.client.Version)
+		}
+		if r := handshake(t, clientCfg(t, m, idA, idB), sc); r.clientErr != nil || r.server.Version != tls.VersionTLS13 {
+			t.Errorf("mesh handshake with TLS12 on: %v, version %x; want 1.3", r.clientErr, r.server.Version)
+		}
+		m.Close()
+	}
+}
+
 func TestHandshakeRejected(t *testing.T) {
 	leaktest.Check(t)
 	m, g, sc := setup(t)
