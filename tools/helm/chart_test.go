@@ -170,7 +170,7 @@ func TestIstioValues(t *testing.T) {
 	}
 	if pod.PriorityClassName != "system-node-critical" || *pod.TerminationGracePeriodSeconds != 60 ||
 		pod.NodeSelector["kubernetes.io/os"] != "linux" || len(pod.Tolerations) != 3 || pod.HostNetwork ||
-		ds.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable.IntValue() != 0 || ds.Spec.Selector.MatchLabels["app"] != "ztunnel" ||
+		ds.Spec.UpdateStrategy.Type != "RollingUpdate" || ds.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable.IntValue() != 0 || ds.Spec.Selector.MatchLabels["app"] != "ztunnel" ||
 		ds.Spec.Template.Labels["istio.io/dataplane-mode"] != "none" || ds.Annotations["istio.io/rev"] != "canary" {
 		t.Errorf("pod spec differs from Istio's: %+v", ds.Spec)
 	}
