@@ -85,6 +85,7 @@ type config struct {
 
 	PreferredServiceNamespace string  // PREFERED_SERVICE_NAMESPACE
 	TLS12Enabled              bool    // TLS12_ENABLED
+	CRLPath                   string  // CRL_PATH
 	rust                      rustEnv // the Rust ztunnel's own variables, until resolveRust
 }
 

@@ -104,7 +104,15 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		return err
 	}
 	defer caClient.Close()
-	n.certs = certs.New(certs.Config{PQCOnly: cfg.Compliance == "pqc", TLS12: cfg.TLS12Enabled}, caClient)
+	var crl *certs.CRL
+	if cfg.CRLPath != "" {
+		if crl, err = certs.OpenCRL(cfg.CRLPath, nil); err != nil {
+			return fmt.Errorf("CRL_PATH: %w", err)
+		}
+		crl.Watch()
+		defer crl.Close()
+	}
+	n.certs = certs.New(certs.Config{PQCOnly: cfg.Compliance == "pqc", TLS12: cfg.TLS12Enabled, CRL: crl}, caClient)
 	defer n.certs.Close()
 
 	goBG("metrics sweep", n.forgetGoneWorkloads)

@@ -22,7 +22,7 @@ func rustSettings() []setting {
 		only("ENABLE_PROXY", "true", "the Rust ztunnel's switch to run only DNS and admin", "true", "gozt always runs the proxy"),
 		boolean("TLS12_ENABLED", "false", "accept TLS 1.2 (ECDHE with AES-GCM, the Rust ztunnel's suites) beside 1.3 on HBONE, for peers limited to it (FIPS); between two ztunnels 1.3 is still chosen, and a 1.2 connection keeps its records in user space (no kernel TLS)", func(c *config) *bool { return &c.TLS12Enabled }),
 		only("LOCALHOST_APP_TUNNEL", "true", "send application-tunnel traffic to the pod over localhost", "true", "gozt always dials an application tunnel on 127.0.0.1, the Rust default"),
-		refusedIfSet("CRL_PATH", "the peer CA's revocation list (the chart's peerCaCrl)", "gozt cannot check peers against a CRL yet, and will not trust revoked certificates silently: unset it (peerCaCrl.enabled=false) or run the Rust ztunnel"),
+		str("CRL_PATH", "", "the peer CA's certificate revocation list (the chart's peerCaCrl): PEM X509 CRL blocks or one DER list; HBONE peers whose chain it revokes are refused; re-read when it changes; missing or empty revokes nothing, malformed refuses to start. Connections already up are not closed when a peer becomes revoked (the Rust ztunnel closes them)", func(c *config) *string { return &c.CRLPath }),
 		refusedIfSet("LOCAL_XDS", "the local config inline", "inline config is not supported: write it to a file and set LOCAL_XDS_PATH"),
 		chartOnly("PROXY_CONFIG", "the mesh's proxy config (proxyAdminPort, statsPort, proxyMetadata, ...); not used: gozt takes each as its own variable (ADMIN_ADDR, STATS_ADDR, ISTIO_META_*)"),
 		chartOnly("ENABLE_RESPONSE_BAGGAGE", "baggage on CONNECT responses; not used: gozt's inbound sends none, its outbound reads none"),

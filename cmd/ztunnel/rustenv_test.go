@@ -66,7 +66,7 @@ func TestRustVariablesMeaning(t *testing.T) {
 		{"proxy off", map[string]string{"ENABLE_PROXY": "false"}, "ENABLE_PROXY", nil},
 		{"proxy on", map[string]string{"ENABLE_PROXY": "true"}, "", func(*config) bool { return true }},
 		{"tls 1.2", map[string]string{"TLS12_ENABLED": "true"}, "", func(c *config) bool { return c.TLS12Enabled }},
-		{"crl", map[string]string{"CRL_PATH": "/var/run/secrets/istio/crl/ca-crl.pem"}, "CRL_PATH", nil},
+		{"crl", map[string]string{"CRL_PATH": "/var/run/secrets/istio/crl/ca-crl.pem"}, "", func(c *config) bool { return c.CRLPath == "/var/run/secrets/istio/crl/ca-crl.pem" }},
 		{"inline config", map[string]string{"LOCAL_XDS": "workloads: []"}, "LOCAL_XDS", nil},
 		{"localhost app tunnel off", map[string]string{"LOCALHOST_APP_TUNNEL": "false"}, "LOCALHOST_APP_TUNNEL", nil},
 		{"not used", map[string]string{"ENABLE_RESPONSE_BAGGAGE": "true", "ISTIO_METAJSON_LABELS": "{}"}, "", func(c *config) bool {

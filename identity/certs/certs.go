@@ -29,6 +29,7 @@ type Config struct {
 	MaxInflight  int           // [8] CSRs in flight at once
 	PQCOnly      bool          // COMPLIANCE_POLICY=pqc: key exchange X25519MLKEM768 only, no X25519 fallback
 	TLS12        bool          // TLS12_ENABLED: accept TLS 1.2 (ECDHE, AES-GCM) beside 1.3, for peers limited to it (FIPS)
+	CRL          *CRL          // CRL_PATH: refuse peers it revokes; nil: no revocation checks
 	Logger       *slog.Logger  // [slog.Default()]
 }
 

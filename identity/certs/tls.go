@@ -59,9 +59,9 @@ func checkSuite(cs tls.ConnectionState) error {
 	return fmt.Errorf("certs: negotiated cipher suite %s is not AES-GCM", tls.CipherSuiteName(cs.CipherSuite))
 }
 
-// verifyPeer checks that chain (leaf first) chains to h's bundle now and returns the leaf's
-// mesh identity.
-func verifyPeer(h *held, chain []*x509.Certificate) (identity.ID, error) {
+// verifyPeer checks that chain (leaf first) chains to h's bundle now, and that no certificate
+// of the verified chain is revoked by crl (nil: none), and returns the leaf's mesh identity.
+func verifyPeer(h *held, crl *CRL, chain []*x509.Certificate) (identity.ID, error) {
 	if len(chain) == 0 {
 		return identity.ID{}, errors.New("certs: peer presented no certificate")
 	}
@@ -70,11 +70,17 @@ func verifyPeer(h *held, chain []*x509.Certificate) (identity.ID, error) {
 	for _, c := range chain[1:] {
 		inter.AddCert(c)
 	}
-	if _, err := leaf.Verify(x509.VerifyOptions{
+	chains, err := leaf.Verify(x509.VerifyOptions{
 		Roots: h.pool, Intermediates: inter, CurrentTime: time.Now(),
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
-	}); err != nil {
+	})
+	if err != nil {
 		return identity.ID{}, fmt.Errorf("certs: peer certificate %v (serial %s) rejected: %w", leaf.URIs, leaf.SerialNumber, err)
+	}
+	for _, verified := range chains {
+		if err := crl.check(verified); err != nil {
+			return identity.ID{}, err
+		}
 	}
 	id, err := identity.FromCert(leaf)
 	if err != nil {
@@ -128,7 +134,7 @@ func (m *Manager) ClientConfig(ctx context.Context, src identity.ID, expected []
 			if err != nil {
 				return err
 			}
-			id, err := verifyPeer(h, cs.PeerCertificates)
+			id, err := verifyPeer(h, m.cfg.CRL, cs.PeerCertificates)
 			if err != nil {
 				return err
 			}
@@ -179,7 +185,7 @@ func (h *held) serverConfig(id identity.ID, m *Manager) *tls.Config {
 				if err := checkSuite(cs); err != nil {
 					return err
 				}
-				peer, err := verifyPeer(h, cs.PeerCertificates)
+				peer, err := verifyPeer(h, m.cfg.CRL, cs.PeerCertificates)
 				if err != nil {
 					return err
 				}

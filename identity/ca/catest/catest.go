@@ -63,7 +63,7 @@ func GenerateRoot(name string) (*Root, error) {
 		Subject:               pkix.Name{CommonName: name},
 		NotBefore:             now.Add(-time.Hour),
 		NotAfter:              now.Add(10 * 365 * 24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
 		BasicConstraintsValid: true,
 		IsCA:                  true,
 	}
@@ -92,7 +92,7 @@ func (r *Root) Intermediate(tb testing.TB, name string, notBefore, notAfter time
 		Subject:               pkix.Name{CommonName: name},
 		NotBefore:             notBefore,
 		NotAfter:              notAfter,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
 		BasicConstraintsValid: true,
 		IsCA:                  true,
 	}, r.Cert, key.Public(), r.Key)
@@ -210,6 +210,21 @@ func (r *Root) IssueErr(id identity.ID, notBefore, notAfter time.Time) (*ca.Issu
 		NotBefore:   leaf.NotBefore,
 		NotAfter:    leaf.NotAfter,
 	}, nil
+}
+
+// CRL returns a PEM certificate revocation list signed by r that revokes serials, as an
+// operator's CA publishes it for CRL_PATH.
+func (r *Root) CRL(tb testing.TB, serials ...*big.Int) []byte {
+	tb.Helper()
+	tmpl := &x509.RevocationList{Number: serial(), ThisUpdate: time.Now().Add(-time.Minute), NextUpdate: time.Now().Add(time.Hour)}
+	for _, s := range serials {
+		tmpl.RevokedCertificateEntries = append(tmpl.RevokedCertificateEntries, x509.RevocationListEntry{SerialNumber: s, RevocationTime: time.Now().Add(-time.Minute)})
+	}
+	der, err := x509.CreateRevocationList(rand.Reader, tmpl, r.Cert, r.Key)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: der})
 }
 
 // ServingCert returns a TLS server certificate for the given DNS names and IPs.
