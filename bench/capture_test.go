@@ -66,6 +66,9 @@ func TestSuiteSmokeCapture(t *testing.T) {
 	if len(rep.Errors) > 0 {
 		t.Errorf("failed runs: %+v", rep.Errors)
 	}
+	if notes := fmt.Sprint(rep.Notes); !strings.Contains(notes, "the Rust ztunnel's binary is needed") {
+		t.Errorf("notes %v; want one saying the Rust paths need its binary", rep.Notes)
+	}
 	if got := rep.Baselines["capture"]; !slices.Equal(got, []string{"veth"}) {
 		t.Errorf("capture's baselines %v; want [veth]", got)
 	}
