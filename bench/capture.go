@@ -242,6 +242,7 @@ func checkCaptured(ctx context.Context, dial func(context.Context, string, strin
 }
 
 // captureWorkloads is the LOCAL_XDS_PATH file of the capture topology: one pod per node.
+// Services and trust domain are spelled out as in nsWorkloads, for the Rust ztunnel.
 const captureWorkloads = `workloads:
   - uid: Kubernetes//v1/Pod/default/client
     name: client
@@ -250,6 +251,8 @@ const captureWorkloads = `workloads:
     workloadIps: ["` + capClientIP + `"]
     protocol: HBONE
     node: node-a
+    services: {}
+    trustDomain: cluster.local
   - uid: Kubernetes//v1/Pod/default/server
     name: server
     namespace: default
@@ -257,6 +260,8 @@ const captureWorkloads = `workloads:
     workloadIps: ["` + capServerIP + `"]
     protocol: HBONE
     node: node-b
+    services: {}
+    trustDomain: cluster.local
 `
 
 // inPodRules installs, inside namespace ns, istio-cni's in-pod rules and policy routing

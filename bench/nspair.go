@@ -44,6 +44,9 @@ func nsPairs(gozt, rs program) []nsPair {
 }
 
 // nsWorkloads is the LOCAL_XDS_PATH file of every namespace pair: one workload per node.
+// Every workload names its services, if only as {}: the Rust ztunnel refuses one without;
+// and its trust domain: left out, the Rust ztunnel's is empty (spiffe:///ns/…) and gozt's
+// cluster.local, and the two then refuse each other's certificates.
 const nsWorkloads = `workloads:
   - uid: Kubernetes//v1/Pod/default/client
     name: client
@@ -52,6 +55,8 @@ const nsWorkloads = `workloads:
     workloadIps: ["` + nsClientIP + `"]
     protocol: HBONE
     node: node-a
+    services: {}
+    trustDomain: cluster.local
   - uid: Kubernetes//v1/Pod/default/server
     name: server
     namespace: default
@@ -59,6 +64,8 @@ const nsWorkloads = `workloads:
     workloadIps: ["` + nsServerIP + `"]
     protocol: HBONE
     node: node-b
+    services: {}
+    trustDomain: cluster.local
 `
 
 // startNsPair builds pair pr's namespaces, echo server and nodes and returns its path. As in
