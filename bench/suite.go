@@ -180,6 +180,8 @@ func RunSuite(ctx context.Context, cfg SuiteConfig) (*Report, error) {
 		}
 		s.onEnd(func() { os.RemoveAll(dir) })
 		s.work = dir
+	} else if err := os.MkdirAll(s.work, 0o755); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
 	}
 	paths, err := s.startPaths(ctx)
 	if err != nil {
