@@ -80,18 +80,7 @@ func captureName(pg program) string {
 // nothing is left behind either way.
 func (s *suite) startCapture(ctx context.Context, pg program) (veth, capture *path, err error) {
 	var undo []func()
-	defer func() {
-		all := func() {
-			for i := len(undo) - 1; i >= 0; i-- {
-				undo[i]()
-			}
-		}
-		if err != nil {
-			all()
-		} else {
-			s.onEnd(all)
-		}
-	}()
+	defer func() { s.settle(undo, err) }()
 	names := captureNamespaces(pg)
 	nsA, nsB := names[0], names[1]
 	if err := makeNamespaces(&undo, names...); err != nil {
@@ -140,7 +129,7 @@ func (s *suite) startCapture(ctx context.Context, pg program) (veth, capture *pa
 		return nil, nil, fmt.Errorf("bench: %w", err)
 	}
 	workloads := filepath.Join(dir, "workloads.yaml")
-	if err := os.WriteFile(workloads, []byte(captureWorkloads), 0o644); err != nil {
+	if err := os.WriteFile(workloads, []byte(localWorkloads(capClientIP, capServerIP)), 0o644); err != nil {
 		return nil, nil, fmt.Errorf("bench: %w", err)
 	}
 	capture = &path{name: name, target: Target{Addr: net.JoinHostPort(capServerIP, capServerPort), DialContext: dialA.DialContext}, baselines: []string{"veth"}}
@@ -241,29 +230,6 @@ func checkCaptured(ctx context.Context, dial func(context.Context, string, strin
 	return errors.New("node A counted no outbound mTLS connection: iptables did not capture the client")
 }
 
-// captureWorkloads is the LOCAL_XDS_PATH file of the capture topology: one pod per node.
-// Services and trust domain are spelled out as in nsWorkloads, for the Rust ztunnel.
-const captureWorkloads = `workloads:
-  - uid: Kubernetes//v1/Pod/default/client
-    name: client
-    namespace: default
-    serviceAccount: client
-    workloadIps: ["` + capClientIP + `"]
-    protocol: HBONE
-    node: node-a
-    services: {}
-    trustDomain: cluster.local
-  - uid: Kubernetes//v1/Pod/default/server
-    name: server
-    namespace: default
-    serviceAccount: server
-    workloadIps: ["` + capServerIP + `"]
-    protocol: HBONE
-    node: node-b
-    services: {}
-    trustDomain: cluster.local
-`
-
 // inPodRules installs, inside namespace ns, istio-cni's in-pod rules and policy routing
 // (cnirules.InPod, InPodRoutes), IPv4 only, with the veth baseline's port excluded both ways
 // by an ACCEPT ahead of them.
@@ -283,6 +249,21 @@ func inPodRules(ns string) error {
 		}
 	}
 	return nil
+}
+
+// settle runs a topology's undo steps, in reverse order, now when building it failed (err
+// not nil), or when the suite ends.
+func (s *suite) settle(undo []func(), err error) {
+	all := func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	if err != nil {
+		all()
+	} else {
+		s.onEnd(all)
+	}
 }
 
 // makeNamespaces creates network namespaces, each with its loopback up, adding each one's

@@ -41,6 +41,22 @@ func leftNamespaces(t *testing.T) []string {
 	return left
 }
 
+// checkNothingLeft fails t if any of this process's namespaces, or any process a run of rep
+// measured, outlived the suite.
+func checkNothingLeft(t *testing.T, rep *Report) {
+	t.Helper()
+	if left := leftNamespaces(t); len(left) > 0 {
+		t.Errorf("namespaces left after the suite: %v", left)
+	}
+	for _, r := range rep.Runs {
+		for _, p := range r.Procs {
+			if running(p.PID) {
+				t.Errorf("%s (pid %d) still running after the suite", p.Name, p.PID)
+			}
+		}
+	}
+}
+
 // running reports whether pid is a live process (not gone, not a zombie).
 func running(pid int) bool {
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
@@ -106,16 +122,7 @@ func TestSuiteSmokeCapture(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, table.String())
 		}
 	}
-	if left := leftNamespaces(t); len(left) > 0 {
-		t.Errorf("namespaces left after the suite: %v", left)
-	}
-	for _, r := range rep.Runs {
-		for _, p := range r.Procs {
-			if running(p.PID) {
-				t.Errorf("%s (pid %d) still running after the suite", p.Name, p.PID)
-			}
-		}
-	}
+	checkNothingLeft(t, rep)
 }
 
 // A capture topology that fails half way (its ztunnel cannot start) is one note, and what

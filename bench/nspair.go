@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // The namespace pairs are the SOCKS5 path in the shape the Rust ztunnel needs: its listeners
@@ -43,48 +44,36 @@ func nsPairs(gozt, rs program) []nsPair {
 	)
 }
 
-// nsWorkloads is the LOCAL_XDS_PATH file of every namespace pair: one workload per node.
-// Every workload names its services, if only as {}: the Rust ztunnel refuses one without;
-// and its trust domain: left out, the Rust ztunnel's is empty (spiffe:///ns/…) and gozt's
-// cluster.local, and the two then refuse each other's certificates.
-const nsWorkloads = `workloads:
-  - uid: Kubernetes//v1/Pod/default/client
-    name: client
+// localWorkloads is the LOCAL_XDS_PATH file of the namespace paths, pairs and capture: the
+// client workload (default/client) on node-a at clientIP, the server (default/server) on
+// node-b at serverIP. Every workload names its services, if only as {}: the Rust ztunnel
+// refuses one without; and its trust domain: left out, the Rust ztunnel's is empty
+// (spiffe:///ns/…) and gozt's cluster.local, and the two then refuse each other's
+// certificates.
+func localWorkloads(clientIP, serverIP string) string {
+	var b strings.Builder
+	b.WriteString("workloads:\n")
+	for _, w := range []struct{ name, ip, node string }{{"client", clientIP, "node-a"}, {"server", serverIP, "node-b"}} {
+		fmt.Fprintf(&b, `  - uid: Kubernetes//v1/Pod/default/%[1]s
+    name: %[1]s
     namespace: default
-    serviceAccount: client
-    workloadIps: ["` + nsClientIP + `"]
+    serviceAccount: %[1]s
+    workloadIps: ["%[2]s"]
     protocol: HBONE
-    node: node-a
+    node: %[3]s
     services: {}
     trustDomain: cluster.local
-  - uid: Kubernetes//v1/Pod/default/server
-    name: server
-    namespace: default
-    serviceAccount: server
-    workloadIps: ["` + nsServerIP + `"]
-    protocol: HBONE
-    node: node-b
-    services: {}
-    trustDomain: cluster.local
-`
+`, w.name, w.ip, w.node)
+	}
+	return b.String()
+}
 
 // startNsPair builds pair pr's namespaces, echo server and nodes and returns its path. As in
 // startCapture, each thing it makes gets its undo step as soon as it exists; they run when
 // the suite ends, or before startNsPair returns when it fails.
 func (s *suite) startNsPair(ctx context.Context, pr nsPair) (p *path, err error) {
 	var undo []func()
-	defer func() {
-		all := func() {
-			for i := len(undo) - 1; i >= 0; i-- {
-				undo[i]()
-			}
-		}
-		if err != nil {
-			all()
-		} else {
-			s.onEnd(all)
-		}
-	}()
+	defer func() { s.settle(undo, err) }()
 	ca, err := s.meshCA()
 	if err != nil {
 		return nil, err
@@ -94,7 +83,7 @@ func (s *suite) startNsPair(ctx context.Context, pr nsPair) (p *path, err error)
 		return nil, fmt.Errorf("bench: %w", err)
 	}
 	workloads := filepath.Join(dir, "workloads.yaml")
-	if err := os.WriteFile(workloads, []byte(nsWorkloads), 0o644); err != nil {
+	if err := os.WriteFile(workloads, []byte(localWorkloads(nsClientIP, nsServerIP)), 0o644); err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
 	nsA := fmt.Sprintf("gozt-bench-p%s-a-%d", pr.tag, os.Getpid())

@@ -119,3 +119,20 @@ func TestReportRustRatios(t *testing.T) {
 		t.Errorf("× ztunnel-rs line %q; want 1.50 under capture and ztunnel-ns\n%s", line, table.String())
 	}
 }
+
+// The local workload file names both workloads with services and trust domain spelled out
+// (the Rust ztunnel needs both) and nothing else differs between the two.
+func TestLocalWorkloads(t *testing.T) {
+	y := localWorkloads("10.0.0.1", "10.0.0.2")
+	for _, want := range []string{
+		"uid: Kubernetes//v1/Pod/default/client", `workloadIps: ["10.0.0.1"]`, "node: node-a",
+		"uid: Kubernetes//v1/Pod/default/server", `workloadIps: ["10.0.0.2"]`, "node: node-b",
+	} {
+		if !strings.Contains(y, want) {
+			t.Errorf("workloads lack %q:\n%s", want, y)
+		}
+	}
+	if strings.Count(y, "services: {}") != 2 || strings.Count(y, "trustDomain: cluster.local") != 2 {
+		t.Errorf("services or trust domain missing:\n%s", y)
+	}
+}

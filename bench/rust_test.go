@@ -41,14 +41,5 @@ func TestSuiteRust(t *testing.T) {
 			}
 		}
 	}
-	if left := leftNamespaces(t); len(left) > 0 {
-		t.Errorf("namespaces left after the suite: %v", left)
-	}
-	for _, r := range rep.Runs {
-		for _, p := range r.Procs {
-			if running(p.PID) {
-				t.Errorf("%s (pid %d) still running after the suite", p.Name, p.PID)
-			}
-		}
-	}
+	checkNothingLeft(t, rep)
 }
