@@ -54,58 +54,41 @@ func captureMissing() string {
 }
 
 // captureNamespaces returns the names of the namespaces of this process's capture
-// topology: the two pods', then the two nodes'.
-func captureNamespaces() []string {
+// topology for program pg: the two pods', then the two nodes'.
+func captureNamespaces(pg program) []string {
 	var names []string
 	for _, n := range []string{"a", "b", "node-a", "node-b"} {
+		if pg.rust {
+			n = "rs-" + n
+		}
 		names = append(names, fmt.Sprintf("gozt-bench-%s-%d", n, os.Getpid()))
 	}
 	return names
 }
 
-// startCapture builds the capture topology around ztunnel binary bin and returns the veth
+// captureName is the name of pg's capture path.
+func captureName(pg program) string {
+	if pg.rust {
+		return "capture-rs"
+	}
+	return "capture"
+}
+
+// startCapture builds the capture topology around program pg's nodes and returns the veth
 // and capture paths. Each thing it makes gets its undo step as soon as it exists: on success
 // they run when the suite ends, on failure (Ctrl-C included) before startCapture returns, so
 // nothing is left behind either way.
-func (s *suite) startCapture(ctx context.Context, bin string) (veth, capture *path, err error) {
+func (s *suite) startCapture(ctx context.Context, pg program) (veth, capture *path, err error) {
 	var undo []func()
-	defer func() {
-		all := func() {
-			for i := len(undo) - 1; i >= 0; i-- {
-				undo[i]()
-			}
-		}
-		if err != nil {
-			all()
-		} else {
-			s.onEnd(all)
-		}
-	}()
-	names := captureNamespaces()
+	defer func() { s.settle(undo, err) }()
+	names := captureNamespaces(pg)
 	nsA, nsB := names[0], names[1]
-	pid := os.Getpid()
-	for _, ns := range names {
-		if err := ipRun("ip", "netns", "add", ns); err != nil {
-			return nil, nil, err
-		}
-		undo = append(undo, func() { exec.Command("ip", "netns", "del", ns).Run() })
-		if err := ipRun("ip", "-n", ns, "link", "set", "lo", "up"); err != nil {
-			return nil, nil, err
-		}
+	if err := makeNamespaces(&undo, names...); err != nil {
+		return nil, nil, err
 	}
-	// The veth pair is made inside pod A with its peer inside pod B, so it never exists in
-	// this machine's own namespace.
-	vethA, vethB := fmt.Sprintf("gzb%da", pid), fmt.Sprintf("gzb%db", pid) // ≤ 15 chars for any pid
-	for _, args := range [][]string{
-		{"ip", "-n", nsA, "link", "add", vethA, "type", "veth", "peer", "name", vethB, "netns", nsB},
-		{"ip", "-n", nsA, "addr", "add", capClientIP + "/24", "dev", vethA},
-		{"ip", "-n", nsB, "addr", "add", capServerIP + "/24", "dev", vethB},
-		{"ip", "-n", nsA, "link", "set", vethA, "up"},
-		{"ip", "-n", nsB, "link", "set", vethB, "up"},
-	} {
-		if err := ipRun(args...); err != nil {
-			return nil, nil, err
-		}
+	vethA, vethB := vethNames("b", pg)
+	if err := joinVeth(nsA, nsB, vethA, vethB, capClientIP, capServerIP); err != nil {
+		return nil, nil, err
 	}
 	for _, ns := range []string{nsA, nsB} {
 		if err := inPodRules(ns); err != nil {
@@ -136,22 +119,33 @@ func (s *suite) startCapture(ctx context.Context, bin string) (veth, capture *pa
 		undo = append(undo, func() { echo.Close() })
 	}
 
-	dir := filepath.Join(s.work, "capture")
+	ca, err := s.meshCA()
+	if err != nil {
+		return nil, nil, err
+	}
+	name := captureName(pg)
+	dir := filepath.Join(s.work, name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, nil, fmt.Errorf("bench: %w", err)
 	}
 	workloads := filepath.Join(dir, "workloads.yaml")
-	if err := os.WriteFile(workloads, []byte(captureWorkloads), 0o644); err != nil {
+	if err := os.WriteFile(workloads, []byte(localWorkloads(capClientIP, capServerIP)), 0o644); err != nil {
 		return nil, nil, fmt.Errorf("bench: %w", err)
 	}
-	capture = &path{name: "capture", target: Target{Addr: net.JoinHostPort(capServerIP, capServerPort), DialContext: dialA.DialContext}, baselines: []string{"veth"}}
-	// Node A first: it creates the built-in CA both share.
+	capture = &path{name: name, target: Target{Addr: net.JoinHostPort(capServerIP, capServerPort), DialContext: dialA.DialContext}, baselines: []string{"veth"}}
+	if !pg.rust {
+		capture.rust = captureName(program{rust: true})
+	}
+	prefix := "ztunnel-cap-"
+	if pg.rust {
+		prefix = "ztunnel-rs-cap-"
+	}
 	for _, n := range []struct {
 		name, node, nodeNS string
 		pod                zdsagent.Pod
 	}{
-		{"ztunnel-cap-a", "node-a", names[2], zdsagent.Pod{UID: "uid-client", Name: "client", Namespace: "default", ServiceAccount: "client", NetNS: "/var/run/netns/" + nsA}},
-		{"ztunnel-cap-b", "node-b", names[3], zdsagent.Pod{UID: "uid-server", Name: "server", Namespace: "default", ServiceAccount: "server", NetNS: "/var/run/netns/" + nsB}},
+		{prefix + "a", "node-a", names[2], zdsagent.Pod{UID: "uid-client", Name: "client", Namespace: "default", ServiceAccount: "client", NetNS: "/var/run/netns/" + nsA}},
+		{prefix + "b", "node-b", names[3], zdsagent.Pod{UID: "uid-server", Name: "server", Namespace: "default", ServiceAccount: "server", NetNS: "/var/run/netns/" + nsB}},
 	} {
 		agent, err := zdsagent.Listen(filepath.Join(dir, n.node+".sock"), n.pod)
 		if err != nil {
@@ -169,29 +163,23 @@ func (s *suite) startCapture(ctx context.Context, bin string) (veth, capture *pa
 			})
 		}()
 		undo = append(undo, func() { agent.Close(); <-served })
-		env := []string{
-			"PROXY_MODE=shared",
-			"NODE_NAME=" + n.node,
-			"INPOD_UDS=" + agent.Path,
-			"LOCAL_XDS_PATH=" + workloads,
-			"CA_PROVIDER=builtin",
-			"CA_DIR=" + filepath.Join(dir, "ca"),
-			"XDS_ADDRESS=",
-			"PACKET_MARK=" + capMark,
-		}
-		// ip netns exec execs the binary, so the child's pid is ztunnel's own and /proc
-		// accounting charges the right process.
-		c, err := startChild(n.name, filepath.Join(s.work, n.name+".log"), env, dir, "ip", "netns", "exec", n.nodeNS, bin)
-		if err != nil {
-			return nil, nil, err
-		}
-		undo = append(undo, c.stop)
-		capture.children = append(capture.children, c)
 		admin, err := NewNetnsDialer(n.nodeNS)
 		if err != nil {
 			return nil, nil, err
 		}
 		undo = append(undo, func() { admin.Close() })
+		if err := ca.serveIn(admin); err != nil {
+			return nil, nil, err
+		}
+		env := pg.sharedEnv(n.node, agent.Path, workloads, ca.ca, capMark)
+		// ip netns exec execs the binary, so the child's pid is ztunnel's own and /proc
+		// accounting charges the right process.
+		c, err := startChild(n.name, filepath.Join(s.work, n.name+".log"), env, dir, "ip", "netns", "exec", n.nodeNS, pg.bin)
+		if err != nil {
+			return nil, nil, err
+		}
+		undo = append(undo, c.stop)
+		capture.children = append(capture.children, c)
 		if capture.adminDial == nil {
 			capture.adminDial = admin.DialContext
 		}
@@ -226,7 +214,7 @@ func checkCaptured(ctx context.Context, dial func(context.Context, string, strin
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:15020/metrics", nil)
 	resp, err := client.Do(req)
 	if err != nil {
-		return fmt.Errorf("bench: ztunnel-cap-a metrics: %w", err)
+		return fmt.Errorf("bench: node A metrics: %w", err)
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
@@ -239,26 +227,8 @@ func checkCaptured(ctx context.Context, dial func(context.Context, string, strin
 			return nil
 		}
 	}
-	return errors.New("ztunnel-cap-a counted no outbound mTLS connection: iptables did not capture the client")
+	return errors.New("node A counted no outbound mTLS connection: iptables did not capture the client")
 }
-
-// captureWorkloads is the LOCAL_XDS_PATH file of the capture topology: one pod per node.
-const captureWorkloads = `workloads:
-  - uid: Kubernetes//v1/Pod/default/client
-    name: client
-    namespace: default
-    serviceAccount: client
-    workloadIps: ["` + capClientIP + `"]
-    protocol: HBONE
-    node: node-a
-  - uid: Kubernetes//v1/Pod/default/server
-    name: server
-    namespace: default
-    serviceAccount: server
-    workloadIps: ["` + capServerIP + `"]
-    protocol: HBONE
-    node: node-b
-`
 
 // inPodRules installs, inside namespace ns, istio-cni's in-pod rules and policy routing
 // (cnirules.InPod, InPodRoutes), IPv4 only, with the veth baseline's port excluded both ways
@@ -275,6 +245,64 @@ func inPodRules(ns string) error {
 	}
 	for _, args := range cnirules.InPodRoutes() {
 		if err := ipRun(append([]string{"ip", "-n", ns}, args...)...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// settle runs a topology's undo steps, in reverse order, now when building it failed (err
+// not nil), or when the suite ends.
+func (s *suite) settle(undo []func(), err error) {
+	all := func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	if err != nil {
+		all()
+	} else {
+		s.onEnd(all)
+	}
+}
+
+// makeNamespaces creates network namespaces, each with its loopback up, adding each one's
+// removal to undo as soon as it exists.
+func makeNamespaces(undo *[]func(), names ...string) error {
+	for _, ns := range names {
+		if err := ipRun("ip", "netns", "add", ns); err != nil {
+			return err
+		}
+		*undo = append(*undo, func() { exec.Command("ip", "netns", "del", ns).Run() })
+		if err := ipRun("ip", "-n", ns, "link", "set", "lo", "up"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// vethNames returns the two ends' names of a veth pair of kind (one or two letters) for program pg,
+// unique to this process; at most 15 characters for any pid.
+func vethNames(kind string, pg program) (a, b string) {
+	base := fmt.Sprintf("gz%s%d", kind, os.Getpid())
+	if pg.rust {
+		base += "r"
+	}
+	return base + "a", base + "b"
+}
+
+// joinVeth links namespaces nsA and nsB by a veth pair, vethA with ipA/24 in nsA and vethB
+// with ipB/24 in nsB. It is made inside nsA with its peer inside nsB, so it never exists in
+// this machine's own namespace, and goes when they do.
+func joinVeth(nsA, nsB, vethA, vethB, ipA, ipB string) error {
+	for _, args := range [][]string{
+		{"ip", "-n", nsA, "link", "add", vethA, "type", "veth", "peer", "name", vethB, "netns", nsB},
+		{"ip", "-n", nsA, "addr", "add", ipA + "/24", "dev", vethA},
+		{"ip", "-n", nsB, "addr", "add", ipB + "/24", "dev", vethB},
+		{"ip", "-n", nsA, "link", "set", vethA, "up"},
+		{"ip", "-n", nsB, "link", "set", vethB, "up"},
+	} {
+		if err := ipRun(args...); err != nil {
 			return err
 		}
 	}

@@ -41,6 +41,22 @@ func leftNamespaces(t *testing.T) []string {
 	return left
 }
 
+// checkNothingLeft fails t if any of this process's namespaces, or any process a run of rep
+// measured, outlived the suite.
+func checkNothingLeft(t *testing.T, rep *Report) {
+	t.Helper()
+	if left := leftNamespaces(t); len(left) > 0 {
+		t.Errorf("namespaces left after the suite: %v", left)
+	}
+	for _, r := range rep.Runs {
+		for _, p := range r.Procs {
+			if running(p.PID) {
+				t.Errorf("%s (pid %d) still running after the suite", p.Name, p.PID)
+			}
+		}
+	}
+}
+
 // running reports whether pid is a live process (not gone, not a zombie).
 func running(pid int) bool {
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
@@ -65,6 +81,9 @@ func TestSuiteSmokeCapture(t *testing.T) {
 	}
 	if len(rep.Errors) > 0 {
 		t.Errorf("failed runs: %+v", rep.Errors)
+	}
+	if notes := fmt.Sprint(rep.Notes); !strings.Contains(notes, "the Rust ztunnel's binary is needed") {
+		t.Errorf("notes %v; want one saying the Rust paths need its binary", rep.Notes)
 	}
 	if got := rep.Baselines["capture"]; !slices.Equal(got, []string{"veth"}) {
 		t.Errorf("capture's baselines %v; want [veth]", got)
@@ -103,16 +122,7 @@ func TestSuiteSmokeCapture(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, table.String())
 		}
 	}
-	if left := leftNamespaces(t); len(left) > 0 {
-		t.Errorf("namespaces left after the suite: %v", left)
-	}
-	for _, r := range rep.Runs {
-		for _, p := range r.Procs {
-			if running(p.PID) {
-				t.Errorf("%s (pid %d) still running after the suite", p.Name, p.PID)
-			}
-		}
-	}
+	checkNothingLeft(t, rep)
 }
 
 // A capture topology that fails half way (its ztunnel cannot start) is one note, and what

@@ -15,9 +15,13 @@
 //	zbench rr --socks5 127.0.0.1:15080 --target 127.0.0.1:8080 --rate 1000 --pid 4242
 //	zbench suite --short                                       # what make bench runs
 //	zbench suite --peers --json out.json --svg latency.svg     # ztunnel beside the peers
+//	zbench suite --ztunnel-rs /path/to/ztunnel                 # as root: beside the Rust ztunnel
 //
 // One file per scenario (throughput.go, rr.go, pingpong.go, connrate.go, idle.go); runner.go
-// holds Run, Options and Result; suite.go, topology.go and report.go the suite.
+// holds Run, Options and Result; suite.go, topology.go and report.go the suite; capture.go
+// the in-pod path between network namespaces, nspair.go the namespace pairs that run the
+// Rust ztunnel (given by path, never built here) beside gozt, program.go how either is
+// configured, meshca.go their one CA.
 //
 // It does not configure or modify the proxies it measures beyond starting them, and nothing
 // else in the module imports it.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -22,10 +23,13 @@ type Report struct {
 	// named here is compared with defaultBaselines. A path measured over other links than
 	// loopback (the capture path over a veth pair) names a baseline on the same links.
 	Baselines map[string][]string `json:"baselines,omitempty"`
-	Cases     []string            `json:"cases"`
-	Notes     []string            `json:"notes,omitempty"`
-	Errors    []RunError          `json:"errors,omitempty"`
-	Runs      []*Result           `json:"runs"`
+	// Rust names, per gozt path, the Rust ztunnel's path of the same shape (ztunnel-ns and
+	// the mixed pairs: ztunnel-rs; capture: capture-rs), shown as the "× ztunnel-rs" line.
+	Rust   map[string]string `json:"rust,omitempty"`
+	Cases  []string          `json:"cases"`
+	Notes  []string          `json:"notes,omitempty"`
+	Errors []RunError        `json:"errors,omitempty"`
+	Runs   []*Result         `json:"runs"`
 }
 
 // RunError is a run that failed; the suite records it and goes on.
@@ -96,6 +100,7 @@ var metrics = []metric{
 	freshMetric(procMetric("rr", "peak anon RSS per proc MB, rep 1", "%.1f", func(r *Result) float64 { return float64(r.PeakAnonPerProc()) / 1e6 })),
 	rateMetric("connrate", "conns/s", "%.0f", (*Result).OpsPerSec),
 	latencyMetric("connrate", "setup p50 µs", 50),
+	latencyMetric("connrate", "setup p99 µs", 99),
 	procMetric("connrate", "proxy CPU ms/conn", "%.3f", func(r *Result) float64 { return r.CPUPerOp().Seconds() * 1e3 }),
 	freshMetric(procMetric("idle", "KiB per idle conn, rep 1", "%.1f", func(r *Result) float64 { return r.BytesPerIdleConn() / 1024 })),
 }
@@ -112,6 +117,8 @@ type Row struct {
 	// than their spreads.
 	Spread map[string]float64            `json:"spread,omitempty"`
 	Ratios map[string]map[string]float64 `json:"ratios,omitempty"` // baseline -> path -> value/baseline
+	// RustRatios is each gozt path's value over its Rust counterpart's (Report.Rust).
+	RustRatios map[string]float64 `json:"rust_ratios,omitempty"`
 }
 
 // defaultBaselines are the paths a figure is also shown as a ratio to, when present and the
@@ -189,6 +196,17 @@ func (rep *Report) Table() []Row {
 			}
 			row.Ratios[b] = ratios
 		}
+		for p, rs := range rep.Rust {
+			v, ok := row.Values[p]
+			base, rok := row.Values[rs]
+			if !ok || !rok || base == 0 {
+				continue
+			}
+			if row.RustRatios == nil {
+				row.RustRatios = map[string]float64{}
+			}
+			row.RustRatios[p] = v / base
+		}
 		rows = append(rows, row)
 	}
 	return rows
@@ -222,6 +240,9 @@ func (rep *Report) WriteTable(w io.Writer) {
 	}
 	fmt.Fprintln(w, "CPU and memory are the proxy processes' own (both hops); ↑ higher is better, ↓ lower is better.")
 	fmt.Fprintln(w, "throughput is one-way bulk transfer from the server through the path to the client (like iperf -R).")
+	if len(rep.Rust) > 0 {
+		fmt.Fprintln(w, "× ztunnel-rs is the figure over the Rust ztunnel's on the path of the same shape (capture over capture-rs, the others over ztunnel-rs).")
+	}
 	const caseW = 13
 	labelW := 0
 	for _, m := range metrics {
@@ -287,6 +308,14 @@ func (rep *Report) WriteTable(w io.Writer) {
 				return ""
 			})
 		}
+		if len(row.RustRatios) > 0 {
+			writeLine("", "  × ztunnel-rs", func(p string) string {
+				if v, ok := row.RustRatios[p]; ok {
+					return fmt.Sprintf("%.2f", v)
+				}
+				return ""
+			})
+		}
 	}
 	for _, e := range rep.Errors {
 		fmt.Fprintf(w, "\nfailed: %s via %s (rep %d): %s", e.Case, e.Path, e.Rep, e.Err)
@@ -328,7 +357,7 @@ func sanitize(rows []Row) []Row {
 				}
 			}
 		}
-		for _, m := range r.Ratios {
+		for _, m := range append(slices.Collect(maps.Values(r.Ratios)), r.RustRatios) {
 			for p, v := range m {
 				if math.IsNaN(v) || math.IsInf(v, 0) {
 					delete(m, p)

@@ -21,10 +21,15 @@ import (
 // Linux with ip and iptables, on the capture path between network namespaces and its veth
 // baseline.
 type SuiteConfig struct {
-	Repo        string        // repository root; zero: found upward from the working directory
-	Ztunnel     string        // a built ztunnel binary, checked before anything starts; zero: go build ./cmd/ztunnel
-	NoZtunnel   bool          // leave the ztunnel path (two nodes on loopback, SOCKS5) out
-	NoCapture   bool          // leave the network-namespace paths (capture and veth) out
+	Repo      string // repository root; zero: found upward from the working directory
+	Ztunnel   string // a built ztunnel binary, checked before anything starts; zero: go build ./cmd/ztunnel
+	NoZtunnel bool   // leave the ztunnel path (two nodes on loopback, SOCKS5) out
+	NoCapture bool   // leave the network-namespace paths (capture, veth and the Rust comparison's) out
+	// ZtunnelRS is a Rust ztunnel (istio/ztunnel) binary, which the suite never builds. With
+	// it, as root with ip and iptables, the suite also runs the namespace pairs (ztunnel-ns,
+	// ztunnel-rs, gozt→rs, rs→gozt; nspair.go) and capture-rs, the in-pod path with Rust
+	// nodes; zero: they are left out with one note.
+	ZtunnelRS   string
 	NoKernelTLS bool          // leave the kernel TLS ztunnel path out (it runs only where the kernel has kernel TLS)
 	Only        []string      // cases to run (rr, idle, pingpong, connrate, throughput/1, throughput/8; throughput is both); zero: all
 	Peers       bool          // also measure every chain peers.sh starts
@@ -90,7 +95,7 @@ func (cfg *SuiteConfig) setDefaults() error {
 	}
 	// Absolute paths: the nodes run in other directories (the repository, the capture work
 	// directory, through ip netns exec) and are handed paths under Repo and WorkDir.
-	for _, p := range []*string{&cfg.Repo, &cfg.WorkDir, &cfg.Ztunnel} {
+	for _, p := range []*string{&cfg.Repo, &cfg.WorkDir, &cfg.Ztunnel, &cfg.ZtunnelRS} {
 		if *p == "" {
 			continue
 		}
@@ -103,6 +108,11 @@ func (cfg *SuiteConfig) setDefaults() error {
 	if cfg.Ztunnel != "" {
 		if _, err := exec.LookPath(cfg.Ztunnel); err != nil {
 			return fmt.Errorf("bench: suite: ztunnel binary: %w", err)
+		}
+	}
+	if cfg.ZtunnelRS != "" {
+		if _, err := exec.LookPath(cfg.ZtunnelRS); err != nil {
+			return fmt.Errorf("bench: suite: Rust ztunnel binary: %w", err)
 		}
 	}
 	if cfg.PeersScript == "" {
@@ -170,6 +180,8 @@ func RunSuite(ctx context.Context, cfg SuiteConfig) (*Report, error) {
 		}
 		s.onEnd(func() { os.RemoveAll(dir) })
 		s.work = dir
+	} else if err := os.MkdirAll(s.work, 0o755); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
 	}
 	paths, err := s.startPaths(ctx)
 	if err != nil {
@@ -200,6 +212,7 @@ type suite struct {
 	rep      *Report
 	cleanups []func() // run in reverse order when the suite ends
 	buildErr error    // why the ztunnel binary could not be built
+	ca       *meshCA  // the namespace paths' CA, once one has asked for it
 }
 
 // onEnd registers f to run when the suite ends, after everything registered later.
@@ -276,6 +289,12 @@ func (s *suite) startPaths(ctx context.Context) ([]*path, error) {
 	}
 	for _, p := range paths {
 		s.rep.Paths = append(s.rep.Paths, p.name)
+		if p.rust != "" {
+			if s.rep.Rust == nil {
+				s.rep.Rust = map[string]string{}
+			}
+			s.rep.Rust[p.name] = p.rust
+		}
 		if p.baselines != nil {
 			if s.rep.Baselines == nil {
 				s.rep.Baselines = map[string][]string{}
@@ -317,34 +336,67 @@ func (s *suite) ztunnelBinary(ctx context.Context) (string, error) {
 }
 
 // startCapturePaths starts the capture topology and returns those of its paths (veth,
-// capture) that forward; anything missing or broken is one note.
+// capture) that forward, and with the Rust ztunnel's binary capture-rs and the namespace
+// pairs; anything missing or broken is one note.
 func (s *suite) startCapturePaths(ctx context.Context) []*path {
 	if why := captureMissing(); why != "" {
 		s.note("capture and veth left out: %s", why)
 		return nil
 	}
 	bin, err := s.ztunnelBinary(ctx)
-	var veth, capture *path
-	if err == nil {
-		veth, capture, err = s.startCapture(ctx, bin)
-	}
 	if err != nil {
 		s.note("capture and veth left out: %v", err)
 		return nil
 	}
+	gozt, rs := program{bin: bin}, program{rust: true, bin: s.cfg.ZtunnelRS}
+	var veth, capture *path
+	veth, capture, err = s.startCapture(ctx, gozt)
+	if err != nil {
+		s.note("capture and veth left out: %v", err)
+	}
 	var paths []*path
 	for _, p := range []*path{veth, capture} {
-		err := probe(ctx, p)
-		if err == nil && p == capture {
-			err = checkCaptured(ctx, capture.adminDial)
+		if p = s.checkPath(ctx, p); p != nil {
+			paths = append(paths, p)
 		}
-		if err != nil {
-			s.note("%s left out: %v", p.name, err)
-			continue
-		}
+	}
+	if rs.bin == "" {
+		s.note("ztunnel-ns, ztunnel-rs, gozt→rs, rs→gozt and capture-rs left out: the Rust ztunnel's binary is needed (ZTUNNEL_RS=/path/to/ztunnel or --ztunnel-rs)")
+		return paths
+	}
+	if _, capRS, err := s.startCapture(ctx, rs); err != nil {
+		s.note("capture-rs left out: %v", err)
+	} else if p := s.checkPath(ctx, capRS); p != nil {
 		paths = append(paths, p)
 	}
+	for _, pr := range nsPairs(gozt, rs) {
+		p, err := s.startNsPair(ctx, pr)
+		if err != nil {
+			s.note("%s left out: %v", pr.name, err)
+			continue
+		}
+		if p = s.checkPath(ctx, p); p != nil {
+			paths = append(paths, p)
+		}
+	}
 	return paths
+}
+
+// checkPath probes p (and on a capture path, that iptables handed the probe to node A) and
+// returns it, or notes why it is left out and returns nil. A nil p stays nil.
+func (s *suite) checkPath(ctx context.Context, p *path) *path {
+	if p == nil {
+		return nil
+	}
+	err := probe(ctx, p)
+	if err == nil && strings.HasPrefix(p.name, "capture") {
+		err = checkCaptured(ctx, p.adminDial)
+	}
+	if err != nil {
+		s.note("%s left out: %v", p.name, err)
+		return nil
+	}
+	return p
 }
 
 // runAll runs the repetitions: every case, and within it every path in turn.

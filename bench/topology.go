@@ -26,6 +26,9 @@ type path struct {
 	children []*child // processes the suite started for this path; their exit ends it
 	// baselines are the paths the report compares this one with; nil: the defaults.
 	baselines []string
+	// rust is the Rust ztunnel's path of the same shape, which the report shows this one's
+	// figures as a ratio to ("× ztunnel-rs"); "" for none.
+	rust string
 	// adminDial reaches the first proxy's admin listeners (capture only: they are in its
 	// node's namespace, not the client pod's).
 	adminDial func(ctx context.Context, network, addr string) (net.Conn, error)

@@ -148,6 +148,7 @@ func suite(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.PeersScript, "peers-script", "", "peers.sh to run (default <repo>/../shared/bench/peers.sh)")
 	fs.StringVar(&cfg.Repo, "repo", "", "repository root (default: found from the working directory)")
 	fs.StringVar(&cfg.Ztunnel, "ztunnel", "", "ztunnel binary to run (default: go build ./cmd/ztunnel)")
+	fs.StringVar(&cfg.ZtunnelRS, "ztunnel-rs", os.Getenv("ZTUNNEL_RS"), "Rust ztunnel binary (istio/ztunnel) to measure beside gozt on the namespace and in-pod paths; never built here (default $ZTUNNEL_RS; empty: those paths are left out)")
 	fs.BoolVar(&cfg.NoZtunnel, "no-ztunnel", false, "leave the ztunnel path (two nodes on loopback, via SOCKS5) out")
 	fs.BoolVar(&cfg.NoKernelTLS, "no-kernel-tls", false, "leave the ztunnel-ktls path out (two nodes with KERNEL_TLS=true; it runs only where the kernel has kernel TLS, and the ztunnel path then keeps TLS in user space for comparison)")
 	fs.BoolVar(&cfg.NoCapture, "no-capture", false, "leave the network-namespace paths out (capture: iptables redirection to ztunnel over a veth pair; veth: its baseline); they need root, ip and iptables")

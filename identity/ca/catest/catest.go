@@ -1,7 +1,8 @@
 // Package catest holds test parts for code that needs a CA: a signing root, and a real
 // istio.v1.auth.IstioCertificateService gRPC server on loopback that signs with it.
 //
-// It is for tests only; nothing in the binary imports it.
+// It is for tests, and for zbench's suite, whose namespace paths take their certificates
+// from one IstioServer (bench/meshca.go); nothing in the ztunnel binary imports it.
 package catest
 
 import (
