@@ -14,14 +14,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gozt/gozt/inpod/zdsagent"
 	"github.com/gozt/gozt/internal/cnirules"
-	"github.com/gozt/gozt/internal/zdsagent"
 )
 
 // The capture topology is the production path, in-pod mode: two pods as network namespaces
 // joined by a veth pair, each with istio-cni's in-pod rules (internal/cnirules.InPod), and
 // two nodes, each a ztunnel in PROXY_MODE=shared in a namespace of its own (loopback only:
-// its admin listeners) that a node agent of the suite's (internal/zdsagent) hands its pod's
+// its admin listeners) that a node agent of the suite's (inpod/zdsagent) hands its pod's
 // netns over ZDS. Each ztunnel opens its pod's listeners inside the pod and dials from
 // there. The client dials the server pod's IP from inside pod A; the rules hand the
 // connection to ztunnel A's outbound listener (15001 in pod A), which carries it over HBONE
