@@ -40,10 +40,7 @@ func TestDNS(t *testing.T) {
 	answers := map[string]map[string]string{} // question -> program -> answer
 	for _, prog := range []string{gozt, rs} {
 		t.Run(prog, func(t *testing.T) {
-			m := &mesh{a: newHost(t, "da"), b: newHost(t, "db"), ca: newCA(t)}
-			link(t, m.a, m.b, meshPrefix)
-			m.ca.serveIn(t, m.a)
-			m.config = writeConfig(t, meshConfig)
+			m := newHosts(t)
 			serveUpstream(t, m.a)
 			startNode(t, prog, m.a, m.dedicatedEnv(prog, "node-a", "default/client/client"))
 			for _, q := range questions {

@@ -63,20 +63,7 @@ func TestInPod(t *testing.T) {
 			for _, p := range []*host{pa, pb} {
 				installInPodRules(t, p)
 			}
-			ln := pb.listen(t, net.JoinHostPort(podB, portEcho))
-			go func() {
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					go func() {
-						defer c.Close()
-						io.Copy(c, c)
-						c.(*net.TCPConn).CloseWrite()
-					}()
-				}
-			}()
+			serveConns(pb.listen(t, net.JoinHostPort(podB, portEcho)), echo)
 			c := newCA(t)
 			config := writeConfig(t, inPodConfig)
 			// Node B first, so that the server pod is enrolled before the client dials it.
@@ -131,13 +118,7 @@ func TestInPod(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	var diffs []string
-	for i, role := range []string{"node A", "node B"} {
-		g, r := views[gozt][i], views[rs][i]
-		diffs = append(diffs, compareMetrics(role, g.metrics, r.metrics)...)
-		diffs = append(diffs, compareDump(role, g.dump, r.dump)...)
-	}
-	checkDifferences(t, "inpod", diffs)
+	checkDifferences(t, "inpod", compareViews(views))
 }
 
 // startInPodNode starts prog in a node namespace of its own, enrolled over ZDS with pod.

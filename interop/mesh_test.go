@@ -146,15 +146,23 @@ type mesh struct {
 	reported   chan string // how portReport's reads ended (errKind)
 }
 
-// newMesh builds the namespaces, the CA and the backends, and starts the pair, each node
-// with env added to its environment.
-func newMesh(t *testing.T, pair [2]string, env ...string) *mesh {
+// newHosts builds node A's and node B's namespaces joined by a veth, the CA (served inside
+// both) and the config file, and starts nothing.
+func newHosts(t *testing.T) *mesh {
 	t.Helper()
 	m := &mesh{a: newHost(t, "ia"), b: newHost(t, "ib"), ca: newCA(t), halfServer: make(chan int, 16), reported: make(chan string, 16)}
 	link(t, m.a, m.b, meshPrefix)
 	m.ca.serveIn(t, m.a)
 	m.ca.serveIn(t, m.b)
 	m.config = writeConfig(t, meshConfig)
+	return m
+}
+
+// newMesh builds newHosts and the backends, and starts the pair, each node with env added to
+// its environment.
+func newMesh(t *testing.T, pair [2]string, env ...string) *mesh {
+	t.Helper()
+	m := newHosts(t)
 	m.serveBackends(t)
 	// Dedicated capture on node A, as next to a sidecar-like ztunnel: TCP the client
 	// workload dials to another host goes to 15001 unless it carries ztunnel's mark.
@@ -208,23 +216,7 @@ func (m *mesh) dedicatedEnv(prog, nodeName, workload string) map[string]string {
 func (m *mesh) serveBackends(t *testing.T) {
 	t.Helper()
 	serve := func(port string, handle func(c *net.TCPConn)) {
-		ln := m.b.listen(t, net.JoinHostPort(serverIP, port))
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					defer c.Close()
-					handle(c.(*net.TCPConn))
-				}()
-			}
-		}()
-	}
-	echo := func(c *net.TCPConn) {
-		io.Copy(c, c)
-		c.CloseWrite()
+		serveConns(m.b.listen(t, net.JoinHostPort(serverIP, port)), handle)
 	}
 	for _, p := range []string{portEcho, portNotAllowed, portDenied, portBySA, portDenyByID} {
 		serve(p, echo)
@@ -255,6 +247,29 @@ func (m *mesh) serveBackends(t *testing.T) {
 		n, _ := io.Copy(io.Discard, c)
 		m.halfServer <- int(n)
 	})
+}
+
+// serveConns runs handle on each connection ln accepts, in a goroutine of its own, until ln
+// is closed (at the test's end); handle's connection is closed when it returns.
+func serveConns(ln net.Listener, handle func(c *net.TCPConn)) {
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				handle(c.(*net.TCPConn))
+			}()
+		}
+	}()
+}
+
+// echo is a backend that writes back what it reads and half-closes after the client does.
+func echo(c *net.TCPConn) {
+	io.Copy(c, c)
+	c.CloseWrite()
 }
 
 // dial opens a connection from the client workload to addr through node A's SOCKS5.

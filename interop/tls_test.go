@@ -26,10 +26,7 @@ func TestTLS12(t *testing.T) {
 		got[enabled] = map[string]string{}
 		for _, prog := range []string{gozt, rs} {
 			t.Run(prog+"/TLS12_ENABLED="+enabled, func(t *testing.T) {
-				m := &mesh{a: newHost(t, "ta"), b: newHost(t, "tb"), ca: newCA(t)}
-				link(t, m.a, m.b, meshPrefix)
-				m.ca.serveIn(t, m.b)
-				m.config = writeConfig(t, meshConfig)
+				m := newHosts(t)
 				env := m.dedicatedEnv(prog, "node-b", "default/server/server")
 				env["TLS12_ENABLED"] = enabled
 				startNode(t, prog, m.b, env)
@@ -101,10 +98,7 @@ func TestCRL(t *testing.T) {
 	got := map[string]map[string]string{} // certificate -> program -> outcome
 	for _, prog := range []string{gozt, rs} {
 		t.Run(prog, func(t *testing.T) {
-			m := &mesh{a: newHost(t, "ca"), b: newHost(t, "cb"), ca: newCA(t)}
-			link(t, m.a, m.b, meshPrefix)
-			m.ca.serveIn(t, m.b)
-			m.config = writeConfig(t, meshConfig)
+			m := newHosts(t)
 			revoked, other := m.clientCert(t), m.clientCert(t)
 			crl := filepath.Join(t.TempDir(), "ca-crl.pem")
 			if err := os.WriteFile(crl, m.ca.root.CRL(t, revoked.Leaf.SerialNumber), 0o644); err != nil {

@@ -106,34 +106,26 @@ func cpuCores(v string) (int, error) {
 	return int(min(math.Ceil(f), 1<<16)), nil
 }
 
-// parseRustLog reads an env_logger/tracing directive list such as "info,access=debug": the
-// bare level is the default, target=level sets one scope. Targets gozt has no logger for are
-// returned in ignored.
+// parseRustLog reads an env_logger/tracing directive list such as "info,access=debug"
+// (parseDirectives' forms): the bare level is the default, target=level sets one scope, in
+// slog's level names. Targets gozt has no logger for are returned in ignored.
 func parseRustLog(v string) (level string, scopes map[string]string, ignored []string, err error) {
+	changes, err := parseDirectives(v)
+	if err != nil {
+		return "", nil, nil, err
+	}
 	level = "info"
-	for _, d := range strings.Split(v, ",") {
-		d = strings.TrimSpace(d)
-		if d == "" {
-			continue
-		}
-		target, lv, hasTarget := strings.Cut(d, "=")
-		if !hasTarget {
-			target, lv = "", d
-		}
-		l, err := rustLevel(lv)
-		if err != nil {
-			return "", nil, nil, err
-		}
+	for _, c := range changes {
 		switch {
-		case !hasTarget:
-			level = l
-		case slices.Contains(logScopes, target):
+		case c.scope == "":
+			level = strings.ToLower(c.level.String())
+		case slices.Contains(logScopes, c.scope):
 			if scopes == nil {
 				scopes = map[string]string{}
 			}
-			scopes[target] = l
+			scopes[c.scope] = strings.ToLower(c.level.String())
 		default:
-			ignored = append(ignored, target)
+			ignored = append(ignored, c.target)
 		}
 	}
 	return level, scopes, ignored, nil

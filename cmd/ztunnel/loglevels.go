@@ -34,8 +34,9 @@ func (s *scopeLevel) Level() slog.Level { return s.lv.Level() }
 
 // levelChange sets the default level (scope "") or one scope's.
 type levelChange struct {
-	scope string
-	level slog.Level
+	scope  string
+	level  slog.Level
+	target string // the target as written (ztunnel::access), for messages
 }
 
 // newLogLevels starts from the configuration's default level and levels per scope, in slog's
@@ -53,7 +54,7 @@ func newLogLevels(def string, scopes map[string]string) (*logLevels, error) {
 		if c[0] != "" && l.scopes[c[0]] == nil {
 			return nil, fmt.Errorf("no log scope %q", c[0])
 		}
-		l.initial = append(l.initial, levelChange{c[0], level})
+		l.initial = append(l.initial, levelChange{scope: c[0], level: level, target: c[0]})
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -79,7 +80,7 @@ func (l *logLevels) apply(directives string, reset bool) error {
 	}
 	for _, c := range changes {
 		if c.scope != "" && l.scopes[c.scope] == nil {
-			return fmt.Errorf("gozt has no log scope %q; its scopes are %s", c.scope, strings.Join(logScopes, ", "))
+			return fmt.Errorf("gozt has no log scope %q; its scopes are %s", c.target, strings.Join(logScopes, ", "))
 		}
 	}
 	l.mu.Lock()
@@ -119,13 +120,14 @@ func parseDirectives(directives string) ([]levelChange, error) {
 		if err := level.UnmarshalText([]byte(name)); err != nil {
 			return nil, err
 		}
+		scope := target
 		if i := strings.LastIndex(target, "::"); i >= 0 {
-			target = target[i+2:]
+			scope = target[i+2:]
 		}
-		if hasTarget && target == "" {
+		if hasTarget && scope == "" {
 			return nil, fmt.Errorf("%q: no target before the level", d)
 		}
-		changes = append(changes, levelChange{target, level})
+		changes = append(changes, levelChange{scope: scope, level: level, target: target})
 	}
 	return changes, nil
 }
