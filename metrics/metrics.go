@@ -120,9 +120,9 @@ func WithWorkloadManager() Option {
 	return func(m *Metrics) { m.workloadManager = true }
 }
 
-// New registers Istio's families on reg, including istio_build{component="ztunnel",tag=version}
-// and the process collector (process_open_fds, process_max_fds, ...). It panics if reg
-// already holds any of them, as registering twice is a programming error.
+// New registers Istio's families on reg, including istio_build{component="ztunnel",tag=version},
+// the process collector (process_open_fds, process_max_fds, ...) and the Go runtime's. It
+// panics if reg already holds any of them, as registering twice is a programming error.
 func New(reg *prometheus.Registry, version string, opts ...Option) *Metrics {
 	m := &Metrics{log: slog.Default(), reg: reg, series: make(map[seriesKey]*series)}
 	for _, o := range opts {
@@ -172,6 +172,11 @@ func New(reg *prometheus.Registry, version string, opts ...Option) *Metrics {
 	build.WithLabelValues("ztunnel", validUTF8(version)).Set(1)
 	reg.MustRegister(build)
 	reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// The Go runtime's, as the Rust ztunnel exports its tokio runtime's: go_goroutines for
+	// tokio_num_alive_tasks, go_sched_gomaxprocs_threads for tokio_num_workers,
+	// go_sched_latencies_seconds for its queue depth and park counts, go_gc_* and
+	// go_memstats_* for what a garbage collector adds.
+	reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.MetricsScheduler)))
 	return m
 }
 

@@ -556,3 +556,22 @@ func TestWorkloadManagerFamiliesInPodOnly(t *testing.T) {
 		}
 	}
 }
+
+// The Go runtime's families stand where the Rust ztunnel's tokio_* do.
+func TestRuntimeFamilies(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	New(reg, "test")
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, f := range fams {
+		have[f.GetName()] = true
+	}
+	for _, name := range []string{"go_goroutines", "go_sched_gomaxprocs_threads", "go_sched_latencies_seconds", "process_open_fds", "process_cpu_seconds_total"} {
+		if !have[name] {
+			t.Errorf("%s not exported", name)
+		}
+	}
+}
