@@ -44,7 +44,11 @@ func runFlows(t *testing.T, m *mesh, pair string, obs observed) {
 		}
 	})
 	t.Run("dedicated-capture", func(t *testing.T) {
-		// Not through SOCKS5: dialed from node A's namespace and redirected to 15001.
+		// Not through SOCKS5: dialed from node A's namespace and redirected to 15001. The
+		// backend is reachable across the veth without ztunnel too, so the proof is node A
+		// counting one more outbound mTLS connection.
+		outbound := labels("reporter", "source", "source_principal", clientID, "destination_principal", serverID)
+		before := sumSeries(m.nodeA.metrics(t), "istio_tcp_connections_opened_total", outbound...)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		c, err := m.a.dial(ctx, net.JoinHostPort(serverIP, portEcho))
@@ -58,9 +62,9 @@ func runFlows(t *testing.T, m *mesh, pair string, obs observed) {
 			t.Fatalf("4 MiB through the captured path came back with %s, %v; sent %s", got, err, sent)
 		}
 		if !eventually(func() bool {
-			return hasSeries(m.nodeA.metrics(t), "istio_tcp_connections_opened_total", labels("reporter", "source", "source_principal", clientID, "destination_principal", serverID)...)
+			return sumSeries(m.nodeA.metrics(t), "istio_tcp_connections_opened_total", outbound...) > before
 		}) {
-			t.Error("node A counted no outbound mTLS connection: the rules did not hand it the client's")
+			t.Error("node A counted no new outbound mTLS connection: the rules did not hand it the client's")
 		}
 	})
 	t.Run("service-vip", func(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -361,6 +362,18 @@ func stream(c net.Conn, n int64, seed uint64) (sent, got string, err error) {
 	_, rerr := io.Copy(hg, c)
 	werr := <-done
 	return sent, hex.EncodeToString(hg.Sum(nil)), errors.Join(werr, rerr)
+}
+
+// sumSeries adds up the values of the series of family carrying every label in want.
+func sumSeries(text, family string, want ...string) float64 {
+	var sum float64
+	for _, line := range series(text, family, want...) {
+		if i := strings.LastIndexByte(line, ' '); i >= 0 {
+			v, _ := strconv.ParseFloat(line[i+1:], 64)
+			sum += v
+		}
+	}
+	return sum
 }
 
 // hasSeries reports whether text has a series of family carrying every label in want.
