@@ -160,7 +160,9 @@ func (cfg *SuiteConfig) checkOnly() error {
 // RunSuite starts the topology, runs every case on every path, alternating paths within each
 // repetition so that drift on a shared machine hits them all alike, and stops everything it
 // started before returning, also when ctx is cancelled. A path that cannot start is noted and
-// left out; a run that fails is recorded and the suite goes on. The returned Report holds
+// left out, except one that was asked for (the ztunnel path unless NoZtunnel, the Rust
+// ztunnel's paths when ZtunnelRS names a binary), which fails the suite; a run that fails is
+// recorded and the suite goes on. The returned Report holds
 // whatever was measured, even when the error is not nil.
 func RunSuite(ctx context.Context, cfg SuiteConfig) (*Report, error) {
 	if err := cfg.setDefaults(); err != nil {
@@ -185,7 +187,7 @@ func RunSuite(ctx context.Context, cfg SuiteConfig) (*Report, error) {
 	}
 	paths, err := s.startPaths(ctx)
 	if err != nil {
-		return nil, err
+		return s.rep, err // with its notes, which say why
 	}
 	if ctx.Err() != nil {
 		return s.rep, ctx.Err()
@@ -212,6 +214,7 @@ type suite struct {
 	rep      *Report
 	cleanups []func() // run in reverse order when the suite ends
 	buildErr error    // why the ztunnel binary could not be built
+	missing  []string // paths asked for (ztunnel; the Rust ones with a binary) that did not start
 	ca       *meshCA  // the namespace paths' CA, once one has asked for it
 }
 
@@ -245,6 +248,8 @@ func (s *suite) startPaths(ctx context.Context) ([]*path, error) {
 	if !s.cfg.NoZtunnel {
 		if p := s.startZtunnelPath(ctx, userTLSPair, echoAddr); p != nil {
 			paths = append(paths, p)
+		} else {
+			s.missing = append(s.missing, userTLSPair.name)
 		}
 	}
 	if !s.cfg.NoZtunnel && !s.cfg.NoKernelTLS {
@@ -286,6 +291,17 @@ func (s *suite) startPaths(ctx context.Context) ([]*path, error) {
 	}
 	if !s.cfg.NoCapture {
 		paths = append(paths, s.startCapturePaths(ctx)...)
+	}
+	if s.cfg.ZtunnelRS != "" {
+		// Asked for by naming the binary: each Rust path must run, or the suite fails.
+		for _, name := range []string{"capture-rs", "ztunnel-rs", "gozt→rs", "rs→gozt"} {
+			if !slices.ContainsFunc(paths, func(p *path) bool { return p.name == name }) {
+				s.missing = append(s.missing, name)
+			}
+		}
+	}
+	if len(s.missing) > 0 {
+		return paths, fmt.Errorf("bench: suite: %s asked for but did not start (the notes above say why)", strings.Join(s.missing, ", "))
 	}
 	for _, p := range paths {
 		s.rep.Paths = append(s.rep.Paths, p.name)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -186,5 +187,20 @@ func TestSuitePaths(t *testing.T) {
 			!strings.Contains(err.Error(), filepath.Join(dir, tc.bin)) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("ztunnel %s: report %v, err %v; want no report and an error naming %s: %s", tc.bin, rep != nil, err, filepath.Join(dir, tc.bin), tc.want)
 		}
+	}
+}
+
+// A path that was asked for and cannot run fails the suite, with the note that says why,
+// instead of vanishing from the table.
+func TestSuiteAskedForPathFails(t *testing.T) {
+	leaktest.Check(t)
+	cfg := smokeConfig(t)
+	cfg.NoZtunnel, cfg.Ztunnel, cfg.Reps = false, "/bin/false", 1
+	rep, err := RunSuite(context.Background(), cfg)
+	if err == nil || !strings.Contains(err.Error(), "ztunnel asked for but did not start") {
+		t.Fatalf("err = %v; want the ztunnel path named", err)
+	}
+	if rep == nil || !strings.Contains(fmt.Sprint(rep.Notes), "ztunnel left out") {
+		t.Errorf("report %v; want the note saying why", rep)
 	}
 }
