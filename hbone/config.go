@@ -41,8 +41,10 @@ type Config struct {
 	// from inside the pod's network namespace this way.
 	Dial func(ctx context.Context, d *net.Dialer, network, address string) (net.Conn, error)
 	// OnDrop, if set, is told of every stream dropped before it reached a handler's
-	// answer and of every connection closed for abuse (see doc.go, "Limits"). It runs on
-	// the connection's frame reader: it must be quick and must not block.
+	// answer, of every connection closed for abuse, and of every connection or stream a
+	// per-node budget refused or delayed (see doc.go, "Limits"). It runs on the
+	// connection's frame reader, serving goroutine or handler goroutine: it must be quick
+	// and must not block.
 	OnDrop func(DropReason)
 	// DisableKernelTLS keeps every connection's TLS records in crypto/tls. By default the
 	// connections this package runs the handshake of (Pool's, ServeTLS's) hand the record

@@ -152,6 +152,27 @@ func (f *fairness) admitPeer(id identity.ID) (ps *peerState, wait time.Duration,
 	return ps, wait, true
 }
 
+// calmPenalty is how much later a source's and an identity's next new connection may
+// come after one of their connections was closed with ENHANCE_YOUR_CALM, on top of their
+// rates: a peer that reconnects at once after each would otherwise buy a fresh handshake
+// and fresh per-connection budgets per cycle. Calms add up; past maxFairWait of them the
+// next connections are refused until the rate pays them back.
+const calmPenalty = 500 * time.Millisecond
+
+// calmed charges calmPenalty to src and to ps (nil: no identity).
+func (f *fairness) calmed(src netip.Addr, ps *peerState) {
+	cfg := f.cfg
+	now := time.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if st := f.sources[src]; st != nil && cfg.SourceHandshakeRate > 0 {
+		st.rate.penalize(now, cfg.SourceHandshakeRate*rateBurst, cfg.SourceHandshakeRate, calmPenalty)
+	}
+	if ps != nil && cfg.PeerConnRate > 0 {
+		ps.rate.penalize(now, cfg.PeerConnRate*rateBurst, cfg.PeerConnRate, calmPenalty)
+	}
+}
+
 // leavePeer ends what admitPeer began, taking the connection's remaining open streams
 // (n) off the identity's count.
 func (f *fairness) leavePeer(ps *peerState, n int64) {

@@ -295,3 +295,30 @@ func TestRateBudgetReserve(t *testing.T) {
 		t.Error("bucket not full again after 4 s")
 	}
 }
+
+// A connection closed with ENHANCE_YOUR_CALM delays its source's and identity's next
+// connection by calmPenalty (the server's SETTINGS come that much later), while another
+// identity from another source connects at once.
+func TestCalmDelaysReconnect(t *testing.T) {
+	leaktest.Check(t)
+	e := newEnv(t, Config{}, echo)
+	for round := range 2 {
+		start := time.Now()
+		p := floodPeer(t, e.addr.String())
+		p.waitFor(t, "the server's SETTINGS", func(f frameSummary) bool { return f.typ == http2.FrameSettings })
+		if d := time.Since(start); round > 0 && d < calmPenalty*8/10 {
+			t.Errorf("reconnect after a calm close served after %v; want about %v", d, calmPenalty)
+		} else {
+			t.Logf("connection %d served after %v", round, d)
+		}
+		for i := 0; i < 2*junkBurst; i++ {
+			if p.write(func() error { return p.fr.WritePing(false, [8]byte{byte(i)}) }) != nil {
+				break
+			}
+		}
+		p.waitFor(t, "GOAWAY ENHANCE_YOUR_CALM", func(f frameSummary) bool {
+			return f.typ == http2.FrameGoAway && f.code == http2.ErrCodeEnhanceYourCalm
+		})
+		honest(t, e, honestSrc)
+	}
+}

@@ -97,6 +97,13 @@ func (b *rateBudget) reserve(now time.Time, burst, rate float64, maxWait time.Du
 	return wait, true
 }
 
+// penalize empties the bucket and puts it d of its rate in debt: the next reserve waits
+// d more than it would have, and penalties add up.
+func (b *rateBudget) penalize(now time.Time, burst, rate float64, d time.Duration) {
+	b.refill(now, burst, rate)
+	b.tokens = min(b.tokens, 1) - d.Seconds()*rate
+}
+
 // calm is the connection error for a peer that ran out of a budget.
 func calm(reason string) error { return connError{http2.ErrCodeEnhanceYourCalm, reason} }
 

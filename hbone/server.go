@@ -155,7 +155,8 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 	s.mu.Unlock()
 	// The source's budgets, before anything is read: a refused connection costs an
 	// accept and a close, no key exchange.
-	release, wait, reason, ok := s.fair.admitSource(sourceOf(raw))
+	src := sourceOf(raw)
+	release, wait, reason, ok := s.fair.admitSource(src)
 	if !ok {
 		refuse(raw)
 		s.notifyDrop(reason)
@@ -286,6 +287,9 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 	c.wg.Add(1)
 	go c.writeLoop()
 	err := c.readLoop()
+	if ce := (connError{}); errors.As(err, &ce) && ce.Code == http2.ErrCodeEnhanceYourCalm {
+		s.fair.calmed(src, c.fair) // before the GOAWAY, which the peer may answer with a reconnect
+	}
 	c.fail(err)
 	c.wg.Wait()
 	c.reportKernelEnd()
