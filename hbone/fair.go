@@ -242,9 +242,17 @@ type gatedConn struct {
 	f    *fairness
 	ctx  context.Context
 	held bool // a place is held; only the handshake's goroutine reads and writes it
+	// over: the handshake is over and reads pass straight through. Set by the serving
+	// goroutine, which then runs the frame reader, the only other reader. (The conn stays
+	// under the bufConn rather than being swapped out: crypto/tls may still be closing it
+	// from its context watcher.)
+	over bool
 }
 
 func (g *gatedConn) Read(p []byte) (int, error) {
+	if g.over {
+		return g.Conn.Read(p)
+	}
 	g.leave()
 	n, err := g.Conn.Read(p)
 	if err == nil && !g.f.enterHandshake(g.ctx) {
@@ -252,6 +260,12 @@ func (g *gatedConn) Read(p []byte) (int, error) {
 	}
 	g.held = err == nil
 	return n, err
+}
+
+// done ends the handshake's part: the place is given up and reads pass through.
+func (g *gatedConn) done() {
+	g.leave()
+	g.over = true
 }
 
 // leave gives the place up, if held (the handshake's goroutine only).

@@ -203,13 +203,12 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 		tc, handshake = ts.tc, ts.handshake
 		if s.fair.gate != nil {
 			// Only so many handshakes compute at once (fair.go); the connection reads
-			// through the gate until its handshake is over.
+			// through the gate until its handshake is over, then straight through it.
 			g := &gatedConn{Conn: raw, f: s.fair, ctx: ctx}
 			ts.bc.Conn = g
 			handshake = func(ctx context.Context) error {
 				err := ts.handshake(ctx)
-				g.leave()
-				ts.bc.Conn = raw
+				g.done()
 				return err
 			}
 		}
