@@ -25,6 +25,15 @@ type Config struct {
 	IdleTimeout       time.Duration // [5m] pooled connection with no streams leaves the pool
 	DialTimeout       time.Duration // [10s] TCP+TLS dial; timeout error says "maybe a NetworkPolicy is blocking HBONE port 15008"; server: TLS handshake and preface
 	MaxHandshakes     int           // [1024] server: TLS handshakes in flight; past it the oldest is dropped (doc.go, "Limits")
+	// Per-node budgets of a Server across its connections (doc.go, "Limits"): zero means
+	// the default in brackets, a negative value turns the budget off.
+	HandshakeWorkers       int     // [GOMAXPROCS-1, at least 1] ServeTLS handshakes computing at once
+	SourceHandshakes       int     // [64] handshakes in flight from one source IP; past it a new connection is refused
+	SourceHandshakeRate    float64 // [32/s, burst 4 s of it] new connections from one source IP; past it one waits up to 1 s, then is refused
+	SourceFailedHandshakes float64 // [2/s, burst 8 s of it] failed handshakes of one source IP; past it its connections are refused before TLS
+	PeerConnRate           float64 // [32/s, burst 4 s of it] new HBONE connections of one peer identity; past it one waits up to 1 s, then is closed
+	PeerStreams            int     // [8 × ServerMaxStreams] open streams of one peer identity; past it a new one gets REFUSED_STREAM
+	PeerDials              int     // [256] streams of one peer identity whose handler has not answered; past it a new one waits
 	// Control is applied to dialed sockets (SO_MARK etc.); optional.
 	Control func(network, address string, c syscall.RawConn) error
 	// Dial, if set, opens the TCP connection under each pooled connection with d (which
@@ -32,8 +41,10 @@ type Config struct {
 	// from inside the pod's network namespace this way.
 	Dial func(ctx context.Context, d *net.Dialer, network, address string) (net.Conn, error)
 	// OnDrop, if set, is told of every stream dropped before it reached a handler's
-	// answer and of every connection closed for abuse (see doc.go, "Limits"). It runs on
-	// the connection's frame reader: it must be quick and must not block.
+	// answer, of every connection closed for abuse, and of every connection or stream a
+	// per-node budget refused or delayed (see doc.go, "Limits"). It runs on the
+	// connection's frame reader, serving goroutine or handler goroutine: it must be quick
+	// and must not block.
 	OnDrop func(DropReason)
 	// DisableKernelTLS keeps every connection's TLS records in crypto/tls. By default the
 	// connections this package runs the handshake of (Pool's, ServeTLS's) hand the record
@@ -79,6 +90,27 @@ const (
 	// DropHandshakeEvicted: a connection still in its TLS handshake was closed to make
 	// room for a new one past MaxHandshakes.
 	DropHandshakeEvicted
+	// DropSourceHandshakes: a connection was refused before TLS because its source IP
+	// had SourceHandshakes in flight.
+	DropSourceHandshakes
+	// DropSourceRate: a connection was refused before TLS because its source IP was past
+	// SourceHandshakeRate.
+	DropSourceRate
+	// DropSourceFailures: a connection was refused before TLS because its source IP was
+	// past SourceFailedHandshakes.
+	DropSourceFailures
+	// DropPeerConnRate: a connection was closed after its handshake because its peer
+	// identity was past PeerConnRate.
+	DropPeerConnRate
+	// DropPeerStreams: a new stream got RST_STREAM(REFUSED_STREAM) because its peer
+	// identity had PeerStreams open.
+	DropPeerStreams
+	// DropPeerDials: a new stream waited because its peer identity had PeerDials
+	// streams unanswered (it was delayed, not dropped).
+	DropPeerDials
+
+	// NumDropReasons is one more than the last DropReason.
+	NumDropReasons
 )
 
 func (r DropReason) String() string {
@@ -91,6 +123,18 @@ func (r DropReason) String() string {
 		return "enhance_your_calm"
 	case DropHandshakeEvicted:
 		return "handshake_evicted"
+	case DropSourceHandshakes:
+		return "source_handshakes"
+	case DropSourceRate:
+		return "source_handshake_rate"
+	case DropSourceFailures:
+		return "source_failed_handshakes"
+	case DropPeerConnRate:
+		return "peer_connection_rate"
+	case DropPeerStreams:
+		return "peer_streams"
+	case DropPeerDials:
+		return "peer_dials_waited"
 	}
 	return "unknown"
 }
@@ -138,7 +182,32 @@ func (c Config) withDefaults() Config {
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = 10 * time.Second
 	}
+	if c.HandshakeWorkers == 0 {
+		c.HandshakeWorkers = handshakeWorkers()
+	}
+	c.SourceHandshakes = defaultInt(c.SourceHandshakes, 64)
+	c.SourceHandshakeRate = defaultRate(c.SourceHandshakeRate, 32)
+	c.SourceFailedHandshakes = defaultRate(c.SourceFailedHandshakes, 2)
+	c.PeerConnRate = defaultRate(c.PeerConnRate, 32)
+	c.PeerStreams = defaultInt(c.PeerStreams, 8*int(c.ServerMaxStreams))
+	c.PeerDials = defaultInt(c.PeerDials, 256)
 	return c
+}
+
+// defaultInt is v, or def for zero, or 0 (off) for a negative v.
+func defaultInt(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return max(v, 0)
+}
+
+// defaultRate is defaultInt for rates.
+func defaultRate(v, def float64) float64 {
+	if v == 0 {
+		return def
+	}
+	return max(v, 0)
 }
 
 // Key identifies a pool of connections. It is comparable so it can key a map; two

@@ -33,6 +33,7 @@ type conn struct {
 	peer    identity.ID
 	fr      *http2.Framer // write side under wmu; read side the frame reader's alone
 	onClose func(*conn)   // pool bookkeeping: the connection leaves the pool; see leavePool
+	fair    *peerState    // server: its peer identity's budgets (fair.go), nil without an identity
 	// ctx is the parent of every server stream's Request context; cancelCtx ends it in
 	// closeWith. Set before the frame reader starts (server only).
 	ctx       context.Context
@@ -90,6 +91,8 @@ type conn struct {
 	ops, opsSpare  []ctrlOp
 	resetBudget    rateBudget // server: refused and early-reset streams (limits.go)
 	junkBudget     rateBudget // frames that carry nothing (limits.go)
+	fairStreams    int64      // server: its streams counted in fair.streams (fair.go)
+	fairDone       bool       // server: serve has taken fairStreams off fair.streams
 }
 
 type opKind uint8

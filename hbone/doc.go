@@ -124,6 +124,33 @@
 //     (slowloris) is the oldest, while an honest handshake takes milliseconds, so a
 //     flood of them delays no honest client; each costs about 6.5 KiB of heap, a
 //     goroutine and a socket until then.
+//   - Per-node budgets (server, fair.go): the limits above are per connection, so a peer
+//     with N connections would get N times them, and a reconnect after each
+//     ENHANCE_YOUR_CALM buys a fresh handshake (~0.7 ms of CPU) per cycle. These hold
+//     across a Server's connections; a zero Config field is the default, a negative one
+//     turns the budget off. Each refusal or wait goes to Config.OnDrop with its reason.
+//     Before the handshake, by source IP (nothing is read from a refused connection: it
+//     gets an RST, no key exchange and no TIME_WAIT):
+//     SourceHandshakes (64) in flight, then refused; SourceHandshakeRate (32/s, a burst of
+//     128: a pool reconnecting after a restart) new connections, past it one waits up to
+//     1 s for the next token, then is refused; SourceFailedHandshakes (2/s, a burst of 16:
+//     a client retrying through a certificate rotation) failures (TLS error, wrong ALPN,
+//     no preface, handshake deadline, evicted), and while past it every connection from
+//     the source is refused. In Istio ambient the source of an HBONE connection is the
+//     client pod's address, so one pod's storm does not slow its node's other pods.
+//     After the handshake, by peer identity (connections without one, h2c, are not
+//     counted): PeerConnRate (32/s, a burst of 128) new connections, past it one waits up
+//     to 1 s, then is closed; PeerStreams (8 × ServerMaxStreams) open streams, past it a
+//     new one gets REFUSED_STREAM (and spends the early-reset budget); PeerDials (256)
+//     streams whose handler has not answered (a backend dial, in a proxy), past it a new
+//     one waits for one to answer, so a peer that floods CONNECTs to a live backend holds
+//     at most that many dials, whatever its number of connections. Keyed by identity, a
+//     budget is shared by every client of that identity: an honest one of the same
+//     identity waits too, another identity never does. At most HandshakeWorkers
+//     (GOMAXPROCS-1, at least one) ServeTLS handshakes compute at once: a handshake holds
+//     its place only between its reads, so one stalled by its peer holds none, and one P
+//     is always left to established connections. Per-source and per-identity entries are
+//     forgotten once idle with full buckets, swept when their number passes 4096.
 //   - Header blocks: 64 KiB decoded on the server, 16 KiB on the client (x/net's Framer
 //     enforces it across CONTINUATION frames); frames up to MaxFrameSize.
 //   - A hostile server can do no more to the client: it gets the same frame budgets,
@@ -133,7 +160,7 @@
 // # Locks
 //
 // Taken in this order, never the other way: Pool.mu → conn.mu; Stream.wmu → conn.wmu →
-// conn.mu; Stream.rmu → conn.mu; Server.mu is never held with a conn's lock. conn.wmu
+// conn.mu; Stream.rmu → conn.mu; Server.mu is never held with a conn's lock, nor fairness.mu (fair.go) with any other. conn.wmu
 // (the write lock: the Framer's write side, the HPACK encoder, the coalescing buffer)
 // is held by whoever writes frames; functions that need it end in WLocked. conn.mu (the
 // state lock: streams, windows, settings, the control-frame queue) guards the rest of
@@ -162,7 +189,8 @@
 //   - write.go: the write side (the write lock, control frames queued for writeLoop,
 //     DATA and HEADERS frames); buf.go: the pooled buffers and the coalescing bufConn.
 //   - read.go: the frame reader (readLoop) and what each frame does.
-//   - flow.go: windows and SETTINGS; limits.go: what a peer may make a connection do.
+//   - flow.go: windows and SETTINGS; limits.go: what a peer may make a connection do;
+//     fair.go: what a source IP or a peer identity may make the whole server do.
 //   - Kernel TLS: ktls.go (the handshake, the move to the kernel, the fallback, what a
 //     connection reports), ksend.go (the send side: writev and the splice into the
 //     socket, the pipes' free list), kread.go (the receive side: the frame reader's

@@ -41,6 +41,11 @@ var floods = []struct {
 		}
 		return p.write(func() error { return p.fr.WriteRSTStream(id, http2.ErrCodeCancel) })
 	}},
+	// CONNECTs to the live backend, never answered with a byte or a WINDOW_UPDATE: each
+	// holds a handler, a backend socket and its stream until the connection ends.
+	{"connect-flood", func(p *rawPeer, i int) error {
+		return p.headers(uint32(2*i+1), false, ":method", "CONNECT", ":authority", "10.0.0.1:80")
+	}},
 	{"ping", func(p *rawPeer, i int) error {
 		return p.write(func() error { return p.fr.WritePing(false, [8]byte{byte(i)}) })
 	}},

@@ -90,7 +90,7 @@ func TestHPACKBomb(t *testing.T) {
 func TestStalledHandshakesDropped(t *testing.T) {
 	leaktest.Check(t)
 	const deadline = 300 * time.Millisecond
-	e := newEnv(t, Config{DialTimeout: deadline}, echo)
+	e := newEnv(t, Config{DialTimeout: deadline, SourceHandshakes: -1, SourceHandshakeRate: -1, SourceFailedHandshakes: -1}, echo) // the per-source budgets: fair_test.go
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
@@ -130,7 +130,9 @@ func TestStalledHandshakesEvicted(t *testing.T) {
 	leaktest.Check(t)
 	const limit, stalled = 20, 100
 	var evicted atomic.Int64
-	e := newEnv(t, Config{DialTimeout: time.Minute, MaxHandshakes: limit, OnDrop: func(r DropReason) {
+	// From one source, as here, the per-source budgets would refuse most of them first
+	// (fair_test.go); this is the node-wide limit.
+	e := newEnv(t, Config{DialTimeout: time.Minute, MaxHandshakes: limit, SourceHandshakes: -1, SourceHandshakeRate: -1, SourceFailedHandshakes: -1, OnDrop: func(r DropReason) {
 		if r == DropHandshakeEvicted {
 			evicted.Add(1)
 		}

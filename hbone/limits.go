@@ -55,6 +55,55 @@ func (b *rateBudget) take(now time.Time, burst, rate float64) bool {
 	return true
 }
 
+// refill brings the bucket up to now.
+func (b *rateBudget) refill(now time.Time, burst, rate float64) {
+	if b.last.IsZero() {
+		b.tokens = burst
+	} else if now.After(b.last) {
+		b.tokens = min(burst, b.tokens+now.Sub(b.last).Seconds()*rate)
+	}
+	b.last = now
+}
+
+// peek reports whether a token is there, without spending it.
+func (b *rateBudget) peek(now time.Time, burst, rate float64) bool {
+	b.refill(now, burst, rate)
+	return b.tokens >= 1
+}
+
+// full reports whether the bucket has refilled, so forgetting it changes nothing.
+func (b *rateBudget) full(now time.Time, burst, rate float64) bool {
+	if rate <= 0 || b.last.IsZero() {
+		return true
+	}
+	b.refill(now, burst, rate)
+	return b.tokens >= burst
+}
+
+// reserve spends a token now or, if there is none, the next one, and says how long to
+// wait for it; it refuses (false, spending nothing) when that wait would pass maxWait.
+// Waiting callers queue: each reservation pushes the next one a token further out.
+func (b *rateBudget) reserve(now time.Time, burst, rate float64, maxWait time.Duration) (time.Duration, bool) {
+	b.refill(now, burst, rate)
+	if b.tokens >= 1 {
+		b.tokens--
+		return 0, true
+	}
+	wait := time.Duration((1 - b.tokens) / rate * float64(time.Second))
+	if wait > maxWait {
+		return 0, false
+	}
+	b.tokens--
+	return wait, true
+}
+
+// penalize empties the bucket and puts it d of its rate in debt: the next reserve waits
+// d more than it would have, and penalties add up.
+func (b *rateBudget) penalize(now time.Time, burst, rate float64, d time.Duration) {
+	b.refill(now, burst, rate)
+	b.tokens = min(b.tokens, 1) - d.Seconds()*rate
+}
+
 // calm is the connection error for a peer that ran out of a budget.
 func calm(reason string) error { return connError{http2.ErrCodeEnhanceYourCalm, reason} }
 

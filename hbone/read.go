@@ -268,6 +268,10 @@ func (c *conn) streamDoneLocked(s *Stream) {
 	s.done = true
 	delete(c.streams, s.id)
 	c.active--
+	if c.fair != nil && !c.fairDone {
+		c.fairStreams--
+		c.fair.streams.Add(-1)
+	}
 	if c.active == 0 {
 		c.idleSince = time.Now()
 		if c.draining && c.server || (c.goaway && !c.server && c.reserved == 0) {
@@ -363,6 +367,11 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 		c.queueLocked(ctrlOp{kind: opRST, id: id, val: uint32(http2.ErrCodeRefusedStream)})
 		return c.droppedLocked(DropRefused)
 	}
+	if c.fair != nil && c.cfg.PeerStreams > 0 && c.fair.streams.Load() >= int64(c.cfg.PeerStreams) {
+		// The peer identity's connections together hold PeerStreams (fair.go).
+		c.queueLocked(ctrlOp{kind: opRST, id: id, val: uint32(http2.ErrCodeRefusedStream)})
+		return c.droppedLocked(DropPeerStreams)
+	}
 	authority := f.PseudoValue("authority")
 	if f.Truncated || f.PseudoValue("method") != "CONNECT" || f.PseudoValue("scheme") != "" ||
 		f.PseudoValue("path") != "" || f.PseudoValue("protocol") != "" || !validAuthority(authority) {
@@ -373,6 +382,10 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 		return nil
 	}
 	s := c.newStreamLocked(id)
+	if c.fair != nil && !c.fairDone {
+		c.fairStreams++
+		c.fair.streams.Add(1)
+	}
 	s.gotResp = true
 	s.recvEnd = f.StreamEnded()
 	s.pending = true
@@ -439,7 +452,16 @@ func (c *conn) runHandler(r *Request) {
 		gone := r.s.done // reset before its handler could start: nothing to do for it
 		c.mu.Unlock()
 		if !gone {
-			c.handler(r)
+			ok := c.fair.tryDial()
+			if !ok { // the identity has PeerDials unanswered (fair.go): wait for one
+				c.notifyDrop(DropPeerDials)
+				ok = c.fair.waitDial(r.ctx)
+			}
+			if ok {
+				r.dialHeld.Store(c.fair != nil && c.fair.dials != nil)
+				c.handler(r)
+				r.leaveDial()
+			}
 		}
 		if !r.answered.Load() {
 			r.Reject(http.StatusServiceUnavailable)

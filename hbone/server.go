@@ -29,6 +29,7 @@ type Request struct {
 	s        *Stream
 	ctx      context.Context
 	answered atomic.Bool
+	dialHeld atomic.Bool // it holds a place of its peer's PeerDials (fair.go)
 }
 
 // Accept sends 200 with h and returns the stream.
@@ -36,6 +37,7 @@ func (r *Request) Accept(h http.Header) (*Stream, error) {
 	if r.answered.Swap(true) {
 		return nil, errors.New("hbone: request already answered")
 	}
+	r.leaveDial()
 	s := r.s
 	c := s.c
 	c.lockWrite()
@@ -69,6 +71,7 @@ func (r *Request) Reject(code int) {
 	if r.answered.Swap(true) {
 		return
 	}
+	r.leaveDial()
 	s := r.s
 	c := s.c
 	c.lockWrite()
@@ -109,6 +112,7 @@ type Server struct {
 	cfg    Config
 	h      Handler
 	kernel kernelMemo
+	fair   *fairness // per-source and per-identity budgets (fair.go); has its own lock
 
 	mu       sync.Mutex
 	raws     map[net.Conn]*conn // every connection inside ServeConn, from before its handshake; nil until it serves HTTP/2
@@ -120,7 +124,9 @@ type Server struct {
 
 // NewServer returns a server calling h for every valid CONNECT.
 func NewServer(cfg Config, h Handler) *Server {
-	return &Server{cfg: cfg.withDefaults(), h: h, raws: make(map[net.Conn]*conn), lns: make(map[net.Listener]struct{})}
+	s := &Server{cfg: cfg.withDefaults(), h: h, raws: make(map[net.Conn]*conn), lns: make(map[net.Listener]struct{})}
+	s.fair = newFairness(&s.cfg)
+	return s
 }
 
 // ServeTLS runs the TLS server handshake itself over raw (a TCP conn) so that outgoing
@@ -140,6 +146,24 @@ func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
 
 // serve serves raw: through nc (ServeConn), or through the TLS that ts starts (ServeTLS).
 func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) error {
+	s.mu.Lock()
+	if s.shutdown {
+		s.mu.Unlock()
+		raw.Close()
+		return errClosed
+	}
+	s.mu.Unlock()
+	// The source's budgets, before anything is read: a refused connection costs an
+	// accept and a close, no key exchange.
+	src := sourceOf(raw)
+	release, wait, reason, ok := s.fair.admitSource(src)
+	if !ok {
+		refuse(raw)
+		s.notifyDrop(reason)
+		return fmt.Errorf("hbone: %s refused before its handshake: %v", raw.RemoteAddr(), reason)
+	}
+	handshakeFailed := true
+	defer func() { release(handshakeFailed) }()
 	s.mu.Lock()
 	if s.shutdown {
 		s.mu.Unlock()
@@ -169,10 +193,25 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 	stop := context.AfterFunc(ctx, func() { raw.Close() })
 	defer stop()
 	raw.SetDeadline(time.Now().Add(s.cfg.DialTimeout))
+	if wait > 0 && !sleepCtx(ctx, wait) {
+		raw.Close()
+		return errClosed
+	}
 	handshake := func(ctx context.Context) error { return nil }
 	var tc *tls.Conn
 	if ts != nil {
 		tc, handshake = ts.tc, ts.handshake
+		if s.fair.gate != nil {
+			// Only so many handshakes compute at once (fair.go); the connection reads
+			// through the gate until its handshake is over, then straight through it.
+			g := &gatedConn{Conn: raw, f: s.fair, ctx: ctx}
+			ts.bc.Conn = g
+			handshake = func(ctx context.Context) error {
+				err := ts.handshake(ctx)
+				g.done()
+				return err
+			}
+		}
 	} else if c, ok := nc.(*tls.Conn); ok {
 		tc, handshake = c, c.HandshakeContext
 	}
@@ -205,8 +244,30 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 	}
 	raw.SetDeadline(time.Time{})
 	s.handshakeOver(hand)
+	handshakeFailed = false
+	release(false)
 	c := newConn(s.cfg, true, nc, bc, kc)
 	c.handler = s.h
+	if !c.peer.IsZero() { // h2c or no client certificate: no identity to count by
+		ps, wait, ok := s.fair.admitPeer(c.peer)
+		if !ok {
+			raw.Close()
+			s.notifyDrop(DropPeerConnRate)
+			return fmt.Errorf("hbone: %s (%v) refused: %v", raw.RemoteAddr(), c.peer, DropPeerConnRate)
+		}
+		c.fair = ps
+		defer func() {
+			c.mu.Lock()
+			n := c.fairStreams
+			c.fairStreams, c.fairDone = 0, true
+			c.mu.Unlock()
+			s.fair.leavePeer(ps, n)
+		}()
+		if wait > 0 && !sleepCtx(ctx, wait) {
+			raw.Close()
+			return errClosed
+		}
+	}
 	c.ctx, c.cancelCtx = context.WithCancelCause(ctx)
 	s.mu.Lock()
 	if s.shutdown {
@@ -225,6 +286,9 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 	c.wg.Add(1)
 	go c.writeLoop()
 	err := c.readLoop()
+	if ce := (connError{}); errors.As(err, &ce) && ce.Code == http2.ErrCodeEnhanceYourCalm {
+		s.fair.calmed(src, c.fair) // before the GOAWAY, which the peer may answer with a reconnect
+	}
 	c.fail(err)
 	c.wg.Wait()
 	c.reportKernelEnd()
@@ -236,6 +300,18 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 		return fmt.Errorf("hbone: serve %s: %w", raw.RemoteAddr(), cause)
 	}
 	return nil // the peer or we closed the connection
+}
+
+// sleepCtx waits for d or ctx's end, and reports whether d passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // oldestPastLimitLocked takes the oldest connection in its handshake off the list when

@@ -38,6 +38,15 @@ const (
 	backoffStart = time.Second
 	backoffMax   = 150 * time.Second
 	fetchLimit   = time.Minute // one CSR round trip may not take longer
+	// certlessBackoffMax caps the backoff of an identity with no valid certificate, whose
+	// connections fail until a fetch succeeds: within it (and the CA client's own
+	// reconnect backoff, capped at 1 s) of the CA's return, traffic resumes. An identity
+	// still serving its certificate backs off to backoffMax.
+	certlessBackoffMax = 1500 * time.Millisecond
+	// retryWait is how long a caller with no certificate waits for a retry already
+	// running after a failed fetch, rather than FetchTimeout: while the CA is down each
+	// new connection fails fast.
+	retryWait = time.Second
 )
 
 // Manager caches certificates per identity. An identity stays (and keeps rotating) from its
@@ -181,9 +190,9 @@ func (m *Manager) get(ctx context.Context, id identity.ID) (*held, error) {
 	if e.fetching == nil {
 		if e.retryAt.IsZero() {
 			m.startFetchLocked(e, true)
-		} else if e.retryAt.After(now.Add(m.cfg.FetchTimeout)) {
-			// Backing off with no retry before the caller would give up: fail fast rather
-			// than let every new connection hammer a CA that is down.
+		} else if e.err != nil || e.retryAt.After(now.Add(m.cfg.FetchTimeout)) {
+			// Backing off after a failure: fail fast rather than let every new connection
+			// wait for the retry or hammer a CA that is down.
 			err := fmt.Errorf("certs: %s unavailable, next try in %v: %w", id, e.retryAt.Sub(now).Round(time.Millisecond), e.err)
 			m.mu.Unlock()
 			return nil, err
@@ -193,14 +202,31 @@ func (m *Manager) get(ctx context.Context, id identity.ID) (*held, error) {
 		m.slots.promote(e.wait)
 	}
 	ch := e.result
+	wait := m.cfg.FetchTimeout
+	if e.err != nil { // a fetch already failed (or timed a caller out): fail fast
+		wait = min(wait, retryWait)
+	}
 	m.mu.Unlock()
 
-	t := time.NewTimer(m.cfg.FetchTimeout)
+	t := time.NewTimer(wait)
 	defer t.Stop()
+	timeout := t.C
+	if dl, ok := ctx.Deadline(); ok && !dl.After(now.Add(wait)) {
+		timeout = nil // the caller gives up first: its error, not ours
+	}
 	select {
 	case <-ch:
-	case <-t.C:
-		return nil, fmt.Errorf("certs: %s: no certificate after %v", id, m.cfg.FetchTimeout)
+	case <-timeout:
+		err := fmt.Errorf("certs: %s: no certificate after %v", id, wait)
+		m.mu.Lock()
+		if e.err == nil && !e.cur.valid(time.Now()) {
+			e.err = err // the fetch hangs: callers after this one wait only retryWait
+		}
+		if e.err != err {
+			err = fmt.Errorf("%w (last fetch: %w)", err, e.err)
+		}
+		m.mu.Unlock()
+		return nil, err
 	case <-ctx.Done():
 		return nil, fmt.Errorf("certs: %s: %w", id, ctx.Err())
 	case <-m.ctx.Done():
@@ -321,6 +347,9 @@ func (m *Manager) fetch(e *entry, w *waiter) {
 			e.backoff = backoffStart
 		} else {
 			e.backoff = min(2*e.backoff, backoffMax)
+		}
+		if !e.cur.valid(now) {
+			e.backoff = min(e.backoff, certlessBackoffMax)
 		}
 		d := jitter(e.backoff)
 		if m.ctx.Err() == nil {

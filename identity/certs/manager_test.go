@@ -201,7 +201,7 @@ func TestFailFastWhileBackingOff(t *testing.T) {
 		g.set(errDown, nil)
 		m := certs.New(certs.Config{FetchTimeout: 10 * time.Second}, g)
 		defer m.Close()
-		for range 6 { // each waits for the next retry while it is under 10s away
+		for range 6 { // the first waits for the fetch; the others fail fast
 			if _, err := m.Certificate(context.Background(), idA); err == nil {
 				t.Fatal("certificate while the CA is down")
 			}
@@ -514,4 +514,59 @@ func TestWarnOncePerError(t *testing.T) {
 			t.Errorf("%d WARNs after a failure following a success; want 3", n)
 		}
 	})
+}
+
+// TestCAOutageFailFastAndRecovery: while the CA is down and an identity has no
+// certificate, every caller after the first fails within retryWait (1 s) instead of the
+// 10 s FetchTimeout, whether the CA refuses or hangs; the retries are capped so a caller
+// gets a certificate within 3 s of the CA's return, and the CA is not hammered meanwhile.
+func TestCAOutageFailFastAndRecovery(t *testing.T) {
+	for _, hang := range []bool{false, true} {
+		t.Run(map[bool]string{false: "refusing", true: "hanging"}[hang], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := newGated(t, time.Hour)
+				hold := make(chan struct{})
+				if hang {
+					g.set(nil, hold)
+				} else {
+					g.set(errDown, nil)
+				}
+				m := certs.New(certs.Config{FetchTimeout: 10 * time.Second}, g)
+				defer m.Close()
+				if _, err := m.Certificate(context.Background(), idA); err == nil {
+					t.Fatal("certificate while the CA is down")
+				}
+				const outage = time.Minute
+				worst := time.Duration(0)
+				for end := time.Now().Add(outage); time.Now().Before(end); {
+					start := time.Now()
+					if _, err := m.Certificate(context.Background(), idA); err == nil {
+						t.Fatal("certificate while the CA is down")
+					}
+					worst = max(worst, time.Since(start))
+					time.Sleep(100 * time.Millisecond) // a new connection every 100 ms
+				}
+				if worst > time.Second {
+					t.Errorf("a caller waited %v during the outage; want at most 1s", worst)
+				}
+				if n := len(g.callTimes()); !hang && n > int(outage/time.Second)+2 {
+					t.Errorf("%d CA calls in a %v outage; want about one every 1.5s", n, outage)
+				}
+				back := time.Now()
+				g.set(nil, nil)
+				if hang {
+					close(hold)
+				}
+				for {
+					if _, err := m.Certificate(context.Background(), idA); err == nil {
+						break
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+				if d := time.Since(back); d > 3*time.Second {
+					t.Errorf("certificate %v after the CA came back; want within 3s", d)
+				}
+			})
+		})
+	}
 }

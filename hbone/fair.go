@@ -1,0 +1,325 @@
+package hbone
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gozt/gozt/identity"
+)
+
+// Per-node budgets (server): limits.go's are per connection, so a peer with N
+// connections gets N times them. These are kept per source IP before the handshake and
+// per peer identity after it, across all of a Server's connections; doc.go ("Limits")
+// says why each is what it is.
+
+// maxFairWait is the longest a connection waits for a rate budget's next token; past it
+// the connection is refused instead.
+const maxFairWait = time.Second
+
+// sweepAt is the number of tracked sources (or identities) at which idle entries whose
+// buckets have refilled are forgotten.
+const sweepAt = 4096
+
+// fairness holds a Server's per-source and per-identity budgets.
+type fairness struct {
+	cfg *Config
+	// gate: handshakes computing (not waiting for the network) at once.
+	gate chan struct{}
+
+	mu        sync.Mutex
+	sources   map[netip.Addr]*sourceState // guarded by mu
+	peers     map[identity.ID]*peerState  // guarded by mu
+	sweepSrc  int                         // guarded by mu: len(sources) that triggers the next sweep
+	sweepPeer int                         // guarded by mu: len(peers) that triggers the next sweep
+}
+
+// sourceState is one source IP's budgets; its fields are guarded by fairness.mu.
+type sourceState struct {
+	inFlight int        // connections from it in their handshake
+	rate     rateBudget // new connections
+	failed   rateBudget // failed handshakes; while empty the source's connections are refused
+}
+
+// peerState is one peer identity's budgets.
+type peerState struct {
+	conns int        // guarded by fairness.mu: its connections serving HTTP/2
+	rate  rateBudget // guarded by fairness.mu: its new connections
+
+	streams atomic.Int64  // its open streams, across its connections
+	dials   chan struct{} // a semaphore: its streams whose handler has not answered
+}
+
+func newFairness(cfg *Config) *fairness {
+	f := &fairness{
+		cfg:       cfg,
+		sources:   make(map[netip.Addr]*sourceState),
+		peers:     make(map[identity.ID]*peerState),
+		sweepSrc:  sweepAt,
+		sweepPeer: sweepAt,
+	}
+	if cfg.HandshakeWorkers > 0 {
+		f.gate = make(chan struct{}, cfg.HandshakeWorkers)
+	}
+	return f
+}
+
+// sourceOf is the IP a connection comes from (invalid if it is not IP).
+func sourceOf(c net.Conn) netip.Addr {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
+// admitSource decides on a new connection from src before its handshake: refused (a
+// reason), admitted at once, or admitted after wait. An admitted connection holds one
+// of src's handshake places until the returned release is called (idempotent).
+func (f *fairness) admitSource(src netip.Addr) (release func(failed bool), wait time.Duration, refused DropReason, ok bool) {
+	cfg := f.cfg
+	if !src.IsValid() {
+		return func(bool) {}, 0, 0, true
+	}
+	now := time.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := f.sources[src]
+	if st == nil {
+		if len(f.sources) >= f.sweepSrc {
+			f.sweepSourcesLocked(now)
+		}
+		st = &sourceState{}
+		f.sources[src] = st
+	}
+	if cfg.SourceFailedHandshakes > 0 && !st.failed.peek(now, cfg.SourceFailedHandshakes*failBurst, cfg.SourceFailedHandshakes) {
+		return nil, 0, DropSourceFailures, false
+	}
+	if cfg.SourceHandshakes > 0 && st.inFlight >= cfg.SourceHandshakes {
+		return nil, 0, DropSourceHandshakes, false
+	}
+	if cfg.SourceHandshakeRate > 0 {
+		w, ok := st.rate.reserve(now, cfg.SourceHandshakeRate*rateBurst, cfg.SourceHandshakeRate, maxFairWait)
+		if !ok {
+			return nil, 0, DropSourceRate, false
+		}
+		wait = w
+	}
+	st.inFlight++
+	var once atomic.Bool
+	return func(failed bool) {
+		if once.Swap(true) {
+			return
+		}
+		f.mu.Lock()
+		st.inFlight--
+		if failed && cfg.SourceFailedHandshakes > 0 {
+			st.failed.take(time.Now(), cfg.SourceFailedHandshakes*failBurst, cfg.SourceFailedHandshakes)
+		}
+		f.mu.Unlock()
+	}, wait, 0, true
+}
+
+// admitPeer decides on a connection of identity id once its handshake is over, as
+// admitSource does. An admitted connection is counted until leavePeer.
+func (f *fairness) admitPeer(id identity.ID) (ps *peerState, wait time.Duration, ok bool) {
+	cfg := f.cfg
+	now := time.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ps = f.peers[id]
+	if ps == nil {
+		if len(f.peers) >= f.sweepPeer {
+			f.sweepPeersLocked(now)
+		}
+		ps = &peerState{}
+		if cfg.PeerDials > 0 {
+			ps.dials = make(chan struct{}, cfg.PeerDials)
+		}
+		f.peers[id] = ps
+	}
+	if cfg.PeerConnRate > 0 {
+		w, ok := ps.rate.reserve(now, cfg.PeerConnRate*rateBurst, cfg.PeerConnRate, maxFairWait)
+		if !ok {
+			return nil, 0, false
+		}
+		wait = w
+	}
+	ps.conns++
+	return ps, wait, true
+}
+
+// calmPenalty is how much later a source's and an identity's next new connection may
+// come after one of their connections was closed with ENHANCE_YOUR_CALM, on top of their
+// rates: a peer that reconnects at once after each would otherwise buy a fresh handshake
+// and fresh per-connection budgets per cycle. Calms add up; past maxFairWait of them the
+// next connections are refused until the rate pays them back.
+const calmPenalty = 500 * time.Millisecond
+
+// calmed charges calmPenalty to src and to ps (nil: no identity).
+func (f *fairness) calmed(src netip.Addr, ps *peerState) {
+	cfg := f.cfg
+	now := time.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if st := f.sources[src]; st != nil && cfg.SourceHandshakeRate > 0 {
+		st.rate.penalize(now, cfg.SourceHandshakeRate*rateBurst, cfg.SourceHandshakeRate, calmPenalty)
+	}
+	if ps != nil && cfg.PeerConnRate > 0 {
+		ps.rate.penalize(now, cfg.PeerConnRate*rateBurst, cfg.PeerConnRate, calmPenalty)
+	}
+}
+
+// leavePeer ends what admitPeer began, taking the connection's remaining open streams
+// (n) off the identity's count.
+func (f *fairness) leavePeer(ps *peerState, n int64) {
+	ps.streams.Add(-n)
+	f.mu.Lock()
+	ps.conns--
+	f.mu.Unlock()
+}
+
+// sweepSourcesLocked forgets sources with nothing in flight whose buckets have refilled
+// (f.mu held), and sets the size that triggers the next sweep.
+func (f *fairness) sweepSourcesLocked(now time.Time) {
+	cfg := f.cfg
+	for a, st := range f.sources {
+		if st.inFlight == 0 && st.rate.full(now, cfg.SourceHandshakeRate*rateBurst, cfg.SourceHandshakeRate) &&
+			st.failed.full(now, cfg.SourceFailedHandshakes*failBurst, cfg.SourceFailedHandshakes) {
+			delete(f.sources, a)
+		}
+	}
+	f.sweepSrc = max(sweepAt, 2*len(f.sources))
+}
+
+// sweepPeersLocked is sweepSourcesLocked for identities.
+func (f *fairness) sweepPeersLocked(now time.Time) {
+	cfg := f.cfg
+	for id, ps := range f.peers {
+		if ps.conns == 0 && ps.rate.full(now, cfg.PeerConnRate*rateBurst, cfg.PeerConnRate) {
+			delete(f.peers, id)
+		}
+	}
+	f.sweepPeer = max(sweepAt, 2*len(f.peers))
+}
+
+// Bursts of the rate budgets, in seconds of their rate.
+const (
+	rateBurst = 4 // new connections: a node's pool reconnecting after a restart
+	failBurst = 8 // failed handshakes: a client retrying through a certificate rotation
+)
+
+// enterHandshake takes a place in the handshake gate, waiting while every place is
+// taken; it fails only when ctx ends first. (A connection closed meanwhile, evicted past
+// MaxHandshakes, finds out at its next read: places are held only while a handshake
+// computes, so the wait is short.)
+func (f *fairness) enterHandshake(ctx context.Context) bool {
+	select {
+	case f.gate <- struct{}{}:
+		return true
+	default:
+	}
+	select {
+	case f.gate <- struct{}{}:
+		return true
+	case <-ctx.Done():
+	}
+	return false
+}
+
+func (f *fairness) leaveHandshake() { <-f.gate }
+
+// gatedConn is the raw connection under a server handshake: it holds a place in the
+// handshake gate while the handshake computes and gives it up while it waits for the
+// peer, so that at most HandshakeWorkers handshakes take CPU at once (below GOMAXPROCS,
+// leaving a P to the established connections) while a handshake stalled by its peer
+// holds none.
+type gatedConn struct {
+	net.Conn
+	f    *fairness
+	ctx  context.Context
+	held bool // a place is held; only the handshake's goroutine reads and writes it
+	// over: the handshake is over and reads pass straight through. Set by the serving
+	// goroutine, which then runs the frame reader, the only other reader. (The conn stays
+	// under the bufConn rather than being swapped out: crypto/tls may still be closing it
+	// from its context watcher.)
+	over bool
+}
+
+func (g *gatedConn) Read(p []byte) (int, error) {
+	if g.over {
+		return g.Conn.Read(p)
+	}
+	g.leave()
+	n, err := g.Conn.Read(p)
+	if err == nil && !g.f.enterHandshake(g.ctx) {
+		return n, net.ErrClosed
+	}
+	g.held = err == nil
+	return n, err
+}
+
+// done ends the handshake's part: the place is given up and reads pass through.
+func (g *gatedConn) done() {
+	g.leave()
+	g.over = true
+}
+
+// leave gives the place up, if held (the handshake's goroutine only).
+func (g *gatedConn) leave() {
+	if g.held {
+		g.held = false
+		g.f.leaveHandshake()
+	}
+}
+
+// TCP makes gatedConn a ktls.TCPWrapper.
+func (g *gatedConn) TCP() *net.TCPConn { return tcpOf(g.Conn) }
+
+// refuse closes a connection refused before its handshake at the least cost: no TLS, and
+// an RST rather than a FIN, so the server keeps no TIME_WAIT for it.
+func refuse(c net.Conn) {
+	if tc := tcpOf(c); tc != nil {
+		tc.SetLinger(0)
+	}
+	c.Close()
+}
+
+// handshakeWorkers is the default Config.HandshakeWorkers: one less than the Ps, so
+// handshakes never take every one of them.
+func handshakeWorkers() int { return max(1, runtime.GOMAXPROCS(0)-1) }
+
+// tryDial takes a place among the identity's streams that wait for their handler's
+// answer (a backend dial, in a proxy) if one is free; waitDial waits for one, or for
+// ctx to end.
+func (ps *peerState) tryDial() bool {
+	if ps == nil || ps.dials == nil {
+		return true
+	}
+	select {
+	case ps.dials <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (ps *peerState) waitDial(ctx context.Context) bool {
+	select {
+	case ps.dials <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// dialHeld and leaveDial: a Request holds its place from before its handler runs until
+// it is answered or its handler returns, whichever comes first.
+func (r *Request) leaveDial() {
+	if r.dialHeld.Swap(false) {
+		<-r.s.c.fair.dials
+	}
+}
