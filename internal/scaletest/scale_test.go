@@ -1,0 +1,205 @@
+package scaletest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/xds/xdspb"
+	"github.com/gozt/gozt/xds/xdspb/discoverypb"
+)
+
+// result is one node's figures for one mesh.
+type result struct {
+	impl              string
+	workloads         int
+	pushBytes         int
+	ready             time.Duration // process start to /healthz/ready 200
+	applied           time.Duration // the server's first byte of the Address answer to its ACK
+	cpuReady          time.Duration
+	peakReady         uint64 // VmHWM when ready
+	settled           uint64 // VmRSS settle after ready
+	pushP50, pushP99  time.Duration
+	reconnect         time.Duration // stream dropped to the new answer's ACK
+	reconnectVersions int           // resource versions the client listed on reconnect
+	reconnectResent   int           // resources the server resent then
+	peak              uint64        // VmHWM at the end
+	cpu               time.Duration
+	err               error // not ready
+}
+
+func (r result) String() string {
+	mb := func(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) }
+	if r.err != nil {
+		return fmt.Sprintf("%-5s %8d workloads  NOT READY: %v  peak %s MB  cpu %v", r.impl, r.workloads, r.err, mb(r.peak), r.cpu.Round(10*time.Millisecond))
+	}
+	return fmt.Sprintf("%-5s %8d workloads  push %6.1f MB  ready %6v  applied %6v  cpu %6v  peak@ready %6s MB  settled %6s MB (%5.0f B/workload)  push100 p50 %v p99 %v  reconnect %v (%d versions, %d resent)  peak %s MB  cpu %v",
+		r.impl, r.workloads, float64(r.pushBytes)/(1<<20), r.ready.Round(time.Millisecond), r.applied.Round(time.Millisecond), r.cpuReady.Round(10*time.Millisecond),
+		mb(r.peakReady), mb(r.settled), float64(r.settled)/float64(max(1, r.workloads)),
+		r.pushP50.Round(100*time.Microsecond), r.pushP99.Round(100*time.Microsecond), r.reconnect.Round(time.Millisecond), r.reconnectVersions, r.reconnectResent,
+		mb(r.peak), r.cpu.Round(10*time.Millisecond))
+}
+
+type runOpts struct {
+	settle  time.Duration // wait after ready before reading the settled RSS
+	pushes  int           // incremental pushes of 100 workloads
+	ready   time.Duration // how long to wait for ready
+	profile string        // if set, the heap profile after the pushes is saved here
+	env     []string
+}
+
+// run measures one node of binary bin against a fresh ADS server serving m.
+func run(t *testing.T, impl, bin string, m *mesh, o runOpts) result {
+	t.Helper()
+	ads, err := startADS(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ads.stop()
+	r := result{impl: impl, workloads: m.workloads}
+	n := startNode(t, impl, bin, ads.addr, o.env...)
+	defer n.stop()
+	readyAt, err := n.waitReady(o.ready)
+	if err != nil {
+		r.err = err
+		p := n.proc(t)
+		r.peak, r.cpu = p.peak, p.cpu
+		return r
+	}
+	r.ready = readyAt.Sub(n.start)
+	p := n.proc(t)
+	r.cpuReady, r.peakReady = p.cpu, p.peak
+	a, acked := ads.answeredAcked(xdspb.AddressType)
+	r.pushBytes = a.bytes
+	if !acked.IsZero() {
+		r.applied = acked.Sub(a.start)
+	}
+	time.Sleep(o.settle)
+	r.settled = n.proc(t).rss
+
+	var lat []time.Duration
+	for g := range o.pushes {
+		var upd []*discoverypb.Resource
+		for i := range 100 {
+			upd = append(upd, workloadResource((g*100+i*97)%m.workloads, g+2))
+		}
+		d, err := ads.push(xdspb.AddressType, upd, nil)
+		if err != nil {
+			t.Fatalf("push %d: %v", g, err)
+		}
+		lat = append(lat, d)
+	}
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		r.pushP50, r.pushP99 = lat[len(lat)/2], lat[(len(lat)*99)/100]
+	}
+
+	// A reconnect: the client lists every version it holds and the server resends none.
+	before := a.nonce
+	start := time.Now()
+	ads.drop()
+	deadline := time.Now().Add(o.ready)
+	for {
+		a, acked = ads.answeredAcked(xdspb.AddressType)
+		if a.nonce != before && !acked.IsZero() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no reconnect within %v", o.ready)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	r.reconnect = acked.Sub(start)
+	ads.mu.Lock()
+	if ads.cur != nil {
+		r.reconnectVersions = ads.cur.initialVersions
+	}
+	ads.mu.Unlock()
+	r.reconnectResent = a.resources
+	if o.profile != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		if err := n.heapProfile(ctx, o.profile); err != nil {
+			t.Logf("%s: %v", impl, err)
+		}
+		cancel()
+	}
+	p = n.proc(t)
+	r.peak, r.cpu = p.peak, p.cpu
+	return r
+}
+
+// The 10k mesh, in make test: bounds that catch twice the memory per workload, and a
+// reconnect that resends nothing. The baseline is a node of a 15-workload mesh.
+func TestScale10k(t *testing.T) {
+	leaktest.Check(t)
+	bin := gozt(t)
+	o := runOpts{settle: 500 * time.Millisecond, pushes: 10, ready: time.Minute}
+	base := run(t, "gozt", bin, genMesh(15), o)
+	big := run(t, "gozt", bin, genMesh(10000), o)
+	if base.err != nil || big.err != nil {
+		t.Fatalf("not ready: %v, %v", base.err, big.err)
+	}
+	t.Logf("%v\n%v", base, big)
+	per := (float64(big.settled) - float64(base.settled)) / 10000
+	peakPer := (float64(big.peak) - float64(base.peak)) / 10000
+	t.Logf("settled %.0f B/workload, peak %.0f B/workload above a 15-workload node", per, peakPer)
+	if per > maxSettledPerWorkload {
+		t.Errorf("settled RSS %.0f B per workload; want <= %d", per, maxSettledPerWorkload)
+	}
+	if peakPer > maxPeakPerWorkload {
+		t.Errorf("peak RSS %.0f B per workload; want <= %d", peakPer, maxPeakPerWorkload)
+	}
+	if big.reconnectVersions != 10000+10000/workloadsPerService || big.reconnectResent != 0 {
+		t.Errorf("reconnect listed %d versions, server resent %d; want %d and 0", big.reconnectVersions, big.reconnectResent, 10000+10000/workloadsPerService)
+	}
+}
+
+// TestScaleBench is make bench-scale: SCALE_SIZES (default 100000,1000000) meshes against
+// gozt, a baseline gozt binary first if ZTUNNEL_BASE names one (a same-run before/after),
+// and the Rust ztunnel if ZTUNNEL_RS names its binary; a table on stdout and heap profiles
+// in SCALE_OUT (default .tmp/scale at the repository root).
+func TestScaleBench(t *testing.T) {
+	sizes := os.Getenv("SCALE_SIZES")
+	if sizes == "" {
+		t.Skip("SCALE_SIZES not set (make bench-scale sets it)")
+	}
+	out := os.Getenv("SCALE_OUT")
+	if out == "" {
+		out = "../../.tmp/scale"
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := gozt(t)
+	var rows []string
+	for _, s := range strings.Split(sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := genMesh(n)
+		o := runOpts{settle: 3 * time.Second, pushes: 50, ready: 10 * time.Minute, profile: filepath.Join(out, "gozt-"+s+".heap")}
+		if base := os.Getenv("ZTUNNEL_BASE"); base != "" {
+			r := run(t, "base", base, m, runOpts{settle: o.settle, pushes: o.pushes, ready: o.ready, profile: filepath.Join(out, "base-"+s+".heap")})
+			t.Log(r)
+			rows = append(rows, r.String())
+		}
+		r := run(t, "gozt", bin, m, o)
+		t.Log(r)
+		rows = append(rows, r.String())
+		if rs := os.Getenv("ZTUNNEL_RS"); rs != "" {
+			o.profile, o.env = "", rustEnv()
+			r := run(t, "rust", rs, m, o)
+			t.Log(r)
+			rows = append(rows, r.String())
+		}
+	}
+	fmt.Println(strings.Join(rows, "\n"))
+}
