@@ -98,26 +98,34 @@ func newIndex() *index {
 	}
 }
 
-// clone deep-copies the maps a push mutates. Slices in byHost/byVIP are shared: writers
-// only append past a reader's length or replace the slice (removeSvc copies).
-func (x *index) clone() *index {
-	c := &index{
-		workloads: maps.Clone(x.workloads), byAddr: maps.Clone(x.byAddr), byName: maps.Clone(x.byName),
-		byNode: make(map[string]map[string]*Workload, len(x.byNode)), services: maps.Clone(x.services),
-		byHost: maps.Clone(x.byHost), byVIP: maps.Clone(x.byVIP), cidrs: slices.Clip(x.cidrs),
-		endpoints: make(map[string]map[string]Endpoint, len(x.endpoints)), policies: maps.Clone(x.policies),
-		policiesByNs: make(map[string]map[string]*Policy, len(x.policiesByNs)),
+// cloneFor copies the index for b: the maps b mutates are deep-copied, the others shared
+// (a push of policies alone must not copy a million workloads' maps: at 1M workloads that
+// is 520 MB and seconds). Slices in byHost/byVIP are shared: writers only append past a
+// reader's length or replace the slice (removeSvc copies).
+func (x *index) cloneFor(b *Batch) *index {
+	c := *x
+	if len(b.Workloads) > 0 || len(b.RemoveAddresses) > 0 { // addWorkloadLocked, removeWorkloadLocked
+		c.workloads, c.byAddr, c.byName = maps.Clone(x.workloads), maps.Clone(x.byAddr), maps.Clone(x.byName)
+		c.byNode = make(map[string]map[string]*Workload, len(x.byNode))
+		for k, m := range x.byNode {
+			c.byNode[k] = maps.Clone(m)
+		}
+		c.endpoints = make(map[string]map[string]Endpoint, len(x.endpoints))
+		for k, m := range x.endpoints {
+			c.endpoints[k] = maps.Clone(m)
+		}
 	}
-	for k, m := range x.byNode {
-		c.byNode[k] = maps.Clone(m)
+	if len(b.Services) > 0 || len(b.RemoveAddresses) > 0 { // addServiceLocked, removeServiceLocked
+		c.services, c.byHost, c.byVIP, c.cidrs = maps.Clone(x.services), maps.Clone(x.byHost), maps.Clone(x.byVIP), slices.Clip(x.cidrs)
 	}
-	for k, m := range x.endpoints {
-		c.endpoints[k] = maps.Clone(m)
+	if len(b.Policies) > 0 || len(b.RemovePolicies) > 0 { // addPolicyLocked, removePolicyLocked
+		c.policies = maps.Clone(x.policies)
+		c.policiesByNs = make(map[string]map[string]*Policy, len(x.policiesByNs))
+		for k, m := range x.policiesByNs {
+			c.policiesByNs[k] = maps.Clone(m)
+		}
 	}
-	for k, m := range x.policiesByNs {
-		c.policiesByNs[k] = maps.Clone(m)
-	}
-	return c
+	return &c
 }
 
 // Store is the workload cache. The zero value is not usable; call NewStore.
@@ -166,7 +174,7 @@ func (s *Store) Apply(b *Batch) {
 	if size >= bigBatch {
 		// Only writers mutate idx and pushMu excludes the others, so reading it here
 		// without mu races with nothing; readers keep using the old index meanwhile.
-		x := s.idx.clone()
+		x := s.idx.cloneFor(b)
 		x.apply(b)
 		s.mu.Lock()
 		s.idx = x
