@@ -105,7 +105,8 @@ func newIndex() *index {
 func (x *index) cloneFor(b *Batch) *index {
 	c := *x
 	if len(b.Workloads) > 0 || len(b.RemoveAddresses) > 0 { // addWorkloadLocked, removeWorkloadLocked
-		c.workloads, c.byAddr, c.byName = maps.Clone(x.workloads), maps.Clone(x.byAddr), maps.Clone(x.byName)
+		n := len(b.Workloads)
+		c.workloads, c.byAddr, c.byName = cloneSized(x.workloads, n), cloneSized(x.byAddr, 2*n), cloneSized(x.byName, n)
 		c.byNode = make(map[string]map[string]*Workload, len(x.byNode))
 		for k, m := range x.byNode {
 			c.byNode[k] = maps.Clone(m)
@@ -116,7 +117,8 @@ func (x *index) cloneFor(b *Batch) *index {
 		}
 	}
 	if len(b.Services) > 0 || len(b.RemoveAddresses) > 0 { // addServiceLocked, removeServiceLocked
-		c.services, c.byHost, c.byVIP, c.cidrs = maps.Clone(x.services), maps.Clone(x.byHost), maps.Clone(x.byVIP), slices.Clip(x.cidrs)
+		n := len(b.Services)
+		c.services, c.byHost, c.byVIP, c.cidrs = cloneSized(x.services, n), cloneSized(x.byHost, n), cloneSized(x.byVIP, 2*n), slices.Clip(x.cidrs)
 	}
 	if len(b.Policies) > 0 || len(b.RemovePolicies) > 0 { // addPolicyLocked, removePolicyLocked
 		c.policies = maps.Clone(x.policies)
@@ -126,6 +128,19 @@ func (x *index) cloneFor(b *Batch) *index {
 		}
 	}
 	return &c
+}
+
+// cloneSized copies m, with room for a batch of about n more keys when n outgrows it: a
+// node's first push of a million workloads otherwise grows each map twenty times over.
+func cloneSized[K comparable, V any](m map[K]V, n int) map[K]V {
+	if n <= len(m) {
+		return maps.Clone(m)
+	}
+	c := make(map[K]V, len(m)+n)
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
 }
 
 // Store is the workload cache. The zero value is not usable; call NewStore.
@@ -162,11 +177,27 @@ func (s *Store) Apply(b *Batch) {
 	if b.Empty() {
 		return
 	}
-	// Work that needs no lock: identities. Skipped for a value already cached (re-applied).
+	// Work that needs no lock: identities, one per service account. Skipped for a value
+	// already cached (re-applied).
+	var ids map[[3]string]*identity.ID
 	for _, w := range b.Workloads {
-		if w.id.IsZero() {
-			w.id, _ = identity.New(w.TrustDomain, w.Namespace, w.ServiceAccount)
+		if w.id != nil {
+			continue
 		}
+		if ids == nil {
+			ids = make(map[[3]string]*identity.ID)
+		}
+		k := [3]string{w.TrustDomain, w.Namespace, w.ServiceAccount}
+		id := ids[k]
+		if id == nil {
+			v, err := identity.New(w.TrustDomain, w.Namespace, w.ServiceAccount)
+			if err != nil {
+				continue // Identity() is zero for it, as before
+			}
+			id = &v
+			ids[k] = id
+		}
+		w.id = id
 	}
 	s.pushMu.Lock()
 	defer s.pushMu.Unlock()
