@@ -198,3 +198,27 @@ func (n *node) heapProfile(ctx context.Context, path string) error {
 	}
 	return os.WriteFile(path, b, 0o644)
 }
+
+// cpuProfile saves a CPU profile of the node from as soon as its admin server answers until
+// it is ready (the profile ends then, or after 60 s) to path.
+func (n *node) cpuProfile(path string, within time.Duration) {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		select {
+		case <-n.done:
+			return
+		default:
+		}
+		resp, err := http.Get("http://" + n.ip + ":15000/debug/pprof/profile?seconds=60")
+		if err != nil {
+			time.Sleep(2 * time.Millisecond)
+			continue
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err == nil && resp.StatusCode == 200 {
+			_ = os.WriteFile(path, b, 0o644)
+		}
+		return
+	}
+}

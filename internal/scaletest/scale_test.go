@@ -52,7 +52,10 @@ type runOpts struct {
 	pushes  int           // incremental pushes of 100 workloads
 	ready   time.Duration // how long to wait for ready
 	profile string        // if set, the heap profile after the pushes is saved here
-	env     []string
+	// cpuProfile, if set, is where a CPU profile of the node from its start to ready (at
+	// most 60 s) is saved.
+	cpuProfile string
+	env        []string
 }
 
 // run measures one node of binary bin against a fresh ADS server serving m.
@@ -66,6 +69,11 @@ func run(t *testing.T, impl, bin string, m *mesh, o runOpts) result {
 	r := result{impl: impl, workloads: m.workloads}
 	n := startNode(t, impl, bin, ads.addr, o.env...)
 	defer n.stop()
+	if o.cpuProfile != "" {
+		done := make(chan struct{})
+		go func() { defer close(done); n.cpuProfile(o.cpuProfile, o.ready) }()
+		defer func() { <-done }()
+	}
 	readyAt, err := n.waitReady(o.ready)
 	if err != nil {
 		r.err = err
@@ -162,7 +170,7 @@ func TestScale10k(t *testing.T) {
 }
 
 // TestScaleBench is make bench-scale: SCALE_SIZES (default 100000,1000000) meshes against
-// gozt, a baseline gozt binary first if ZTUNNEL_BASE names one (a same-run before/after),
+// gozt (with SCALE_CPUPROFILE set, a CPU profile of its start), a baseline gozt binary first if ZTUNNEL_BASE names one (a same-run before/after),
 // and the Rust ztunnel if ZTUNNEL_RS names its binary; a table on stdout and heap profiles
 // in SCALE_OUT (default .tmp/scale at the repository root).
 func TestScaleBench(t *testing.T) {
@@ -186,6 +194,9 @@ func TestScaleBench(t *testing.T) {
 		}
 		m := genMesh(n)
 		o := runOpts{settle: 3 * time.Second, pushes: 50, ready: 10 * time.Minute, profile: filepath.Join(out, "gozt-"+s+".heap")}
+		if os.Getenv("SCALE_CPUPROFILE") != "" {
+			o.cpuProfile = filepath.Join(out, "gozt-"+s+".cpu")
+		}
 		if base := os.Getenv("ZTUNNEL_BASE"); base != "" {
 			r := run(t, "base", base, m, runOpts{settle: o.settle, pushes: o.pushes, ready: o.ready, profile: filepath.Join(out, "base-"+s+".heap")})
 			t.Log(r)
