@@ -483,6 +483,14 @@ func (c *Client) apply(resp *response) *discoverypb.DeltaDiscoveryRequest {
 	for _, name := range resp.removed {
 		delete(vers, name)
 	}
+	if len(resp.removed) > len(vers) { // a Go map does not shrink: rebuild it at its length
+		small := make(map[string]string, len(vers))
+		for k, v := range vers {
+			small[k] = v
+		}
+		vers = small
+		c.versions[typ] = vers
+	}
 	var wake []chan struct{}
 	if typ == xdspb.AddressType {
 		for _, n := range d.names {

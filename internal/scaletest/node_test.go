@@ -3,6 +3,7 @@ package scaletest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -221,4 +222,24 @@ func (n *node) cpuProfile(path string, within time.Duration) {
 		}
 		return
 	}
+}
+
+// liveHeap is the node's heap after a forced GC (HeapAlloc from /debug/pprof/heap?debug=1):
+// unlike RSS it does not depend on when the collector last ran or the scavenger released.
+func (n *node) liveHeap() (uint64, error) {
+	resp, err := http.Get("http://" + n.ip + ":15000/debug/pprof/heap?gc=1&debug=1")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "# HeapAlloc = "); ok {
+			return strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return 0, errors.New("no HeapAlloc in the heap profile")
 }

@@ -143,6 +143,30 @@ func cloneSized[K comparable, V any](m map[K]V, n int) map[K]V {
 	return c
 }
 
+// shrunk returns m rebuilt at its length if it has fewer than half the keys it had: a Go map
+// does not shrink, so a mesh that scaled down would otherwise keep its peak's tables.
+func shrunk[K comparable, V any](m map[K]V, had int) map[K]V {
+	if len(m) >= had/2 {
+		return m
+	}
+	c := make(map[K]V, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}
+
+// compact shrinks the maps a big removal left mostly empty; x is not yet published.
+func (x *index) compact(before *index) {
+	x.workloads = shrunk(x.workloads, len(before.workloads))
+	x.byAddr = shrunk(x.byAddr, len(before.byAddr))
+	x.byName = shrunk(x.byName, len(before.byName))
+	x.services = shrunk(x.services, len(before.services))
+	x.byHost = shrunk(x.byHost, len(before.byHost))
+	x.byVIP = shrunk(x.byVIP, len(before.byVIP))
+	x.policies = shrunk(x.policies, len(before.policies))
+}
+
 // Store is the workload cache. The zero value is not usable; call NewStore.
 type Store struct {
 	opts  Options
@@ -207,6 +231,9 @@ func (s *Store) Apply(b *Batch) {
 		// without mu races with nothing; readers keep using the old index meanwhile.
 		x := s.idx.cloneFor(b)
 		x.apply(b)
+		if len(b.RemoveAddresses)+len(b.RemovePolicies) > 0 {
+			x.compact(s.idx)
+		}
 		s.mu.Lock()
 		s.idx = x
 		s.version++
