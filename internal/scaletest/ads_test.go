@@ -3,6 +3,7 @@ package scaletest
 import (
 	"errors"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -55,14 +56,22 @@ type adsStream struct {
 	initialVersions int
 }
 
+// startADS serves m on a loopback port of the test's own namespace, plaintext.
 func startADS(m *mesh) (*adsServer, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
+	return serveADS(m, ln)
+}
+
+// serveADS serves m on ln with the server options given (TLS for the Rust ztunnel, which
+// speaks only https to its control plane).
+func serveADS(m *mesh, ln net.Listener, opts ...grpc.ServerOption) (*adsServer, error) {
 	s := &adsServer{
 		addr: ln.Addr().String(), done: make(chan struct{}),
-		res:   map[string][]*discoverypb.Resource{xdspb.AddressType: m.addresses, xdspb.AuthorizationType: m.policies},
+		// Copies: pushes change the server's lists, and the next node gets m afresh.
+		res:   map[string][]*discoverypb.Resource{xdspb.AddressType: slices.Clone(m.addresses), xdspb.AuthorizationType: slices.Clone(m.policies)},
 		names: map[string]map[string]int{}, acks: map[string]chan error{}, answered: map[string]answer{}, ackedAt: map[string]time.Time{},
 		streams: make(chan *adsStream, 16),
 	}
@@ -75,8 +84,8 @@ func startADS(m *mesh) (*adsServer, error) {
 	}
 	// A reconnecting client's first request lists every resource version it holds: at 1M
 	// workloads about 70 MB, past gRPC's 4 MiB default.
-	s.srv = grpc.NewServer(grpc.MaxRecvMsgSize(1<<30),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}))
+	s.srv = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(1 << 30),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true})}, opts...)...)
 	discoverypb.RegisterAggregatedDiscoveryServiceServer(s.srv, s)
 	go func() { defer close(s.done); _ = s.srv.Serve(ln) }()
 	return s, nil
@@ -105,6 +114,8 @@ func (s *adsServer) DeltaAggregatedResources(st grpc.BidiStreamingServer[discove
 		select {
 		case <-as.kill:
 			return errors.New("scaletest: stream dropped")
+		case <-st.Context().Done():
+			return nil
 		case req = <-reqs:
 		}
 		if req == nil {

@@ -9,6 +9,5 @@ const (
 	maxRSSPerWorkload  = 3000
 )
 
-// rustEnv is what the Rust ztunnel needs beside the listener addresses to run against the
-// plaintext ADS server.
-func rustEnv() []string { return []string{"FAKE_CA=true"} }
+// rustMaxPush is the Rust ztunnel's receive limit for a DeltaDiscoveryResponse.
+const rustMaxPush = 200 << 20

@@ -151,3 +151,6 @@ func genMesh(n int) *mesh {
 func (m *mesh) String() string {
 	return fmt.Sprintf("%d workloads, %d services, %d policies", m.workloads, len(m.addresses)-m.workloads, len(m.policies))
 }
+
+// ns0Workload is the node's own workload (PROXY_WORKLOAD_INFO): the mesh's first.
+var ns0Workload = ns(0) + "/app-0-0/app-0"

@@ -52,7 +52,8 @@ func gozt(t testing.TB) string {
 type node struct {
 	name  string
 	cmd   *exec.Cmd
-	ip    string
+	ip    string       // the node's listeners' address
+	http  *http.Client // reaches ip (inside the node's namespace for the Rust ztunnel)
 	log   string
 	start time.Time
 	done  chan struct{}
@@ -63,14 +64,13 @@ type node struct {
 // engineers use 127.0.0.1's ztunnel ports).
 func startNode(t testing.TB, name, bin, ads string, extra ...string) *node {
 	t.Helper()
-	dir := t.TempDir()
-	n := &node{name: name, ip: fmt.Sprintf("127.%d.%d.%d", 100+rand.IntN(100), rand.IntN(250), 1+rand.IntN(250)), log: filepath.Join(dir, "node.log"), done: make(chan struct{})}
+	ip := fmt.Sprintf("127.%d.%d.%d", 100+rand.IntN(100), rand.IntN(250), 1+rand.IntN(250))
 	env := []string{
 		"PATH=" + os.Getenv("PATH"),
 		"PROXY_MODE=dedicated",
-		"PROXY_WORKLOAD_INFO=" + ns(0) + "/app-0-0/app-0",
+		"PROXY_WORKLOAD_INFO=" + ns0Workload,
 		"XDS_ADDRESS=http://" + ads,
-		"CA_PROVIDER=builtin", "CA_DIR=" + filepath.Join(dir, "ca"),
+		"CA_PROVIDER=builtin", "CA_DIR=" + filepath.Join(t.TempDir(), "ca"),
 		"RUST_LOG=warn",
 	}
 	for _, p := range []struct{ env, port string }{
@@ -78,14 +78,19 @@ func startNode(t testing.TB, name, bin, ads string, extra ...string) *node {
 		{"OUTBOUND_ADDR", "15001"}, {"INBOUND_PLAINTEXT_ADDR", "15006"}, {"INBOUND_ADDR", "15008"},
 		{"DNS_PROXY_ADDR", "15053"},
 	} {
-		env = append(env, p.env+"="+n.ip+":"+p.port)
+		env = append(env, p.env+"="+ip+":"+p.port)
 	}
-	env = append(env, extra...)
+	return launch(t, name, ip, &http.Client{Timeout: time.Minute}, exec.Command(bin), append(env, extra...))
+}
+
+// launch starts cmd with exactly env as its environment.
+func launch(t testing.TB, name, ip string, hc *http.Client, cmd *exec.Cmd, env []string) *node {
+	t.Helper()
+	n := &node{name: name, ip: ip, http: hc, cmd: cmd, log: filepath.Join(t.TempDir(), "node.log"), done: make(chan struct{})}
 	f, err := os.Create(n.log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.cmd = exec.Command(bin)
 	n.cmd.Env = env
 	n.cmd.Stdout, n.cmd.Stderr = f, f
 	n.start = time.Now()
@@ -116,7 +121,6 @@ func (n *node) stop() {
 // it gives up early when the node says it refused a message as too large.
 func (n *node) waitReady(within time.Duration) (time.Time, error) {
 	url := "http://" + n.ip + ":15021/healthz/ready"
-	cl := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(within)
 	var last string
 	for time.Now().Before(deadline) {
@@ -125,7 +129,7 @@ func (n *node) waitReady(within time.Duration) (time.Time, error) {
 			return time.Time{}, fmt.Errorf("%s exited before ready", n.name)
 		default:
 		}
-		if resp, err := cl.Get(url); err == nil {
+		if resp, err := n.get(url, time.Second); err == nil {
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
@@ -185,7 +189,7 @@ func (n *node) heapProfile(ctx context.Context, path string) error {
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := n.http.Do(req)
 	if err != nil {
 		return err
 	}
@@ -210,7 +214,7 @@ func (n *node) cpuProfile(path string, within time.Duration) {
 			return
 		default:
 		}
-		resp, err := http.Get("http://" + n.ip + ":15000/debug/pprof/profile?seconds=60")
+		resp, err := n.get("http://"+n.ip+":15000/debug/pprof/profile?seconds=60", 90*time.Second)
 		if err != nil {
 			time.Sleep(2 * time.Millisecond)
 			continue
@@ -227,7 +231,7 @@ func (n *node) cpuProfile(path string, within time.Duration) {
 // liveHeap is the node's heap after a forced GC (HeapAlloc from /debug/pprof/heap?debug=1):
 // unlike RSS it does not depend on when the collector last ran or the scavenger released.
 func (n *node) liveHeap() (uint64, error) {
-	resp, err := http.Get("http://" + n.ip + ":15000/debug/pprof/heap?gc=1&debug=1")
+	resp, err := n.get("http://"+n.ip+":15000/debug/pprof/heap?gc=1&debug=1", time.Minute)
 	if err != nil {
 		return 0, err
 	}
@@ -243,3 +247,26 @@ func (n *node) liveHeap() (uint64, error) {
 	}
 	return 0, errors.New("no HeapAlloc in the heap profile")
 }
+
+func (n *node) get(url string, timeout time.Duration) (*http.Response, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp, err := n.http.Do(req)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	resp.Body = cancelOnClose{resp.Body, cancel}
+	return resp, nil
+}
+
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (c cancelOnClose) Close() error { err := c.ReadCloser.Close(); c.cancel(); return err }
