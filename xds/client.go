@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -63,6 +64,10 @@ const (
 // workload records three times larger; streamCodec converts the message as it is walked
 // and frees it behind, so the node does not hold it twice over.
 const maxPush = 1 << 30
+
+// releaseAfterRemoving is the number of removals from which a push that leaves the store
+// smaller than it removed hands the freed memory back to the OS at once.
+const releaseAfterRemoving = 10_000
 
 // Config configures the delta ADS client. The zero value of each field is its documented default.
 type Config struct {
@@ -467,6 +472,14 @@ func (c *Client) apply(resp *response) *discoverypb.DeltaDiscoveryRequest {
 	}
 	d := resp.d
 	c.store.Apply(&d.batch)
+	if n := len(resp.removed); n >= releaseAfterRemoving {
+		if w, sv, p := c.store.Len(); n > w+sv+p {
+			// Most of the store just went (a mesh scaled down, or a namespace deleted):
+			// the heap shrinks at the next GC, but the runtime returns the pages to the
+			// OS only over minutes. A node's RSS is what its limit and the scheduler see.
+			debug.FreeOSMemory()
+		}
+	}
 
 	c.mu.Lock()
 	vers := c.versions[typ]

@@ -207,8 +207,8 @@ func TestScale10k(t *testing.T) {
 	t.Logf("%v\n%v", base, big)
 	per := func(a, b uint64) float64 { return (float64(a) - float64(b)) / 10000 }
 	heap, settled, peak := per(big.heap, base.heap), per(big.settled, base.settled), per(big.peak, base.peak)
-	t.Logf("per workload above a 15-workload node: live heap %.0f B, settled RSS %.0f B, peak RSS %.0f B; heap after deleting all %.1f MB (%.1f MB with none)",
-		heap, settled, peak, float64(big.heapDeleted)/(1<<20), float64(base.heap)/(1<<20))
+	t.Logf("per workload above a 15-workload node: live heap %.0f B, settled RSS %.0f B, peak RSS %.0f B; after deleting all, heap %.1f MB (%.1f MB with none), RSS %.1f MB (%.1f)",
+		heap, settled, peak, float64(big.heapDeleted)/(1<<20), float64(base.heap)/(1<<20), float64(big.rssDeleted)/(1<<20), float64(base.settled)/(1<<20))
 	if heap > maxHeapPerWorkload {
 		t.Errorf("live heap %.0f B per workload; want <= %d", heap, maxHeapPerWorkload)
 	}
@@ -218,9 +218,13 @@ func TestScale10k(t *testing.T) {
 	if big.reconnectVersions != 10000+10000/workloadsPerService || big.reconnectResent != 0 {
 		t.Errorf("reconnect listed %d versions, server resent %d; want %d and 0", big.reconnectVersions, big.reconnectResent, 10000+10000/workloadsPerService)
 	}
-	// Services and policies stay; the workloads' share must go.
+	// Services and policies stay; the workloads' share must go, from the heap and, as the
+	// client hands it back after a push removing most of the store, from the RSS.
 	if left := per(big.heapDeleted, base.heap); left > heap/4 {
 		t.Errorf("after deleting every workload the heap keeps %.0f B per workload of %.0f", left, heap)
+	}
+	if left := per(big.rssDeleted, base.settled); left > settled/2 {
+		t.Errorf("after deleting every workload the RSS keeps %.0f B per workload of %.0f (%.1f MB)", left, settled, float64(big.rssDeleted)/(1<<20))
 	}
 }
 
