@@ -402,11 +402,6 @@ func (d *decoded) removed(typ string, names []string) {
 	}
 }
 
-// decodeResponse converts every resource of a response; bad ones are listed in errs.
-func decodeResponse(resp *discoverypb.DeltaDiscoveryResponse) *decoded {
-	return fromProto(resp, true).d
-}
-
 // decodeResource converts r into b and returns its name as the converted value holds it.
 func decodeResource(typ string, r *discoverypb.Resource, b *state.Batch, in *interner) (string, error) {
 	anyMsg := r.GetResource()

@@ -65,21 +65,21 @@ type runOpts struct {
 // starter starts an ADS server serving m and a node fed by it.
 type starter func(t *testing.T, m *mesh, o runOpts) (*adsServer, *node)
 
-// gozt nodes run in the test's namespace, on a loopback address of their own.
-func goztNode(bin string) starter {
+// goztNode runs a gozt binary in the test's namespace, on a loopback address of its own.
+func goztNode(impl, bin string) starter {
 	return func(t *testing.T, m *mesh, o runOpts) (*adsServer, *node) {
 		ads, err := startADS(m)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return ads, startNode(t, "gozt", bin, ads.addr, o.env...)
+		return ads, startNode(t, impl, bin, ads.addr, o.env...)
 	}
 }
 
 // run measures one node of binary bin against a fresh ADS server serving m.
 func run(t *testing.T, impl, bin string, m *mesh, o runOpts) result {
 	t.Helper()
-	return runWith(t, impl, m, o, goztNode(bin))
+	return runWith(t, impl, m, o, goztNode(impl, bin))
 }
 
 func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) result {
