@@ -71,6 +71,7 @@ func startNode(t testing.TB, name, bin, ads string, extra ...string) *node {
 		"PROXY_WORKLOAD_INFO=" + ns0Workload,
 		"XDS_ADDRESS=http://" + ads,
 		"CA_PROVIDER=builtin", "CA_DIR=" + filepath.Join(t.TempDir(), "ca"),
+		"SOCKS5_ADDR=" + ip + ":15080", // the probe's way in
 		"RUST_LOG=warn",
 	}
 	for _, p := range []struct{ env, port string }{

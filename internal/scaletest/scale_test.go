@@ -36,6 +36,9 @@ type result struct {
 	heapDeleted       uint64 // the same after a push removing every workload, if asked
 	rssDeleted        uint64 // for the Rust ztunnel: RSS settle after that push
 	err               error  // not ready
+	// The slowest probe connection through the node (see probe) while it was idle after
+	// ready, during the first push, the 100-workload pushes and the reconnect.
+	stallIdle, stallFirst, stallPushes, stallReconnect window
 }
 
 func (r result) String() string {
@@ -47,7 +50,8 @@ func (r result) String() string {
 		r.impl, r.workloads, float64(r.pushBytes)/(1<<20), r.ready.Round(time.Millisecond), r.applied.Round(time.Millisecond), r.cpuReady.Round(10*time.Millisecond),
 		mb(r.peakReady), mb(r.settled), float64(r.settled)/float64(max(1, r.workloads)), mb(r.heap),
 		r.pushP50.Round(100*time.Microsecond), r.pushP99.Round(100*time.Microsecond), r.reconnect.Round(time.Millisecond), r.reconnectVersions, r.reconnectResent,
-		mb(r.peak), r.cpu.Round(10*time.Millisecond)) + fmt.Sprintf("  heap after deleting all %s MB  RSS then %s MB", mb(r.heapDeleted), mb(r.rssDeleted))
+		mb(r.peak), r.cpu.Round(10*time.Millisecond)) + fmt.Sprintf("  heap after deleting all %s MB  RSS then %s MB  probe p100: idle %v, first push %v, pushes %v, reconnect %v",
+		mb(r.heapDeleted), mb(r.rssDeleted), r.stallIdle, r.stallFirst, r.stallPushes, r.stallReconnect)
 }
 
 type runOpts struct {
@@ -56,6 +60,7 @@ type runOpts struct {
 	ready     time.Duration // how long to wait for ready
 	profile   string        // if set, the heap profile after the pushes is saved here
 	deleteAll bool          // at the end, push the removal of every workload
+	probe     time.Duration // if set, a probe connection through the node this often
 	// cpuProfile, if set, is where a CPU profile of the node from its start to ready (at
 	// most 60 s) is saved.
 	cpuProfile string
@@ -89,6 +94,15 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 	r := result{impl: impl, workloads: m.workloads}
 	var err error
 	defer n.stop()
+	var pr *probe
+	if o.probe > 0 && impl != "rust" { // the Rust node is in a namespace of its own
+		echo, err := newEcho()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pr = startProbe(echo, n.ip+":15080", o.probe)
+		defer pr.close()
+	}
 	if o.cpuProfile != "" {
 		done := make(chan struct{})
 		go func() { defer close(done); n.cpuProfile(o.cpuProfile, o.ready) }()
@@ -113,6 +127,9 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 	if !acked.IsZero() {
 		r.applied = acked.Sub(a.start)
 	}
+	if pr != nil {
+		r.stallFirst = pr.window(a.start, acked.Add(o.probe))
+	}
 	time.Sleep(o.settle)
 	r.settled = n.proc(t).rss
 	if impl != "rust" { // the Rust ztunnel has no Go heap
@@ -122,6 +139,10 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 	}
 
 	var lat []time.Duration
+	pushesFrom := time.Now()
+	if pr != nil {
+		r.stallIdle = pr.window(pushesFrom.Add(-o.settle), pushesFrom)
+	}
 	for g := range o.pushes {
 		var upd []*discoverypb.Resource
 		for i := range 100 {
@@ -132,6 +153,9 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 			t.Fatalf("push %d: %v", g, err)
 		}
 		lat = append(lat, d)
+	}
+	if pr != nil {
+		r.stallPushes = pr.window(pushesFrom, time.Now())
 	}
 	if len(lat) > 0 {
 		slices.Sort(lat)
@@ -154,6 +178,9 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 		time.Sleep(time.Millisecond)
 	}
 	r.reconnect = acked.Sub(start)
+	if pr != nil {
+		r.stallReconnect = pr.window(start, acked.Add(o.probe))
+	}
 	ads.mu.Lock()
 	if ads.cur != nil {
 		r.reconnectVersions = ads.cur.initialVersions
@@ -252,12 +279,12 @@ func TestScaleBench(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := genMesh(n)
-		o := runOpts{settle: 3 * time.Second, pushes: 50, ready: 10 * time.Minute, profile: filepath.Join(out, "gozt-"+s+".heap"), deleteAll: true}
+		o := runOpts{settle: 3 * time.Second, pushes: 50, ready: 10 * time.Minute, profile: filepath.Join(out, "gozt-"+s+".heap"), deleteAll: true, probe: 5 * time.Millisecond}
 		if os.Getenv("SCALE_CPUPROFILE") != "" {
 			o.cpuProfile = filepath.Join(out, "gozt-"+s+".cpu")
 		}
 		if base := os.Getenv("ZTUNNEL_BASE"); base != "" {
-			r := run(t, "base", base, m, runOpts{settle: o.settle, pushes: o.pushes, ready: o.ready, profile: filepath.Join(out, "base-"+s+".heap"), deleteAll: true})
+			r := run(t, "base", base, m, runOpts{settle: o.settle, pushes: o.pushes, ready: o.ready, profile: filepath.Join(out, "base-"+s+".heap"), deleteAll: true, probe: o.probe})
 			t.Log(r)
 			rows = append(rows, r.String())
 		}
