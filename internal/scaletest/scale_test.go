@@ -32,13 +32,16 @@ type result struct {
 	reconnectResent   int           // resources the server resent then
 	peak              uint64        // VmHWM at the end
 	cpu               time.Duration
-	heap              uint64 // live heap after a forced GC, settle after ready
-	heapDeleted       uint64 // the same after a push removing every workload, if asked
-	rssDeleted        uint64 // for the Rust ztunnel: RSS settle after that push
-	err               error  // not ready
+	heap              uint64        // live heap after a forced GC, settle after ready
+	heapDeleted       uint64        // the same after a push removing every workload, if asked
+	rssDeleted        uint64        // for the Rust ztunnel: RSS settle after that push
+	err               error         // not ready
+	fullPush          time.Duration // every workload pushed again, send to ACK
 	// The slowest probe connection through the node (see probe) while it was idle after
-	// ready, during the first push, the 100-workload pushes and the reconnect.
-	stallIdle, stallFirst, stallPushes, stallReconnect window
+	// ready, during the 100-workload pushes, the full push and the reconnect. (Not during
+	// the first push: a dedicated node holds a connection from its own workload until the
+	// workload arrives, WorkloadWait, so a probe then measures that wait.)
+	stallIdle, stallPushes, stallFull, stallReconnect window
 }
 
 func (r result) String() string {
@@ -50,8 +53,8 @@ func (r result) String() string {
 		r.impl, r.workloads, float64(r.pushBytes)/(1<<20), r.ready.Round(time.Millisecond), r.applied.Round(time.Millisecond), r.cpuReady.Round(10*time.Millisecond),
 		mb(r.peakReady), mb(r.settled), float64(r.settled)/float64(max(1, r.workloads)), mb(r.heap),
 		r.pushP50.Round(100*time.Microsecond), r.pushP99.Round(100*time.Microsecond), r.reconnect.Round(time.Millisecond), r.reconnectVersions, r.reconnectResent,
-		mb(r.peak), r.cpu.Round(10*time.Millisecond)) + fmt.Sprintf("  heap after deleting all %s MB  RSS then %s MB  probe p100: idle %v, first push %v, pushes %v, reconnect %v",
-		mb(r.heapDeleted), mb(r.rssDeleted), r.stallIdle, r.stallFirst, r.stallPushes, r.stallReconnect)
+		mb(r.peak), r.cpu.Round(10*time.Millisecond)) + fmt.Sprintf("  heap after deleting all %s MB  RSS then %s MB  full push %v  probe p100: idle %v, pushes %v, full push %v, reconnect %v",
+		mb(r.heapDeleted), mb(r.rssDeleted), r.fullPush.Round(time.Millisecond), r.stallIdle, r.stallPushes, r.stallFull, r.stallReconnect)
 }
 
 type runOpts struct {
@@ -61,6 +64,7 @@ type runOpts struct {
 	profile   string        // if set, the heap profile after the pushes is saved here
 	deleteAll bool          // at the end, push the removal of every workload
 	probe     time.Duration // if set, a probe connection through the node this often
+	fullPush  bool          // after the 100-workload pushes, push every workload again
 	// cpuProfile, if set, is where a CPU profile of the node from its start to ready (at
 	// most 60 s) is saved.
 	cpuProfile string
@@ -127,9 +131,7 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 	if !acked.IsZero() {
 		r.applied = acked.Sub(a.start)
 	}
-	if pr != nil {
-		r.stallFirst = pr.window(a.start, acked.Add(o.probe))
-	}
+
 	time.Sleep(o.settle)
 	r.settled = n.proc(t).rss
 	if impl != "rust" { // the Rust ztunnel has no Go heap
@@ -156,6 +158,21 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 	}
 	if pr != nil {
 		r.stallPushes = pr.window(pushesFrom, time.Now())
+	}
+	if o.fullPush {
+		// Every workload again at a new version, into a store that holds them all: the
+		// push after which the Rust ztunnel's lookups stalled (istio/ztunnel#1966).
+		upd := make([]*discoverypb.Resource, m.workloads)
+		for i := range upd {
+			upd[i] = workloadResource(i, 1000)
+		}
+		from := time.Now()
+		if r.fullPush, err = ads.push(xdspb.AddressType, upd, nil); err != nil {
+			t.Fatalf("full push: %v", err)
+		}
+		if pr != nil {
+			r.stallFull = pr.window(from, time.Now())
+		}
 	}
 	if len(lat) > 0 {
 		slices.Sort(lat)
@@ -279,12 +296,12 @@ func TestScaleBench(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := genMesh(n)
-		o := runOpts{settle: 3 * time.Second, pushes: 50, ready: 10 * time.Minute, profile: filepath.Join(out, "gozt-"+s+".heap"), deleteAll: true, probe: 5 * time.Millisecond}
+		o := runOpts{settle: 3 * time.Second, pushes: 50, ready: 10 * time.Minute, profile: filepath.Join(out, "gozt-"+s+".heap"), deleteAll: true, probe: 5 * time.Millisecond, fullPush: true}
 		if os.Getenv("SCALE_CPUPROFILE") != "" {
 			o.cpuProfile = filepath.Join(out, "gozt-"+s+".cpu")
 		}
 		if base := os.Getenv("ZTUNNEL_BASE"); base != "" {
-			r := run(t, "base", base, m, runOpts{settle: o.settle, pushes: o.pushes, ready: o.ready, profile: filepath.Join(out, "base-"+s+".heap"), deleteAll: true, probe: o.probe})
+			r := run(t, "base", base, m, runOpts{settle: o.settle, pushes: o.pushes, ready: o.ready, profile: filepath.Join(out, "base-"+s+".heap"), deleteAll: true, probe: o.probe, fullPush: true})
 			t.Log(r)
 			rows = append(rows, r.String())
 		}
