@@ -3,7 +3,6 @@ package xds
 import (
 	"slices"
 	"strconv"
-	"strings"
 )
 
 // interner shares equal values among the resources of one push: a mesh repeats namespaces,
@@ -63,27 +62,37 @@ func (in *interner) ports(m map[uint16]uint16) map[uint16]uint16 {
 
 // services returns a workload services map equal to m (its port maps already interned),
 // shared with earlier workloads of the push: the endpoints of one service carry the same.
+// The lookup allocates nothing; most workloads are in one service.
 func (in *interner) services(m map[string]map[uint16]uint16) map[string]map[uint16]uint16 {
 	if in == nil {
 		return m
 	}
-	svcs := make([]string, 0, len(m))
-	for svc := range m {
-		svcs = append(svcs, svc)
+	k := in.key[:0]
+	appendSvc := func(svc string) {
+		k = append(k, svc...)
+		k = append(k, '=')
+		in.key = k
+		k = in.portsKey(m[svc])
+		k = append(k, ';')
 	}
-	slices.Sort(svcs)
-	var b strings.Builder
-	for _, svc := range svcs {
-		b.WriteString(svc)
-		b.WriteByte('=')
-		b.Write(in.portsKey(m[svc]))
-		in.key = in.key[:0]
-		b.WriteByte(';')
+	if len(m) == 1 {
+		for svc := range m {
+			appendSvc(svc)
+		}
+	} else {
+		svcs := make([]string, 0, len(m))
+		for svc := range m {
+			svcs = append(svcs, svc)
+		}
+		slices.Sort(svcs)
+		for _, svc := range svcs {
+			appendSvc(svc)
+		}
 	}
-	k := b.String()
-	if v, ok := in.smaps[k]; ok {
+	in.key = k[:0]
+	if v, ok := in.smaps[string(k)]; ok {
 		return v
 	}
-	in.smaps[k] = m
+	in.smaps[string(k)] = m
 	return m
 }
