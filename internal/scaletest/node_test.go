@@ -20,9 +20,19 @@ import (
 
 var (
 	buildOnce sync.Once
+	buildDir  string
 	builtBin  string
 	buildErr  error
 )
+
+// TestMain removes the binary gozt built (20 MB a run).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
 
 // gozt builds ./cmd/ztunnel as make build does (static, without gRPC's x/net/trace) once
 // per test binary.
@@ -34,6 +44,7 @@ func gozt(t testing.TB) string {
 			buildErr = err
 			return
 		}
+		buildDir = dir
 		builtBin = filepath.Join(dir, "ztunnel")
 		build := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", builtBin, "./cmd/ztunnel")
 		build.Dir = "../.."
