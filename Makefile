@@ -7,7 +7,7 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 RUN_DIR   ?= .tmp/run
 
-.PHONY: all build image helm kube-apiserver kubectl manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs
+.PHONY: all build image helm kube-apiserver kubectl manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale
 
 all: build
 
@@ -153,6 +153,15 @@ bench-smoke:
 # The load-generator suite: two nodes against a direct baseline (under 2 minutes).
 bench:
 	$(GO) run ./cmd/zbench suite --short
+
+# One real node fed generated meshes by a real delta ADS server (internal/scaletest): time to
+# ready, CPU, peak and settled RSS, 100-workload pushes, a reconnect with resource versions;
+# heap profiles in .tmp/scale. The 1M mesh takes a few GB across both processes and minutes
+# on 2 cores. With ZTUNNEL_RS=/path/to/ztunnel the Rust ztunnel runs on the same meshes, with
+# ZTUNNEL_BASE=/path/to/ztunnel a gozt binary of the code before a change (same-run baseline).
+SCALE_SIZES ?= 100000,1000000
+bench-scale:
+	SCALE_SIZES=$(SCALE_SIZES) ZTUNNEL_RS=$(ZTUNNEL_RS) ZTUNNEL_BASE=$(ZTUNNEL_BASE) $(GO) test -count=1 -v -timeout 60m -run '^TestScaleBench$$' ./internal/scaletest
 
 # The packages' Go benchmarks (several minutes).
 bench-go:

@@ -57,3 +57,25 @@ func BenchmarkHandlePush(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkHandleFullPush is every workload pushed again into a store that holds them all
+// (a control plane's full push after a restart): decode, convert, and apply over the old.
+func BenchmarkHandleFullPush(b *testing.B) {
+	for _, n := range []int{100_000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			resp := genPush(b, n)
+			c, err := NewClient(Config{Config: istiogrpc.Config{Address: "http://127.0.0.1:1"}}, state.NewStore(), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			c.handle(resp)
+			b.ReportAllocs()
+			for b.Loop() {
+				if ack := c.handle(resp); ack.GetErrorDetail() != nil {
+					b.Fatal(ack.GetErrorDetail())
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/workload")
+		})
+	}
+}

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -47,7 +48,7 @@ const (
 	connectTimeout    = 5 * time.Second
 	keepaliveTime     = 30 * time.Second
 	keepaliveTimeout  = 10 * time.Second
-	maxRecvMsgSize    = 200 << 20
+	maxRecvMsgSize    = maxPush
 	backoffInitial    = 10 * time.Millisecond
 	backoffMax        = 15 * time.Second
 	quickReconnect    = 10 * time.Millisecond
@@ -55,6 +56,18 @@ const (
 	tcpKeepaliveIntvl = 75 * time.Second
 	tcpKeepaliveCount = 9
 )
+
+// maxPush is the largest DeltaDiscoveryResponse the client takes. A control plane need not
+// chunk: a wildcard subscription to a mesh of 1,000,000 workloads and 66,666 services is
+// one message of 363 MB (about 340 bytes a dual-stack workload), past gRPC's and the Rust
+// ztunnel's 200 MiB, and a node refusing it retries for ever. 1 GiB takes that mesh with
+// workload records three times larger; streamCodec converts the message as it is walked
+// and frees it behind, so the node does not hold it twice over.
+const maxPush = 1 << 30
+
+// releaseAfterRemoving is the number of removals from which a push that leaves the store
+// smaller than it removed hands the freed memory back to the OS at once.
+const releaseAfterRemoving = 10_000
 
 // Config configures the delta ADS client. The zero value of each field is its documented default.
 type Config struct {
@@ -291,7 +304,7 @@ func (c *Client) runStream(ctx context.Context) (gotResponse bool, err error) {
 	if err != nil {
 		return false, &connectError{err}
 	}
-	stream, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(sctx)
+	stream, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(sctx, grpc.ForceCodecV2(newStreamCodec()))
 	if err != nil {
 		return false, &connectError{err}
 	}
@@ -312,16 +325,17 @@ func (c *Client) runStream(ctx context.Context) (gotResponse bool, err error) {
 		}
 	}
 	for {
-		resp, err := stream.Recv()
-		if err != nil {
+		// Decoded and converted by streamCodec as gRPC hands the message over.
+		resp := &response{collectNames: c.cfg.OnDemand}
+		if err := stream.RecvMsg(resp); err != nil {
 			return gotResponse, err
 		}
 		gotResponse = true
-		ack := c.handle(resp)
+		ack := c.apply(resp)
 		if err := c.send(ack); err != nil {
 			return gotResponse, err
 		}
-		c.markSeen(resp.GetTypeUrl())
+		c.markSeen(resp.typeURL)
 	}
 }
 
@@ -338,104 +352,152 @@ func (c *Client) markSeen(typ string) {
 // decoded is the outcome of converting one push, built without any lock held.
 type decoded struct {
 	batch    state.Batch
-	accepted map[string]string // name -> version
-	names    []string          // names and aliases seen (for on-demand waiters)
-	errs     []string          // "name: reason"
+	accepted []nameVersion // in push order
+	names    []string      // names and aliases seen, if collected (for on-demand waiters)
+	errs     []string      // "name: reason"
+	collect  bool
+	versions map[string]string // interned versions: a push repeats few
+	in       *interner
 }
 
-// decodeResponse converts every resource of a response; bad ones are listed in errs.
-func decodeResponse(resp *discoverypb.DeltaDiscoveryResponse) *decoded {
-	d := &decoded{accepted: make(map[string]string, len(resp.GetResources()))}
-	typ := resp.GetTypeUrl()
-	for _, r := range resp.GetResources() {
-		name := r.GetName()
+// nameVersion is an accepted resource. The name is the converted value's own key string
+// (a workload's UID, a service's or policy's key), so the client's version map keeps no
+// copy of its own.
+type nameVersion struct{ name, version string }
+
+func newDecoded(collectNames bool) *decoded {
+	return &decoded{collect: collectNames, versions: make(map[string]string), in: newInterner()}
+}
+
+// add converts one resource of a typ response into the batch, or lists why not.
+func (d *decoded) add(typ string, r *discoverypb.Resource) {
+	name := r.GetName()
+	if d.collect {
 		d.names = append(d.names, name)
 		d.names = append(d.names, r.GetAliases()...)
-		if err := decodeResource(typ, r, &d.batch); err != nil {
-			d.errs = append(d.errs, name+": "+strings.TrimPrefix(err.Error(), "xds: "))
-			continue
-		}
-		d.accepted[name] = r.GetVersion()
 	}
-	switch typ {
-	case xdspb.AddressType:
-		d.batch.RemoveAddresses = resp.GetRemovedResources()
-	case xdspb.AuthorizationType:
-		d.batch.RemovePolicies = resp.GetRemovedResources()
+	key, err := decodeResource(typ, r, &d.batch, d.in)
+	if err != nil {
+		d.errs = append(d.errs, name+": "+strings.TrimPrefix(err.Error(), "xds: "))
+		return
 	}
-	d.names = append(d.names, resp.GetRemovedResources()...)
-	return d
+	v, ok := d.versions[r.GetVersion()]
+	if !ok {
+		v = r.GetVersion()
+		d.versions[v] = v
+	}
+	d.accepted = append(d.accepted, nameVersion{key, v})
 }
 
-func decodeResource(typ string, r *discoverypb.Resource, b *state.Batch) error {
+// removed records a response's removed names.
+func (d *decoded) removed(typ string, names []string) {
+	switch typ {
+	case xdspb.AddressType:
+		d.batch.RemoveAddresses = names
+	case xdspb.AuthorizationType:
+		d.batch.RemovePolicies = names
+	}
+	if d.collect {
+		d.names = append(d.names, names...)
+	}
+}
+
+// decodeResource converts r into b and returns its name as the converted value holds it.
+func decodeResource(typ string, r *discoverypb.Resource, b *state.Batch, in *interner) (string, error) {
 	anyMsg := r.GetResource()
 	if anyMsg == nil {
-		return errors.New("missing resource body")
+		return "", errors.New("missing resource body")
 	}
 	if anyMsg.GetTypeUrl() != typ {
-		return fmt.Errorf("resource type %q in a %q response", anyMsg.GetTypeUrl(), typ)
+		return "", fmt.Errorf("resource type %q in a %q response", anyMsg.GetTypeUrl(), typ)
 	}
 	switch typ {
 	case xdspb.AddressType:
 		var a workloadpb.Address
 		if err := proto.Unmarshal(anyMsg.GetValue(), &a); err != nil {
-			return fmt.Errorf("decode: %w", err)
+			return "", fmt.Errorf("decode: %w", err)
 		}
-		w, s, err := ConvertAddress(&a)
+		w, s, err := convertAddress(&a, in)
 		if err != nil {
-			return err
+			return "", err
 		}
 		if w != nil {
 			if w.UID != r.GetName() {
-				return fmt.Errorf("workload uid %q differs from resource name", w.UID)
+				return "", fmt.Errorf("workload uid %q differs from resource name", w.UID)
 			}
 			b.Workloads = append(b.Workloads, w)
-		} else {
-			if s.Key() != r.GetName() {
-				return fmt.Errorf("service key %q differs from resource name", s.Key())
-			}
-			b.Services = append(b.Services, s)
+			return w.UID, nil
 		}
+		if s.Key() != r.GetName() {
+			return "", fmt.Errorf("service key %q differs from resource name", s.Key())
+		}
+		b.Services = append(b.Services, s)
+		return r.GetName(), nil
 	case xdspb.AuthorizationType:
 		var a securitypb.Authorization
 		if err := proto.Unmarshal(anyMsg.GetValue(), &a); err != nil {
-			return fmt.Errorf("decode: %w", err)
+			return "", fmt.Errorf("decode: %w", err)
 		}
 		p, err := ConvertAuthorization(&a)
 		if err != nil {
-			return err
+			return "", err
 		}
 		if p.Key() != r.GetName() {
-			return fmt.Errorf("policy key %q differs from resource name", p.Key())
+			return "", fmt.Errorf("policy key %q differs from resource name", p.Key())
 		}
 		b.Policies = append(b.Policies, p)
 	}
-	return nil
+	return r.GetName(), nil
 }
 
-// handle applies one response and returns its ACK or NACK.
+// handle applies one materialised response and returns its ACK or NACK (tests, benchmarks).
 func (c *Client) handle(resp *discoverypb.DeltaDiscoveryResponse) *discoverypb.DeltaDiscoveryRequest {
-	typ := resp.GetTypeUrl()
+	return c.apply(fromProto(resp, c.cfg.OnDemand))
+}
+
+// apply applies one decoded response and returns its ACK or NACK.
+func (c *Client) apply(resp *response) *discoverypb.DeltaDiscoveryRequest {
+	typ := resp.typeURL
 	c.metrics.XDSMessages.WithLabelValues(typ).Inc()
-	c.metrics.XDSMessageBytes.WithLabelValues(typ).Add(float64(proto.Size(resp)))
-	ack := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typ, ResponseNonce: resp.GetNonce()}
+	c.metrics.XDSMessageBytes.WithLabelValues(typ).Add(float64(resp.bytes))
+	ack := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typ, ResponseNonce: resp.nonce}
 	if typ != xdspb.AddressType && typ != xdspb.AuthorizationType {
 		c.log.Warn("xds: ignoring unknown type", "type_url", typ)
 		return ack // unknown types are still ACKed
 	}
-	d := decodeResponse(resp)
+	d := resp.d
 	c.store.Apply(&d.batch)
+	if n := len(resp.removed); n >= releaseAfterRemoving {
+		if w, sv, p := c.store.Len(); n > w+sv+p {
+			// Most of the store just went (a mesh scaled down, or a namespace deleted):
+			// the heap shrinks at the next GC, but the runtime returns the pages to the
+			// OS only over minutes. A node's RSS is what its limit and the scheduler see.
+			debug.FreeOSMemory()
+		}
+	}
 
 	c.mu.Lock()
 	vers := c.versions[typ]
+	if len(vers) == 0 && len(d.accepted) > 0 {
+		vers = make(map[string]string, len(d.accepted))
+		c.versions[typ] = vers
+	}
 	// A rejected resource keeps the version we hold, if any: the store keeps that one, and
 	// on reconnect the server then resends the new one or reports it removed. Not listing
 	// it would keep it in the store for good if it went while we were disconnected.
-	for name, v := range d.accepted {
-		vers[name] = v
+	for _, a := range d.accepted {
+		vers[a.name] = a.version
 	}
-	for _, name := range resp.GetRemovedResources() {
+	for _, name := range resp.removed {
 		delete(vers, name)
+	}
+	if len(resp.removed) > len(vers) { // a Go map does not shrink: rebuild it at its length
+		small := make(map[string]string, len(vers))
+		for k, v := range vers {
+			small[k] = v
+		}
+		vers = small
+		c.versions[typ] = vers
 	}
 	var wake []chan struct{}
 	if typ == xdspb.AddressType {

@@ -34,19 +34,29 @@ func port16(v uint32, what string) (uint16, error) {
 
 // ConvertAddress converts an istio.workload.Address into a workload or a service.
 func ConvertAddress(a *workloadpb.Address) (*state.Workload, *state.Service, error) {
+	return convertAddress(a, nil)
+}
+
+func convertAddress(a *workloadpb.Address, in *interner) (*state.Workload, *state.Service, error) {
 	switch t := a.GetType().(type) {
 	case *workloadpb.Address_Workload:
-		w, err := ConvertWorkload(t.Workload)
-		return w, nil, err
+		w, err := convertWorkload(t.Workload, in)
+		if err != nil {
+			return nil, nil, resourceErr("workload", t.Workload.GetUid(), err)
+		}
+		return w, nil, nil
 	case *workloadpb.Address_Service:
-		s, err := ConvertService(t.Service)
-		return nil, s, err
+		s, err := convertService(t.Service, in)
+		if err != nil {
+			return nil, nil, resourceErr("service", t.Service.GetNamespace()+"/"+t.Service.GetHostname(), err)
+		}
+		return nil, s, nil
 	default:
 		return nil, nil, errors.New("xds: address has neither workload nor service")
 	}
 }
 
-func convertGateway(g *workloadpb.GatewayAddress) (*state.GatewayAddress, error) {
+func convertGateway(g *workloadpb.GatewayAddress, in *interner) (*state.GatewayAddress, error) {
 	if g == nil {
 		return nil, nil
 	}
@@ -61,20 +71,20 @@ func convertGateway(g *workloadpb.GatewayAddress) (*state.GatewayAddress, error)
 		if d.Hostname.GetHostname() == "" {
 			return nil, errors.New("gateway hostname is empty")
 		}
-		out.Namespace, out.Hostname = d.Hostname.GetNamespace(), d.Hostname.GetHostname()
+		out.Namespace, out.Hostname = in.str(d.Hostname.GetNamespace()), in.str(d.Hostname.GetHostname())
 	case *workloadpb.GatewayAddress_Address:
 		ip, err := ipFromBytes(d.Address.GetAddress())
 		if err != nil {
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
-		out.Network, out.Address = d.Address.GetNetwork(), ip
+		out.Network, out.Address = in.str(d.Address.GetNetwork()), ip
 	default:
 		return nil, errors.New("gateway has no destination")
 	}
 	return out, nil
 }
 
-func convertPorts(ps []*workloadpb.Port) (map[uint16]uint16, error) {
+func convertPorts(ps []*workloadpb.Port, in *interner) (map[uint16]uint16, error) {
 	m := make(map[uint16]uint16, len(ps))
 	for _, p := range ps {
 		sp, err := port16(p.GetServicePort(), "service_port")
@@ -87,7 +97,7 @@ func convertPorts(ps []*workloadpb.Port) (map[uint16]uint16, error) {
 		}
 		m[sp] = tp
 	}
-	return m, nil
+	return in.ports(m), nil
 }
 
 // resourceError is a resource that did not convert: `workload "uid": uid: empty`. The
@@ -108,23 +118,23 @@ func resourceErr(kind, name string, err error) error {
 // ConvertWorkload converts one istio.workload.Workload, applying ztunnel's defaults (trust
 // domain cluster.local, service account default, cluster Kubernetes, capacity 1).
 func ConvertWorkload(p *workloadpb.Workload) (*state.Workload, error) {
-	w, err := convertWorkload(p)
+	w, err := convertWorkload(p, nil)
 	if err != nil {
 		return nil, resourceErr("workload", p.GetUid(), err)
 	}
 	return w, nil
 }
 
-func convertWorkload(p *workloadpb.Workload) (*state.Workload, error) {
+func convertWorkload(p *workloadpb.Workload, in *interner) (*state.Workload, error) {
 	if p.GetUid() == "" {
 		return nil, fmt.Errorf("uid: %w", errEmpty)
 	}
 	w := &state.Workload{
-		UID: p.GetUid(), Name: p.GetName(), Namespace: p.GetNamespace(), Node: p.GetNode(),
-		Network: p.GetNetwork(), Hostname: p.GetHostname(),
-		TrustDomain: p.GetTrustDomain(), ServiceAccount: p.GetServiceAccount(),
-		CanonicalName: p.GetCanonicalName(), CanonicalRevision: p.GetCanonicalRevision(),
-		WorkloadName: p.GetWorkloadName(), ClusterID: p.GetClusterId(), NativeTunnel: p.GetNativeTunnel(),
+		UID: p.GetUid(), Name: p.GetName(), Namespace: in.str(p.GetNamespace()), Node: in.str(p.GetNode()),
+		Network: in.str(p.GetNetwork()), Hostname: p.GetHostname(),
+		TrustDomain: in.str(p.GetTrustDomain()), ServiceAccount: in.str(p.GetServiceAccount()),
+		CanonicalName: in.str(p.GetCanonicalName()), CanonicalRevision: in.str(p.GetCanonicalRevision()),
+		WorkloadName: in.str(p.GetWorkloadName()), ClusterID: in.str(p.GetClusterId()), NativeTunnel: p.GetNativeTunnel(),
 		AuthorizationPolicies: p.GetAuthorizationPolicies(),
 		Healthy:               p.GetStatus() == workloadpb.WorkloadStatus_HEALTHY,
 		Capacity:              1,
@@ -170,10 +180,10 @@ func convertWorkload(p *workloadpb.Workload) (*state.Workload, error) {
 		}
 	}
 	var err error
-	if w.Waypoint, err = convertGateway(p.GetWaypoint()); err != nil {
+	if w.Waypoint, err = convertGateway(p.GetWaypoint(), in); err != nil {
 		return nil, fmt.Errorf("waypoint: %w", err)
 	}
-	if w.NetworkGateway, err = convertGateway(p.GetNetworkGateway()); err != nil {
+	if w.NetworkGateway, err = convertGateway(p.GetNetworkGateway(), in); err != nil {
 		return nil, fmt.Errorf("network_gateway: %w", err)
 	}
 	if at := p.GetApplicationTunnel(); at != nil {
@@ -191,36 +201,37 @@ func convertWorkload(p *workloadpb.Workload) (*state.Workload, error) {
 		}
 	}
 	if l := p.GetLocality(); l != nil {
-		w.Locality = state.Locality{Region: l.GetRegion(), Zone: l.GetZone(), Subzone: l.GetSubzone()}
+		w.Locality = state.Locality{Region: in.str(l.GetRegion()), Zone: in.str(l.GetZone()), Subzone: in.str(l.GetSubzone())}
 	}
 	if len(p.GetServices()) > 0 {
 		w.Services = make(map[string]map[uint16]uint16, len(p.GetServices()))
 		for key, pl := range p.GetServices() {
-			ports, err := convertPorts(pl.GetPorts())
+			ports, err := convertPorts(pl.GetPorts(), in)
 			if err != nil {
 				return nil, fmt.Errorf("services[%q]: %w", key, err)
 			}
-			w.Services[key] = ports
+			w.Services[in.str(key)] = ports
 		}
+		w.Services = in.services(w.Services)
 	}
 	return w, nil
 }
 
 // ConvertService converts one istio.workload.Service.
 func ConvertService(p *workloadpb.Service) (*state.Service, error) {
-	s, err := convertService(p)
+	s, err := convertService(p, nil)
 	if err != nil {
 		return nil, resourceErr("service", p.GetNamespace()+"/"+p.GetHostname(), err)
 	}
 	return s, nil
 }
 
-func convertService(p *workloadpb.Service) (*state.Service, error) {
+func convertService(p *workloadpb.Service, in *interner) (*state.Service, error) {
 	if p.GetHostname() == "" {
 		return nil, fmt.Errorf("hostname: %w", errEmpty)
 	}
 	s := &state.Service{
-		Name: p.GetName(), Namespace: p.GetNamespace(), Hostname: p.GetHostname(),
+		Name: p.GetName(), Namespace: in.str(p.GetNamespace()), Hostname: p.GetHostname(),
 		SubjectAltNames: p.GetSubjectAltNames(), Canonical: p.GetCanonical(),
 		IngressUseWaypoint: p.GetIngressUseWaypoint(),
 	}
@@ -240,14 +251,14 @@ func convertService(p *workloadpb.Service) (*state.Service, error) {
 		s.Addresses = append(s.Addresses, na)
 	}
 	var err error
-	if s.Ports, err = convertPorts(p.GetPorts()); err != nil {
+	if s.Ports, err = convertPorts(p.GetPorts(), in); err != nil {
 		return nil, fmt.Errorf("ports: %w", err)
 	}
-	if s.Waypoint, err = convertGateway(p.GetWaypoint()); err != nil {
+	if s.Waypoint, err = convertGateway(p.GetWaypoint(), in); err != nil {
 		return nil, fmt.Errorf("waypoint: %w", err)
 	}
 	for i, ww := range p.GetWeightedWaypoints() {
-		g, err := convertGateway(ww.GetDestination())
+		g, err := convertGateway(ww.GetDestination(), in)
 		if err != nil || g == nil {
 			return nil, fmt.Errorf("weighted_waypoints[%d]: bad destination: %v", i, err)
 		}

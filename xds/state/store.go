@@ -98,26 +98,73 @@ func newIndex() *index {
 	}
 }
 
-// clone deep-copies the maps a push mutates. Slices in byHost/byVIP are shared: writers
-// only append past a reader's length or replace the slice (removeSvc copies).
-func (x *index) clone() *index {
-	c := &index{
-		workloads: maps.Clone(x.workloads), byAddr: maps.Clone(x.byAddr), byName: maps.Clone(x.byName),
-		byNode: make(map[string]map[string]*Workload, len(x.byNode)), services: maps.Clone(x.services),
-		byHost: maps.Clone(x.byHost), byVIP: maps.Clone(x.byVIP), cidrs: slices.Clip(x.cidrs),
-		endpoints: make(map[string]map[string]Endpoint, len(x.endpoints)), policies: maps.Clone(x.policies),
-		policiesByNs: make(map[string]map[string]*Policy, len(x.policiesByNs)),
+// cloneFor copies the index for b: the maps b mutates are deep-copied, the others shared
+// (a push of policies alone must not copy a million workloads' maps: at 1M workloads that
+// is 520 MB and seconds). Slices in byHost/byVIP are shared: writers only append past a
+// reader's length or replace the slice (removeSvc copies).
+func (x *index) cloneFor(b *Batch) *index {
+	c := *x
+	if len(b.Workloads) > 0 || len(b.RemoveAddresses) > 0 { // addWorkloadLocked, removeWorkloadLocked
+		n := len(b.Workloads)
+		c.workloads, c.byAddr, c.byName = cloneSized(x.workloads, n), cloneSized(x.byAddr, 2*n), cloneSized(x.byName, n)
+		c.byNode = make(map[string]map[string]*Workload, len(x.byNode))
+		for k, m := range x.byNode {
+			c.byNode[k] = maps.Clone(m)
+		}
+		c.endpoints = make(map[string]map[string]Endpoint, len(x.endpoints))
+		for k, m := range x.endpoints {
+			c.endpoints[k] = maps.Clone(m)
+		}
 	}
-	for k, m := range x.byNode {
-		c.byNode[k] = maps.Clone(m)
+	if len(b.Services) > 0 || len(b.RemoveAddresses) > 0 { // addServiceLocked, removeServiceLocked
+		n := len(b.Services)
+		c.services, c.byHost, c.byVIP, c.cidrs = cloneSized(x.services, n), cloneSized(x.byHost, n), cloneSized(x.byVIP, 2*n), slices.Clip(x.cidrs)
 	}
-	for k, m := range x.endpoints {
-		c.endpoints[k] = maps.Clone(m)
+	if len(b.Policies) > 0 || len(b.RemovePolicies) > 0 { // addPolicyLocked, removePolicyLocked
+		c.policies = maps.Clone(x.policies)
+		c.policiesByNs = make(map[string]map[string]*Policy, len(x.policiesByNs))
+		for k, m := range x.policiesByNs {
+			c.policiesByNs[k] = maps.Clone(m)
+		}
 	}
-	for k, m := range x.policiesByNs {
-		c.policiesByNs[k] = maps.Clone(m)
+	return &c
+}
+
+// cloneSized copies m, with room for a batch of about n more keys when n outgrows it: a
+// node's first push of a million workloads otherwise grows each map twenty times over.
+func cloneSized[K comparable, V any](m map[K]V, n int) map[K]V {
+	if n <= len(m) {
+		return maps.Clone(m)
+	}
+	c := make(map[K]V, len(m)+n)
+	for k, v := range m {
+		c[k] = v
 	}
 	return c
+}
+
+// shrunk returns m rebuilt at its length if it has fewer than half the keys it had: a Go map
+// does not shrink, so a mesh that scaled down would otherwise keep its peak's tables.
+func shrunk[K comparable, V any](m map[K]V, had int) map[K]V {
+	if len(m) >= had/2 {
+		return m
+	}
+	c := make(map[K]V, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}
+
+// compact shrinks the maps a big removal left mostly empty; x is not yet published.
+func (x *index) compact(before *index) {
+	x.workloads = shrunk(x.workloads, len(before.workloads))
+	x.byAddr = shrunk(x.byAddr, len(before.byAddr))
+	x.byName = shrunk(x.byName, len(before.byName))
+	x.services = shrunk(x.services, len(before.services))
+	x.byHost = shrunk(x.byHost, len(before.byHost))
+	x.byVIP = shrunk(x.byVIP, len(before.byVIP))
+	x.policies = shrunk(x.policies, len(before.policies))
 }
 
 // Store is the workload cache. The zero value is not usable; call NewStore.
@@ -154,11 +201,27 @@ func (s *Store) Apply(b *Batch) {
 	if b.Empty() {
 		return
 	}
-	// Work that needs no lock: identities. Skipped for a value already cached (re-applied).
+	// Work that needs no lock: identities, one per service account. Skipped for a value
+	// already cached (re-applied).
+	var ids map[[3]string]*identity.ID
 	for _, w := range b.Workloads {
-		if w.id.IsZero() {
-			w.id, _ = identity.New(w.TrustDomain, w.Namespace, w.ServiceAccount)
+		if w.id != nil {
+			continue
 		}
+		if ids == nil {
+			ids = make(map[[3]string]*identity.ID)
+		}
+		k := [3]string{w.TrustDomain, w.Namespace, w.ServiceAccount}
+		id := ids[k]
+		if id == nil {
+			v, err := identity.New(w.TrustDomain, w.Namespace, w.ServiceAccount)
+			if err != nil {
+				continue // Identity() is zero for it, as before
+			}
+			id = &v
+			ids[k] = id
+		}
+		w.id = id
 	}
 	s.pushMu.Lock()
 	defer s.pushMu.Unlock()
@@ -166,8 +229,11 @@ func (s *Store) Apply(b *Batch) {
 	if size >= bigBatch {
 		// Only writers mutate idx and pushMu excludes the others, so reading it here
 		// without mu races with nothing; readers keep using the old index meanwhile.
-		x := s.idx.clone()
+		x := s.idx.cloneFor(b)
 		x.apply(b)
+		if len(b.RemoveAddresses)+len(b.RemovePolicies) > 0 {
+			x.compact(s.idx)
+		}
 		s.mu.Lock()
 		s.idx = x
 		s.version++

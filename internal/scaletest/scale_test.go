@@ -1,0 +1,323 @@
+package scaletest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/xds/xdspb"
+	"github.com/gozt/gozt/xds/xdspb/discoverypb"
+)
+
+// result is one node's figures for one mesh.
+type result struct {
+	impl              string
+	workloads         int
+	pushBytes         int
+	ready             time.Duration // process start to /healthz/ready 200
+	applied           time.Duration // the server's first byte of the Address answer to its ACK
+	cpuReady          time.Duration
+	peakReady         uint64 // VmHWM when ready
+	settled           uint64 // VmRSS settle after ready
+	pushP50, pushP99  time.Duration
+	reconnect         time.Duration // stream dropped to the new answer's ACK
+	reconnectVersions int           // resource versions the client listed on reconnect
+	reconnectResent   int           // resources the server resent then
+	peak              uint64        // VmHWM at the end
+	cpu               time.Duration
+	heap              uint64        // live heap after a forced GC, settle after ready
+	heapDeleted       uint64        // the same after a push removing every workload, if asked
+	rssDeleted        uint64        // for the Rust ztunnel: RSS settle after that push
+	err               error         // not ready
+	fullPush          time.Duration // every workload pushed again, send to ACK
+	// The slowest probe connection through the node (see probe) while it was idle after
+	// ready, during the 100-workload pushes, the full push and the reconnect. (Not during
+	// the first push: a dedicated node holds a connection from its own workload until the
+	// workload arrives, WorkloadWait, so a probe then measures that wait.)
+	stallIdle, stallPushes, stallFull, stallReconnect window
+}
+
+func (r result) String() string {
+	mb := func(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) }
+	if r.err != nil {
+		return fmt.Sprintf("%-5s %8d workloads  NOT READY: %v  peak %s MB  cpu %v", r.impl, r.workloads, r.err, mb(r.peak), r.cpu.Round(10*time.Millisecond))
+	}
+	return fmt.Sprintf("%-5s %8d workloads  push %6.1f MB  ready %6v  applied %6v  cpu %6v  peak@ready %6s MB  settled %6s MB (%5.0f B/workload)  heap %s MB  push100 p50 %v p99 %v  reconnect %v (%d versions, %d resent)  peak %s MB  cpu %v",
+		r.impl, r.workloads, float64(r.pushBytes)/(1<<20), r.ready.Round(time.Millisecond), r.applied.Round(time.Millisecond), r.cpuReady.Round(10*time.Millisecond),
+		mb(r.peakReady), mb(r.settled), float64(r.settled)/float64(max(1, r.workloads)), mb(r.heap),
+		r.pushP50.Round(100*time.Microsecond), r.pushP99.Round(100*time.Microsecond), r.reconnect.Round(time.Millisecond), r.reconnectVersions, r.reconnectResent,
+		mb(r.peak), r.cpu.Round(10*time.Millisecond)) + fmt.Sprintf("  heap after deleting all %s MB  RSS then %s MB  full push %v  probe p100: idle %v, pushes %v, full push %v, reconnect %v",
+		mb(r.heapDeleted), mb(r.rssDeleted), r.fullPush.Round(time.Millisecond), r.stallIdle, r.stallPushes, r.stallFull, r.stallReconnect)
+}
+
+type runOpts struct {
+	settle    time.Duration // wait after ready before reading the settled RSS
+	pushes    int           // incremental pushes of 100 workloads
+	ready     time.Duration // how long to wait for ready
+	profile   string        // if set, the heap profile after the pushes is saved here
+	deleteAll bool          // at the end, push the removal of every workload
+	probe     time.Duration // if set, a probe connection through the node this often
+	fullPush  bool          // after the 100-workload pushes, push every workload again
+	// cpuProfile, if set, is where a CPU profile of the node from its start to ready (at
+	// most 60 s) is saved.
+	cpuProfile string
+	env        []string
+}
+
+// starter starts an ADS server serving m and a node fed by it.
+type starter func(t *testing.T, m *mesh, o runOpts) (*adsServer, *node)
+
+// goztNode runs a gozt binary in the test's namespace, on a loopback address of its own.
+func goztNode(impl, bin string) starter {
+	return func(t *testing.T, m *mesh, o runOpts) (*adsServer, *node) {
+		ads, err := startADS(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ads, startNode(t, impl, bin, ads.addr, o.env...)
+	}
+}
+
+// run measures one node of binary bin against a fresh ADS server serving m.
+func run(t *testing.T, impl, bin string, m *mesh, o runOpts) result {
+	t.Helper()
+	return runWith(t, impl, m, o, goztNode(impl, bin))
+}
+
+func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) result {
+	t.Helper()
+	ads, n := startNodes(t, m, o)
+	defer ads.stop()
+	r := result{impl: impl, workloads: m.workloads}
+	var err error
+	defer n.stop()
+	var pr *probe
+	if o.probe > 0 && impl != "rust" { // the Rust node is in a namespace of its own
+		echo, err := newEcho()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pr = startProbe(echo, n.ip+":15080", o.probe)
+		defer pr.close()
+	}
+	if o.cpuProfile != "" {
+		done := make(chan struct{})
+		go func() { defer close(done); n.cpuProfile(o.cpuProfile, o.ready) }()
+		defer func() { <-done }()
+	}
+	readyAt, err := n.waitReady(o.ready)
+	if err != nil {
+		r.err = err
+		p := n.proc(t)
+		r.peak, r.cpu = p.peak, p.cpu
+		return r
+	}
+	r.ready = readyAt.Sub(n.start)
+	p := n.proc(t)
+	r.cpuReady, r.peakReady = p.cpu, p.peak
+	a, acked := ads.answeredAcked(xdspb.AddressType)
+	for wait := time.Now().Add(o.ready); acked.IsZero() && time.Now().Before(wait); { // the Rust ztunnel may ACK after it reports ready
+		time.Sleep(time.Millisecond)
+		a, acked = ads.answeredAcked(xdspb.AddressType)
+	}
+	r.pushBytes = a.bytes
+	if !acked.IsZero() {
+		r.applied = acked.Sub(a.start)
+	}
+
+	time.Sleep(o.settle)
+	r.settled = n.proc(t).rss
+	if impl != "rust" { // the Rust ztunnel has no Go heap
+		if r.heap, err = n.liveHeap(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var lat []time.Duration
+	pushesFrom := time.Now()
+	if pr != nil {
+		r.stallIdle = pr.window(pushesFrom.Add(-o.settle), pushesFrom)
+	}
+	for g := range o.pushes {
+		var upd []*discoverypb.Resource
+		for i := range 100 {
+			upd = append(upd, workloadResource((g*100+i*97)%m.workloads, g+2))
+		}
+		d, err := ads.push(xdspb.AddressType, upd, nil)
+		if err != nil {
+			t.Fatalf("push %d: %v", g, err)
+		}
+		lat = append(lat, d)
+	}
+	if pr != nil {
+		r.stallPushes = pr.window(pushesFrom, time.Now())
+	}
+	if o.fullPush {
+		// Every workload again at a new version, into a store that holds them all: the
+		// push after which the Rust ztunnel's lookups stalled (istio/ztunnel#1966).
+		upd := make([]*discoverypb.Resource, m.workloads)
+		for i := range upd {
+			upd[i] = workloadResource(i, 1000)
+		}
+		from := time.Now()
+		if r.fullPush, err = ads.push(xdspb.AddressType, upd, nil); err != nil {
+			t.Fatalf("full push: %v", err)
+		}
+		if pr != nil {
+			r.stallFull = pr.window(from, time.Now())
+		}
+	}
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		r.pushP50, r.pushP99 = lat[len(lat)/2], lat[(len(lat)*99)/100]
+	}
+
+	// A reconnect: the client lists every version it holds and the server resends none.
+	before := a.nonce
+	start := time.Now()
+	ads.drop()
+	deadline := time.Now().Add(o.ready)
+	for {
+		a, acked = ads.answeredAcked(xdspb.AddressType)
+		if a.nonce != before && !acked.IsZero() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no reconnect within %v", o.ready)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	r.reconnect = acked.Sub(start)
+	if pr != nil {
+		r.stallReconnect = pr.window(start, acked.Add(o.probe))
+	}
+	ads.mu.Lock()
+	if ads.cur != nil {
+		r.reconnectVersions = ads.cur.initialVersions
+	}
+	ads.mu.Unlock()
+	r.reconnectResent = a.resources
+	if o.profile != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		if err := n.heapProfile(ctx, o.profile); err != nil {
+			t.Logf("%s: %v", impl, err)
+		}
+		cancel()
+	}
+	p = n.proc(t)
+	r.peak, r.cpu = p.peak, p.cpu
+	if o.deleteAll {
+		names := make([]string, 0, m.workloads)
+		for i := range m.workloads {
+			names = append(names, workloadUID(i))
+		}
+		if _, err := ads.push(xdspb.AddressType, nil, names); err != nil {
+			t.Fatalf("delete all: %v", err)
+		}
+		if impl != "rust" {
+			if r.heapDeleted, err = n.liveHeap(); err != nil {
+				t.Fatal(err)
+			}
+			r.rssDeleted = n.proc(t).rss
+		} else {
+			time.Sleep(o.settle)
+			r.rssDeleted = n.proc(t).rss
+		}
+	}
+	return r
+}
+
+// The 10k mesh, in make test: bounds that catch twice the memory per workload (the live
+// heap after a GC, which is steady from run to run, and the RSS, which is not: the bound
+// leaves it room), a reconnect that resends nothing, and a push deleting every workload
+// that gives the heap back. The baseline is a node of a 15-workload mesh.
+func TestScale10k(t *testing.T) {
+	leaktest.Check(t)
+	bin := gozt(t)
+	o := runOpts{settle: 500 * time.Millisecond, pushes: 10, ready: time.Minute}
+	base := run(t, "gozt", bin, genMesh(15), o)
+	o.deleteAll = true
+	big := run(t, "gozt", bin, genMesh(10000), o)
+	if base.err != nil || big.err != nil {
+		t.Fatalf("not ready: %v, %v", base.err, big.err)
+	}
+	t.Logf("%v\n%v", base, big)
+	per := func(a, b uint64) float64 { return (float64(a) - float64(b)) / 10000 }
+	heap, settled, peak := per(big.heap, base.heap), per(big.settled, base.settled), per(big.peak, base.peak)
+	t.Logf("per workload above a 15-workload node: live heap %.0f B, settled RSS %.0f B, peak RSS %.0f B; after deleting all, heap %.1f MB (%.1f MB with none), RSS %.1f MB (%.1f)",
+		heap, settled, peak, float64(big.heapDeleted)/(1<<20), float64(base.heap)/(1<<20), float64(big.rssDeleted)/(1<<20), float64(base.settled)/(1<<20))
+	if heap > maxHeapPerWorkload {
+		t.Errorf("live heap %.0f B per workload; want <= %d", heap, maxHeapPerWorkload)
+	}
+	if settled > maxRSSPerWorkload || peak > maxRSSPerWorkload {
+		t.Errorf("RSS per workload settled %.0f B, peak %.0f B; want <= %d", settled, peak, maxRSSPerWorkload)
+	}
+	if big.reconnectVersions != 10000+10000/workloadsPerService || big.reconnectResent != 0 {
+		t.Errorf("reconnect listed %d versions, server resent %d; want %d and 0", big.reconnectVersions, big.reconnectResent, 10000+10000/workloadsPerService)
+	}
+	// Services and policies stay; the workloads' share must go, from the heap and, as the
+	// client hands it back after a push removing most of the store, from the RSS.
+	if left := per(big.heapDeleted, base.heap); left > heap/4 {
+		t.Errorf("after deleting every workload the heap keeps %.0f B per workload of %.0f", left, heap)
+	}
+	if left := per(big.rssDeleted, base.settled); left > settled/2 {
+		t.Errorf("after deleting every workload the RSS keeps %.0f B per workload of %.0f (%.1f MB)", left, settled, float64(big.rssDeleted)/(1<<20))
+	}
+}
+
+// TestScaleBench is make bench-scale: SCALE_SIZES (default 100000,1000000) meshes against
+// gozt (with SCALE_CPUPROFILE set, a CPU profile of its start), a baseline gozt binary first if ZTUNNEL_BASE names one (a same-run before/after),
+// and the Rust ztunnel if ZTUNNEL_RS names its binary; a table on stdout and heap profiles
+// in SCALE_OUT (default .tmp/scale at the repository root).
+func TestScaleBench(t *testing.T) {
+	sizes := os.Getenv("SCALE_SIZES")
+	if sizes == "" {
+		t.Skip("SCALE_SIZES not set (make bench-scale sets it)")
+	}
+	out := os.Getenv("SCALE_OUT")
+	if out == "" {
+		out = "../../.tmp/scale"
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := gozt(t)
+	var rows []string
+	for _, s := range strings.Split(sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := genMesh(n)
+		o := runOpts{settle: 3 * time.Second, pushes: 50, ready: 10 * time.Minute, profile: filepath.Join(out, "gozt-"+s+".heap"), deleteAll: true, probe: 5 * time.Millisecond, fullPush: true}
+		if os.Getenv("SCALE_CPUPROFILE") != "" {
+			o.cpuProfile = filepath.Join(out, "gozt-"+s+".cpu")
+		}
+		if base := os.Getenv("ZTUNNEL_BASE"); base != "" {
+			r := run(t, "base", base, m, runOpts{settle: o.settle, pushes: o.pushes, ready: o.ready, profile: filepath.Join(out, "base-"+s+".heap"), deleteAll: true, probe: o.probe, fullPush: true})
+			t.Log(r)
+			rows = append(rows, r.String())
+		}
+		r := run(t, "gozt", bin, m, o)
+		t.Log(r)
+		rows = append(rows, r.String())
+		if rs := os.Getenv("ZTUNNEL_RS"); rs != "" {
+			if r.pushBytes > rustMaxPush {
+				rows = append(rows, fmt.Sprintf("rust  %8d workloads  SKIPPED: the push is %.1f MB, past its %d MiB limit (max_decoding_message_size, src/xds/client.rs)", n, float64(r.pushBytes)/(1<<20), rustMaxPush>>20))
+				continue
+			}
+			o.profile, o.cpuProfile = "", ""
+			r := runWith(t, "rust", m, o, rustNode(rs))
+			t.Log(r)
+			rows = append(rows, r.String())
+		}
+	}
+	fmt.Println(strings.Join(rows, "\n"))
+}
