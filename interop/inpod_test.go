@@ -165,9 +165,13 @@ func startInPodNode(t *testing.T, prog, nodeName string, c *ca, config string, p
 }
 
 // installInPodRules installs istio-cni's in-pod rules and routes in h.
-func installInPodRules(t *testing.T, h *host) {
+func installInPodRules(t *testing.T, h *host) { installRules(t, h, cnirules.InPod()) }
+
+// installRules installs iptables rules (each the arguments after `iptables -w`) and the
+// in-pod routes in h.
+func installRules(t *testing.T, h *host, rules [][]string) {
 	t.Helper()
-	for _, rule := range cnirules.InPod() {
+	for _, rule := range rules {
 		h.MustExec(t, append([]string{"iptables", "-w"}, rule...)...)
 	}
 	for _, args := range cnirules.InPodRoutes() {
@@ -188,4 +192,43 @@ func dialRetry(ctx context.Context, h *host, addr string) (net.Conn, error) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return nil, errors.Join(ctx.Err(), last)
+}
+
+// TestInPodTPROXY is one pod-to-pod connection with the rules of the istio-cni releases that
+// hand inbound TCP over with TPROXY (cnirules.InPodTPROXY), for each program on both nodes:
+// both must accept it (their pod listeners are transparent).
+func TestInPodTPROXY(t *testing.T) {
+	requirePeers(t)
+	for _, prog := range []string{gozt, rs} {
+		t.Run(prog, func(t *testing.T) {
+			pa, pb := newHost(t, "pa"), newHost(t, "pb")
+			link(t, pa, pb, podPrefix)
+			for _, p := range []*host{pa, pb} {
+				installRules(t, p, cnirules.InPodTPROXY())
+			}
+			serveConns(pb.listen(t, net.JoinHostPort(podB, portEcho)), echo)
+			c := newCA(t)
+			config := writeConfig(t, inPodConfig)
+			nodeB := startInPodNode(t, prog, "node-b", c, config,
+				zdsagent.Pod{UID: "Kubernetes//Pod/default/server", Name: "server", Namespace: "default", ServiceAccount: "server", NetNS: "/var/run/netns/" + pb.Name})
+			startInPodNode(t, prog, "node-a", c, config,
+				zdsagent.Pod{UID: "Kubernetes//Pod/default/client", Name: "client", Namespace: "default", ServiceAccount: "client", NetNS: "/var/run/netns/" + pa.Name})
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			conn, err := dialRetry(ctx, pa, net.JoinHostPort(podB, portEcho))
+			if err != nil {
+				t.Fatalf("pod A -> pod B: %v", err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(20 * time.Second))
+			sent, got, err := stream(conn, 1<<20, 6)
+			if err != nil || got != sent {
+				t.Fatalf("1 MiB from pod A to pod B came back with %s, %v; sent %s", got, err, sent)
+			}
+			b := labels("reporter", "destination", "source_principal", clientID, "connection_security_policy", "mutual_tls")
+			if !eventually(func() bool { return hasSeries(nodeB.metrics(t), "istio_tcp_connections_opened_total", b...) }) {
+				t.Errorf("node B (%s) counted no inbound mTLS connection", prog)
+			}
+		})
+	}
 }

@@ -32,9 +32,13 @@ import (
 
 // inPodRules installs istio-cni's in-pod rules in a pod's namespace, as its node agent does
 // before it hands the pod to ztunnel.
-func inPodRules(t *testing.T, pod *netnstest.NS) {
+func inPodRules(t *testing.T, pod *netnstest.NS) { installPodRules(t, pod, cnirules.InPod()) }
+
+// installPodRules installs rules (each the arguments after `iptables -w`) and istio-cni's
+// in-pod routes in pod.
+func installPodRules(t *testing.T, pod *netnstest.NS, rules [][]string) {
 	t.Helper()
-	for _, rule := range cnirules.InPod() {
+	for _, rule := range rules {
 		pod.MustExec(t, append([]string{"iptables", "-w"}, rule...)...)
 	}
 	for _, args := range cnirules.InPodRoutes() {
@@ -54,6 +58,12 @@ const (
 // dir/workloads.yaml (writeWorkloads) with both pods on node-a.
 func inPodTopology(t *testing.T) (node, podA, podB *netnstest.NS, dir string) {
 	t.Helper()
+	return inPodTopologyWith(t, inPodRules)
+}
+
+// inPodTopologyWith is inPodTopology with the pods' rules installed by rules.
+func inPodTopologyWith(t *testing.T, rules func(*testing.T, *netnstest.NS)) (node, podA, podB *netnstest.NS, dir string) {
+	t.Helper()
 	node = netnstest.New(t, "inpod-node")
 	podA, podB = netnstest.New(t, "pod-a"), netnstest.New(t, "pod-b")
 	netnstest.Link(t, podA, inPodA+"/24", node, inPodNodeToA+"/24")
@@ -61,8 +71,8 @@ func inPodTopology(t *testing.T) (node, podA, podB *netnstest.NS, dir string) {
 	podA.MustExec(t, "ip", "route", "add", "default", "via", inPodNodeToA)
 	podB.MustExec(t, "ip", "route", "add", "default", "via", "10.31.2.1")
 	node.MustExec(t, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
-	inPodRules(t, podA)
-	inPodRules(t, podB)
+	rules(t, podA)
+	rules(t, podB)
 
 	dir = t.TempDir()
 	writeWorkloads(t, dir, inPodA, inPodB, inPodVIP)
@@ -107,6 +117,53 @@ func dialIn(ns *netnstest.NS, network, addr string) (net.Conn, error) {
 		return err
 	})
 	return c, err
+}
+
+// TestNetnsInPodTPROXY runs the in-pod topology with the rules of the istio-cni releases
+// that hand inbound TCP over with TPROXY (cnirules.InPodTPROXY): the pods' 15008 and 15006
+// listeners are transparent, so pod A's connection reaches pod B over HBONE and plaintext
+// from outside the mesh is captured on B's 15006, as with REDIRECT.
+func TestNetnsInPodTPROXY(t *testing.T) {
+	netnstest.Require(t, "iptables", "curl")
+	leaktest.Check(t)
+	http.DefaultClient.Transport = &http.Transport{DisableKeepAlives: true}
+	node, nsA, nsB, dir := inPodTopologyWith(t, func(t *testing.T, pod *netnstest.NS) {
+		installPodRules(t, pod, cnirules.InPodTPROXY())
+	})
+	server := startPodServer(t, nsB, inPodB, "8080", "8081")
+	agent := inpodtest.NewAgent(t, inpodtest.SocketPath(t))
+	n, _ := startNode(t, testConfig(t, inPodEnv(agent.Path, dir)))
+	c := agent.Accept()
+	for _, p := range []struct {
+		uid  string
+		info *zdspb.WorkloadInfo
+		ns   *netnstest.NS
+	}{
+		{"uid-a", &zdspb.WorkloadInfo{Name: "client", Namespace: "default", ServiceAccount: "client"}, nsA},
+		{"uid-b", &zdspb.WorkloadInfo{Name: "server", Namespace: "default", ServiceAccount: "server"}, nsB},
+	} {
+		if nack := c.AddPod(p.uid, p.info, openNS(t, p.ns)); nack != "" {
+			t.Fatalf("add %s: NACK %q", p.uid, nack)
+		}
+	}
+	if nack := c.Send(inpodtest.SnapshotReq()); nack != "" {
+		t.Fatalf("snapshot: NACK %q", nack)
+	}
+	if code, body := waitReady(t, n, "ready\n"); code != 200 {
+		t.Fatalf("readiness after the snapshot: %d %q", code, body)
+	}
+	metrics := func() string {
+		_, body := get(t, "http://"+n.addrs["STATS_ADDR"].String()+"/metrics")
+		return body
+	}
+	if out := strings.TrimSpace(nsA.MustExec(t, "curl", "-sS", "-m", "20", "--data-binary", "tproxy", "http://"+inPodB+":8080/sha256")); !strings.HasSuffix(out, " 6") {
+		t.Errorf("pod A to pod B: server answered %q; want the SHA-256 and length of 6 bytes", out)
+	}
+	waitMetricFrom(t, metrics, "node", "istio_tcp_connections_closed_total", map[string]string{
+		"reporter": "destination", "connection_security_policy": "mutual_tls",
+		"source_principal": "spiffe://cluster.local/ns/default/sa/client", "destination_workload": "server",
+	}, 1)
+	checkPlaintextInbound(t, node, server, inPodB, metrics)
 }
 
 // TestNetnsInPod is in-pod mode end to end: two pods as network namespaces behind veth

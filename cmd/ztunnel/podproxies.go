@@ -53,7 +53,7 @@ func newPodProxies(n *node) *podProxies {
 func (pp *podProxies) Start(p inpod.Pod) error {
 	cfg := pp.n.cfg
 	log := slog.Default().With("pod", p.Info.Namespace+"/"+p.Info.Name, "uid", p.UID)
-	sockets := netns.Sockets{NS: p.NetNS, Mark: cfg.PacketMark, ReusePort: cfg.InpodPortReuse}
+	sockets := netns.Sockets{NS: p.NetNS, Mark: cfg.PacketMark, ReusePort: cfg.InpodPortReuse, Transparent: true}
 	local := pp.n.local.Pod(state.WorkloadRef{Namespace: p.Info.Namespace, Name: p.Info.Name, ServiceAccount: p.Info.ServiceAccount})
 	pcfg := proxyConfig(cfg)
 	pcfg.Local = local

@@ -64,6 +64,35 @@ func InPod() [][]string {
 	)
 }
 
+// InPodTPROXY returns the IPv4 in-pod rules of the istio-cni releases that hand inbound TCP
+// to ztunnel with TPROXY in the mangle table instead of REDIRECT in nat (their
+// default.golden): 15008 and 15006 by TPROXY with the connection mark, outbound to 15001 and
+// DNS to 15053 by REDIRECT as in InPod. ztunnel's listeners must be transparent to accept
+// them, and the original destination is the accepted socket's local address. Same routes
+// (InPodRoutes).
+func InPodTPROXY() [][]string {
+	return [][]string{
+		{"-t", "mangle", "-N", "ISTIO_PRERT"},
+		{"-t", "nat", "-N", "ISTIO_OUTPUT"},
+		{"-t", "mangle", "-N", "ISTIO_OUTPUT"},
+		{"-t", "mangle", "-A", "PREROUTING", "-j", "ISTIO_PRERT"},
+		{"-t", "mangle", "-A", "OUTPUT", "-j", "ISTIO_OUTPUT"},
+		{"-t", "nat", "-A", "OUTPUT", "-j", "ISTIO_OUTPUT"},
+		{"-t", "mangle", "-A", "ISTIO_PRERT", "-m", "mark", "--mark", InPodMark, "-j", "CONNMARK", "--set-xmark", InPodConnMark},
+		{"-t", "mangle", "-A", "ISTIO_PRERT", "-s", ProbeSNAT, "-p", "tcp", "-m", "tcp", "-j", "ACCEPT"},
+		{"-t", "nat", "-A", "ISTIO_OUTPUT", "-d", ProbeSNAT, "-p", "tcp", "-m", "tcp", "-j", "ACCEPT"},
+		{"-t", "mangle", "-A", "ISTIO_PRERT", "!", "-d", "127.0.0.1/32", "-p", "tcp", "-i", "lo", "-j", "ACCEPT"},
+		{"-t", "mangle", "-A", "ISTIO_PRERT", "-p", "tcp", "-m", "tcp", "--dport", "15008", "-m", "mark", "!", "--mark", InPodMark, "-j", "TPROXY", "--on-port", "15008", "--tproxy-mark", InPodConnMark},
+		{"-t", "mangle", "-A", "ISTIO_PRERT", "-p", "tcp", "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"},
+		{"-t", "mangle", "-A", "ISTIO_PRERT", "!", "-d", "127.0.0.1/32", "-p", "tcp", "-m", "mark", "!", "--mark", InPodMark, "-j", "TPROXY", "--on-port", "15006", "--tproxy-mark", InPodConnMark},
+		{"-t", "mangle", "-A", "ISTIO_OUTPUT", "-m", "connmark", "--mark", InPodConnMark, "-j", "CONNMARK", "--restore-mark", "--nfmask", "0xffffffff", "--ctmask", "0xffffffff"},
+		{"-t", "nat", "-A", "ISTIO_OUTPUT", "!", "-o", "lo", "-p", "udp", "-m", "udp", "--dport", "53", "-j", "REDIRECT", "--to-port", "15053"},
+		{"-t", "nat", "-A", "ISTIO_OUTPUT", "-p", "tcp", "-m", "mark", "--mark", InPodConnMark, "-j", "ACCEPT"},
+		{"-t", "nat", "-A", "ISTIO_OUTPUT", "!", "-d", "127.0.0.1/32", "-o", "lo", "-j", "ACCEPT"},
+		{"-t", "nat", "-A", "ISTIO_OUTPUT", "!", "-d", "127.0.0.1/32", "-p", "tcp", "-m", "mark", "!", "--mark", InPodMark, "-j", "REDIRECT", "--to-ports", "15001"},
+	}
+}
+
 // InPodRoutes returns the policy routing istio-cni adds next to InPod, each the arguments
 // that follow `ip`: packets of ztunnel's connections (connmark restored to the mark) look
 // up table 100, which delivers everything locally, so replies to a spoofed source reach

@@ -86,6 +86,10 @@ type Sockets struct {
 	NS        *NetNS // nil: the process's own namespace
 	Mark      uint32 // SO_MARK on every socket, listeners and dials (PACKET_MARK); 0: none
 	ReusePort bool   // SO_REUSEPORT on listeners (INPOD_PORT_REUSE)
+	// Transparent sets IP_TRANSPARENT on listeners, so that they also accept connections
+	// istio-cni hands over with TPROXY (some of its releases do, for 15006 and 15008) as
+	// well as REDIRECT'd ones; it needs CAP_NET_ADMIN, as in-pod mode does anyway.
+	Transparent bool
 }
 
 // Listen opens a stream listener (net.ListenConfig.Listen) inside the namespace. Accepted

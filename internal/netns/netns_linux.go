@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 
@@ -270,9 +271,16 @@ func sockaddr(ap netip.AddrPort) unix.Sockaddr {
 	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
 }
 
-func (s Sockets) listenControl(_, _ string, c syscall.RawConn) error {
+func (s Sockets) listenControl(network, _ string, c syscall.RawConn) error {
 	if s.Mark != 0 {
 		if err := sockopt.SetMark(c, s.Mark); err != nil {
+			return err
+		}
+	}
+	if s.Transparent {
+		// One flag serves both families: IPV6_TRANSPARENT on a dual-stack [::] socket
+		// covers its IPv4 connections too.
+		if err := sockopt.SetTransparent(c, strings.HasSuffix(network, "6")); err != nil {
 			return err
 		}
 	}
