@@ -235,23 +235,11 @@ func parseResource(b []byte, res *discoverypb.Resource, body *anypb.Any) error {
 	res.Name, res.Version, res.Aliases, res.Resource = "", "", nil, nil
 	body.TypeUrl, body.Value = "", nil
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return protowire.ParseError(n)
+		num, v, rest, err := nextBytes(b)
+		if err != nil {
+			return err
 		}
-		b = b[n:]
-		if typ != protowire.BytesType {
-			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-				return protowire.ParseError(n)
-			}
-			b = b[n:]
-			continue
-		}
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		b = b[n:]
+		b = rest
 		switch num {
 		case resName:
 			res.Name = string(v)
@@ -261,23 +249,11 @@ func parseResource(b []byte, res *discoverypb.Resource, body *anypb.Any) error {
 			res.Aliases = append(res.Aliases, string(v))
 		case resResource:
 			for len(v) > 0 {
-				anum, atyp, an := protowire.ConsumeTag(v)
-				if an < 0 {
-					return protowire.ParseError(an)
+				anum, av, arest, err := nextBytes(v)
+				if err != nil {
+					return err
 				}
-				v = v[an:]
-				if atyp != protowire.BytesType {
-					if an = protowire.ConsumeFieldValue(anum, atyp, v); an < 0 {
-						return protowire.ParseError(an)
-					}
-					v = v[an:]
-					continue
-				}
-				av, an := protowire.ConsumeBytes(v)
-				if an < 0 {
-					return protowire.ParseError(an)
-				}
-				v = v[an:]
+				v = arest
 				switch anum {
 				case anyTypeURL:
 					body.TypeUrl = string(av)
@@ -289,6 +265,32 @@ func parseResource(b []byte, res *discoverypb.Resource, body *anypb.Any) error {
 		}
 	}
 	return nil
+}
+
+// nextBytes returns the next length-delimited field of the message in b (its number and
+// value) and what follows it, skipping fields of other wire types on the way; num is 0 when
+// b held no such field.
+func nextBytes(b []byte) (num protowire.Number, v, rest []byte, err error) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return 0, nil, nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+		if typ != protowire.BytesType {
+			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+				return 0, nil, nil, protowire.ParseError(n)
+			}
+			b = b[n:]
+			continue
+		}
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return 0, nil, nil, protowire.ParseError(n)
+		}
+		return num, v, b[n:], nil
+	}
+	return 0, nil, nil, nil
 }
 
 // fromProto is a response from a materialised DeltaDiscoveryResponse (tests, benchmarks).
