@@ -294,7 +294,14 @@ func (s *suite) startPaths(ctx context.Context) ([]*path, error) {
 	}
 	if s.cfg.ZtunnelRS != "" {
 		// Asked for by naming the binary: each Rust path must run, or the suite fails.
-		for _, name := range []string{"capture-rs", "ztunnel-rs", "gozt→rs", "rs→gozt"} {
+		rs := program{rust: true, bin: s.cfg.ZtunnelRS}
+		want := []string{captureName(rs)}
+		for _, pr := range nsPairs(program{}, rs) {
+			if pr.a.rust || pr.b.rust {
+				want = append(want, pr.name)
+			}
+		}
+		for _, name := range want {
 			if !slices.ContainsFunc(paths, func(p *path) bool { return p.name == name }) {
 				s.missing = append(s.missing, name)
 			}
