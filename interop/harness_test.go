@@ -139,7 +139,7 @@ func (h *host) listen(t *testing.T, addr string) net.Listener {
 	return ln
 }
 
-// httpGet does one HTTP request from inside the host and returns the status and body.
+// http does one HTTP request from inside the host and returns the status and body.
 func (h *host) http(ctx context.Context, method, url string) (int, string, error) {
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DisableKeepAlives: true,

@@ -87,8 +87,10 @@ func resolveRust(c *config, explicit map[string]bool) error {
 			if _, err := strconv.ParseUint(v, 10, 16); err == nil {
 				v = "localhost:" + v
 			}
-			if err := addrSetting("ISTIO_META_DNS_PROXY_ADDR").set(c, v); err != nil {
-				return fmt.Errorf("config: ISTIO_META_DNS_PROXY_ADDR=%q: %v", c.rust.dnsProxyAddr, err)
+			// Parsed as DNS_PROXY_ADDR is, into its field.
+			dns := addr("ISTIO_META_DNS_PROXY_ADDR", "", "", func(c *config) *string { return &c.DNSProxyAddr })
+			if err := dns.set(c, v); err != nil {
+				return fmt.Errorf("config: ISTIO_META_DNS_PROXY_ADDR=%q: %v; accepted: a port, or %s", c.rust.dnsProxyAddr, err, dns.form)
 			}
 		}
 		if v := c.rust.dnsCapture; v != "" {
@@ -102,9 +104,4 @@ func resolveRust(c *config, explicit map[string]bool) error {
 		}
 	}
 	return nil
-}
-
-// addrSetting parses an address into DNS_PROXY_ADDR's field, as that setting does.
-func addrSetting(env string) setting {
-	return addr(env, "", "", func(c *config) *string { return &c.DNSProxyAddr })
 }
