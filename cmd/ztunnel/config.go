@@ -196,6 +196,11 @@ var prefixed = []struct {
 // loadConfig reads the environment (getenv) and then args (flags named after each variable,
 // lowercase with dashes: --admin-addr). It returns an error naming the variable at fault.
 func loadConfig(getenv func(string) (string, bool), environ []string, args []string) (*config, error) {
+	return loadConfigMesh(getenv, environ, args, meshConfigPath)
+}
+
+// loadConfigMesh is loadConfig with the mesh config file at meshPath.
+func loadConfigMesh(getenv func(string) (string, bool), environ []string, args []string, meshPath string) (*config, error) {
 	c := &config{}
 	values := map[string]string{}
 	explicit := map[string]bool{}
@@ -242,6 +247,11 @@ func loadConfig(getenv func(string) (string, bool), environ []string, args []str
 	if err := resolveChart(c, explicit); err != nil {
 		return nil, err
 	}
+	pc, err := readProxyConfig(meshPath, c.rust.proxyConfig)
+	if err != nil {
+		return nil, err
+	}
+	pc.apply(c, explicit)
 	if err := resolveRust(c, explicit); err != nil {
 		return nil, err
 	}
