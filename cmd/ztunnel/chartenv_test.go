@@ -51,6 +51,7 @@ func TestChartEnvironment(t *testing.T) {
 		{"NodeName", c.NodeName, "node-1"},
 		{"PodName", c.PodName, "ztunnel-abcde"},
 		{"PodNamespace", c.PodNamespace, "istio-system"},
+		{"ServiceAccount (the self-proxy's workload)", c.ServiceAccount, "ztunnel"},
 		{"InstanceIP", c.InstanceIP, "10.244.0.7"},
 		{"ProxyMeta[ENABLE_HBONE]", c.ProxyMeta["ENABLE_HBONE"], "true"},
 	} {
@@ -65,13 +66,13 @@ func TestChartEnvironment(t *testing.T) {
 		t.Errorf("CPULimit = %d; want 2 (the smaller of 16 and 1500m rounded up)", c.CPULimit)
 	}
 	unused := strings.Join(c.chart.unused, "\n")
-	for _, v := range []string{"INPOD_ENABLED", "RUST_BACKTRACE", "SERVICE_ACCOUNT", "ZTUNNEL_RESOURCE_CPU_REQUEST"} {
+	for _, v := range []string{"INPOD_ENABLED", "RUST_BACKTRACE", "ZTUNNEL_RESOURCE_CPU_REQUEST"} {
 		if !strings.Contains(unused, v+": ") {
 			t.Errorf("%s is not reported as not acted on; reported:\n%s", v, unused)
 		}
 	}
-	if len(c.chart.unused) != 4 {
-		t.Errorf("reported %d variables as not acted on; want 4:\n%s", len(c.chart.unused), unused)
+	if len(c.chart.unused) != 3 {
+		t.Errorf("reported %d variables as not acted on; want 3:\n%s", len(c.chart.unused), unused)
 	}
 }
 
@@ -219,7 +220,7 @@ func TestChartCommandLine(t *testing.T) {
 	p := startProc(t, "ztunnel", environ(vars), bin, "proxy", "ztunnel")
 	p.waitOutput(t, `"msg":"ztunnel started"`, 20*time.Second)
 	logs := p.out.String()
-	for _, v := range []string{"INPOD_ENABLED", "RUST_BACKTRACE", "SERVICE_ACCOUNT"} {
+	for _, v := range []string{"INPOD_ENABLED", "RUST_BACKTRACE"} {
 		if !strings.Contains(logs, `"level":"INFO","msg":"chart variable accepted, not acted on","variable":"`+v) {
 			t.Errorf("no INFO line for %s:\n%s", v, logs)
 		}

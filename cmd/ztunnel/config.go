@@ -39,6 +39,7 @@ type config struct {
 	TrustDomain       string
 	PodName           string
 	PodNamespace      string
+	ServiceAccount    string // with PodName and PodNamespace: ztunnel's own workload (the self-proxy)
 	InstanceIP        string
 
 	XDSAddress     string
@@ -130,8 +131,8 @@ func settings() []setting {
 		str("CLUSTER_ID", istiogrpc.DefaultClusterID, "cluster id sent to the control plane and CA; unset, ISTIO_META_CLUSTER_ID if that is set (the chart sets it)", func(c *config) *string { return &c.ClusterID }),
 		str("CLUSTER_DOMAIN", "cluster.local", "Kubernetes cluster DNS domain", func(c *config) *string { return &c.ClusterDomain }),
 		str("TRUST_DOMAIN", "cluster.local", "trust domain of ztunnel's own identity", func(c *config) *string { return &c.TrustDomain }),
-		str("POD_NAME", "", "ztunnel's pod name (node id)", func(c *config) *string { return &c.PodName }),
-		str("POD_NAMESPACE", "", "ztunnel's namespace (node id)", func(c *config) *string { return &c.PodNamespace }),
+		str("POD_NAME", "", "ztunnel's pod name (node id; with POD_NAMESPACE and SERVICE_ACCOUNT, its own workload for the self-proxy)", func(c *config) *string { return &c.PodName }),
+		str("POD_NAMESPACE", "", "ztunnel's namespace (node id; see POD_NAME)", func(c *config) *string { return &c.PodNamespace }),
 		str("INSTANCE_IP", "", "ztunnel's IP (node id)", func(c *config) *string { return &c.InstanceIP }),
 
 		str("XDS_ADDRESS", "", "xDS control plane (https://istiod.istio-system.svc:15012; http:// = plaintext); empty = no control plane", func(c *config) *string { return &c.XDSAddress }),
@@ -196,6 +197,11 @@ var prefixed = []struct {
 // loadConfig reads the environment (getenv) and then args (flags named after each variable,
 // lowercase with dashes: --admin-addr). It returns an error naming the variable at fault.
 func loadConfig(getenv func(string) (string, bool), environ []string, args []string) (*config, error) {
+	return loadConfigMesh(getenv, environ, args, meshConfigPath)
+}
+
+// loadConfigMesh is loadConfig with the mesh config file at meshPath.
+func loadConfigMesh(getenv func(string) (string, bool), environ []string, args []string, meshPath string) (*config, error) {
 	c := &config{}
 	values := map[string]string{}
 	explicit := map[string]bool{}
@@ -242,6 +248,11 @@ func loadConfig(getenv func(string) (string, bool), environ []string, args []str
 	if err := resolveChart(c, explicit); err != nil {
 		return nil, err
 	}
+	pc, err := readProxyConfig(meshPath, c.rust.proxyConfig)
+	if err != nil {
+		return nil, err
+	}
+	pc.apply(c, explicit)
 	if err := resolveRust(c, explicit); err != nil {
 		return nil, err
 	}

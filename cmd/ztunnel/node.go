@@ -39,6 +39,7 @@ type node struct {
 	xds      *xds.Client // nil without XDS_ADDRESS
 	certs    *certs.Manager
 	proxy    *proxy.Proxy   // the node's own listeners (node and dedicated mode); nil in in-pod mode
+	self     *proxy.Proxy   // in-pod mode: ztunnel's own 15008 (selfproxy.go); nil if not named
 	inpod    *inpod.Manager // in-pod (shared) mode only
 	pods     *podProxies    // in-pod mode: the pods' proxies the Manager drives
 
@@ -131,6 +132,13 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		if err := netns.CheckCapabilities(); err != nil {
 			return fmt.Errorf("PROXY_MODE=shared (in-pod) cannot enter pod namespaces or mark sockets: %w", err)
 		}
+		if self, ok := newSelfProxy(n); ok {
+			if err := self.Listen(); err != nil {
+				return fmt.Errorf("self-proxy (POD_NAME, POD_NAMESPACE, SERVICE_ACCOUNT): %w", err)
+			}
+			n.self = self
+			n.addrs["SELF_PROXY"] = self.Addrs()[proxy.ListenerInbound]
+		}
 		n.ready.add(taskCerts)
 		goBG("certificate prefetch", n.prefetchCertificates)
 	} else if cfg.enableProxy() {
@@ -157,9 +165,7 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 	}
 	servers, err := n.startHTTP()
 	if err != nil {
-		if n.proxy != nil {
-			n.proxy.Shutdown(context.Background())
-		}
+		n.shutdownProxies(context.Background())
 		return err
 	}
 	proxyCtx, stopProxy := context.WithCancel(context.Background())
@@ -167,15 +173,22 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 	proxyDone := make(chan struct{})
 	go func() {
 		defer close(proxyDone)
-		if n.proxy != nil {
-			n.proxy.Serve(proxyCtx)
+		var wg sync.WaitGroup
+		for _, p := range n.proxies() {
+			wg.Go(func() { p.Serve(proxyCtx) })
 		}
+		wg.Wait()
 	}()
 	if inPod {
 		n.pods = newPodProxies(n)
 		n.inpod = inpod.New(inpod.Config{Path: cfg.InpodUDS, Metrics: n.metrics}, n.pods)
 		n.ready.watch(taskInpod, n.inpodReady)
-		n.ready.watch(taskAccept, n.pods.acceptError)
+		n.ready.watch(taskAccept, func() error {
+			if n.self != nil {
+				return errors.Join(n.self.AcceptError(), n.pods.acceptError())
+			}
+			return n.pods.acceptError()
+		})
 	}
 
 	slog.Info("ztunnel started", "version", version, "mode", n.local.Mode, "threads", runtime.GOMAXPROCS(0), "listeners", n.listenerSummary())
@@ -194,9 +207,7 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		n.inpod.Close() // drains every pod's proxy, in the background...
 		n.pods.wait()   // ...each within CONNECTION_TERMINATION_DEADLINE
 	}
-	if n.proxy != nil {
-		err = n.proxy.Shutdown(drainCtx)
-	}
+	err = n.shutdownProxies(drainCtx)
 	stopProxy()
 	<-proxyDone
 	for _, s := range servers {
@@ -276,6 +287,27 @@ func (n *node) startHTTP() ([]*http.Server, error) {
 		}()
 	}
 	return servers, nil
+}
+
+// proxies are the node's own proxies: its listeners (node and dedicated mode) or the
+// self-proxy (in-pod mode).
+func (n *node) proxies() []*proxy.Proxy {
+	var ps []*proxy.Proxy
+	for _, p := range []*proxy.Proxy{n.proxy, n.self} {
+		if p != nil {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+// shutdownProxies drains the node's own proxies until ctx ends.
+func (n *node) shutdownProxies(ctx context.Context) error {
+	var errs []error
+	for _, p := range n.proxies() {
+		errs = append(errs, p.Shutdown(ctx))
+	}
+	return errors.Join(errs...)
 }
 
 func (n *node) requestQuit() { n.quitOnce.Do(func() { close(n.quit) }) }

@@ -56,8 +56,15 @@ type proc struct {
 // startProc starts args[0] with exactly env (plus PATH) as its environment.
 func startProc(t *testing.T, name string, env []string, args ...string) *proc {
 	t.Helper()
+	return startProcIn(t, "", name, env, args...)
+}
+
+// startProcIn is startProc with workdir as the working directory ("": the test's).
+func startProcIn(t *testing.T, workdir, name string, env []string, args ...string) *proc {
+	t.Helper()
 	p := &proc{name: name, done: make(chan struct{})}
 	p.cmd = exec.Command(args[0], args[1:]...)
+	p.cmd.Dir = workdir
 	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), raceEnv}, env...)
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	if err := p.cmd.Start(); err != nil {

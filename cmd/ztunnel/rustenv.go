@@ -24,7 +24,7 @@ func rustSettings() []setting {
 		only("LOCALHOST_APP_TUNNEL", "true", "send application-tunnel traffic to the pod over localhost", "true", "gozt always dials an application tunnel on 127.0.0.1, the Rust default"),
 		str("CRL_PATH", "", "the peer CA's certificate revocation list (the chart's peerCaCrl): PEM X509 CRL blocks or one DER list; HBONE peers whose chain it revokes are refused; re-read when it changes; missing or empty revokes nothing, malformed refuses to start. Connections already up are not closed when a peer becomes revoked (the Rust ztunnel closes them)", func(c *config) *string { return &c.CRLPath }),
 		refusedIfSet("LOCAL_XDS", "the local config inline", "inline config is not supported: write it to a file and set LOCAL_XDS_PATH"),
-		chartOnly("PROXY_CONFIG", "the mesh's proxy config (proxyAdminPort, statsPort, proxyMetadata, ...); not used: gozt takes each as its own variable (ADMIN_ADDR, STATS_ADDR, ISTIO_META_*)"),
+		str("PROXY_CONFIG", "", "Istio's ProxyConfig in YAML or JSON, over the mesh config file's defaultConfig (./etc/istio/config/mesh from the working directory, read if present), field by field as the Rust ztunnel reads them: proxyMetadata (xDS node metadata, ISTIO_META_ prefix dropped; DNS_CAPTURE and DNS_PROXY_ADDR act as ISTIO_META_*), discoveryAddress (XDS_ADDRESS), proxyAdminPort (ADMIN_ADDR's port), statsPort (STATS_ADDR's port), concurrency (ZTUNNEL_WORKER_THREADS); each variable wins over its field; other fields are ignored; a file or value that does not parse stops the start", func(c *config) *string { return &c.rust.proxyConfig }),
 		chartOnly("ENABLE_RESPONSE_BAGGAGE", "baggage on CONNECT responses; not used: gozt's inbound sends none, its outbound reads none"),
 		chartOnly("AUTHZ_POLICY_INFO_LOGGING", "policy decisions at info level; not used: gozt logs a denial in the access record at error level"),
 		boolean("USER_TIMEOUT_ENABLED", "false", "TCP_USER_TIMEOUT on proxied sockets, KEEPALIVE_TIME + KEEPALIVE_RETRIES × KEEPALIVE_INTERVAL: unacknowledged data drops a connection as soon as keepalive would", func(c *config) *bool { return &c.rust.userTimeout }),
@@ -47,6 +47,7 @@ var notInRust = map[string]bool{
 type rustEnv struct {
 	fakeCA, userTimeout      bool
 	dnsCapture, dnsProxyAddr string
+	proxyConfig              string            // PROXY_CONFIG
 	metaJSON                 map[string]string // ISTIO_METAJSON_<NAME>
 }
 

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// meshConfigPath is where the Rust ztunnel reads the mesh config: relative to the working
+// directory, which is / in the image, so /etc/istio/config/mesh when the istio ConfigMap is
+// mounted there.
+const meshConfigPath = "./etc/istio/config/mesh"
+
+// meshProxyConfig is the part of Istio's ProxyConfig the Rust ztunnel reads, from the mesh
+// config file's defaultConfig and from PROXY_CONFIG (YAML or JSON); other fields are
+// ignored, as there. A nil field was not given.
+type meshProxyConfig struct {
+	DiscoveryAddress *string           `yaml:"discoveryAddress"`
+	ProxyAdminPort   *uint16           `yaml:"proxyAdminPort"`
+	StatsPort        *uint16           `yaml:"statsPort"`
+	Concurrency      *uint16           `yaml:"concurrency"`
+	ProxyMetadata    map[string]string `yaml:"proxyMetadata"`
+}
+
+// readProxyConfig reads the mesh config file at path (missing: nothing) and overlays
+// PROXY_CONFIG (empty: nothing) on it field by field, proxyMetadata key by key, as the
+// Rust ztunnel's construct_proxy_config does. An error names the source at fault.
+func readProxyConfig(path, env string) (meshProxyConfig, error) {
+	var pc meshProxyConfig
+	b, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return pc, fmt.Errorf("config: mesh config file %s: %w", path, err)
+	default:
+		var mesh struct {
+			DefaultConfig meshProxyConfig `yaml:"defaultConfig"`
+		}
+		if err := yaml.Unmarshal(b, &mesh); err != nil {
+			return pc, fmt.Errorf("config: mesh config file %s: %v; accepted: YAML with defaultConfig, as Istio's mesh ConfigMap", path, err)
+		}
+		pc = mesh.DefaultConfig
+	}
+	if strings.TrimSpace(env) == "" {
+		return pc, nil
+	}
+	var over meshProxyConfig
+	if err := yaml.Unmarshal([]byte(env), &over); err != nil {
+		return pc, fmt.Errorf("config: PROXY_CONFIG: %v; accepted: a ProxyConfig in YAML or JSON", err)
+	}
+	pc.DiscoveryAddress = orElse(over.DiscoveryAddress, pc.DiscoveryAddress)
+	pc.ProxyAdminPort = orElse(over.ProxyAdminPort, pc.ProxyAdminPort)
+	pc.StatsPort = orElse(over.StatsPort, pc.StatsPort)
+	pc.Concurrency = orElse(over.Concurrency, pc.Concurrency)
+	if len(over.ProxyMetadata) > 0 && pc.ProxyMetadata == nil {
+		pc.ProxyMetadata = map[string]string{}
+	}
+	for k, v := range over.ProxyMetadata {
+		pc.ProxyMetadata[k] = v
+	}
+	return pc, nil
+}
+
+// orElse is a if given, else b.
+func orElse[T any](a, b *T) *T {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// apply maps the proxy config onto c where the variable of the same meaning was not set:
+// the environment wins, as in the Rust ztunnel. proxyMetadata joins the xDS node metadata
+// (its keys without ISTIO_META_) and, like ISTIO_META_*, can set DNS_CAPTURE and
+// DNS_PROXY_ADDR; discoveryAddress is the control plane; proxyAdminPort and statsPort
+// move the admin and stats listeners (their host stays); concurrency sizes the worker
+// threads as ZTUNNEL_WORKER_THREADS does (0: every core).
+func (pc meshProxyConfig) apply(c *config, explicit map[string]bool) {
+	for k, v := range pc.ProxyMetadata {
+		k = strings.TrimPrefix(k, "ISTIO_META_")
+		if _, set := c.ProxyMeta[k]; !set {
+			c.ProxyMeta[k] = v
+		}
+	}
+	if v, ok := c.ProxyMeta["DNS_CAPTURE"]; ok && !explicit["ISTIO_META_DNS_CAPTURE"] {
+		c.rust.dnsCapture = v
+	}
+	if v, ok := c.ProxyMeta["DNS_PROXY_ADDR"]; ok && !explicit["ISTIO_META_DNS_PROXY_ADDR"] {
+		c.rust.dnsProxyAddr = v
+	}
+	if a := pc.DiscoveryAddress; a != nil && *a != "" && !explicit["XDS_ADDRESS"] {
+		c.XDSAddress = *a
+	}
+	if p := pc.ProxyAdminPort; p != nil && !explicit["ADMIN_ADDR"] {
+		c.AdminAddr = withPort(c.AdminAddr, *p)
+	}
+	if p := pc.StatsPort; p != nil && !explicit["STATS_ADDR"] {
+		c.StatsAddr = withPort(c.StatsAddr, *p)
+	}
+	if n := pc.Concurrency; n != nil && !explicit["ZTUNNEL_WORKER_THREADS"] {
+		c.WorkerThreads = workerThreads{set: true, n: int(*n)}
+	}
+}
+
+// withPort is addr (a default, so well formed) with its port replaced.
+func withPort(addr string, port uint16) string {
+	host, _, _ := net.SplitHostPort(addr)
+	return net.JoinHostPort(host, strconv.Itoa(int(port)))
+}

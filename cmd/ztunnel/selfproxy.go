@@ -1,0 +1,39 @@
+package main
+
+import (
+	"log/slog"
+
+	"github.com/gozt/gozt/proxy"
+	"github.com/gozt/gozt/xds/state"
+)
+
+// selfWorkload is ztunnel's own workload (POD_NAMESPACE, POD_NAME, SERVICE_ACCOUNT, which
+// the chart sets from the downward API); false unless all three are set.
+func (c *config) selfWorkload() (state.WorkloadRef, bool) {
+	ref := state.WorkloadRef{Namespace: c.PodNamespace, Name: c.PodName, ServiceAccount: c.ServiceAccount}
+	return ref, ref.Namespace != "" && ref.Name != "" && ref.ServiceAccount != ""
+}
+
+// newSelfProxy is in-pod mode's self-proxy, as the Rust ztunnel's
+// create_ztunnel_self_proxy_listener: an HBONE listener on INBOUND_ADDR's port in ztunnel's
+// own network namespace that serves ztunnel's own workload, with its certificate and under
+// its authorization policies, so that a meshed client (Prometheus) reaches ztunnel's own
+// ports, the stats port above all, over mTLS. It is an inbound like a pod's: the HBONE
+// target must be the address the connection came to, ztunnel's capture ports are refused,
+// and the upstream leaves from ztunnel's own address (never the client's). nil, false when
+// the mode is not shared, ztunnel's workload is not named or INBOUND_ADDR is off.
+func newSelfProxy(n *node) (*proxy.Proxy, bool) {
+	ref, ok := n.cfg.selfWorkload()
+	addr := podAddr(n.cfg.InboundAddr, n.cfg.IPv6Enabled)
+	if !ok || n.local.Mode != state.ModeShared || addr == "" {
+		return nil, false
+	}
+	slog.Info("ztunnel self-proxy", "identity", "spiffe://"+n.cfg.TrustDomain+"/ns/"+ref.Namespace+"/sa/"+ref.ServiceAccount, "workload", ref.Namespace+"/"+ref.Name)
+	pcfg := proxyConfig(n.cfg)
+	pcfg.Local = n.local.Pod(ref)
+	pcfg.OutboundAddr, pcfg.InboundPlaintextAddr, pcfg.Socks5Addr = "", "", ""
+	pcfg.InboundAddr = addr
+	pcfg.OrigSrc = false
+	pcfg.Logger = slog.Default().With("proxy", "self")
+	return proxy.New(pcfg, n.store, n.certs, n.metrics), true
+}
