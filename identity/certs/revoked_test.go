@@ -1,0 +1,112 @@
+package certs_test
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/gozt/gozt/identity/ca/catest"
+	"github.com/gozt/gozt/identity/certs"
+	"github.com/gozt/gozt/internal/leaktest"
+)
+
+// crlPEM is a CRL signed by ca revoking serials, with the given nextUpdate.
+func crlPEM(t *testing.T, ca *catest.Root, next time.Time, serials ...*big.Int) []byte {
+	t.Helper()
+	tmpl := &x509.RevocationList{Number: big.NewInt(time.Now().UnixNano()), ThisUpdate: next.Add(-2 * time.Hour), NextUpdate: next}
+	for _, s := range serials {
+		tmpl.RevokedCertificateEntries = append(tmpl.RevokedCertificateEntries, x509.RevocationListEntry{SerialNumber: s, RevocationTime: time.Now()})
+	}
+	der, err := x509.CreateRevocationList(rand.Reader, tmpl, ca.Cert, ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: der})
+}
+
+// Manager.Revoked judges an established connection's peer against the lists in force now: a
+// revoked intermediate revokes every leaf under it and no other; a revoked leaf only itself;
+// a list past nextUpdate still revokes (and says so); a list whose signature does not verify
+// against the CA it names revokes nothing and is reported as invalid.
+func TestManagerRevoked(t *testing.T) {
+	leaktest.Check(t)
+	g := newGated(t, time.Hour)
+	now := time.Now()
+	interA := g.root.Intermediate(t, "intermediate-a", now.Add(-time.Hour), now.Add(time.Hour))
+	interB := g.root.Intermediate(t, "intermediate-b", now.Add(-time.Hour), now.Add(time.Hour))
+	underA := interA.Issue(t, idA, now.Add(-time.Minute), now.Add(time.Hour))
+	underB := interB.Issue(t, idA, now.Add(-time.Minute), now.Add(time.Hour))
+	underB2 := interB.Issue(t, idB, now.Add(-time.Minute), now.Add(time.Hour))
+	state := func(iss *tls.Certificate) tls.ConnectionState {
+		var cs tls.ConnectionState
+		for _, der := range iss.Certificate {
+			c, err := x509.ParseCertificate(der)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs.PeerCertificates = append(cs.PeerCertificates, c)
+		}
+		return cs
+	}
+
+	path := filepath.Join(t.TempDir(), "ca-crl.pem")
+	os.WriteFile(path, nil, 0o644)
+	crl, err := certs.OpenCRL(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := certs.New(certs.Config{CRL: crl}, g)
+	defer m.Close()
+	if _, err := m.Certificate(context.Background(), idB); err != nil { // the bundle Revoked verifies against
+		t.Fatal(err)
+	}
+	if err := m.Revoked(state(&underA.Certificate)); err != nil {
+		t.Fatalf("no lists yet: %v", err)
+	}
+
+	// The root revokes intermediate A (its list past nextUpdate); B revokes one of its leaves.
+	impostor := catest.NewRoot(t, "intermediate-b") // same name as B, another key
+	data := append(crlPEM(t, g.root, now.Add(-time.Minute), interA.Cert.SerialNumber), crlPEM(t, interB, now.Add(time.Hour), underB2.Certificate.Leaf.SerialNumber)...)
+	data = append(data, crlPEM(t, impostor, now.Add(time.Hour), underB.Certificate.Leaf.SerialNumber)...)
+	os.WriteFile(path, data, 0o644)
+	changed := make(chan struct{}, 1)
+	crl.Watch(func() { changed <- struct{}{} })
+	defer crl.Close()
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Watch did not call back within 10s of the file's change")
+	}
+
+	var re *certs.RevokedError
+	if err := m.Revoked(state(&underA.Certificate)); !errors.As(err, &re) || re.Cert.SerialNumber.Cmp(interA.Cert.SerialNumber) != 0 || re.Peer[0].String() != idA.String() {
+		t.Fatalf("leaf under revoked intermediate A: %v, want a RevokedError naming A's serial and the peer", err)
+	}
+	if err := m.Revoked(state(&underB2.Certificate)); !errors.As(err, &re) || re.Cert != nil && re.Cert.SerialNumber.Cmp(underB2.Certificate.Leaf.SerialNumber) != 0 {
+		t.Fatalf("leaf B revoked: %v", err)
+	}
+	if err := m.Revoked(state(&underB.Certificate)); err != nil {
+		t.Fatalf("a leaf only the impostor's list names was judged revoked: %v", err)
+	}
+	info := crl.Info()
+	if len(info) != 3 {
+		t.Fatalf("Info: %d lists, want 3", len(info))
+	}
+	if !info[0].Expired || info[0].Signature != "verified" || info[0].Issuer != "CN=root" || info[0].Revoked != 1 {
+		t.Errorf("root's list: %+v; want expired, verified, CN=root, one revoked", info[0])
+	}
+	if info[1].Expired || info[1].Signature != "verified" {
+		t.Errorf("B's list: %+v; want in date, verified", info[1])
+	}
+	if info[2].Signature != "invalid" {
+		t.Errorf("impostor's list: %+v; want signature invalid", info[2])
+	}
+}
