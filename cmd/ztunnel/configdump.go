@@ -12,6 +12,9 @@ func (n *node) configDump() map[string]any {
 		"config":       n.cfg,
 		"certificates": n.certs.Dump(),
 	}
+	if n.crl != nil {
+		d["crl"] = map[string]any{"path": n.cfg.CRLPath, "lists": n.crl.Info()}
+	}
 	if sd, ok := n.store.Dump().(*state.Dump); ok {
 		d["workloads"], d["services"], d["policies"] = sd.Workloads, sd.Services, sd.Policies
 	}

@@ -38,6 +38,7 @@ type node struct {
 	store    *state.Store
 	xds      *xds.Client // nil without XDS_ADDRESS
 	certs    *certs.Manager
+	crl      *certs.CRL     // nil without CRL_PATH
 	proxy    *proxy.Proxy   // the node's own listeners (node and dedicated mode); nil in in-pod mode
 	inpod    *inpod.Manager // in-pod (shared) mode only
 	pods     *podProxies    // in-pod mode: the pods' proxies the Manager drives
@@ -104,15 +105,14 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		return err
 	}
 	defer caClient.Close()
-	var crl *certs.CRL
 	if cfg.CRLPath != "" {
-		if crl, err = certs.OpenCRL(cfg.CRLPath, nil); err != nil {
+		if n.crl, err = certs.OpenCRL(cfg.CRLPath, nil); err != nil {
 			return fmt.Errorf("CRL_PATH: %w", err)
 		}
-		crl.Watch()
-		defer crl.Close()
+		defer n.crl.Close() // Watch starts below, once the proxies its callback closes exist
+		n.registry.MustRegister(crlCollector{n.crl})
 	}
-	n.certs = certs.New(certs.Config{PQCOnly: cfg.Compliance == "pqc", TLS12: cfg.TLS12Enabled, CRL: crl}, caClient)
+	n.certs = certs.New(certs.Config{PQCOnly: cfg.Compliance == "pqc", TLS12: cfg.TLS12Enabled, CRL: n.crl}, caClient)
 	defer n.certs.Close()
 
 	goBG("metrics sweep", n.forgetGoneWorkloads)
@@ -176,6 +176,10 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		n.inpod = inpod.New(inpod.Config{Path: cfg.InpodUDS, Metrics: n.metrics}, n.pods)
 		n.ready.watch(taskInpod, n.inpodReady)
 		n.ready.watch(taskAccept, n.pods.acceptError)
+	}
+
+	if n.crl != nil {
+		n.crl.Watch(n.closeRevoked)
 	}
 
 	slog.Info("ztunnel started", "version", version, "mode", n.local.Mode, "threads", runtime.GOMAXPROCS(0), "listeners", n.listenerSummary())

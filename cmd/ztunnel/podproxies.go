@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -254,4 +255,17 @@ func (pp *podProxies) acceptError() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// closeMatching is proxy.Proxy.CloseMatching on every running pod's proxy.
+func (pp *podProxies) closeMatching(match func(inbound bool, cs tls.ConnectionState) error) {
+	pp.mu.Lock()
+	pods := make([]*podProxy, 0, len(pp.pods))
+	for _, pod := range pp.pods {
+		pods = append(pods, pod)
+	}
+	pp.mu.Unlock()
+	for _, pod := range pods {
+		pod.proxy.CloseMatching(match)
+	}
 }

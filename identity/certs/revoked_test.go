@@ -110,3 +110,54 @@ func TestManagerRevoked(t *testing.T) {
 		t.Errorf("impostor's list: %+v; want signature invalid", info[2])
 	}
 }
+
+// The chart mounts the istio-ca-crl ConfigMap (optional) at CRL_PATH's directory: absent, the
+// directory is empty; present, ca-crl.pem is a symlink through ..data, which the kubelet
+// swaps atomically to a new timestamped directory on each update. Both are followed.
+func TestCRLConfigMapLayout(t *testing.T) {
+	leaktest.Check(t)
+	g := newGated(t, time.Hour)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "ca-crl.pem")
+	crl, err := certs.OpenCRL(path, nil) // the ConfigMap does not exist yet
+	if err != nil {
+		t.Fatalf("optional ConfigMap absent: %v; want a warning", err)
+	}
+	changed := make(chan struct{}, 4)
+	crl.Watch(func() { changed <- struct{}{} })
+	defer crl.Close()
+	publish := func(gen string, serials ...*big.Int) {
+		ts := filepath.Join(dir, "..2026_"+gen)
+		if err := os.Mkdir(ts, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(ts, "ca-crl.pem"), crlPEM(t, g.root, time.Now().Add(time.Hour), serials...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		tmp := filepath.Join(dir, "..data_tmp")
+		if err := os.Symlink(filepath.Base(ts), tmp); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Lstat(path); err != nil {
+			if err := os.Symlink("..data/ca-crl.pem", path); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case <-changed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("ConfigMap update %s not picked up in 10s", gen)
+		}
+	}
+	publish("1", big.NewInt(7))
+	if info := crl.Info(); len(info) != 1 || info[0].Revoked != 1 {
+		t.Fatalf("after the ConfigMap appeared: %+v", info)
+	}
+	publish("2", big.NewInt(7), big.NewInt(8))
+	if info := crl.Info(); len(info) != 1 || info[0].Revoked != 2 {
+		t.Fatalf("after the ..data swap: %+v", info)
+	}
+}
