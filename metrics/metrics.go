@@ -216,3 +216,16 @@ func validUTF8(s string) string {
 	}
 	return strings.ToValidUTF8(s, "\uFFFD")
 }
+
+// OnDemandDNSUsed counts one connection whose destination workload was resolved by its
+// hostname (istio_on_demand_dns_total), labelled by its source (l's source_* labels,
+// Istio's defaults for empty ones) and the hostname, as the Rust ztunnel labels it.
+func (m *Metrics) OnDemandDNSUsed(l Labels, hostname string) {
+	l = l.withDefaults()
+	if hostname == "" {
+		hostname = Unknown
+	}
+	m.OnDemandDNS.WithLabelValues(validUTF8(l.SourceWorkload), validUTF8(l.SourceCanonicalService), validUTF8(l.SourceCanonicalRevision),
+		validUTF8(l.SourceWorkloadNamespace), validUTF8(l.SourcePrincipal), validUTF8(l.SourceApp), validUTF8(l.SourceVersion),
+		validUTF8(l.SourceCluster), validUTF8(hostname)).Inc()
+}

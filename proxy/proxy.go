@@ -76,7 +76,10 @@ type Config struct {
 	// Demand, when set (XDS_ON_DEMAND), asks the control plane for an address the cache
 	// does not hold and waits for the answer.
 	Demand func(ctx context.Context, network string, ip netip.Addr) error
-	Logger *slog.Logger // [slog.Default()]
+	// Resolver looks up the hostname of a destination workload that has no address (a
+	// ServiceEntry with DNS resolution), on demand; nil refuses such destinations.
+	Resolver HostResolver
+	Logger   *slog.Logger // [slog.Default()]
 }
 
 func (c *Config) setDefaults() {

@@ -39,6 +39,7 @@ type node struct {
 	xds      *xds.Client // nil without XDS_ADDRESS
 	certs    *certs.Manager
 	crl      *certs.CRL     // nil without CRL_PATH
+	resolver *dns.Resolver  // hostname-only workloads' on-demand DNS; nil without a nameserver
 	proxy    *proxy.Proxy   // the node's own listeners (node and dedicated mode); nil in in-pod mode
 	inpod    *inpod.Manager // in-pod (shared) mode only
 	pods     *podProxies    // in-pod mode: the pods' proxies the Manager drives
@@ -116,6 +117,9 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 	defer n.certs.Close()
 
 	goBG("metrics sweep", n.forgetGoneWorkloads)
+	if n.resolver, err = dns.NewResolver(dns.ResolverConfig{}); err != nil {
+		slog.Warn("workloads known only by hostname cannot be reached: no nameserver for on-demand DNS", "err", err)
+	}
 
 	inPod := n.local.Mode == state.ModeShared
 	if !inPod {
@@ -125,6 +129,7 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		if n.xds != nil && cfg.XDSOnDemand {
 			pcfg.Demand = n.xds.DemandAddress
 		}
+		n.withResolver(&pcfg)
 		n.proxy = proxy.New(pcfg, n.store, n.certs, n.metrics)
 	}
 	if inPod {
@@ -294,6 +299,14 @@ func (n *node) listenerSummary() string {
 
 // dnsConfig answers for the workloads this node serves (the dedicated one, or the local
 // workload with the client's IP) from local.
+// withResolver gives a proxy the node's on-demand resolver, if it has one (a nil
+// *dns.Resolver must not become a non-nil proxy.HostResolver).
+func (n *node) withResolver(pcfg *proxy.Config) {
+	if n.resolver != nil {
+		pcfg.Resolver = n.resolver
+	}
+}
+
 func (n *node) dnsConfig(local state.Local) dns.Config {
 	return dns.Config{
 		Addr:          n.cfg.DNSProxyAddr,

@@ -63,6 +63,7 @@ func (pp *podProxies) Start(p inpod.Pod) error {
 	pcfg.InboundAddr = podAddr(cfg.InboundAddr, cfg.IPv6Enabled)
 	pcfg.Sockets = sockets
 	pcfg.Logger = log
+	pp.n.withResolver(&pcfg)
 	if cfg.InpodPortReuse {
 		if err := migrateOnClose(p.NetNS); err != nil {
 			log.Debug("cannot set tcp_migrate_req in the pod; an upgrade may reset a few connections", "err", err)
