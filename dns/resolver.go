@@ -64,7 +64,8 @@ func NewResolver(cfg ResolverConfig) (*Resolver, error) {
 	return &Resolver{fwd: fwd, maxEntries: cfg.MaxEntries, maxTTL: cfg.MaxTTL, now: time.Now, cache: map[string]*answer{}}, nil
 }
 
-// LookupHost returns host's addresses, from the cache while its TTL lasts.
+// LookupHost returns host's addresses, from the cache while its TTL lasts. The slice is
+// shared with other callers: read it, never write it.
 func (r *Resolver) LookupHost(ctx context.Context, host string) ([]netip.Addr, error) {
 	name := normalize(host)
 	if name == "" {
