@@ -23,7 +23,7 @@ func (ns *nameserver) queries(name string, qtype uint16) int {
 	return ns.seen[dns.Fqdn(name)+" "+dns.TypeToString[qtype]]
 }
 
-func startNameserver(t *testing.T) *nameserver {
+func startNameserver(t testing.TB) *nameserver {
 	t.Helper()
 	ns := &nameserver{seen: map[string]int{}}
 	pc, ln, err := New(Config{}, nil, nil).listenPair("127.0.0.1", "0")
@@ -137,5 +137,26 @@ func TestResolver(t *testing.T) {
 	r.LookupHost(ctx, "missing.example.com")
 	if n := ns.queries("missing.example.com", dns.TypeA); n != 2 {
 		t.Fatalf("a failed name was asked %d times in two lookups; failures are not kept, want 2", n)
+	}
+}
+
+// A connection to a hostname-only workload whose answer is cached (hit) against one whose
+// answer has a zero TTL (miss: A and AAAA from a nameserver on loopback).
+func BenchmarkResolver(b *testing.B) {
+	ns := startNameserver(b)
+	r, err := NewResolver(ResolverConfig{Upstreams: []string{ns.addr}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, host := range []string{"vm.example.com", "zero.example.com"} {
+		name := map[string]string{"vm.example.com": "hit", "zero.example.com": "miss"}[host]
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := r.LookupHost(ctx, host); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
