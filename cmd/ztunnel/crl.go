@@ -9,10 +9,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// closeRevoked is CRL_PATH's reload callback: it closes every HBONE connection, of the
+// closeRevoked is CRL_PATH's reload callback: it checks the signatures of the lists the
+// node's roots issued (certs.Manager.CheckCRL), and closes every HBONE connection, of the
 // node's proxy and of every pod's, whose peer the lists now in force revoke, with one log
 // line each naming the peer and the revoked certificate, as the Rust ztunnel does.
 func (n *node) closeRevoked() {
+	n.certs.CheckCRL()
 	match := func(inbound bool, cs tls.ConnectionState) error {
 		err := n.certs.Revoked(cs)
 		if err == nil {

@@ -24,8 +24,9 @@ import (
 // chain is listed by a CRL its issuer signed. The file is re-read when it changes, and Watch's
 // callback then lets the caller close live connections whose peer became revoked
 // (Manager.Revoked). An empty or missing file revokes nothing (a ConfigMap may be mounted
-// after start); a malformed one keeps the last good lists, with an error logged each time it
-// is read.
+// after start); a malformed one keeps the last good lists, with an error logged once per
+// content and shown by Refused: a node keeps enforcing what it knew rather than trusting
+// every peer because of a bad push.
 //
 // A list past its nextUpdate stays in force, reported (a warning at each load, Info, and the
 // caller's metric): revocation is permanent, so dropping a stale list would re-admit every
@@ -41,6 +42,10 @@ type CRL struct {
 	mu    sync.RWMutex
 	lists []*crlList // guarded by mu
 	stamp fileStamp  // guarded by mu: the file as last read
+	// The last content refused, and why; guarded by mu. It is logged once, not at every poll,
+	// and shown by Refused until a good file replaces it.
+	refused    fileStamp
+	refusedErr error
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -132,14 +137,18 @@ func (c *CRL) reload() (changed bool, err error) {
 	}
 	stamp := fileStamp(sha256.Sum256(data))
 	c.mu.RLock()
-	same := c.stamp == stamp
+	same := c.stamp == stamp || (c.refusedErr != nil && c.refused == stamp)
 	c.mu.RUnlock()
 	if same {
 		return false, nil
 	}
 	lists, err := parseCRLs(data)
 	if err != nil {
-		return false, fmt.Errorf("certs: CRL %s: %w", c.path, err)
+		err = fmt.Errorf("certs: CRL %s: %w", c.path, err)
+		c.mu.Lock()
+		c.refused, c.refusedErr = stamp, err
+		c.mu.Unlock()
+		return false, err
 	}
 	now := time.Now()
 	for _, l := range lists {
@@ -149,9 +158,17 @@ func (c *CRL) reload() (changed bool, err error) {
 		}
 	}
 	c.mu.Lock()
-	c.lists, c.stamp = lists, stamp
+	c.lists, c.stamp, c.refusedErr = lists, stamp, nil
 	c.mu.Unlock()
 	return true, nil
+}
+
+// Refused is why the file's current content was refused (the lists before it stay in
+// force), or nil.
+func (c *CRL) Refused() error {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.refusedErr
 }
 
 // parseCRLs reads PEM "X509 CRL" blocks, or one DER list; empty input is no lists.
@@ -235,7 +252,7 @@ func (c *CRL) check(chain []*x509.Certificate) error {
 // the first time a list is found not to be.
 func (c *CRL) signedBy(l *crlList, issuer *x509.Certificate) bool {
 	if issuer.CheckSignature(l.SignatureAlgorithm, l.RawTBSRevocationList, l.Signature) == nil {
-		l.sig.CompareAndSwap(sigUnknown, sigVerified)
+		l.sig.Store(sigVerified) // over invalid too: another CA of the same name signed it
 		return true
 	}
 	if l.sig.CompareAndSwap(sigUnknown, sigInvalid) {
@@ -243,6 +260,27 @@ func (c *CRL) signedBy(l *crlList, issuer *x509.Certificate) bool {
 			"path", c.path, "issuer", l.Issuer.String(), "number", l.Number)
 	}
 	return false
+}
+
+// checkSignatures runs signedBy for every list whose issuer is one of cas.
+func (c *CRL) checkSignatures(cas []*x509.Certificate) {
+	c.mu.RLock()
+	lists := c.lists
+	c.mu.RUnlock()
+	for _, l := range lists {
+		var named *x509.Certificate // a CA of the list's issuer name; several when a root is rotated under one name
+		for _, ca := range cas {
+			if !bytes.Equal(l.RawIssuer, ca.RawSubject) {
+				continue
+			}
+			if named = ca; ca.CheckSignature(l.SignatureAlgorithm, l.RawTBSRevocationList, l.Signature) == nil {
+				break
+			}
+		}
+		if named != nil {
+			c.signedBy(l, named)
+		}
+	}
 }
 
 // CRLInfo describes one list in force, for /config_dump and metrics.

@@ -10,6 +10,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,6 +110,25 @@ func TestManagerRevoked(t *testing.T) {
 	if info[2].Signature != "invalid" {
 		t.Errorf("impostor's list: %+v; want signature invalid", info[2])
 	}
+
+	// CheckCRL finds a bad list of a root the manager holds before any peer meets it.
+	fakeRoot := catest.NewRoot(t, "root") // the mesh root's name, another key
+	os.WriteFile(path, append(crlPEM(t, fakeRoot, now.Add(time.Hour), underB.Certificate.Leaf.SerialNumber), crlPEM(t, g.root, now.Add(time.Hour))...), 0o644)
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Watch did not call back within 10s of the file's change")
+	}
+	if info := crl.Info(); info[0].Signature != "unchecked" || info[1].Signature != "unchecked" {
+		t.Fatalf("before CheckCRL: %+v; want both unchecked", info)
+	}
+	m.CheckCRL()
+	if info := crl.Info(); info[0].Signature != "invalid" || info[1].Signature != "verified" {
+		t.Fatalf("after CheckCRL: %+v; want the fake root's invalid, the root's verified", info)
+	}
+	if err := m.Revoked(state(&underB.Certificate)); err != nil {
+		t.Fatalf("a leaf only the fake root's list names was judged revoked: %v", err)
+	}
 }
 
 // The chart mounts the istio-ca-crl ConfigMap (optional) at CRL_PATH's directory: absent, the
@@ -159,6 +179,30 @@ func TestCRLConfigMapLayout(t *testing.T) {
 	publish("2", big.NewInt(7), big.NewInt(8))
 	if info := crl.Info(); len(info) != 1 || info[0].Revoked != 2 {
 		t.Fatalf("after the ..data swap: %+v", info)
+	}
+
+	// A malformed update is refused: the lists before stay in force, no callback.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("-----BEGIN X509 CRL-----\nnot base64\n-----END X509 CRL-----\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+		t.Fatal("a malformed CRL file was taken as a change")
+	case <-time.After(5 * time.Second): // two polls
+	}
+	if info := crl.Info(); len(info) != 1 || info[0].Revoked != 2 {
+		t.Fatalf("after a malformed update: %+v; want the list before", info)
+	}
+	if err := crl.Refused(); err == nil || !strings.Contains(err.Error(), "does not decode") {
+		t.Fatalf("Refused after a malformed update: %v", err)
+	}
+	os.Remove(path) // back to the ConfigMap's symlink
+	publish("3", big.NewInt(9))
+	if err := crl.Refused(); err != nil {
+		t.Fatalf("Refused after a good update: %v", err)
 	}
 }
 

@@ -101,15 +101,9 @@ func (m *Manager) Revoked(cs tls.ConnectionState) error {
 		return nil
 	}
 	roots := x509.NewCertPool()
-	m.mu.Lock()
-	for _, e := range m.entries {
-		if e.cur != nil {
-			for _, r := range e.cur.iss.Roots {
-				roots.AddCert(r)
-			}
-		}
+	for _, r := range m.roots() {
+		roots.AddCert(r)
 	}
-	m.mu.Unlock()
 	leaf, inter := cs.PeerCertificates[0], x509.NewCertPool()
 	at := leaf.NotBefore
 	for _, c := range cs.PeerCertificates[1:] {
@@ -128,6 +122,29 @@ func (m *Manager) Revoked(cs tls.ConnectionState) error {
 		}
 	}
 	return nil
+}
+
+// roots are the trust roots of every certificate held now.
+func (m *Manager) roots() []*x509.Certificate {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var roots []*x509.Certificate
+	for _, e := range m.entries {
+		if e.cur != nil {
+			roots = append(roots, e.cur.iss.Roots...)
+		}
+	}
+	return roots
+}
+
+// CheckCRL checks the signature of each list in force that a trust root held now issued,
+// reporting (once per list) one that does not verify, so a bad list is found when it is
+// loaded rather than when a peer under it first connects. Lists of intermediates are
+// checked then: only a peer's chain brings the intermediate.
+func (m *Manager) CheckCRL() {
+	if m.cfg.CRL != nil {
+		m.cfg.CRL.checkSignatures(m.roots())
+	}
 }
 
 // PeerIdentity returns the identity of a verified peer of a connection built with
