@@ -374,6 +374,19 @@ func (c *conn) open(ctx context.Context, authority string, hdr http.Header) (*St
 	return s, nil
 }
 
+// CloseMatching closes every connection, pooled or draining, whose TLS handshake match
+// returns an error for (a peer certificate revoked since, say), with that error as the cause
+// its streams see, and returns how many it closed. match must not block.
+func (p *Pool) CloseMatching(match func(tls.ConnectionState) error) int {
+	p.mu.Lock()
+	conns := make([]*conn, 0, len(p.all))
+	for c := range p.all {
+		conns = append(conns, c)
+	}
+	p.mu.Unlock()
+	return closeMatching(conns, match)
+}
+
 // Close closes every connection and waits for their goroutines. Idempotent.
 func (p *Pool) Close() error {
 	p.mu.Lock()

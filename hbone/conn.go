@@ -31,9 +31,10 @@ type conn struct {
 	nc      net.Conn // what frames are written to (and read from, but in kernel TLS): *tls.Conn, or bc over kt.conn
 	bc      *bufConn // coalescing layer (under crypto/tls, or over kt.conn), nil when the caller built the TLS conn
 	peer    identity.ID
-	fr      *http2.Framer // write side under wmu; read side the frame reader's alone
-	onClose func(*conn)   // pool bookkeeping: the connection leaves the pool; see leavePool
-	fair    *peerState    // server: its peer identity's budgets (fair.go), nil without an identity
+	tls     tls.ConnectionState // the handshake's; zero for h2c (CloseMatching)
+	fr      *http2.Framer       // write side under wmu; read side the frame reader's alone
+	onClose func(*conn)         // pool bookkeeping: the connection leaves the pool; see leavePool
+	fair    *peerState          // server: its peer identity's budgets (fair.go), nil without an identity
 	// ctx is the parent of every server stream's Request context; cancelCtx ends it in
 	// closeWith. Set before the frame reader starts (server only).
 	ctx       context.Context
@@ -161,6 +162,7 @@ func newConn(cfg Config, server bool, nc net.Conn, bc *bufConn, kc *ktls.Conn) *
 	} else if tc, ok := nc.(*tls.Conn); ok {
 		st = tc.ConnectionState()
 	}
+	c.tls = st
 	if len(st.PeerCertificates) > 0 {
 		if id, err := identity.FromCert(st.PeerCertificates[0]); err == nil {
 			c.peer = id
@@ -254,4 +256,17 @@ func (c *conn) waitSettings(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// closeMatching closes every connection of conns whose handshake match returns an error for,
+// with that error as the cause its streams see, and returns how many it closed.
+func closeMatching(conns []*conn, match func(tls.ConnectionState) error) int {
+	n := 0
+	for _, c := range conns {
+		if err := match(c.tls); err != nil {
+			c.closeWith(err)
+			n++
+		}
+	}
+	return n
 }

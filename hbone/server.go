@@ -402,6 +402,16 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 }
 
+// CloseMatching closes every connection serving HTTP/2 whose TLS handshake match returns an
+// error for (a peer certificate revoked since, say), with that error as the cause its
+// streams and handlers see, and returns how many it closed. match must not block.
+func (s *Server) CloseMatching(match func(tls.ConnectionState) error) int {
+	s.mu.Lock()
+	conns := s.connsLocked(false)
+	s.mu.Unlock()
+	return closeMatching(conns, match)
+}
+
 // Close closes every connection and listener now. Idempotent.
 func (s *Server) Close() error {
 	s.mu.Lock()

@@ -69,6 +69,9 @@ type Metrics struct {
 	// OnDemandDNS counts on-demand DNS resolutions (labels: the source_* traffic labels
 	// and hostname).
 	OnDemandDNS *prometheus.CounterVec
+	// CRLRejections counts HBONE connections closed because a reloaded CRL revoked their
+	// peer, by reporter: destination (inbound) or source (outbound).
+	CRLRejections *prometheus.CounterVec
 	// XDSConnectionTerminations is labelled reason = ConnectionError|Error|Reconnect|Complete.
 	XDSConnectionTerminations *prometheus.CounterVec
 	// XDSMessages and XDSMessageBytes are labelled url (the resource type URL).
@@ -147,6 +150,7 @@ func New(reg *prometheus.Registry, version string, opts ...Option) *Metrics {
 	m.OnDemandDNS = counter("istio_on_demand_dns_total", "The total number of requests that used on-demand DNS (unstable)",
 		[]string{"source_workload", "source_canonical_service", "source_canonical_revision", "source_workload_namespace",
 			"source_principal", "source_app", "source_version", "source_cluster", "hostname"})
+	m.CRLRejections = counter("istio_crl_policy_rejections_total", "The total number of connections rejected due to CRL certificate revocation (unstable)", []string{"reporter"})
 	m.XDSConnectionTerminations = counter("istio_xds_connection_terminations_total", "The total number of completed connections to xds server (unstable)", []string{"reason"})
 	m.XDSMessages = counter("istio_xds_message_total", "Total number of messages received (unstable)", []string{"url"})
 	m.XDSMessageBytes = counter("istio_xds_message_bytes_total", "Total number of bytes received (unstable)", []string{"url"})
@@ -211,4 +215,17 @@ func validUTF8(s string) string {
 		return s
 	}
 	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
+// OnDemandDNSUsed counts one connection whose destination workload was resolved by its
+// hostname (istio_on_demand_dns_total), labelled by its source (l's source_* labels,
+// Istio's defaults for empty ones) and the hostname, as the Rust ztunnel labels it.
+func (m *Metrics) OnDemandDNSUsed(l Labels, hostname string) {
+	l = l.withDefaults()
+	if hostname == "" {
+		hostname = Unknown
+	}
+	m.OnDemandDNS.WithLabelValues(validUTF8(l.SourceWorkload), validUTF8(l.SourceCanonicalService), validUTF8(l.SourceCanonicalRevision),
+		validUTF8(l.SourceWorkloadNamespace), validUTF8(l.SourcePrincipal), validUTF8(l.SourceApp), validUTF8(l.SourceVersion),
+		validUTF8(l.SourceCluster), validUTF8(hostname)).Inc()
 }

@@ -88,6 +88,9 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 	}
 	p.demand(ctx, dst.Addr())
 	route, err := p.store.Resolve(src, dst)
+	if err == nil && route.Hostname != "" {
+		route, err = p.resolveHostname(ctx, src, route, dst)
+	}
 	if err != nil {
 		return fail(metrics.FlagConnect, err)
 	}

@@ -76,7 +76,10 @@ type Config struct {
 	// Demand, when set (XDS_ON_DEMAND), asks the control plane for an address the cache
 	// does not hold and waits for the answer.
 	Demand func(ctx context.Context, network string, ip netip.Addr) error
-	Logger *slog.Logger // [slog.Default()]
+	// Resolver looks up the hostname of a destination workload that has no address (a
+	// ServiceEntry with DNS resolution), on demand; nil refuses such destinations.
+	Resolver HostResolver
+	Logger   *slog.Logger // [slog.Default()]
 }
 
 func (c *Config) setDefaults() {
@@ -500,4 +503,14 @@ func addrPortOf(a net.Addr) netip.AddrPort {
 	}
 	ap, _ := netip.ParseAddrPort(a.String())
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+// CloseMatching closes the HBONE connections, inbound (served on 15008) and outbound
+// (pooled), whose TLS handshake match returns an error for (a peer revoked since, say); the
+// streams on them end with that error. inbound tells match which side it judges. It returns
+// how many it closed each way.
+func (p *Proxy) CloseMatching(match func(inbound bool, cs tls.ConnectionState) error) (inbound, outbound int) {
+	inbound = p.server.CloseMatching(func(cs tls.ConnectionState) error { return match(true, cs) })
+	outbound = p.pool.CloseMatching(func(cs tls.ConnectionState) error { return match(false, cs) })
+	return inbound, outbound
 }

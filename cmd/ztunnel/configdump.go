@@ -12,6 +12,13 @@ func (n *node) configDump() map[string]any {
 		"config":       n.cfg,
 		"certificates": n.certs.Dump(),
 	}
+	if n.crl != nil {
+		crl := map[string]any{"path": n.cfg.CRLPath, "lists": n.crl.Info()}
+		if err := n.crl.Refused(); err != nil {
+			crl["refused"] = err.Error() // the file's content now; the lists above stay in force
+		}
+		d["crl"] = crl
+	}
 	if sd, ok := n.store.Dump().(*state.Dump); ok {
 		d["workloads"], d["services"], d["policies"] = sd.Workloads, sd.Services, sd.Policies
 	}

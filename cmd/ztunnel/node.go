@@ -38,6 +38,8 @@ type node struct {
 	store    *state.Store
 	xds      *xds.Client // nil without XDS_ADDRESS
 	certs    *certs.Manager
+	crl      *certs.CRL     // nil without CRL_PATH
+	resolver *dns.Resolver  // hostname-only workloads' on-demand DNS; nil without a nameserver
 	proxy    *proxy.Proxy   // the node's own listeners (node and dedicated mode); nil in in-pod mode
 	self     *proxy.Proxy   // in-pod mode: ztunnel's own 15008 (selfproxy.go); nil if not named
 	inpod    *inpod.Manager // in-pod (shared) mode only
@@ -105,18 +107,20 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		return err
 	}
 	defer caClient.Close()
-	var crl *certs.CRL
 	if cfg.CRLPath != "" {
-		if crl, err = certs.OpenCRL(cfg.CRLPath, nil); err != nil {
+		if n.crl, err = certs.OpenCRL(cfg.CRLPath, nil); err != nil {
 			return fmt.Errorf("CRL_PATH: %w", err)
 		}
-		crl.Watch()
-		defer crl.Close()
+		defer n.crl.Close() // Watch starts below, once the proxies its callback closes exist
+		n.registry.MustRegister(crlCollector{n.crl})
 	}
-	n.certs = certs.New(certs.Config{PQCOnly: cfg.Compliance == "pqc", TLS12: cfg.TLS12Enabled, CRL: crl}, caClient)
+	n.certs = certs.New(certs.Config{PQCOnly: cfg.Compliance == "pqc", TLS12: cfg.TLS12Enabled, CRL: n.crl}, caClient)
 	defer n.certs.Close()
 
 	goBG("metrics sweep", n.forgetGoneWorkloads)
+	if n.resolver, err = dns.NewResolver(dns.ResolverConfig{}); err != nil {
+		slog.Warn("workloads known only by hostname cannot be reached: no nameserver for on-demand DNS", "err", err)
+	}
 
 	inPod := n.local.Mode == state.ModeShared
 	if !inPod {
@@ -126,6 +130,7 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		if n.xds != nil && cfg.XDSOnDemand {
 			pcfg.Demand = n.xds.DemandAddress
 		}
+		n.withResolver(&pcfg)
 		n.proxy = proxy.New(pcfg, n.store, n.certs, n.metrics)
 	}
 	if inPod {
@@ -189,6 +194,10 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 			}
 			return n.pods.acceptError()
 		})
+	}
+
+	if n.crl != nil {
+		n.crl.Watch(n.closeRevoked)
 	}
 
 	slog.Info("ztunnel started", "version", version, "mode", n.local.Mode, "threads", runtime.GOMAXPROCS(0), "listeners", n.listenerSummary())
@@ -322,6 +331,14 @@ func (n *node) listenerSummary() string {
 
 // dnsConfig answers for the workloads this node serves (the dedicated one, or the local
 // workload with the client's IP) from local.
+// withResolver gives a proxy the node's on-demand resolver, if it has one (a nil
+// *dns.Resolver must not become a non-nil proxy.HostResolver).
+func (n *node) withResolver(pcfg *proxy.Config) {
+	if n.resolver != nil {
+		pcfg.Resolver = n.resolver
+	}
+}
+
 func (n *node) dnsConfig(local state.Local) dns.Config {
 	return dns.Config{
 		Addr:          n.cfg.DNSProxyAddr,

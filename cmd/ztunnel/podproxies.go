@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -62,6 +63,7 @@ func (pp *podProxies) Start(p inpod.Pod) error {
 	pcfg.InboundAddr = podAddr(cfg.InboundAddr, cfg.IPv6Enabled)
 	pcfg.Sockets = sockets
 	pcfg.Logger = log
+	pp.n.withResolver(&pcfg)
 	if cfg.InpodPortReuse {
 		if err := migrateOnClose(p.NetNS); err != nil {
 			log.Debug("cannot set tcp_migrate_req in the pod; an upgrade may reset a few connections", "err", err)
@@ -254,4 +256,17 @@ func (pp *podProxies) acceptError() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// closeMatching is proxy.Proxy.CloseMatching on every running pod's proxy.
+func (pp *podProxies) closeMatching(match func(inbound bool, cs tls.ConnectionState) error) {
+	pp.mu.Lock()
+	pods := make([]*podProxy, 0, len(pp.pods))
+	for _, pod := range pp.pods {
+		pods = append(pods, pod)
+	}
+	pp.mu.Unlock()
+	for _, pod := range pods {
+		pod.proxy.CloseMatching(match)
+	}
 }

@@ -29,7 +29,7 @@ func TestCRL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	crl.Watch()
+	crl.Watch(nil)
 	defer crl.Close()
 	m := certs.New(certs.Config{CRL: crl}, g)
 	defer m.Close()

@@ -89,6 +89,64 @@ func verifyPeer(h *held, crl *CRL, chain []*x509.Certificate) (identity.ID, erro
 	return id, nil
 }
 
+// Revoked re-checks the peer of an established connection (its handshake's state) against
+// the CRL in force now, and returns a *RevokedError if a certificate of its chain is
+// revoked. A chain that no longer verifies against the bundles held now (roots rotated) is
+// not judged: only revocation closes a connection. The chain is verified as of the latest
+// start of validity among its certificates, a moment the handshake's chain was valid, so a
+// certificate that expired since does not hide its revocation.
+func (m *Manager) Revoked(cs tls.ConnectionState) error {
+	crl := m.cfg.CRL
+	if crl == nil || len(cs.PeerCertificates) == 0 || !crl.mayRevoke(cs.PeerCertificates) {
+		return nil
+	}
+	roots := x509.NewCertPool()
+	for _, r := range m.roots() {
+		roots.AddCert(r)
+	}
+	leaf, inter := cs.PeerCertificates[0], x509.NewCertPool()
+	at := leaf.NotBefore
+	for _, c := range cs.PeerCertificates[1:] {
+		inter.AddCert(c)
+		if c.NotBefore.After(at) {
+			at = c.NotBefore
+		}
+	}
+	chains, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: at, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+	if err != nil {
+		return nil
+	}
+	for _, c := range chains {
+		if err := crl.check(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// roots are the trust roots of every certificate held now.
+func (m *Manager) roots() []*x509.Certificate {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var roots []*x509.Certificate
+	for _, e := range m.entries {
+		if e.cur != nil {
+			roots = append(roots, e.cur.iss.Roots...)
+		}
+	}
+	return roots
+}
+
+// CheckCRL checks the signature of each list in force that a trust root held now issued,
+// reporting (once per list) one that does not verify, so a bad list is found when it is
+// loaded rather than when a peer under it first connects. Lists of intermediates are
+// checked then: only a peer's chain brings the intermediate.
+func (m *Manager) CheckCRL() {
+	if m.cfg.CRL != nil {
+		m.cfg.CRL.checkSignatures(m.roots())
+	}
+}
+
 // PeerIdentity returns the identity of a verified peer of a connection built with
 // ClientConfig or ServerConfig.
 func PeerIdentity(cs tls.ConnectionState) (identity.ID, error) {

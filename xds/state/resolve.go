@@ -190,6 +190,9 @@ func (s *Store) directRouteLocked(network string, svc *Service, w *Workload, tar
 		return s.doubleHBONELocked(svc, w, targetPort, dst)
 	}
 	ip, ok := chooseIP(w, prefer)
+	if !ok && w.Hostname != "" {
+		return hostnameRoute(svc, w, targetPort), nil
+	}
 	if !ok {
 		return Route{}, fmt.Errorf("%w: %s", ErrNoAddress, w.UID)
 	}
@@ -203,6 +206,27 @@ func (s *Store) directRouteLocked(network string, svc *Service, w *Workload, tar
 		}, nil
 	}
 	return Route{Kind: RouteTCP, Workload: w, Service: svc, Dial: netip.AddrPortFrom(ip, targetPort)}, nil
+}
+
+// hostnameRoute is the route to a workload known only by its hostname (a ServiceEntry with
+// DNS resolution): the caller resolves Hostname and fills the address in with Resolved.
+func hostnameRoute(svc *Service, w *Workload, targetPort uint16) Route {
+	r := Route{Kind: RouteTCP, Workload: w, Service: svc, Dial: netip.AddrPortFrom(netip.Addr{}, targetPort), Hostname: w.Hostname, targetPort: targetPort}
+	if w.Protocol == TunnelHBONE {
+		r.Kind, r.Dial = RouteHBONE, netip.AddrPortFrom(netip.Addr{}, HBONEPort)
+	}
+	return r
+}
+
+// Resolved returns the route with ip, a resolved address of Hostname, as the destination
+// workload's address: dialed, and in the HBONE authority.
+func (r Route) Resolved(ip netip.Addr) Route {
+	r.Dial = netip.AddrPortFrom(ip, r.Dial.Port())
+	if r.Kind == RouteHBONE {
+		r.Authority = netip.AddrPortFrom(ip, r.targetPort).String()
+	}
+	r.Hostname = ""
+	return r
 }
 
 // doubleHBONELocked routes to a workload on another network through its network gateway.
@@ -350,7 +374,7 @@ func (s *Store) eligible(src *Workload, network string, svc *Service, ep Endpoin
 	if !w.Healthy && (lb == nil || lb.HealthPolicy != AllowAll) {
 		return 0, 0, false
 	}
-	if len(w.Addresses) == 0 && (w.Network == network || w.NetworkGateway == nil) {
+	if len(w.Addresses) == 0 && w.Hostname == "" && (w.Network == network || w.NetworkGateway == nil) {
 		return 0, 0, false
 	}
 	port := target

@@ -65,8 +65,8 @@ func TestResolve(t *testing.T) {
 			wls:  []*Workload{wl("tun", "10.0.0.2", inSvc(echoKey, nil), func(w *Workload) { w.AppTunnel = &AppTunnel{Protocol: AppTunnelProxy} })},
 			svcs: []*Service{echo(func(s *Service) { s.Ports = map[uint16]uint16{80: 0} })}, dst: "10.96.0.10:80",
 			want: want{kind: RouteHBONE, dial: "10.0.0.2:15008", authority: "10.0.0.2:80", workload: "tun", service: true}},
-		{name: "rule4 address-less same-network endpoint dropped",
-			wls:  []*Workload{wl("hostonly", "", inSvc(echoKey, nil), func(w *Workload) { w.Hostname = "vm.example" })},
+		{name: "rule4 address-less, hostname-less same-network endpoint dropped",
+			wls:  []*Workload{wl("nowhere", "", inSvc(echoKey, nil))},
 			svcs: []*Service{echo()}, dst: "10.96.0.10:80", want: want{err: ErrNoHealthyEndpoint}},
 		{name: "rule3 service waypoint", wls: []*Workload{wl("server", "10.0.0.2", inSvc(echoKey, nil)), wl("waypoint", "10.0.0.100")},
 			svcs: []*Service{echo(func(s *Service) { s.Waypoint = wpGW })}, dst: "10.96.0.10:80",
@@ -244,4 +244,34 @@ func TestLoadBalancing(t *testing.T) {
 			t.Errorf("capacity 3:1 gave %v (ratio %.2f)", seen, ratio)
 		}
 	})
+}
+
+// A workload with a hostname and no address (a ServiceEntry with DNS resolution) is a
+// service endpoint like any other: its route names the hostname for the caller to resolve,
+// and Resolved puts the address where an IP route has it.
+func TestResolveHostnameOnly(t *testing.T) {
+	for _, tc := range []struct {
+		proto           TunnelProtocol
+		kind            RouteKind
+		dial, authority string
+		dialPort        uint16
+	}{
+		{TunnelHBONE, RouteHBONE, "192.0.2.7:15008", "192.0.2.7:8080", HBONEPort},
+		{TunnelNone, RouteTCP, "192.0.2.7:8080", "", 8080},
+	} {
+		s, client := NewStore(), wl("client", "10.0.0.1")
+		host := wl("vm", "", inSvc(echoKey, nil), func(w *Workload) { w.Hostname = "vm.example.com"; w.Protocol = tc.proto })
+		s.Apply(&Batch{Workloads: []*Workload{host, client}, Services: []*Service{echo()}})
+		r, err := s.Resolve(client, ap("10.96.0.10:80"))
+		if err != nil {
+			t.Fatalf("%v: Resolve: %v", tc.kind, err)
+		}
+		if r.Hostname != "vm.example.com" || r.Kind != tc.kind || r.Dial.Port() != tc.dialPort || r.Workload == nil || r.Workload.Name != "vm" {
+			t.Fatalf("%v: route %+v; want hostname vm.example.com, port %d, workload vm", tc.kind, r, tc.dialPort)
+		}
+		r = r.Resolved(ip("192.0.2.7"))
+		if r.Hostname != "" || r.Dial.String() != tc.dial || r.Authority != tc.authority {
+			t.Errorf("%v: resolved dial %v authority %q hostname %q; want %s %q and no hostname", tc.kind, r.Dial, r.Authority, r.Hostname, tc.dial, tc.authority)
+		}
+	}
 }

@@ -293,4 +293,9 @@ type Route struct {
 	Identities []identity.ID // expected peer identities (service SANs + destination identity)
 	// Gateway is the network gateway workload for RouteDoubleHBONE (nil otherwise).
 	Gateway *Workload
+	// Hostname is set when the destination workload has no address, only a hostname (a
+	// ServiceEntry with DNS resolution): Dial holds only the port until the caller
+	// resolves the name on demand and calls Resolved.
+	Hostname   string
+	targetPort uint16 // with Hostname: the port the HBONE authority names
 }
