@@ -131,6 +131,11 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		if err := netns.CheckCapabilities(); err != nil {
 			return fmt.Errorf("PROXY_MODE=shared (in-pod) cannot enter pod namespaces or mark sockets: %w", err)
 		}
+		pods, err := newPodProxies(n)
+		if err != nil {
+			return err
+		}
+		n.pods = pods
 		n.ready.add(taskCerts)
 		goBG("certificate prefetch", n.prefetchCertificates)
 	} else if cfg.enableProxy() {
@@ -160,6 +165,9 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		if n.proxy != nil {
 			n.proxy.Shutdown(context.Background())
 		}
+		if n.pods != nil {
+			n.pods.close()
+		}
 		return err
 	}
 	proxyCtx, stopProxy := context.WithCancel(context.Background())
@@ -172,7 +180,6 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		}
 	}()
 	if inPod {
-		n.pods = newPodProxies(n)
 		n.inpod = inpod.New(inpod.Config{Path: cfg.InpodUDS, Metrics: n.metrics}, n.pods)
 		n.ready.watch(taskInpod, n.inpodReady)
 		n.ready.watch(taskAccept, n.pods.acceptError)
@@ -192,7 +199,7 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 	defer cancel()
 	if n.inpod != nil {
 		n.inpod.Close() // drains every pod's proxy, in the background...
-		n.pods.wait()   // ...each within CONNECTION_TERMINATION_DEADLINE
+		n.pods.close()  // ...each within CONNECTION_TERMINATION_DEADLINE
 	}
 	if n.proxy != nil {
 		err = n.proxy.Shutdown(drainCtx)
