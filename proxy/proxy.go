@@ -305,20 +305,18 @@ func (p *Proxy) serveWatched(ctx context.Context, handlers map[string]func(conte
 	for name, ln := range p.listeners {
 		handle := handlers[name]
 		next := make(chan *net.TCPConn) // to a waiting setupLoop
-		failing := false                // only accepted touches it; the Acceptor calls it serially
+		var failing atomic.Bool         // the last accept failed
 		stop, err := p.cfg.Acceptor.Watch(ln, func(c net.Conn, err error) {
 			if err != nil {
-				if !failing {
+				if !failing.Swap(true) {
 					p.log.Warn("proxy: accept failing; backing off", "listener", name, "err", err)
 				}
-				failing = true
 				p.acceptFailed(name, err)
 				return
 			}
-			if failing {
+			if failing.Swap(false) {
 				p.log.Info("proxy: accepting again", "listener", name)
 				p.acceptFailed(name, nil)
-				failing = false
 			}
 			p.dispatch(ctx, c.(*net.TCPConn), handle, next, closed)
 		})
