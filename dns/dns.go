@@ -92,6 +92,9 @@ type Config struct {
 	// Poller, when set, waits on the sockets in place of a goroutine blocked on each, and
 	// queries are read and framed here rather than by miekg/dns's server: in-pod mode, whose
 	// node-wide poller (internal/podpoll) serves every pod's DNS proxy from one goroutine.
+	// An answer leaves by the socket its query came in on with the source address the
+	// kernel picks, so Addr should name the address clients send to (a pod's loopback), not
+	// a wildcard.
 	Poller Poller
 	// Logger receives the per-query debug log [slog.Default()], with scope=dns.
 	Logger *slog.Logger

@@ -168,6 +168,10 @@ func mustRR(t testing.TB, s string) dns.RR {
 	return rr
 }
 
+// testPoller, when set (TestPolled), is the Poller of the servers start and
+// TestListenServeClose run.
+var testPoller Poller
+
 type env struct {
 	srv  *Server
 	addr string

@@ -15,9 +15,6 @@ import (
 	"github.com/gozt/gozt/xds/state"
 )
 
-// testPoller, when set, is the Poller of the servers start and TestListenServeClose run.
-var testPoller Poller
-
 // TestPolled runs the serving tests again with a node-wide poller (in-pod mode's) waiting on
 // the sockets, so queries are read and framed by servePolled instead of miekg/dns's server.
 func TestPolled(t *testing.T) {

@@ -104,3 +104,29 @@ func TestAcceptor(t *testing.T) {
 		t.Errorf("%d watches running after both proxies shut down", w)
 	}
 }
+
+// failingAcceptor watches nothing.
+type failingAcceptor struct{}
+
+func (failingAcceptor) Watch(net.Listener, func(net.Conn, error)) (func(), error) {
+	return nil, syscall.ENOSPC // epoll_ctl's answer past fs.epoll.max_user_watches
+}
+
+// A listener the Acceptor cannot watch is served by an accept loop of its own.
+func TestAcceptorCannotWatch(t *testing.T) {
+	leaktest.Check(t)
+	m := newMesh(t)
+	cfgA := m.clientConfig()
+	cfgA.Acceptor = failingAcceptor{}
+	m.b = startNode(t, "node-b", m.caDir, m.yaml, m.serverConfig())
+	m.a = startNode(t, "node-a", m.caDir, m.yaml, cfgA)
+	be := startBackend(t, m.serverIP+":0", echo)
+	c, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := pingEcho(c, "served by a fallback accept loop"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -298,10 +298,13 @@ func (p *Proxy) acceptLoop(ctx context.Context, name string, ln net.Listener, ha
 
 // serveWatched has the Acceptor watch every listener, runs the policy watcher on this
 // goroutine until ctx ends, then stops the watches and closes the listeners. A pod's idle
-// proxy thus holds this one goroutine.
+// proxy thus holds this one goroutine. A listener the Acceptor cannot watch gets an accept
+// loop of its own.
 func (p *Proxy) serveWatched(ctx context.Context, handlers map[string]func(context.Context, *net.TCPConn)) {
 	closed := make(chan struct{}) // ends the setup goroutines waiting for a connection
 	defer close(closed)
+	var loops sync.WaitGroup
+	defer loops.Wait()
 	for name, ln := range p.listeners {
 		handle := handlers[name]
 		next := make(chan *net.TCPConn) // to a waiting setupLoop
@@ -321,9 +324,8 @@ func (p *Proxy) serveWatched(ctx context.Context, handlers map[string]func(conte
 			p.dispatch(ctx, c.(*net.TCPConn), handle, next, closed)
 		})
 		if err != nil {
-			// Not expected of a bound TCP listener; the pod's readiness says so.
-			p.log.Error("proxy: cannot watch listener", "listener", name, "err", err)
-			p.acceptFailed(name, err)
+			p.log.Warn("proxy: cannot watch listener; accepting on a goroutine of its own", "listener", name, "err", err)
+			loops.Go(func() { p.acceptLoop(ctx, name, ln, handle) })
 			continue
 		}
 		defer ln.Close()
