@@ -7,7 +7,7 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 RUN_DIR   ?= .tmp/run
 
-.PHONY: all build image helm kube-apiserver kubectl manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale
+.PHONY: all build image helm kube-apiserver kubectl manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale bench-pods
 
 all: build
 
@@ -92,7 +92,7 @@ demo-inpod: build
 # ones skip) and stack sizes (-race makes every frame larger). By convention every test that
 # asserts an allocation count has "Allocs" in its name; alloc-names fails on one that does
 # not (a function calling testing.AllocsPerRun must be named *Allocs*).
-NORACE_TESTS := Allocs|^TestIdleConnectionStacks$$
+NORACE_TESTS := Allocs|^TestIdleConnectionStacks$$|^TestInPodIdlePodCost$$
 test: alloc-names
 	$(GO) test -race -timeout 15m $$($(GO) list ./... | grep -v '/deploy/kubetest$$')
 	$(MAKE) --no-print-directory test-norace
@@ -162,6 +162,18 @@ bench:
 SCALE_SIZES ?= 100000,1000000
 bench-scale:
 	SCALE_SIZES=$(SCALE_SIZES) ZTUNNEL_RS=$(ZTUNNEL_RS) ZTUNNEL_BASE=$(ZTUNNEL_BASE) $(GO) test -count=1 -v -timeout 60m -run '^TestScaleBench$$' ./internal/scaletest
+
+# In-pod mode at scale (root): 250 idle pods on one in-process node, each in its own network
+# namespace (KiB and goroutines per pod, Add-to-ACK latency), then 10,000 add/delete cycles
+# of one more pod beside them (time per cycle; fds, goroutines and memory before and after).
+# PODS_BASE=/abs/path/to/ztunnel.test runs the same harness in a test binary of the code before a
+# change (go test -c ./cmd/ztunnel there, with this tree's cmd/ztunnel/inpod_bench_test.go).
+INPOD_SCALE_PODS ?= 250
+INPOD_SCALE_CYCLES ?= 10000
+bench-pods:
+	INPOD_SCALE=1 INPOD_SCALE_PODS=$(INPOD_SCALE_PODS) INPOD_SCALE_CYCLES=$(INPOD_SCALE_CYCLES) $(GO) test -count=1 -v -timeout 30m -run '^TestInPodScaleBench$$' ./cmd/ztunnel
+	@if [ -n "$(PODS_BASE)" ]; then echo "== base: $(PODS_BASE)"; \
+	  cd cmd/ztunnel && INPOD_SCALE=1 INPOD_SCALE_PODS=$(INPOD_SCALE_PODS) INPOD_SCALE_CYCLES=$(INPOD_SCALE_CYCLES) $(PODS_BASE) -test.count=1 -test.v -test.timeout 30m -test.run '^TestInPodScaleBench$$'; fi
 
 # The packages' Go benchmarks (several minutes).
 bench-go:

@@ -89,8 +89,26 @@ type Config struct {
 	// them (internal/netns.Sockets) to serve inside a pod's network namespace.
 	Listen       func(ctx context.Context, network, address string) (net.Listener, error)
 	ListenPacket func(ctx context.Context, network, address string) (net.PacketConn, error)
+	// Poller, when set, waits on the sockets in place of a goroutine blocked on each, and
+	// queries are read and framed here rather than by miekg/dns's server: in-pod mode, whose
+	// node-wide poller (internal/podpoll) serves every pod's DNS proxy from one goroutine.
+	// An answer leaves by the socket its query came in on with the source address the
+	// kernel picks, so Addr should name the address clients send to (a pod's loopback), not
+	// a wildcard.
+	Poller Poller
 	// Logger receives the per-query debug log [slog.Default()], with scope=dns.
 	Logger *slog.Logger
+}
+
+// Poller waits on a DNS proxy's sockets for it; internal/podpoll.Poller is one.
+type Poller interface {
+	// Watch calls accepted with each connection ln accepts, or with the error of a failed
+	// accept, until stop is called; once stop has returned it calls it no more. accepted
+	// does not block.
+	Watch(ln net.Listener, accepted func(net.Conn, error)) (stop func(), err error)
+	// WatchPacket calls read with each datagram pc receives (b is valid only during the
+	// call), likewise.
+	WatchPacket(pc net.PacketConn, read func(b []byte, from netip.AddrPort, err error)) (stop func(), err error)
 }
 
 // Server is the DNS proxy. Create it with New, bind with Listen, run with Serve.
@@ -112,6 +130,7 @@ type Server struct {
 	search    []string // FixedSearch search list, normalised; set by Listen
 	udp       []net.PacketConn
 	tcp       []net.Listener
+	conns     map[net.Conn]struct{} // with a Poller: TCP clients being served
 	serving   bool
 	closed    bool
 	done      chan struct{} // closed when Serve returns (or by Close if Serve never ran)
@@ -306,6 +325,11 @@ func (s *Server) Serve(ctx context.Context) error {
 		return errors.New("dns: serve: Listen was not called")
 	}
 	s.serving = true
+	if s.cfg.Poller != nil {
+		s.mu.Unlock()
+		defer close(s.done)
+		return s.servePolled(ctx)
+	}
 	h := handler{s}
 	var servers []*dns.Server
 	for i := range s.udp {

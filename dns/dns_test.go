@@ -168,6 +168,10 @@ func mustRR(t testing.TB, s string) dns.RR {
 	return rr
 }
 
+// testPoller, when set (TestPolled), is the Poller of the servers start and
+// TestListenServeClose run.
+var testPoller Poller
+
 type env struct {
 	srv  *Server
 	addr string
@@ -186,6 +190,7 @@ func start(t *testing.T, uid string, mod func(*Config)) *env {
 		Addr:      "127.0.0.1:0",
 		Upstreams: []string{up.addr},
 		Source:    func(netip.Addr) *state.Workload { return st.WorkloadByUID(uid) },
+		Poller:    testPoller,
 	}
 	if mod != nil {
 		mod(&cfg)
@@ -575,7 +580,7 @@ func TestShuffled(t *testing.T) {
 func TestListenServeClose(t *testing.T) {
 	leaktest.Check(t)
 	st := testStore()
-	s := New(Config{Addr: "localhost:0", Upstreams: []string{"127.0.0.1:1"},
+	s := New(Config{Addr: "localhost:0", Upstreams: []string{"127.0.0.1:1"}, Poller: testPoller,
 		Source: func(netip.Addr) *state.Workload { return st.WorkloadByUID("client1") }}, st, nil)
 	if err := s.Serve(context.Background()); err == nil {
 		t.Error("Serve before Listen succeeded")

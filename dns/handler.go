@@ -31,21 +31,26 @@ func (h handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	case *net.TCPAddr:
 		client = a.AddrPort().Addr().Unmap()
 	}
-	ctx := h.s.ctx
+	if err := w.WriteMsg(h.s.reply(req, client, proto)); err != nil {
+		h.s.log.Debug("dns: write response", "client", client, "error", err)
+	}
+}
+
+// reply is the response to req from client over proto ("udp" or "tcp"), sized for it.
+func (s *Server) reply(req *dns.Msg, client netip.Addr, proto string) *dns.Msg {
+	ctx := s.ctx
 	if proto == "tcp" {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, h.s.tcpTimeout)
+		ctx, cancel = context.WithTimeout(ctx, s.tcpTimeout)
 		defer cancel()
 	}
-	resp := h.s.respond(ctx, req, client, proto)
+	resp := s.respond(ctx, req, client, proto)
 	if proto == "udp" {
 		resp.Truncate(udpSize(req)) // compresses when that is needed to fit
 	} else {
 		resp.Compress = true // a forwarded answer may only fit 64 KiB compressed
 	}
-	if err := w.WriteMsg(resp); err != nil {
-		h.s.log.Debug("dns: write response", "client", client, "error", err)
-	}
+	return resp
 }
 
 // udpSize is the largest UDP response the client accepts: its EDNS payload size, at least 512.

@@ -40,6 +40,16 @@ type Sockets interface {
 	Dial(ctx context.Context, d *net.Dialer, network, address string) (net.Conn, error)
 }
 
+// Acceptor waits on a proxy's listeners in place of a goroutine blocked in Accept on each:
+// in-pod mode's node-wide poller (internal/podpoll), which serves the listeners of every pod
+// on the node from one goroutine.
+type Acceptor interface {
+	// Watch calls accepted with each connection ln accepts (a *net.TCPConn), or with the
+	// error of a failed accept, until stop is called; once stop has returned it calls it no
+	// more. accepted does not block.
+	Watch(ln net.Listener, accepted func(net.Conn, error)) (stop func(), err error)
+}
+
 // Config is the data plane's configuration. The zero value of each field is its default
 // (listeners with an empty address are not started).
 type Config struct {
@@ -57,6 +67,8 @@ type Config struct {
 	// Sockets opens every listener and dials every connection, HBONE included; nil: the
 	// process's own sockets.
 	Sockets Sockets
+	// Acceptor, when set, accepts on the listeners; nil: a goroutine per listener.
+	Acceptor Acceptor
 
 	PacketMark uint32 // SO_MARK on dialed sockets (0 = none)
 	// OrigSrc makes inbound dials to a workload leave from the client's IP (IP_TRANSPARENT),
@@ -217,19 +229,24 @@ func (p *Proxy) Addrs() map[string]net.Addr {
 	return out
 }
 
-// Serve runs the accept loops and the policy watcher until ctx ends or Shutdown is called.
-// It returns after every accept loop has stopped; connections may still be draining.
+// Serve runs the accept loops (or the Acceptor's watches) and the policy watcher until ctx
+// ends or Shutdown is called. It returns after every accept loop has stopped; connections
+// may still be draining.
 func (p *Proxy) Serve(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(p.stopped, cancel)()
-	var wg sync.WaitGroup
 	handlers := map[string]func(context.Context, *net.TCPConn){
 		ListenerOutbound:         p.serveOutbound,
 		ListenerInboundPlaintext: p.servePlaintext,
 		ListenerInbound:          p.serveInboundTLS,
 		ListenerSocks5:           p.serveSocks5,
 	}
+	if p.cfg.Acceptor != nil {
+		p.serveWatched(ctx, handlers)
+		return
+	}
+	var wg sync.WaitGroup
 	for name, ln := range p.listeners {
 		wg.Add(1)
 		go func() {
@@ -278,14 +295,57 @@ func (p *Proxy) acceptLoop(ctx context.Context, name string, ln net.Listener, ha
 			p.acceptFailed(name, nil)
 		}
 		delay = 0
-		tc := c.(*net.TCPConn)
-		p.tuneSocket(tc)
-		select {
-		case next <- tc:
-		default:
-			if !p.conns.goTracked(func() { p.setupLoop(ctx, tc, handle, next, closed) }) {
-				tc.Close() // draining
+		p.dispatch(ctx, c.(*net.TCPConn), handle, next, closed)
+	}
+}
+
+// serveWatched has the Acceptor watch every listener, runs the policy watcher on this
+// goroutine until ctx ends, then stops the watches and closes the listeners. A pod's idle
+// proxy thus holds this one goroutine. A listener the Acceptor cannot watch gets an accept
+// loop of its own.
+func (p *Proxy) serveWatched(ctx context.Context, handlers map[string]func(context.Context, *net.TCPConn)) {
+	closed := make(chan struct{}) // ends the setup goroutines waiting for a connection
+	defer close(closed)
+	var loops sync.WaitGroup
+	defer loops.Wait()
+	for name, ln := range p.listeners {
+		handle := handlers[name]
+		next := make(chan *net.TCPConn) // to a waiting setupLoop
+		var failing atomic.Bool         // the last accept failed
+		stop, err := p.cfg.Acceptor.Watch(ln, func(c net.Conn, err error) {
+			if err != nil {
+				if !failing.Swap(true) {
+					p.log.Warn("proxy: accept failing; backing off", "listener", name, "err", err)
+				}
+				p.acceptFailed(name, err)
+				return
 			}
+			if failing.Swap(false) {
+				p.log.Info("proxy: accepting again", "listener", name)
+				p.acceptFailed(name, nil)
+			}
+			p.dispatch(ctx, c.(*net.TCPConn), handle, next, closed)
+		})
+		if err != nil {
+			p.log.Warn("proxy: cannot watch listener; accepting on a goroutine of its own", "listener", name, "err", err)
+			loops.Go(func() { p.acceptLoop(ctx, name, ln, handle) })
+			continue
+		}
+		defer ln.Close()
+		defer stop()
+	}
+	p.watchPolicies(ctx)
+}
+
+// dispatch tunes an accepted connection and hands it to a setup goroutine waiting for its
+// listener's next one, or to a new one.
+func (p *Proxy) dispatch(ctx context.Context, tc *net.TCPConn, handle func(context.Context, *net.TCPConn), next chan *net.TCPConn, closed <-chan struct{}) {
+	p.tuneSocket(tc)
+	select {
+	case next <- tc:
+	default:
+		if !p.conns.goTracked(func() { p.setupLoop(ctx, tc, handle, next, closed) }) {
+			tc.Close() // draining
 		}
 	}
 }

@@ -36,8 +36,8 @@ func (n *node) closeRevoked() {
 		n.metrics.CRLRejections.WithLabelValues(reporter).Inc()
 		return err
 	}
-	if n.proxy != nil {
-		n.proxy.CloseMatching(match)
+	for _, p := range n.proxies() {
+		p.CloseMatching(match)
 	}
 	if n.pods != nil {
 		n.pods.closeMatching(match)

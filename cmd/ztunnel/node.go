@@ -137,8 +137,14 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		if err := netns.CheckCapabilities(); err != nil {
 			return fmt.Errorf("PROXY_MODE=shared (in-pod) cannot enter pod namespaces or mark sockets: %w", err)
 		}
+		pods, err := newPodProxies(n)
+		if err != nil {
+			return err
+		}
+		n.pods = pods
 		if self, ok := newSelfProxy(n); ok {
 			if err := self.Listen(); err != nil {
+				n.pods.close()
 				return fmt.Errorf("self-proxy (POD_NAME, POD_NAMESPACE, SERVICE_ACCOUNT): %w", err)
 			}
 			n.self = self
@@ -171,6 +177,9 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 	servers, err := n.startHTTP()
 	if err != nil {
 		n.shutdownProxies(context.Background())
+		if n.pods != nil {
+			n.pods.close()
+		}
 		return err
 	}
 	proxyCtx, stopProxy := context.WithCancel(context.Background())
@@ -185,7 +194,6 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		wg.Wait()
 	}()
 	if inPod {
-		n.pods = newPodProxies(n)
 		n.inpod = inpod.New(inpod.Config{Path: cfg.InpodUDS, Metrics: n.metrics}, n.pods)
 		n.ready.watch(taskInpod, n.inpodReady)
 		n.ready.watch(taskAccept, func() error {
@@ -214,7 +222,7 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 	defer cancel()
 	if n.inpod != nil {
 		n.inpod.Close() // drains every pod's proxy, in the background...
-		n.pods.wait()   // ...each within CONNECTION_TERMINATION_DEADLINE
+		n.pods.close()  // ...each within CONNECTION_TERMINATION_DEADLINE
 	}
 	err = n.shutdownProxies(drainCtx)
 	stopProxy()

@@ -14,6 +14,7 @@ import (
 	"github.com/gozt/gozt/dns"
 	"github.com/gozt/gozt/inpod"
 	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/podpoll"
 	"github.com/gozt/gozt/proxy"
 	"github.com/gozt/gozt/xds/state"
 )
@@ -27,9 +28,15 @@ var (
 // proxy.Proxy dedicated to the pod's workload (Local.Pod) and a DNS proxy, every socket of both opened
 // inside the pod's network namespace and marked, sharing the node's store, certificate
 // manager and metrics. Each pod gets its own HBONE pool and serves its own identity on 15008.
+//
+// No pod has a goroutine per listening socket: one poller (internal/podpoll) waits on every
+// pod's listeners and DNS sockets, accepts and reads on readiness and hands the work to the
+// pod's proxy or DNS proxy. An idle pod holds two goroutines: servePod, which runs its
+// proxy's policy watcher, and its DNS proxy's Serve.
 type podProxies struct {
-	n  *node
-	wg sync.WaitGroup // one count per pod from Start until its shutdown has finished
+	n      *node
+	poller *podpoll.Poller // closed by close, after every pod has stopped
+	wg     sync.WaitGroup  // one count per pod from Start until its shutdown has finished
 
 	mu   sync.Mutex
 	pods map[string]*podProxy // guarded by mu: running pods by UID
@@ -44,8 +51,12 @@ type podProxy struct {
 	served chan struct{} // closed when servePod has returned
 }
 
-func newPodProxies(n *node) *podProxies {
-	return &podProxies{n: n, pods: map[string]*podProxy{}}
+func newPodProxies(n *node) (*podProxies, error) {
+	p, err := podpoll.New()
+	if err != nil {
+		return nil, fmt.Errorf("in-pod mode: %w", err)
+	}
+	return &podProxies{n: n, poller: p, pods: map[string]*podProxy{}}, nil
 }
 
 // Start binds the pod's listeners in its netns and serves them in the background. It waits
@@ -62,6 +73,7 @@ func (pp *podProxies) Start(p inpod.Pod) error {
 	pcfg.InboundPlaintextAddr = podAddr(cfg.InboundPlaintextAddr, cfg.IPv6Enabled)
 	pcfg.InboundAddr = podAddr(cfg.InboundAddr, cfg.IPv6Enabled)
 	pcfg.Sockets = sockets
+	pcfg.Acceptor = pp.poller
 	pcfg.Logger = log
 	pp.n.withResolver(&pcfg)
 	if cfg.InpodPortReuse {
@@ -79,6 +91,7 @@ func (pp *podProxies) Start(p inpod.Pod) error {
 		dc := pp.n.dnsConfig(local) // the search list is the client's namespace, not ztunnel's resolv.conf
 		dc.WorkloadWait = podDNSWorkloadWait
 		dc.Listen, dc.ListenPacket = sockets.Listen, sockets.ListenPacket
+		dc.Poller = pp.poller
 		dc.Dial = func(ctx context.Context, network, address string) (net.Conn, error) {
 			return sockets.Dial(ctx, nil, network, address)
 		}
@@ -158,9 +171,13 @@ func (pp *podProxies) shutdownPod(pod *podProxy, deadline time.Duration) {
 	pod.ns.Close()
 }
 
-// wait returns once every pod whose proxy was stopped has finished shutting down. The
-// workload manager drains every pod when it closes, so after Manager.Close none is left.
-func (pp *podProxies) wait() { pp.wg.Wait() }
+// close returns once every pod whose proxy was stopped has finished shutting down, then
+// stops the poller. The workload manager drains every pod when it closes, so after
+// Manager.Close none is left.
+func (pp *podProxies) close() {
+	pp.wg.Wait()
+	pp.poller.Close()
+}
 
 // migrateOnClose sets net.ipv4.tcp_migrate_req in the pod's namespace (Linux 5.14+). During
 // an upgrade two ztunnels hold each pod listener in one SO_REUSEPORT group, and the kernel

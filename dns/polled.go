@@ -1,0 +1,205 @@
+package dns
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// maxTCPQueries is how many queries one TCP connection may send, as miekg/dns's server allows.
+const maxTCPQueries = 128
+
+// servePolled has the Poller watch every socket and answers each query it hands over on a
+// goroutine of its own, until ctx ends or Close. Then it stops the watches, ends the TCP
+// clients' reads, waits for the queries in flight and closes the sockets. An idle DNS proxy
+// thus holds only the goroutine that runs Serve, and no read buffer.
+func (s *Server) servePolled(ctx context.Context) error {
+	var inflight sync.WaitGroup // Add only from the Poller's callbacks, so before stop returns
+	var stops []func()
+	var err error
+	for i := range s.udp {
+		pc, ln := s.udp[i], s.tcp[i]
+		stop, werr := s.cfg.Poller.WatchPacket(pc, func(b []byte, from netip.AddrPort, rerr error) {
+			if rerr != nil {
+				s.log.Debug("dns: read", "error", rerr)
+				return
+			}
+			q := slices.Clone(b)
+			inflight.Add(1)
+			go func() {
+				defer inflight.Done()
+				s.answerUDP(pc, q, from)
+			}()
+		})
+		if werr != nil {
+			err = werr
+			break
+		}
+		stops = append(stops, stop)
+		stop, werr = s.cfg.Poller.Watch(ln, func(c net.Conn, aerr error) {
+			if aerr != nil {
+				s.log.Debug("dns: accept", "error", aerr)
+				return
+			}
+			if !s.addConn(c) {
+				c.Close()
+				return
+			}
+			inflight.Add(1)
+			go func() {
+				defer inflight.Done()
+				defer s.removeConn(c)
+				s.serveTCP(c)
+			}()
+		})
+		if werr != nil {
+			err = werr
+			break
+		}
+		stops = append(stops, stop)
+	}
+	if err == nil {
+		select {
+		case <-ctx.Done():
+		case <-s.ctx.Done(): // Close
+		}
+	} else {
+		err = fmt.Errorf("dns: serve: %w", err)
+	}
+	for _, stop := range stops {
+		stop()
+	}
+	s.cancel() // abort forwarding in flight
+	s.mu.Lock()
+	s.closed = true
+	for c := range s.conns {
+		c.SetReadDeadline(time.Unix(1, 0)) // an answer being written still goes out
+	}
+	s.mu.Unlock()
+	inflight.Wait()
+	s.mu.Lock()
+	s.closeListenersLocked()
+	s.mu.Unlock()
+	return err
+}
+
+// addConn records a TCP client for servePolled's stop; false once it is stopping.
+func (s *Server) addConn(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	if s.conns == nil {
+		s.conns = map[net.Conn]struct{}{}
+	}
+	s.conns[c] = struct{}{}
+	return true
+}
+
+func (s *Server) removeConn(c net.Conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	c.Close()
+}
+
+// answerUDP answers one datagram.
+func (s *Server) answerUDP(pc net.PacketConn, q []byte, from netip.AddrPort) {
+	out := s.serveMsg(q, from.Addr().Unmap(), "udp")
+	if out == nil {
+		return
+	}
+	if _, err := pc.WriteTo(out, net.UDPAddrFromAddrPort(from)); err != nil {
+		s.log.Debug("dns: write response", "client", from, "error", err)
+	}
+}
+
+// serveTCP answers a TCP client's queries (each a two-byte length and the message) until
+// it closes, sends maxTCPQueries, or sends nothing for tcpTimeout, as miekg/dns's server.
+func (s *Server) serveTCP(c net.Conn) {
+	client := addrPortOf(c.RemoteAddr()).Addr()
+	var msg []byte
+	for range maxTCPQueries {
+		c.SetReadDeadline(time.Now().Add(s.tcpTimeout))
+		var n [2]byte
+		if _, err := io.ReadFull(c, n[:]); err != nil {
+			return
+		}
+		msg = slices.Grow(msg[:0], int(binary.BigEndian.Uint16(n[:])))[:binary.BigEndian.Uint16(n[:])]
+		if _, err := io.ReadFull(c, msg); err != nil {
+			return
+		}
+		out := s.serveMsg(msg, client, "tcp")
+		if out == nil {
+			continue
+		}
+		frame := binary.BigEndian.AppendUint16(make([]byte, 0, 2+len(out)), uint16(len(out)))
+		if _, err := c.Write(append(frame, out...)); err != nil {
+			s.log.Debug("dns: write response", "client", client, "error", err)
+			return
+		}
+	}
+}
+
+func addrPortOf(a net.Addr) netip.AddrPort {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		ap := ta.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return netip.AddrPort{}
+}
+
+// headerLen is the size of a DNS message's header.
+const headerLen = 12
+
+// serveMsg answers one message as miekg/dns's server does before and after its handler:
+// messages that are not queries are dropped or refused by dns.DefaultMsgAcceptFunc, and
+// ones that do not parse get FORMERR. It returns the packed answer, or nil for none.
+func (s *Server) serveMsg(m []byte, client netip.Addr, proto string) []byte {
+	if len(m) < headerLen {
+		return nil // too short to answer; any reply could be used to amplify
+	}
+	req := new(dns.Msg)
+	uerr := req.Unpack(m) // sets the header even when the rest does not parse
+	dh := dns.Header{
+		Id:      binary.BigEndian.Uint16(m[0:]),
+		Bits:    binary.BigEndian.Uint16(m[2:]),
+		Qdcount: binary.BigEndian.Uint16(m[4:]),
+		Ancount: binary.BigEndian.Uint16(m[6:]),
+		Nscount: binary.BigEndian.Uint16(m[8:]),
+		Arcount: binary.BigEndian.Uint16(m[10:]),
+	}
+	var resp *dns.Msg
+	switch action := dns.DefaultMsgAcceptFunc(dh); {
+	case action == dns.MsgIgnore:
+		return nil
+	case action == dns.MsgAccept && uerr == nil:
+		resp = s.reply(req, client, proto)
+	default: // refused, or does not parse
+		if action != dns.MsgAccept {
+			req.Question = nil // miekg/dns refuses before parsing the question
+		}
+		opcode := req.Opcode
+		resp = req.SetRcodeFormatError(req)
+		resp.Zero = false
+		if action == dns.MsgRejectNotImplemented {
+			resp.Opcode, resp.Rcode = opcode, dns.RcodeNotImplemented
+		}
+		resp.Ns, resp.Answer, resp.Extra = nil, nil, nil
+	}
+	out, err := resp.Pack()
+	if err != nil {
+		s.log.Debug("dns: pack response", "client", client, "error", err)
+		return nil
+	}
+	return out
+}

@@ -1,0 +1,357 @@
+//go:build linux
+
+// Package podpoll waits on the listening sockets of every pod on a node with one goroutine,
+// instead of a goroutine blocked in Accept or ReadFrom per socket. In-pod mode opens seven
+// sockets per pod (15001, 15006, 15008 and the DNS proxy's TCP and UDP sockets on two
+// loopbacks) and a node holds up to a few hundred pods, most of them idle: each waiting
+// goroutine would keep its stack and the buffer it reads into.
+//
+// It accepts connections and reads datagrams on readiness and hands them to the socket's
+// owner; it does not serve them, nor open or close sockets.
+//
+// # Design
+//
+// A Poller owns an epoll set whose fd is itself registered, non-blocking, with Go's
+// netpoller, so its one goroutine (run) parks like any reader and holds no OS thread while
+// nothing happens. Each watched socket stays its owner's net.Listener or net.PacketConn: the
+// poller adds it to the set level-triggered (EPOLLIN) under a token that is never reused, and
+// on readiness accepts (accept4) or reads (recvfrom) a batch of at most batch, then moves on
+// to the next ready socket, so one busy pod cannot hold up the others; level triggering
+// reports the rest on the next round. An accepted fd becomes a *net.TCPConn through
+// net.FileConn (one dup, and the dup is what Go's netpoller watches), so the proxy's copy can
+// still splice it.
+//
+// The poller touches a watched socket's fd only inside its syscall.RawConn's Control, which
+// holds Go's reference to the fd: an owner's Close that races it is deferred until Control
+// returns, and Control fails afterwards. So the poller never accepts on, reads from or
+// deregisters a reused fd number, and a closed socket leaves the set by itself (the kernel
+// drops a file's epoll entries when its last fd closes). Events carry tokens, not fds: a
+// token whose watch has stopped is not found and its event is dropped. The epoll fd is used
+// inside its own Control likewise, so Close cannot race a registration.
+//
+// Locks: Poller.mu guards watches (the token map) and next. watch.mu is held by run while it
+// serves the watch, callbacks included, and by stop, so once stop has returned no callback
+// runs and none will; it guards stopped, failing and delay. Order: watch.mu before
+// Poller.mu (run looks a token up under Poller.mu and releases it before taking watch.mu).
+// Callbacks run on the poller's goroutine, so they must not block or stop a watch: they
+// hand work to goroutines of their own.
+//
+// A socket whose accept or read fails with something other than "nothing there" (out of
+// file descriptors, say) is taken out of the set and put back after a delay, doubling from
+// 5 ms to 1 s while it keeps failing, as a per-socket accept loop would back off; the
+// callback is told each failure.
+package podpoll
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// batch is how many connections or datagrams one socket gets per round.
+const batch = 16
+
+// maxDatagram is the read buffer, shared by every packet socket: the largest UDP payload.
+const maxDatagram = 65535
+
+// Poller waits on watched sockets. Create it with New, add sockets with Watch and
+// WatchPacket, and Close it once every watch has stopped.
+type Poller struct {
+	file *os.File        // the epoll fd, registered with Go's netpoller
+	rc   syscall.RawConn // file's
+	done chan struct{}   // closed when run has returned
+
+	mu      sync.Mutex
+	watches map[uint64]*watch // guarded by mu: by token
+	next    uint64            // guarded by mu: the last token given out
+}
+
+// watch is one watched socket.
+type watch struct {
+	p      *Poller
+	token  uint64
+	rc     syscall.RawConn
+	accept func(net.Conn, error)               // for a listener
+	read   func([]byte, netip.AddrPort, error) // for a packet socket
+
+	mu      sync.Mutex
+	stopped bool          // guarded by mu: stop has run
+	failing bool          // guarded by mu: out of the set after an error, until retry
+	delay   time.Duration // guarded by mu: the next back-off
+}
+
+// New starts a Poller and its goroutine.
+func New() (*Poller, error) {
+	fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("podpoll: epoll_create1: %w", err)
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("podpoll: set nonblocking: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "podpoll") // non-blocking: Go's netpoller watches it
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("podpoll: %w", err)
+	}
+	p := &Poller{file: f, rc: rc, done: make(chan struct{}), watches: map[uint64]*watch{}}
+	go p.run()
+	return p, nil
+}
+
+// Close stops the poller's goroutine and releases the epoll set. Watches still open stop
+// being served; their stop functions stay safe to call. Close is idempotent.
+func (p *Poller) Close() error {
+	p.file.Close()
+	<-p.done
+	return nil
+}
+
+// Watch calls accepted with each connection ln accepts, a *net.TCPConn with no keepalive
+// (as a net.ListenConfig with KeepAlive -1 would accept it), or with the error of a failed
+// accept, until stop is called. ln must be a *net.TCPListener (or another listener with
+// SyscallConn whose accepted sockets are TCP). accepted runs on the poller's goroutine: it
+// must not block.
+func (p *Poller) Watch(ln net.Listener, accepted func(net.Conn, error)) (stop func(), err error) {
+	return p.add(ln, &watch{accept: accepted})
+}
+
+// WatchPacket calls read with each datagram pc receives and its sender, or with the error
+// of a failed read, until stop is called. The bytes are valid only during the call. read
+// runs on the poller's goroutine: it must not block.
+func (p *Poller) WatchPacket(pc net.PacketConn, read func(b []byte, from netip.AddrPort, err error)) (stop func(), err error) {
+	return p.add(pc, &watch{read: read})
+}
+
+func (p *Poller) add(sock any, w *watch) (func(), error) {
+	sc, ok := sock.(syscall.Conn)
+	if !ok {
+		return nil, fmt.Errorf("podpoll: %T has no file descriptor", sock)
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("podpoll: %w", err)
+	}
+	w.p, w.rc = p, rc
+	p.mu.Lock()
+	p.next++
+	w.token = p.next
+	p.watches[w.token] = w // before the socket is in the set, so its first event finds it
+	p.mu.Unlock()
+	if err := w.ctl(unix.EPOLL_CTL_ADD); err != nil {
+		p.forget(w.token)
+		return nil, fmt.Errorf("podpoll: watch: %w", err)
+	}
+	return w.stop, nil
+}
+
+func (p *Poller) forget(token uint64) {
+	p.mu.Lock()
+	delete(p.watches, token)
+	p.mu.Unlock()
+}
+
+// ctl adds the watch's socket to the epoll set, or takes it out, inside both fds' Control.
+func (w *watch) ctl(op int) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(w.token), Pad: int32(w.token >> 32)}
+	var err error
+	cerr := w.rc.Control(func(fd uintptr) {
+		if perr := w.p.rc.Control(func(epfd uintptr) {
+			err = unix.EpollCtl(int(epfd), op, int(fd), &ev)
+		}); perr != nil {
+			err = perr
+		}
+	})
+	if cerr != nil {
+		return cerr
+	}
+	return err
+}
+
+// stop takes the socket out of the set and waits for a callback in progress to return.
+func (w *watch) stop() {
+	w.mu.Lock()
+	if !w.stopped {
+		w.stopped = true
+		if !w.failing {
+			// Fails harmlessly when the owner has closed the socket (it left the set then)
+			// or the poller is closed.
+			_ = w.ctl(unix.EPOLL_CTL_DEL)
+		}
+	}
+	w.mu.Unlock()
+	w.p.forget(w.token)
+}
+
+// run waits for events and serves each ready socket in turn, until Close.
+func (p *Poller) run() {
+	defer close(p.done)
+	events := make([]unix.EpollEvent, 64)
+	buf := make([]byte, maxDatagram)
+	for {
+		var n int
+		err := p.rc.Read(func(epfd uintptr) bool {
+			var werr error
+			n, werr = unix.EpollWait(int(epfd), events, 0)
+			if werr != nil { // EINTR: try again
+				n = 0
+				return true
+			}
+			return n > 0 // none ready: park until the set is readable
+		})
+		if err != nil {
+			return // closed
+		}
+		for _, ev := range events[:n] {
+			token := uint64(uint32(ev.Fd)) | uint64(uint32(ev.Pad))<<32
+			p.mu.Lock()
+			w := p.watches[token]
+			p.mu.Unlock()
+			if w != nil {
+				w.serve(buf)
+			}
+		}
+	}
+}
+
+// serve accepts or reads one batch, unless the watch has stopped.
+func (w *watch) serve(buf []byte) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped || w.failing {
+		return
+	}
+	var err error
+	if w.accept != nil {
+		err = w.acceptBatch()
+	} else {
+		err = w.readBatch(buf)
+	}
+	if err == nil {
+		w.delay = 0
+		return
+	}
+	w.backOffLocked()
+}
+
+// acceptBatch accepts up to batch connections and hands them over. It returns the error of
+// a failed accept4 (after telling the callback), nil when the queue is empty or the batch
+// done.
+func (w *watch) acceptBatch() error {
+	var fds [batch]int
+	n := 0
+	var aerr error
+	cerr := w.rc.Control(func(fd uintptr) {
+		for n < batch {
+			// Blocking, so that os.NewFile below does not register the fd with the
+			// netpoller only for FileConn to register its dup.
+			nfd, _, err := unix.Accept4(int(fd), unix.SOCK_CLOEXEC)
+			switch err {
+			case nil:
+				fds[n] = nfd
+				n++
+				continue
+			case unix.EINTR, unix.ECONNABORTED:
+				continue
+			case unix.EAGAIN:
+			default:
+				aerr = os.NewSyscallError("accept4", err)
+			}
+			return
+		}
+	})
+	if cerr != nil {
+		return nil // the owner closed the listener; its stop follows
+	}
+	for _, fd := range fds[:n] {
+		c, err := fileConn(fd)
+		w.accept(c, err)
+	}
+	if aerr != nil {
+		w.accept(nil, aerr)
+	}
+	return aerr
+}
+
+// fileConn makes an accepted socket a *net.TCPConn.
+func fileConn(fd int) (net.Conn, error) {
+	f := os.NewFile(uintptr(fd), "")
+	c, err := net.FileConn(f) // a dup of fd, non-blocking and in the netpoller
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("podpoll: accepted socket: %w", err)
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetKeepAlive(false) // FileConn turns Go's default on
+	}
+	return c, nil
+}
+
+// readBatch reads up to batch datagrams and hands each over.
+func (w *watch) readBatch(buf []byte) error {
+	var rerr error
+	cerr := w.rc.Control(func(fd uintptr) {
+		for i := 0; i < batch; i++ {
+			n, from, err := unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+			switch err {
+			case nil:
+				w.read(buf[:n], addrPort(from), nil)
+				continue
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+			default:
+				rerr = os.NewSyscallError("recvfrom", err)
+				w.read(nil, netip.AddrPort{}, rerr)
+			}
+			return
+		}
+	})
+	if cerr != nil {
+		return nil // the owner closed the socket
+	}
+	return rerr
+}
+
+func addrPort(sa unix.Sockaddr) netip.AddrPort {
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
+	}
+	return netip.AddrPort{}
+}
+
+// backOffLocked takes the failing socket out of the set and puts it back after the next
+// delay, so that a level-triggered error (EMFILE leaves the connection queued) does not spin.
+func (w *watch) backOffLocked() {
+	w.delay = min(max(2*w.delay, 5*time.Millisecond), time.Second)
+	if err := w.ctl(unix.EPOLL_CTL_DEL); err != nil {
+		return // closed under us: nothing to retry
+	}
+	w.failing = true
+	time.AfterFunc(w.delay, w.retry)
+}
+
+// retry puts a socket that failed back in the set.
+func (w *watch) retry() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped || !w.failing {
+		return
+	}
+	w.failing = false
+	if err := w.ctl(unix.EPOLL_CTL_ADD); err != nil && !errors.Is(err, unix.EEXIST) {
+		w.failing = true // closed: leave it out
+	}
+}

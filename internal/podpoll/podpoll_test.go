@@ -1,0 +1,374 @@
+//go:build linux
+
+package podpoll_test
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/podpoll"
+)
+
+func newPoller(t *testing.T) *podpoll.Poller {
+	t.Helper()
+	leaktest.Check(t)
+	p, err := podpoll.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func listen(t *testing.T) *net.TCPListener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln.(*net.TCPListener)
+}
+
+// accepts watches ln and returns the channel its connections arrive on.
+func accepts(t *testing.T, p *podpoll.Poller, ln net.Listener) (<-chan net.Conn, func()) {
+	t.Helper()
+	conns := make(chan net.Conn, 64)
+	stop, err := p.Watch(ln, func(c net.Conn, err error) {
+		if err != nil {
+			t.Errorf("accept: %v", err)
+			return
+		}
+		conns <- c
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conns, stop
+}
+
+func recv(t *testing.T, conns <-chan net.Conn) net.Conn {
+	t.Helper()
+	select {
+	case c := <-conns:
+		t.Cleanup(func() { c.Close() })
+		return c
+	case <-time.After(5 * time.Second):
+		t.Fatal("no connection handed over")
+		return nil
+	}
+}
+
+// Connections are handed over as *net.TCPConn (so the proxy's copy can splice them)
+// without keepalive and carry data both ways; more than a batch waiting at once all arrive.
+func TestWatchAccept(t *testing.T) {
+	p := newPoller(t)
+	ln := listen(t)
+	conns, stop := accepts(t, p, ln)
+	defer stop()
+	var clients []net.Conn
+	for range 40 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		clients = append(clients, c)
+	}
+	for i := range clients {
+		c := recv(t, conns)
+		tc, ok := c.(*net.TCPConn)
+		if !ok {
+			t.Fatalf("connection %d is a %T; want *net.TCPConn", i, c)
+		}
+		rc, _ := tc.SyscallConn()
+		var ka int
+		rc.Control(func(fd uintptr) { ka, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE) })
+		if ka != 0 {
+			t.Errorf("connection %d: SO_KEEPALIVE %d; want 0", i, ka)
+		}
+		if c.RemoteAddr().String() == "" || c.LocalAddr().String() != ln.Addr().String() {
+			t.Errorf("connection %d: addresses %v -> %v", i, c.RemoteAddr(), c.LocalAddr())
+		}
+	}
+	// Data both ways through a fresh one.
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	srv := recv(t, conns)
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	srv.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(srv, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("server read %q, %v", buf, err)
+	}
+	if _, err := srv.Write([]byte("pong")); err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "pong" {
+		t.Fatalf("client read %q, %v", buf, err)
+	}
+	select {
+	case extra := <-conns:
+		t.Errorf("an extra connection from %v", extra.RemoteAddr())
+	default:
+	}
+}
+
+// Once stop has returned, the poller accepts nothing more: a new connection waits in the
+// listener's queue for its owner.
+func TestStop(t *testing.T) {
+	p := newPoller(t)
+	ln := listen(t)
+	conns, stop := accepts(t, p, ln)
+	c1, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c1.Close()
+	recv(t, conns)
+	stop()
+	stop() // idempotent
+	c2, err := net.Dial("tcp", c1.RemoteAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	ln.SetDeadline(time.Now().Add(5 * time.Second))
+	got, err := ln.Accept()
+	if err != nil {
+		t.Fatalf("owner's accept after stop: %v", err)
+	}
+	got.Close()
+	if got.RemoteAddr().String() != c2.LocalAddr().String() {
+		t.Errorf("owner accepted %v; want %v", got.RemoteAddr(), c2.LocalAddr())
+	}
+	select {
+	case c := <-conns:
+		t.Errorf("handed over %v after stop", c.RemoteAddr())
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+// stop waits for a callback in progress: after it returns, the callback has returned.
+func TestStopWaitsForCallback(t *testing.T) {
+	p := newPoller(t)
+	ln := listen(t)
+	entered := make(chan struct{})
+	var inside, after atomic.Bool
+	stop, err := p.Watch(ln, func(c net.Conn, err error) {
+		if c != nil {
+			defer c.Close()
+		}
+		inside.Store(true)
+		close(entered)
+		time.Sleep(100 * time.Millisecond)
+		inside.Store(false)
+		if after.Load() {
+			t.Error("callback ran on after stop returned")
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	<-entered
+	stop()
+	after.Store(true)
+	if inside.Load() {
+		t.Error("stop returned while the callback ran")
+	}
+}
+
+// An owner that closes its listener without stopping the watch first, then opens a socket
+// that gets the same fd number, does not have the new one accepted on by the poller: it
+// holds the closed listener's Go fd, not the number.
+func TestClosedListenerFDReused(t *testing.T) {
+	p := newPoller(t)
+	ln := listen(t)
+	conns, stop := accepts(t, p, ln)
+	defer stop()
+	fdOf := func(l *net.TCPListener) (n int) {
+		rc, _ := l.SyscallConn()
+		rc.Control(func(fd uintptr) { n = int(fd) })
+		return n
+	}
+	old := fdOf(ln)
+	ln.Close()
+	var again *net.TCPListener
+	for range 10 { // the number is free; the next socket usually takes it
+		again = listen(t)
+		if fdOf(again) == old {
+			break
+		}
+	}
+	if fdOf(again) != old {
+		t.Skip("the closed listener's fd number was not reused")
+	}
+	c, err := net.Dial("tcp", again.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	again.SetDeadline(time.Now().Add(5 * time.Second))
+	got, err := again.Accept()
+	if err != nil {
+		t.Fatalf("the new listener's own accept: %v", err)
+	}
+	got.Close()
+	select {
+	case c := <-conns:
+		t.Errorf("the poller accepted %v on the reused fd", c.RemoteAddr())
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+// Datagrams arrive whole with their sender, and a reply goes back through the socket.
+func TestWatchPacket(t *testing.T) {
+	p := newPoller(t)
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	type dgram struct {
+		b    string
+		from netip.AddrPort
+	}
+	got := make(chan dgram, 64)
+	stop, err := p.WatchPacket(pc, func(b []byte, from netip.AddrPort, err error) {
+		if err != nil {
+			t.Errorf("read: %v", err)
+			return
+		}
+		got <- dgram{string(b), from}
+		pc.WriteTo(append([]byte("re:"), b...), net.UDPAddrFromAddrPort(from))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	c, err := net.Dial("udp", pc.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	big := string(make([]byte, 9000))
+	for _, msg := range []string{"one", big, "three"} {
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case d := <-got:
+			if d.b != msg || d.from.String() != c.LocalAddr().String() {
+				t.Errorf("got %d bytes from %v; want %d from %v", len(d.b), d.from, len(msg), c.LocalAddr())
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("no datagram")
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 10000)
+		n, err := c.Read(buf)
+		if err != nil || string(buf[:n]) != "re:"+msg {
+			t.Errorf("reply: %d bytes, %v", n, err)
+		}
+	}
+}
+
+// Out of file descriptors, accept4 fails: the callback is told, the listener is taken out
+// of the set and retried with a growing delay rather than reported again at once, and once
+// descriptors are free the waiting connection is handed over. The limit is the process's
+// real RLIMIT_NOFILE, lowered for the test.
+func TestAcceptBackoff(t *testing.T) {
+	p := newPoller(t)
+	ln := listen(t)
+	var failures atomic.Int32
+	conns := make(chan net.Conn, 4)
+	stop, err := p.Watch(ln, func(c net.Conn, err error) {
+		if err != nil {
+			if !errors.Is(err, syscall.EMFILE) {
+				t.Errorf("accept error %v; want EMFILE", err)
+			}
+			failures.Add(1)
+			return
+		}
+		conns <- c
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Skip(err)
+	}
+	restore := func() { syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old) }
+	defer restore()
+	ents, _ := os.ReadDir("/proc/self/fd")
+	low := old
+	low.Cur = uint64(len(ents) + 32)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Skip("cannot lower RLIMIT_NOFILE:", err)
+	}
+	var fillers []*os.File
+	defer func() {
+		for _, f := range fillers {
+			f.Close()
+		}
+	}()
+	for {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			break
+		}
+		fillers = append(fillers, f)
+	}
+	var c net.Conn
+	for c == nil && len(fillers) > 0 { // free one descriptor for the client's socket
+		fillers[len(fillers)-1].Close()
+		fillers = fillers[:len(fillers)-1]
+		c, err = net.Dial("tcp", ln.Addr().String()) // the kernel completes it; accept4 fails
+		if err != nil && !errors.Is(err, syscall.EMFILE) {
+			t.Fatal(err)
+		}
+	}
+	if c == nil {
+		t.Fatal("no descriptor left for the client")
+	}
+	defer c.Close()
+	time.Sleep(300 * time.Millisecond)
+	// Delays of 5, 10, 20, 40, 80 and 160 ms fit in 300 ms: about six tries, not thousands.
+	if n := failures.Load(); n < 1 || n > 12 {
+		t.Errorf("%d failed accepts in 300 ms out of descriptors; want a few, backing off", n)
+	}
+	for _, f := range fillers {
+		f.Close()
+	}
+	fillers = nil
+	restore()
+	select {
+	case got := <-conns:
+		got.Close()
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting connection was not accepted once descriptors were free")
+	}
+}
