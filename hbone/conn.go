@@ -31,7 +31,7 @@ type conn struct {
 	nc      net.Conn // what frames are written to (and read from, but in kernel TLS): *tls.Conn, or bc over kt.conn
 	bc      *bufConn // coalescing layer (under crypto/tls, or over kt.conn), nil when the caller built the TLS conn
 	peer    identity.ID
-	fr      *http2.Framer // write side under wmu; read side the frame reader's alone
+	fr      *http2.Framer // the write side's, under wmu (replaced by trimIfIdle)
 	onClose func(*conn)   // pool bookkeeping: the connection leaves the pool; see leavePool
 	fair    *peerState    // server: its peer identity's budgets (fair.go), nil without an identity
 	// ctx is the parent of every server stream's Request context; cancelCtx ends it in
@@ -53,6 +53,18 @@ type conn struct {
 	waiters atomic.Int32   // goroutines queued for wmu: the last one out flushes bc
 	extra   bool           // client: dialed because the key's other conns were congested; guarded by Pool.mu
 
+	// Idle trimming (trim.go): set by the frame reader and writers, read by writeLoop.
+	activity   atomic.Uint64 // frames read and write-lock holds
+	readGrown  atomic.Bool   // the read Framer read a frame past trimKeep
+	writeGrown atomic.Bool   // a write-side buffer grew past trimKeep
+	trimRead   atomic.Bool   // writeLoop set a read deadline to interrupt the frame reader
+	readMax    atomic.Int64  // the largest frame the current read Framer read
+
+	// The frame reader's alone.
+	rfr  *http2.Framer // replaced when trimmed
+	src  io.Reader     // what rfr reads: frameReader over nc, or kt.reader
+	hdec *hpack.Decoder
+
 	// The write lock: wmu serialises frames and guards the fields after it.
 	wmu        sync.Mutex
 	henc       *hpack.Encoder
@@ -60,6 +72,7 @@ type conn struct {
 	hencLimit  uint32
 	goawaySent bool
 	dataHdr    [9]byte
+	bigWrites  bool // fr wrote a DATA frame past trimKeep, so its buffer is that large
 
 	// The state lock: mu guards every field after it and Stream's fields marked so.
 	mu             sync.Mutex
@@ -137,23 +150,17 @@ func newConn(cfg Config, server bool, nc net.Conn, bc *bufConn, kc *ktls.Conn) *
 		settingsCh:     make(chan struct{}),
 		idleSince:      time.Now(),
 	}
-	var r io.Reader = nc
+	c.src = &frameReader{c: c, r: nc}
 	if kc != nil {
 		c.kt.conn = kc
 		c.kt.reader = newKernelReader(c)
-		r = c.kt.reader
+		c.src = c.kt.reader
 		c.kt.rc, _ = kc.SyscallConn()
 		c.kt.spliceFn = c.spliceWrite
 	}
-	c.fr = http2.NewFramer(nc, r)
-	c.fr.SetMaxReadFrameSize(cfg.MaxFrameSize)
-	c.fr.SetReuseFrames()
-	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	if server {
-		c.fr.MaxHeaderListSize = serverMaxHeaders
-	} else {
-		c.fr.MaxHeaderListSize = clientMaxHeaders
-	}
+	c.fr = http2.NewFramer(nc, nil)
+	c.hdec = hpack.NewDecoder(4096, nil)
+	c.newReadFramer()
 	c.henc = hpack.NewEncoder(&c.hbuf)
 	var st tls.ConnectionState
 	if kc != nil {
