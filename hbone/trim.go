@@ -27,7 +27,7 @@ const trimKeep = 64 << 10
 
 // trimTick is how often writeLoop looks for a grown connection going idle: its buffers go
 // back between one and two ticks after its last frame.
-var trimTick = 500 * time.Millisecond
+const trimTick = 500 * time.Millisecond
 
 // errTrim is what frameReader returns to the read Framer, between frames, when writeLoop
 // has asked for the read buffer back.
