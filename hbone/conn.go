@@ -57,7 +57,7 @@ type conn struct {
 	activity   atomic.Uint64 // frames read and write-lock holds
 	readGrown  atomic.Bool   // the read Framer read a frame past trimKeep
 	writeGrown atomic.Bool   // a write-side buffer grew past trimKeep
-	trimRead   atomic.Bool   // writeLoop set a read deadline to interrupt the frame reader
+	trimRead   atomic.Bool   // the frame reader is to start a fresh read Framer at the next frame
 	readMax    atomic.Int64  // the largest frame the current read Framer read
 
 	// The frame reader's alone.

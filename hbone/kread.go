@@ -53,15 +53,12 @@ func (k *kernelReader) Read(p []byte) (int, error) {
 	}
 	for !k.busy {
 		for k.hn < len(k.hdr) {
+			if k.hn == 0 && k.c.trimRead.Load() && k.c.trimRead.Swap(false) {
+				return 0, errTrim // between frames: trim.go
+			}
 			n, err := k.c.kt.conn.Read(k.hdr[k.hn:])
 			k.hn += n
-			if err != nil && k.c.trimInterrupted(err) {
-				if k.hn == 0 {
-					return 0, errTrim // between frames: trim.go
-				}
-				continue
-			}
-			if err != nil {
+			if err != nil && !k.c.readInterrupted(err) {
 				return 0, err
 			}
 		}
@@ -94,7 +91,7 @@ func (k *kernelReader) Read(p []byte) (int, error) {
 	n, err := k.c.kt.conn.Read(p[:min(len(p), k.pass)])
 	k.pass -= n
 	k.busy = k.pass > 0
-	if err != nil && k.c.trimInterrupted(err) {
+	if err != nil && k.c.readInterrupted(err) {
 		if n == 0 {
 			return k.Read(p) // inside a frame: finish it first
 		}
@@ -185,7 +182,7 @@ func (k *kernelReader) splicePayload(sink syscall.RawConn, n int) (spliced, rest
 	for left > 0 {
 		k.want = left
 		if err := rc.Read(k.fillFn); err != nil {
-			if k.c.trimInterrupted(err) {
+			if k.c.readInterrupted(err) {
 				continue // inside a frame: finish it first
 			}
 			return spliced, left, err
@@ -254,7 +251,7 @@ func (k *kernelReader) queueRest(s *Stream, rest int) error {
 			n, err = k.sp.Read(buf[:min(rest, k.sp.Buffered(), len(buf))])
 		} else {
 			n, err = c.kt.conn.Read(buf[:min(rest, len(buf))])
-			if n == 0 && err != nil && c.trimInterrupted(err) {
+			if n == 0 && err != nil && c.readInterrupted(err) {
 				continue // inside a frame: finish it first
 			}
 		}

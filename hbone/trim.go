@@ -48,7 +48,9 @@ type frameReader struct {
 
 func (f *frameReader) Read(p []byte) (int, error) {
 	for {
-		atStart := f.hoff == 0 && f.pass == 0
+		if f.hoff == 0 && f.pass == 0 && f.c.trimRead.Load() && f.c.trimRead.Swap(false) {
+			return 0, errTrim // between frames
+		}
 		if f.hoff < len(f.hdr) && f.pass == 0 {
 			p = p[:min(len(p), len(f.hdr)-f.hoff)]
 		} else {
@@ -67,12 +69,9 @@ func (f *frameReader) Read(p []byte) (int, error) {
 		if f.hoff == len(f.hdr) && f.pass == 0 {
 			f.hoff = 0 // the frame is whole
 		}
-		if err != nil && f.c.trimInterrupted(err) {
-			if atStart && n == 0 {
-				return 0, errTrim
-			}
+		if err != nil && f.c.readInterrupted(err) {
 			if n == 0 {
-				continue // inside a frame: finish it first
+				continue // trim at the frame's end, if inside one
 			}
 			err = nil
 		}
@@ -93,14 +92,14 @@ func (c *conn) frameRead(n int) {
 	}
 }
 
-// trimInterrupted reports whether err is the deadline writeLoop set to interrupt the
-// frame reader, and if so clears it.
-func (c *conn) trimInterrupted(err error) bool {
-	if !c.trimRead.Load() || !errors.Is(err, os.ErrDeadlineExceeded) {
+// readInterrupted reports whether err is a read deadline, which on the frame reader's
+// connection only trimIfIdle sets (after the handshake nothing else does), and if so
+// clears it: the frame reader trims at the next frame boundary and reads on.
+func (c *conn) readInterrupted(err error) bool {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
 		return false
 	}
 	c.readConn().SetReadDeadline(time.Time{})
-	c.trimRead.Store(false)
 	return true
 }
 
