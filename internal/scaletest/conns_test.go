@@ -110,10 +110,10 @@ func TestIdleConns(t *testing.T) {
 
 // nodeStats is one node's memory as /proc and its runtime see it.
 type nodeStats struct {
-	rss, anon                            int64
-	goroutines                           int64
-	stack, heapInuse, gcSys, otherSys    int64 // the runtime's (heap?debug=1 after a GC)
-	sys, heapSys, stackSys, mspanSys, bh int64
+	rss, anon                         int64
+	goroutines                        int64
+	stack, heapInuse, gcSys, otherSys int64 // the runtime's (heap?debug=1 after a GC)
+	sys, heapSys, stackSys            int64
 }
 
 func (a nodeStats) minus(b nodeStats) nodeStats {
@@ -268,7 +268,7 @@ func holdIdle(t *testing.T, bin string, n int) idleResult {
 		c.Close()
 	}
 	var r idleResult
-	waitSettled(t, a, b)
+	waitSettled(t, []*node{a, b}, nil)
 	r.before = [2]nodeStats{a.stats(t), b.stats(t)}
 
 	conns := make([]net.Conn, n)
@@ -335,38 +335,28 @@ func holdIdle(t *testing.T, bin string, n int) idleResult {
 	// The pooled HBONE connections stay (2 goroutines each per end, about n/100 of
 	// them) until they idle out.
 	pooled := 2 * (2*n/100 + 4)
-	waitSettled(t, a, b, r.before[0].goroutines+int64(pooled), r.before[1].goroutines+int64(pooled))
+	waitSettled(t, []*node{a, b}, []int64{r.before[0].goroutines + int64(pooled), r.before[1].goroutines + int64(pooled)})
 	r.close = time.Since(t0)
 	return r
 }
 
-// waitSettled waits until each node's goroutines are back to at most want (when given),
-// then until two reads a second apart agree: connections and their handlers have gone.
-func waitSettled(t *testing.T, nodes ...any) {
+// waitSettled waits until each node's goroutines are back to at most want's figure for
+// it (plus 4), or with want nil until two reads a second apart agree.
+func waitSettled(t *testing.T, nodes []*node, want []int64) {
 	t.Helper()
-	var ns []*node
-	var want []int64
-	for _, x := range nodes {
-		switch v := x.(type) {
-		case *node:
-			ns = append(ns, v)
-		case int64:
-			want = append(want, v)
-		}
-	}
 	deadline := time.Now().Add(5 * time.Minute)
-	for i, nd := range ns {
+	for i, nd := range nodes {
 		for {
 			g := nd.goroutines(t)
-			if i < len(want) && g <= want[i]+4 {
-				break
-			}
-			if i >= len(want) {
+			if want == nil {
 				time.Sleep(time.Second)
 				if nd.goroutines(t) == g {
 					break
 				}
 				continue
+			}
+			if g <= want[i]+4 {
+				break
 			}
 			if time.Now().After(deadline) {
 				t.Fatalf("%s: %d goroutines after 5 minutes, want at most %d", nd.name, g, want[i]+4)
