@@ -7,7 +7,7 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 RUN_DIR   ?= .tmp/run
 
-.PHONY: all build image helm kube-apiserver kubectl manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale bench-pods
+.PHONY: all build image helm kube-apiserver kubectl manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale bench-pods bench-conns
 
 all: build
 
@@ -174,6 +174,14 @@ bench-pods:
 	INPOD_SCALE=1 INPOD_SCALE_PODS=$(INPOD_SCALE_PODS) INPOD_SCALE_CYCLES=$(INPOD_SCALE_CYCLES) $(GO) test -count=1 -v -timeout 30m -run '^TestInPodScaleBench$$' ./cmd/ztunnel
 	@if [ -n "$(PODS_BASE)" ]; then echo "== base: $(PODS_BASE)"; \
 	  cd cmd/ztunnel && INPOD_SCALE=1 INPOD_SCALE_PODS=$(INPOD_SCALE_PODS) INPOD_SCALE_CYCLES=$(INPOD_SCALE_CYCLES) $(PODS_BASE) -test.count=1 -test.v -test.timeout 30m -test.run '^TestInPodScaleBench$$'; fi
+
+# Idle connections through one node pair (internal/scaletest, TestIdleConns): KiB, goroutines,
+# stacks and heap per connection at each node, and the time to open and close them all. The
+# test process holds two fds per connection, so SCALE_CONNS past about 9,900 needs a hard
+# RLIMIT_NOFILE above 20,000 (root with CAP_SYS_RESOURCE raises it). ZTUNNEL_BASE as above.
+SCALE_CONNS ?= 100000
+bench-conns:
+	SCALE_CONNS=$(SCALE_CONNS) ZTUNNEL_BASE=$(ZTUNNEL_BASE) $(GO) test -count=1 -v -timeout 60m -run '^TestIdleConns$$' ./internal/scaletest
 
 # The packages' Go benchmarks (several minutes).
 bench-go:

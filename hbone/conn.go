@@ -32,7 +32,7 @@ type conn struct {
 	bc      *bufConn // coalescing layer (under crypto/tls, or over kt.conn), nil when the caller built the TLS conn
 	peer    identity.ID
 	tls     tls.ConnectionState // the handshake's; zero for h2c (CloseMatching)
-	fr      *http2.Framer       // write side under wmu; read side the frame reader's alone
+	fr      *http2.Framer       // the write side's, under wmu (replaced by trimIfIdle)
 	onClose func(*conn)         // pool bookkeeping: the connection leaves the pool; see leavePool
 	fair    *peerState          // server: its peer identity's budgets (fair.go), nil without an identity
 	// ctx is the parent of every server stream's Request context; cancelCtx ends it in
@@ -54,6 +54,18 @@ type conn struct {
 	waiters atomic.Int32   // goroutines queued for wmu: the last one out flushes bc
 	extra   bool           // client: dialed because the key's other conns were congested; guarded by Pool.mu
 
+	// Idle trimming (trim.go): set by the frame reader and writers, read by writeLoop.
+	activity   atomic.Uint64 // frames read and write-lock holds
+	readGrown  atomic.Bool   // the read Framer read a frame past trimKeep
+	writeGrown atomic.Bool   // a write-side buffer grew past trimKeep
+	trimRead   atomic.Bool   // the frame reader is to start a fresh read Framer at the next frame
+	readMax    atomic.Int64  // the largest frame the current read Framer read
+
+	// The frame reader's alone.
+	rfr  *http2.Framer // replaced when trimmed
+	src  io.Reader     // what rfr reads: frameReader over nc, or kt.reader
+	hdec *hpack.Decoder
+
 	// The write lock: wmu serialises frames and guards the fields after it.
 	wmu        sync.Mutex
 	henc       *hpack.Encoder
@@ -61,6 +73,7 @@ type conn struct {
 	hencLimit  uint32
 	goawaySent bool
 	dataHdr    [9]byte
+	bigWrites  bool // fr wrote a DATA frame past trimKeep, so its buffer is that large
 
 	// The state lock: mu guards every field after it and Stream's fields marked so.
 	mu             sync.Mutex
@@ -138,23 +151,17 @@ func newConn(cfg Config, server bool, nc net.Conn, bc *bufConn, kc *ktls.Conn) *
 		settingsCh:     make(chan struct{}),
 		idleSince:      time.Now(),
 	}
-	var r io.Reader = nc
+	c.src = &frameReader{c: c, r: nc}
 	if kc != nil {
 		c.kt.conn = kc
 		c.kt.reader = newKernelReader(c)
-		r = c.kt.reader
+		c.src = c.kt.reader
 		c.kt.rc, _ = kc.SyscallConn()
 		c.kt.spliceFn = c.spliceWrite
 	}
-	c.fr = http2.NewFramer(nc, r)
-	c.fr.SetMaxReadFrameSize(cfg.MaxFrameSize)
-	c.fr.SetReuseFrames()
-	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	if server {
-		c.fr.MaxHeaderListSize = serverMaxHeaders
-	} else {
-		c.fr.MaxHeaderListSize = clientMaxHeaders
-	}
+	c.fr = http2.NewFramer(nc, nil)
+	c.hdec = hpack.NewDecoder(4096, nil)
+	c.newReadFramer()
 	c.henc = hpack.NewEncoder(&c.hbuf)
 	var st tls.ConnectionState
 	if kc != nil {

@@ -189,6 +189,8 @@
 //   - write.go: the write side (the write lock, control frames queued for writeLoop,
 //     DATA and HEADERS frames); buf.go: the pooled buffers and the coalescing bufConn.
 //   - read.go: the frame reader (readLoop) and what each frame does.
+//   - trim.go: a connection that carried bulk data gives its large buffers (the read
+//     Framer's, the coalescing buffer) back once idle for half a second to a second.
 //   - flow.go: windows and SETTINGS; limits.go: what a peer may make a connection do;
 //     fair.go: what a source IP or a peer identity may make the whole server do.
 //   - Kernel TLS: ktls.go (the handshake, the move to the kernel, the fallback, what a

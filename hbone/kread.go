@@ -25,6 +25,7 @@ var spliceRecv = true
 type kernelReader struct {
 	c         *conn
 	hdr       [9]byte
+	hn        int  // header bytes read
 	hoff      int  // header bytes handed to the Framer
 	pass      int  // payload bytes of the current frame still to hand to the Framer
 	busy      bool // a frame is being handed to the Framer
@@ -51,10 +52,19 @@ func (k *kernelReader) Read(p []byte) (int, error) {
 		return 0, nil
 	}
 	for !k.busy {
-		if _, err := io.ReadFull(k.c.kt.conn, k.hdr[:]); err != nil {
-			return 0, err
+		for k.hn < len(k.hdr) {
+			if k.hn == 0 && k.c.trimRead.Load() && k.c.trimRead.Swap(false) {
+				return 0, errTrim // between frames: trim.go
+			}
+			n, err := k.c.kt.conn.Read(k.hdr[k.hn:])
+			k.hn += n
+			if err != nil && !k.c.readInterrupted(err) {
+				return 0, err
+			}
 		}
+		k.hn = 0
 		n := int(k.hdr[0])<<16 | int(k.hdr[1])<<8 | int(k.hdr[2])
+		k.c.frameRead(n)
 		typ, flags := http2.FrameType(k.hdr[3]), http2.Flags(k.hdr[4])
 		if typ == http2.FrameData && flags&http2.FlagDataPadded == 0 && n > 0 && !k.inHeaders && spliceRecv {
 			id := binary.BigEndian.Uint32(k.hdr[5:]) & (1<<31 - 1)
@@ -81,6 +91,12 @@ func (k *kernelReader) Read(p []byte) (int, error) {
 	n, err := k.c.kt.conn.Read(p[:min(len(p), k.pass)])
 	k.pass -= n
 	k.busy = k.pass > 0
+	if err != nil && k.c.readInterrupted(err) {
+		if n == 0 {
+			return k.Read(p) // inside a frame: finish it first
+		}
+		err = nil
+	}
 	return n, err
 }
 
@@ -166,6 +182,9 @@ func (k *kernelReader) splicePayload(sink syscall.RawConn, n int) (spliced, rest
 	for left > 0 {
 		k.want = left
 		if err := rc.Read(k.fillFn); err != nil {
+			if k.c.readInterrupted(err) {
+				continue // inside a frame: finish it first
+			}
 			return spliced, left, err
 		}
 		if k.err == ktls.ErrNotData {
@@ -232,6 +251,9 @@ func (k *kernelReader) queueRest(s *Stream, rest int) error {
 			n, err = k.sp.Read(buf[:min(rest, k.sp.Buffered(), len(buf))])
 		} else {
 			n, err = c.kt.conn.Read(buf[:min(rest, len(buf))])
+			if n == 0 && err != nil && c.readInterrupted(err) {
+				continue // inside a frame: finish it first
+			}
 		}
 		if n == 0 {
 			if err == nil || err == io.EOF {

@@ -24,7 +24,12 @@ func (c *conn) readLoop() error {
 		defer c.kt.reader.close()
 	}
 	for {
-		f, err := c.fr.ReadFrame()
+		f, err := c.rfr.ReadFrame()
+		if err == errTrim {
+			c.readMax.Store(0)
+			c.newReadFramer()
+			continue
+		}
 		if err != nil {
 			var se http2.StreamError
 			if errors.As(err, &se) {

@@ -50,6 +50,7 @@ func (c *conn) lockWrite() {
 	c.waiters.Add(1)
 	c.wmu.Lock()
 	c.waiters.Add(-1)
+	c.activity.Add(1)
 }
 
 // unlockWrite flushes the coalesced records if nobody else is queued to write.
@@ -57,6 +58,9 @@ func (c *conn) unlockWrite() error {
 	var err error
 	if c.bc != nil && c.waiters.Load() == 0 {
 		err = c.bc.Flush()
+		if cap(c.bc.buf) > trimKeep && !c.writeGrown.Load() {
+			c.noteWriteGrown()
+		}
 	}
 	c.wmu.Unlock()
 	return err
@@ -87,14 +91,31 @@ func (c *conn) writeLoop() {
 	}
 	t := time.NewTimer(tick)
 	defer t.Stop()
+	trim := time.NewTimer(trimTick) // armed while a buffer is grown (trim.go)
+	defer trim.Stop()
+	trim.Stop()
+	var trimC <-chan time.Time
+	var seen uint64
 	for {
 		select {
 		case <-c.kick:
 		case <-t.C:
 			c.onTick()
 			t.Reset(tick)
+		case <-trimC:
+			if c.trimIfIdle(&seen) {
+				trimC = nil
+			} else {
+				trim.Reset(trimTick)
+			}
+			continue // nothing to flush, and flushing would count as activity
 		case <-c.done:
 			return
+		}
+		if trimC == nil && c.grown() {
+			seen = c.activity.Load()
+			trim.Reset(trimTick)
+			trimC = trim.C
 		}
 		if err := c.flushOps(); err != nil {
 			c.closeWith(err)
@@ -196,6 +217,10 @@ func (c *conn) writeDataWLocked(id uint32, p []byte) error {
 		return c.writeKernelDataWLocked(id, p)
 	}
 	if c.bc == nil || len(p) <= smallData {
+		if len(p) > trimKeep && !c.bigWrites {
+			c.bigWrites = true
+			c.noteWriteGrown()
+		}
 		return c.fr.WriteData(id, false, p)
 	}
 	h := c.dataHeaderWLocked(id, len(p))

@@ -40,7 +40,7 @@ var notInRust = map[string]bool{
 	"ADMIN_ADDR": true, "STATS_ADDR": true, "READINESS_ADDR": true, "OUTBOUND_ADDR": true,
 	"INBOUND_PLAINTEXT_ADDR": true, "INBOUND_ADDR": true, "SOCKS5_ADDR": true, "DNS_PROXY_ADDR": true,
 	"CA_PROVIDER": true, "CA_DIR": true, "SPIFFE_ENDPOINT_SOCKET": true, "KERNEL_TLS": true,
-	"LOG_LEVEL": true, "INPOD_ENABLED": true,
+	"LOG_LEVEL": true, "INPOD_ENABLED": true, "HBONE_PEER_MAX_STREAMS": true,
 }
 
 // rustEnv holds the raw Rust-only variables until resolveRust maps them.
