@@ -5,9 +5,11 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -236,5 +238,73 @@ func checkV6Connection(t *testing.T, n *node, nsA *netnstest.NS) {
 		return host == inPodA6 && c.ActualDst == target && c.Protocol == "HBONE"
 	}) {
 		t.Errorf("pod B's inbound connections %+v; want one from [%s] to %s over HBONE", in, inPodA6, target)
+	}
+}
+
+// TestNetnsInPodIPv4Only: a pod whose namespace has IPv6 disabled (an IPv4-only cluster) is
+// acknowledged and served, not left pending as the Rust ztunnel once left such pods
+// (istio/ztunnel#1707): its [::] listeners still bind and take IPv4, and its DNS proxy
+// answers on 127.0.0.1:15053 without the [::1] listener it cannot have.
+func TestNetnsInPodIPv4Only(t *testing.T) {
+	netnstest.RequireRoot(t)
+	leaktest.Check(t)
+	http.DefaultClient.Transport = &http.Transport{DisableKeepAlives: true}
+	pod := netnstest.NewAnonymous(t)
+	if err := pod.Do(func() error {
+		for _, conf := range []string{"all", "default", "lo"} {
+			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+conf+"/disable_ipv6", []byte("1"), 0); err != nil {
+				return err
+			}
+		}
+		if ln, err := net.Listen("tcp", "[::1]:0"); err == nil {
+			ln.Close()
+			return errors.New("::1 still bindable with IPv6 disabled")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	writeInPodWorkloads(t, dir, inPodA, inPodB)
+	agent := inpodtest.NewAgent(t, inpodtest.SocketPath(t))
+	n, _ := startNode(t, testConfig(t, inPodEnv(agent.Path, dir)))
+	c := agent.Accept()
+	info := &zdspb.WorkloadInfo{Name: "client", Namespace: "default", ServiceAccount: "client"}
+	if nack := c.AddPod("uid-v4only", info, pod); nack != "" {
+		t.Fatalf("add a pod without IPv6: NACK %q", nack)
+	}
+	if nack := c.Send(inpodtest.SnapshotReq()); nack != "" {
+		t.Fatalf("snapshot: NACK %q", nack)
+	}
+	if code, body := waitReady(t, n, "ready\n"); code != 200 {
+		t.Fatalf("readiness: %d %q", code, body)
+	}
+	dial := func(network, addr string) (conn net.Conn, err error) {
+		err = pod.Do(func() error {
+			conn, err = net.DialTimeout(network, addr, 5*time.Second)
+			return err
+		})
+		return conn, err
+	}
+	conn, err := dial("tcp", "127.0.0.1:15008")
+	if err != nil {
+		t.Fatalf("the pod's [::]:15008 over IPv4: %v", err)
+	}
+	conn.Close()
+	for _, network := range []string{"udp", "tcp"} {
+		conn, err := dial(network, "127.0.0.1:15053")
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := new(dns.Msg)
+		req.SetQuestion("echo.default.svc.cluster.local.", dns.TypeA)
+		resp, _, err := (&dns.Client{Net: network, Timeout: 5 * time.Second}).ExchangeWithConn(req, &dns.Conn{Conn: conn})
+		conn.Close()
+		if err != nil {
+			t.Fatalf("%s query: %v", network, err)
+		}
+		if len(resp.Answer) != 1 || !strings.HasSuffix(resp.Answer[0].String(), inPodVIP) {
+			t.Errorf("%s answer %v; want the service VIP %s", network, resp.Answer, inPodVIP)
+		}
 	}
 }
