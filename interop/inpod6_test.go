@@ -5,7 +5,6 @@ package interop
 import (
 	"context"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -125,30 +124,18 @@ func TestInPodIPv6(t *testing.T) {
 
 // link6 gives two linked hosts an IPv6 address each on their veth (nodad: usable at once)
 // and a default route via the other, as a pod has one (a service VIP is reached through
-// it), and waits until the link-local addresses have passed duplicate address detection,
-// so the first connection does not wait a second for its SYN's retransmission.
+// it), and waits for duplicate address detection (netnstest.NS.WaitDAD).
 func link6(t *testing.T, a *host, aIP string, b *host, bIP string) {
 	t.Helper()
 	for _, h := range []struct {
 		*host
 		ip, peer string
 	}{{a, aIP, bIP}, {b, bIP, aIP}} {
-		// "3: gz1a2    inet 10.32.0.1/24 ..."
-		f := strings.Fields(h.MustExec(t, "ip", "-o", "addr", "show", "to", h.host.ip))
-		if len(f) < 2 {
-			t.Fatalf("no link with %s in %s", h.host.ip, h.Name)
-		}
-		h.MustExec(t, "ip", "addr", "add", h.ip+"/64", "dev", f[1], "nodad")
+		h.AddAddrBeside(t, h.host.ip, h.ip+"/64")
 		h.MustExec(t, "ip", "-6", "route", "add", "default", "via", h.peer)
 	}
-	for _, h := range []*host{a, b} {
-		for deadline := time.Now().Add(10 * time.Second); strings.TrimSpace(h.MustExec(t, "ip", "-6", "addr", "show", "tentative")) != ""; {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: IPv6 addresses still tentative after 10s", h.Name)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
+	a.WaitDAD(t)
+	b.WaitDAD(t)
 }
 
 // installRules6 installs ip6tables rules (each the arguments after `ip6tables -w`) and the

@@ -43,8 +43,8 @@ func inPodTopology6(t *testing.T, v4, v6 [][]string) (node, podA, podB *netnstes
 		pod4, pod6   string
 		node4, node6 string
 	}{{podA, inPodA, inPodA6, inPodNodeToA, inPodNodeToA6}, {podB, inPodB, inPodB6, "10.31.2.1", inPodNodeToB6}} {
-		addAddrBeside(t, l.pod, l.pod4, l.pod6+"/64")
-		addAddrBeside(t, node, l.node4, l.node6+"/64")
+		l.pod.AddAddrBeside(t, l.pod4, l.pod6+"/64")
+		node.AddAddrBeside(t, l.node4, l.node6+"/64")
 		l.pod.MustExec(t, "ip", "-6", "route", "add", "default", "via", l.node6)
 		for _, rule := range v6 {
 			l.pod.MustExec(t, append([]string{"ip6tables", "-w"}, rule...)...)
@@ -55,35 +55,10 @@ func inPodTopology6(t *testing.T, v4, v6 [][]string) (node, podA, podB *netnstes
 	}
 	node.MustExec(t, "sh", "-c", "echo 1 > /proc/sys/net/ipv6/conf/all/forwarding")
 	for _, ns := range []*netnstest.NS{podA, node, podB} {
-		waitDAD(t, ns)
+		ns.WaitDAD(t)
 	}
 	writeInPodWorkloads(t, dir, inPodA+","+inPodA6, inPodB+","+inPodB6)
 	return node, podA, podB, dir
-}
-
-// waitDAD waits until no address of ns is tentative: until the veths' link-local addresses
-// have passed duplicate address detection (about 1 s), a first connection over IPv6 across
-// the node waits 1 s for its SYN's retransmission.
-func waitDAD(t *testing.T, ns *netnstest.NS) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); strings.TrimSpace(ns.MustExec(t, "ip", "-6", "addr", "show", "tentative")) != ""; {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: IPv6 addresses still tentative after 10s", ns.Name)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// addAddrBeside adds cidr (nodad: usable at once) to the link of ns that holds the address
-// beside.
-func addAddrBeside(t *testing.T, ns *netnstest.NS, beside, cidr string) {
-	t.Helper()
-	// "3: gz1a2    inet 10.31.1.2/24 ..."
-	if f := strings.Fields(ns.MustExec(t, "ip", "-o", "addr", "show", "to", beside)); len(f) > 1 {
-		ns.MustExec(t, "ip", "addr", "add", cidr, "dev", f[1], "nodad")
-		return
-	}
-	t.Fatalf("no link with %s in %s", beside, ns.Name)
 }
 
 // TestNetnsInPodIPv6 is in-pod mode over IPv6 with dual-stack pods, for each shape of
