@@ -91,7 +91,8 @@ func inPod(f family) [][]string {
 // 1.23, their default.golden): 15008 and 15006 by TPROXY with the connection mark, outbound
 // to 15001 and DNS to 15053 by REDIRECT as in InPod. ztunnel's listeners must be
 // transparent to accept them, and the original destination is the accepted socket's local
-// address. Same routes (InPodRoutes).
+// address. Same routes (InPodRoutes). istio 1.24's deprecated TPROXY_REDIRECTION option
+// installs this shape too, with InPod's DNS rules in place of these.
 func InPodTPROXY() [][]string { return inPodTPROXY(ipv4) }
 
 // InPodTPROXY6 returns the IPv6 counterpart of InPodTPROXY (the ip6tables half of istio
