@@ -79,11 +79,17 @@ func TestDNS(t *testing.T) {
 // as "RCODE TYPE VALUE ..." (answers sorted), or "error: ...".
 func ask(t *testing.T, h *host, name string, qtype uint16) string {
 	t.Helper()
+	return askAt(t, h, "127.0.0.1:15053", name, qtype)
+}
+
+// askAt is ask with the question sent to server (host:port) instead.
+func askAt(t *testing.T, h *host, server, name string, qtype uint16) string {
+	t.Helper()
 	q := new(dns.Msg)
 	q.SetQuestion(name, qtype)
 	var resp *dns.Msg
 	err := h.NS.Do(func() (err error) {
-		resp, _, err = (&dns.Client{Net: "udp"}).Exchange(q, "127.0.0.1:15053")
+		resp, _, err = (&dns.Client{Net: "udp"}).Exchange(q, server)
 		return err
 	})
 	if err != nil {

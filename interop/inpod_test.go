@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,10 +53,12 @@ var inPodConfig = `workloads:
 //
 // With a connection open, the gozt-gozt and rs-rs pairs' /config_dump (workloadState and its
 // connections, what istioctl ztunnel-config connections prints) and metrics are compared as
-// TestObservability compares them in dedicated mode.
+// TestObservability compares them in dedicated mode, and so is the net.ipv4.tcp_migrate_req
+// each program leaves in the client's pod.
 func TestInPod(t *testing.T) {
 	requirePeers(t)
 	views := map[string][2]view{}
+	migrate := map[string]string{} // program -> pod A's net.ipv4.tcp_migrate_req once enrolled
 	for _, pair := range pairs {
 		t.Run(pairName(pair), func(t *testing.T) {
 			pa, pb := newHost(t, "pa"), newHost(t, "pb")
@@ -113,12 +116,18 @@ func TestInPod(t *testing.T) {
 				keep(t, pair[0]+"-inpod-"+[]string{"node-a", "node-b"}[i], v[i])
 			}
 			views[pair[0]] = v
+			// /proc/sys/net is that of the reading process's namespace.
+			migrate[pair[0]] = strings.TrimSpace(pa.MustExec(t, "cat", "/proc/sys/net/ipv4/tcp_migrate_req"))
 		})
 	}
 	if t.Failed() {
 		return
 	}
-	checkDifferences(t, "inpod", compareViews(views))
+	diffs := compareViews(views)
+	if migrate[gozt] != migrate[rs] {
+		diffs = append(diffs, "pod A: net.ipv4.tcp_migrate_req: gozt="+migrate[gozt]+", rs="+migrate[rs])
+	}
+	checkDifferences(t, "inpod", diffs)
 }
 
 // startInPodNode starts prog in a node namespace of its own, enrolled over ZDS with pod.

@@ -2,10 +2,11 @@
 // demo-inpod): it serves ZDS on a unix socket and hands every ztunnel that connects the pods
 // named on its command line, each with its network namespace. It installs no rules itself;
 // -rules prints istio-cni's in-pod rules, one iptables argument list a line, for a script to
-// install.
+// install, and -rules6 their ip6tables counterpart for dual-stack pods.
 //
 //	zdsagent -uds /tmp/z.sock UID,NAMESPACE/NAME,SERVICEACCOUNT,NETNS...
 //	zdsagent -rules
+//	zdsagent -rules6
 package main
 
 import (
@@ -23,13 +24,18 @@ import (
 func main() {
 	uds := flag.String("uds", "/var/run/ztunnel/ztunnel.sock", "the socket ztunnel connects to (its INPOD_UDS)")
 	rules := flag.Bool("rules", false, "print istio-cni's in-pod iptables rules and exit")
+	rules6 := flag.Bool("rules6", false, "print istio-cni's in-pod ip6tables rules and exit")
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: zdsagent [-uds PATH] UID,NAMESPACE/NAME,SERVICEACCOUNT,NETNS...\n       zdsagent -rules")
+		fmt.Fprintln(os.Stderr, "usage: zdsagent [-uds PATH] UID,NAMESPACE/NAME,SERVICEACCOUNT,NETNS...\n       zdsagent -rules | -rules6")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	if *rules {
-		for _, r := range cnirules.InPod() {
+	if *rules || *rules6 {
+		list := cnirules.InPod()
+		if *rules6 {
+			list = cnirules.InPod6()
+		}
+		for _, r := range list {
 			fmt.Println(strings.Join(r, " "))
 		}
 		return

@@ -75,7 +75,15 @@ func inPodTopologyWith(t *testing.T, rules func(*testing.T, *netnstest.NS)) (nod
 	rules(t, podB)
 
 	dir = t.TempDir()
-	writeWorkloads(t, dir, inPodA, inPodB, inPodVIP)
+	writeInPodWorkloads(t, dir, inPodA, inPodB)
+	return node, podA, podB, dir
+}
+
+// writeInPodWorkloads is writeWorkloads with both pods on node-a, the in-pod topology's one
+// node.
+func writeInPodWorkloads(t *testing.T, dir, clientIPs, serverIPs string) {
+	t.Helper()
+	writeWorkloads(t, dir, clientIPs, serverIPs, inPodVIP)
 	file := filepath.Join(dir, "workloads.yaml")
 	yaml, err := os.ReadFile(file)
 	if err != nil {
@@ -84,7 +92,6 @@ func inPodTopologyWith(t *testing.T, rules func(*testing.T, *netnstest.NS)) (nod
 	if err := os.WriteFile(file, []byte(strings.ReplaceAll(string(yaml), "node: node-b", "node: node-a")), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return node, podA, podB, dir
 }
 
 // inPodEnv is the settings of a node of the in-pod topology: node-a, in-pod mode with the

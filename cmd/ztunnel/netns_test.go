@@ -658,7 +658,7 @@ func TestNetnsNodeCapture(t *testing.T) {
 func checkPlaintextInbound(t *testing.T, from *netnstest.NS, server *podServer, serverIP string, scrape func() string) {
 	t.Helper()
 	before := server.count("8080")
-	out, err := plainGet(from, 0, serverIP+":8080", "/plain")
+	out, err := plainGet(from, 0, net.JoinHostPort(serverIP, "8080"), "/plain")
 	if err != nil || !strings.Contains(out, "server pod port 8080 got GET /plain") {
 		t.Errorf("plaintext GET: %v %q", err, out)
 	}

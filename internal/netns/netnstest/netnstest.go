@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/gozt/gozt/internal/netns"
 )
@@ -105,4 +106,30 @@ func run(t testing.TB, args ...string) {
 	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
 		t.Fatalf("netns: %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
+}
+
+// WaitDAD waits until no IPv6 address in the namespace is tentative: until a new link's
+// link-local address has passed duplicate address detection (about 1 s), the first IPv6
+// connection across a router waits a second for its SYN's retransmission. Addresses added
+// with nodad skip it; link-local ones cannot.
+func (ns *NS) WaitDAD(t testing.TB) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); strings.TrimSpace(ns.MustExec(t, "ip", "-6", "addr", "show", "tentative")) != ""; {
+		if time.Now().After(deadline) {
+			t.Fatalf("netns %s: IPv6 addresses still tentative after 10s", ns.Name)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// AddAddrBeside adds cidr to the namespace's link that holds the address beside (say, an
+// IPv6 address next to a veth's IPv4 one), with nodad: usable at once.
+func (ns *NS) AddAddrBeside(t testing.TB, beside, cidr string) {
+	t.Helper()
+	// "3: gz1a2    inet 10.31.1.2/24 ..."
+	f := strings.Fields(ns.MustExec(t, "ip", "-o", "addr", "show", "to", beside))
+	if len(f) < 2 {
+		t.Fatalf("netns %s: no link with %s", ns.Name, beside)
+	}
+	ns.MustExec(t, "ip", "addr", "add", cidr, "dev", f[1], "nodad")
 }
