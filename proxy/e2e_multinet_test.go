@@ -134,17 +134,20 @@ func startMultinet(t testing.TB) *multinet {
 		"impostor.default.svc.cluster.local:80": sub + "5:15008", // not "other": the peer presents server2's identity
 		"wpsvc.default.svc.cluster.local:80":    sub + "7:15008", // the service's waypoint
 	}
-	gw, err := hbonetest.StartGateway(sub+"6:15008", gwCerts.ServerConfig(func(*tls.ClientHelloInfo) (identity.ID, error) { return eastwestID, nil }),
-		func(authority string) (netip.AddrPort, bool) {
+	ln, err := net.Listen("tcp", sub+"6:15008")
+	if err != nil {
+		t.Skipf("gateway: %v", err)
+	}
+	gw := hbonetest.ServeGateway(ln, hbonetest.GatewayConfig{
+		TLS: gwCerts.ServerConfig(func(*tls.ClientHelloInfo) (identity.ID, error) { return eastwestID, nil }),
+		Route: func(authority string) (netip.AddrPort, bool) {
 			a, ok := routes[authority]
 			if !ok {
 				return netip.AddrPort{}, false
 			}
 			return netip.MustParseAddrPort(a), true
-		})
-	if err != nil {
-		t.Skipf("gateway: %v", err)
-	}
+		},
+	})
 	t.Cleanup(func() { gw.Close() })
 	m.gw = gw
 	return m

@@ -4,7 +4,6 @@ package hbonetest
 import (
 	"context"
 	"crypto/tls"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -23,12 +22,12 @@ import (
 type Gateway struct {
 	ln     net.Listener
 	srv    *hbone.Server
-	route  func(authority string) (netip.AddrPort, bool)
+	cfg    GatewayConfig
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // the accept loop and each connection's ServeTLS
 
-	// Forwarded counts streams forwarded; Authorities those streams' authorities, in order
-	// (under mu), Peers the identities that sent them.
+	// Forwarded counts the streams forwarded; requests (guarded by mu) holds every CONNECT
+	// received, in order.
 	Forwarded atomic.Int64
 	mu        sync.Mutex
 	requests  []Seen
@@ -41,16 +40,25 @@ type Seen struct {
 	Header    http.Header
 }
 
-// StartGateway listens on addr ("127.0.0.6:15008") and serves with cfg (the gateway's
-// server certificate; it must ask for client certificates). route maps a CONNECT's
-// authority to the HBONE address to forward to; unknown authorities get 503.
-func StartGateway(addr string, cfg *tls.Config, route func(authority string) (netip.AddrPort, bool)) (*Gateway, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("hbonetest: gateway: %w", err)
-	}
+// GatewayConfig is what a Gateway serves with.
+type GatewayConfig struct {
+	// TLS is the gateway's server side (its certificate; it must ask for client ones).
+	TLS *tls.Config
+	// Route maps a CONNECT's authority to the HBONE address to forward to; unknown
+	// authorities get 503.
+	Route func(authority string) (netip.AddrPort, bool)
+	// Dial connects to a destination (nil: net.Dialer), e.g. inside a network namespace.
+	Dial func(ctx context.Context, addr string) (net.Conn, error)
+}
+
+// ServeGateway serves a gateway on ln until Close.
+func ServeGateway(ln net.Listener, cfg GatewayConfig) *Gateway {
 	ctx, cancel := context.WithCancel(context.Background())
-	g := &Gateway{ln: ln, route: route, cancel: cancel}
+	g := &Gateway{ln: ln, cfg: cfg, cancel: cancel}
+	if g.cfg.Dial == nil {
+		var d net.Dialer
+		g.cfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
+	}
 	g.srv = hbone.NewServer(hbone.Config{}, g.forward)
 	g.wg.Add(1)
 	go func() {
@@ -63,11 +71,11 @@ func StartGateway(addr string, cfg *tls.Config, route func(authority string) (ne
 			g.wg.Add(1)
 			go func() {
 				defer g.wg.Done()
-				g.srv.ServeTLS(ctx, raw, cfg)
+				g.srv.ServeTLS(ctx, raw, cfg.TLS)
 			}()
 		}
 	}()
-	return g, nil
+	return g
 }
 
 // Addr is the gateway's listening address.
@@ -95,13 +103,12 @@ func (g *Gateway) forward(r *hbone.Request) {
 	g.mu.Lock()
 	g.requests = append(g.requests, Seen{Authority: r.Authority, Peer: r.Peer, Header: r.Header})
 	g.mu.Unlock()
-	to, ok := g.route(r.Authority)
+	to, ok := g.cfg.Route(r.Authority)
 	if !ok {
 		r.Reject(http.StatusServiceUnavailable)
 		return
 	}
-	var d net.Dialer
-	up, err := d.DialContext(r.Context(), "tcp", to.String())
+	up, err := g.cfg.Dial(r.Context(), to.String())
 	if err != nil {
 		r.Reject(http.StatusServiceUnavailable)
 		return
@@ -120,7 +127,9 @@ func (g *Gateway) forward(r *hbone.Request) {
 			up.Close() // a reset stream: end the other direction too
 			return
 		}
-		up.(*net.TCPConn).CloseWrite()
+		if cw, ok := up.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
 	}()
 	if _, err := io.Copy(s, up); err != nil {
 		s.Close()
