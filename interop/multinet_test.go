@@ -20,7 +20,9 @@ import (
 // Double HBONE across two networks: node A (net1) serves the client, node B (net2) the
 // server, and a test east-west gateway in node B's namespace on serverIP:15009 forwards
 // each outer CONNECT's bytes raw to node B's 15008. Each node reads its own network's view,
-// as istiod sends it: node A sees the server without an address, behind the gateway.
+// as istiod sends it: node A sees the server without an address, behind the gateway. The
+// service names the server's identity in its SANs: the Rust ztunnel's inner TLS expects
+// those only (gozt's also the destination workload's).
 const (
 	gatewayPort = "15009"
 	eastwestID  = "spiffe://cluster.local/ns/istio-system/sa/eastwest"
@@ -37,7 +39,8 @@ var net1View = `workloads:
      trustDomain: cluster.local, clusterId: cluster2, network: net2, workloadIps: ["` + serverIP + `"], protocol: TCP,
      node: node-b, services: {}}
 services:
-  - {name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: ["net1/` + echoVIP + `"], ports: {80: 8080}}
+  - {name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: ["net1/` + echoVIP + `"], ports: {80: 8080},
+     subjectAltNames: ["` + serverID + `"]}
 `
 
 var net2View = `workloads:

@@ -36,11 +36,15 @@ workloads:
   - {uid: c1//Pod/default/client, name: client, namespace: default, serviceAccount: client, network: net1, clusterId: cluster1,
      workloadIps: ["S.2"], protocol: HBONE, services: {}}
   - {uid: c1//Pod/default/server, name: server, namespace: default, serviceAccount: server, network: net1, clusterId: cluster1,
-     workloadIps: ["S.3"], protocol: HBONE, services: {"default/echo.default.svc.cluster.local": {80: 8080}}}
+     workloadIps: ["S.3"], protocol: HBONE, services: {"default/echo.default.svc.cluster.local": {80: 8080},
+                                                      "default/sink-local.default.svc.cluster.local": {80: 9090}}}
   - {uid: c2//Pod/default/server2, name: server2, namespace: default, serviceAccount: server2, network: net2, clusterId: cluster2,
      protocol: HBONE, networkGateway: {destination: "net2/S.6", hboneMtlsPort: 15008},
      services: {"default/echo.default.svc.cluster.local": {80: 8080}, "default/remote.default.svc.cluster.local": {80: 8080},
                 "default/wpsvc.default.svc.cluster.local": {80: 8080}}}
+  - {uid: c2//Pod/default/sink2, name: sink2, namespace: default, serviceAccount: server2, network: net2, clusterId: cluster2,
+     protocol: HBONE, networkGateway: {destination: "net2/S.6", hboneMtlsPort: 15008},
+     services: {"default/sink-remote.default.svc.cluster.local": {80: 9090}}}
   - {uid: c2//Pod/default/other, name: other, namespace: default, serviceAccount: other, network: net2, clusterId: cluster2,
      protocol: HBONE, networkGateway: {destination: "net2/S.6", hboneMtlsPort: 15008},
      services: {"default/impostor.default.svc.cluster.local": {80: 8080}}}
@@ -59,6 +63,8 @@ services:
   - {name: waypoint, namespace: default, hostname: waypoint.default.svc.cluster.local, vips: ["net1/127.10.9.4"], ports: {15008: 15008}}
   - {name: nogw, namespace: default, hostname: nogw.default.svc.cluster.local, vips: ["net1/127.10.9.5"], ports: {80: 8080}}
   - {name: impostor, namespace: default, hostname: impostor.default.svc.cluster.local, vips: ["net1/127.10.9.6"], ports: {80: 8080}}
+  - {name: sink-local, namespace: default, hostname: sink-local.default.svc.cluster.local, vips: ["net1/127.10.9.7"], ports: {80: 9090}}
+  - {name: sink-remote, namespace: default, hostname: sink-remote.default.svc.cluster.local, vips: ["net1/127.10.9.8"], ports: {80: 9090}}
 `
 
 const multinetNet2 = `
@@ -66,7 +72,8 @@ workloads:
   - {uid: c2//Pod/default/server2, name: server2, namespace: default, serviceAccount: server2, network: net2, clusterId: cluster2,
      workloadIps: ["S.5"], protocol: HBONE,
      services: {"default/echo.default.svc.cluster.local": {80: 8080}, "default/remote.default.svc.cluster.local": {80: 8080},
-                "default/impostor.default.svc.cluster.local": {80: 8080}}}
+                "default/impostor.default.svc.cluster.local": {80: 8080},
+                "default/sink-remote.default.svc.cluster.local": {80: 9090}}}
   - {uid: c2//Pod/default/waypoint, name: waypoint, namespace: default, serviceAccount: waypoint, network: net2, clusterId: cluster2,
      workloadIps: ["S.7"], protocol: HBONE, services: {}}
 services:
@@ -74,6 +81,7 @@ services:
   - {name: remote, namespace: default, hostname: remote.default.svc.cluster.local, vips: ["net2/127.10.8.2"], ports: {80: 8080}}
   - {name: wpsvc, namespace: default, hostname: wpsvc.default.svc.cluster.local, vips: ["net2/127.10.8.3"], ports: {80: 8080}}
   - {name: impostor, namespace: default, hostname: impostor.default.svc.cluster.local, vips: ["net2/127.10.8.6"], ports: {80: 8080}}
+  - {name: sink-remote, namespace: default, hostname: sink-remote.default.svc.cluster.local, vips: ["net2/127.10.8.8"], ports: {80: 9090}}
 `
 
 var eastwestID = identity.MustParse("spiffe://cluster.local/ns/istio-system/sa/eastwest")
@@ -90,14 +98,14 @@ func startMultinet(t testing.TB) *multinet {
 	t.Helper()
 	var sub string
 	for _, s := range subnets {
-		if free(s+"3", []string{"15008", "8080"}) && free(s+"5", []string{"15008", "8080"}) &&
+		if free(s+"3", []string{"15008", "8080", "9090"}) && free(s+"5", []string{"15008", "8080", "9090"}) &&
 			free(s+"6", []string{"15008"}) && free(s+"7", []string{"15008", "8080"}) {
 			sub = s
 			break
 		}
 	}
 	if sub == "" {
-		t.Skipf("no loopback subnet of %v has 15008 and 8080 free on .3, .5, .6 and .7", subnets)
+		t.Skipf("no loopback subnet of %v has 15008, 8080 and 9090 free on .3, .5, .6 and .7", subnets)
 	}
 	m := &multinet{sub: sub, logA: &logtest.Recorder{}, logC: &logtest.Recorder{}}
 	caDir := filepath.Join(t.TempDir(), "ca")
@@ -108,6 +116,9 @@ func startMultinet(t testing.TB) *multinet {
 			io.WriteString(c, name+"\n")
 			echo(c)
 		})
+	}
+	for _, ip := range []string{"3", "5"} {
+		startBackend(t, sub+ip+":9090", chunkSink(benchChunk))
 	}
 	dedicated := func(name, network, ip string) proxy.Config {
 		return proxy.Config{
@@ -129,10 +140,11 @@ func startMultinet(t testing.TB) *multinet {
 	gwCerts := certs.New(certs.Config{}, builtin)
 	t.Cleanup(func() { gwCerts.Close() })
 	routes := map[string]string{
-		"echo.default.svc.cluster.local:80":     sub + "5:15008",
-		"remote.default.svc.cluster.local:80":   sub + "5:15008",
-		"impostor.default.svc.cluster.local:80": sub + "5:15008", // not "other": the peer presents server2's identity
-		"wpsvc.default.svc.cluster.local:80":    sub + "7:15008", // the service's waypoint
+		"echo.default.svc.cluster.local:80":        sub + "5:15008",
+		"remote.default.svc.cluster.local:80":      sub + "5:15008",
+		"impostor.default.svc.cluster.local:80":    sub + "5:15008", // not "other": the peer presents server2's identity
+		"wpsvc.default.svc.cluster.local:80":       sub + "7:15008", // the service's waypoint
+		"sink-remote.default.svc.cluster.local:80": sub + "5:15008",
 	}
 	ln, err := net.Listen("tcp", sub+"6:15008")
 	if err != nil {
@@ -179,6 +191,9 @@ func (m *multinet) call(t *testing.T, vip string) (string, error) {
 	}
 	return strings.TrimSpace(name), nil
 }
+
+// benchChunk is what BenchmarkDoubleHBONE sends per iteration; the sinks acknowledge it.
+const benchChunk = 4 << 20
 
 func TestMultiNetwork(t *testing.T) {
 	checkFDs(t)
