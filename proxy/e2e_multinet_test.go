@@ -129,11 +129,11 @@ func startMultinet(t testing.TB) *multinet {
 	m.b = startNode(t, "node-b", caDir, net1, dedicated("server", "net1", "3"))
 	m.c = startNodeLogged(t, "node-c", caDir, net2, dedicated("server2", "net2", "5"), m.logC.Logger())
 	m.w = startNode(t, "node-w", caDir, net2, dedicated("waypoint", "net2", "7"))
-	ca := dedicated("client", "net1", "2")
-	ca.InboundAddr, ca.Socks5Addr = sub+"2:0", sub+"2:0"
-	m.a = startNodeLogged(t, "node-a", caDir, net1, ca, m.logA.Logger())
+	cfgA := dedicated("client", "net1", "2")
+	cfgA.InboundAddr, cfgA.Socks5Addr = sub+"2:0", sub+"2:0"
+	m.a = startNodeLogged(t, "node-a", caDir, net1, cfgA, m.logA.Logger())
 
-	builtin, err := ca2(caDir)
+	builtin, err := ca.NewBuiltin(caDir, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,8 +164,6 @@ func startMultinet(t testing.TB) *multinet {
 	m.gw = gw
 	return m
 }
-
-func ca2(dir string) (*ca.Builtin, error) { return ca.NewBuiltin(dir, time.Hour) }
 
 // call connects through node A's SOCKS5 to vip:80 and returns the name the backend
 // announced, after checking the connection echoes.
