@@ -219,7 +219,15 @@ func (p *Pool) dial(ctx context.Context, k Key) (*conn, error) {
 		raw.Close()
 		return nil, fmt.Errorf("hbone: dial %s: %w", k.Addr, err)
 	}
-	return p.startConn(ctx, k, nc, bc, kc)
+	c, err := p.startConn(ctx, k, nc, bc, kc)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.waitSettings(ctx); err != nil { // the pool needs the peer's stream limit
+		c.closeWith(err)
+		return nil, dialErr(k, fmt.Errorf("waiting for SETTINGS: %w", err), ctx)
+	}
+	return c, nil
 }
 
 // DialOver opens one CONNECT stream to authority on a new mTLS HTTP/2 connection run
@@ -263,6 +271,8 @@ func (p *Pool) DialOver(ctx context.Context, raw net.Conn, k Key, authority stri
 	c.single = true
 	c.reserved++
 	c.mu.Unlock()
+	// The CONNECT goes without waiting for the peer's SETTINGS (HTTP/2 allows it; the
+	// defaults hold until they come): a round trip less through the gateway.
 	s, err := c.open(ctx, authority, hdr)
 	if err != nil {
 		c.closeWith(err)
@@ -271,8 +281,8 @@ func (p *Pool) DialOver(ctx context.Context, raw net.Conn, k Key, authority stri
 	return s, nil
 }
 
-// startConn runs HTTP/2 on an established connection: preface, the connection's two
-// goroutines, and the wait for the peer's SETTINGS.
+// startConn runs HTTP/2 on an established connection: preface and the connection's two
+// goroutines.
 func (p *Pool) startConn(ctx context.Context, k Key, nc net.Conn, bc *bufConn, kc *ktls.Conn) (*conn, error) {
 	c := newConn(p.cfg, false, nc, bc, kc)
 	c.onClose = func(c *conn) { p.remove(k, c) }
@@ -299,10 +309,6 @@ func (p *Pool) startConn(ctx context.Context, k Key, nc net.Conn, bc *bufConn, k
 		delete(p.all, c)
 		p.mu.Unlock()
 	}()
-	if err := c.waitSettings(ctx); err != nil {
-		c.closeWith(err)
-		return nil, dialErr(k, fmt.Errorf("waiting for SETTINGS: %w", err), ctx)
-	}
 	return c, nil
 }
 

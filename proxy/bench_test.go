@@ -174,3 +174,38 @@ func processCPU() time.Duration {
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkDoubleHBONEConnect opens and closes a connection through node A per iteration,
+// to the single and the double HBONE sink alternately, timing until node A's SOCKS5 reply
+// (sent once the tunnel is up). Single HBONE reuses its pooled connection to node B; double
+// HBONE reuses the one to the gateway but makes a new inner TLS and HTTP/2 connection.
+func BenchmarkDoubleHBONEConnect(b *testing.B) {
+	m := startMultinet(b)
+	open := func(vip string) (time.Duration, time.Duration) {
+		cpu0, t0 := processCPU(), time.Now()
+		c, code, err := socksConnect(m.a.socks(b), vip, 80)
+		if err != nil {
+			b.Fatalf("socks5 %s: code %d: %v", vip, code, err)
+		}
+		w, cpu := time.Since(t0), processCPU()-cpu0
+		c.Close()
+		return w, cpu
+	}
+	open("127.10.9.7")
+	open("127.10.9.8")
+	var sWall, sCPU, dWall, dCPU time.Duration
+	b.ResetTimer()
+	for range b.N {
+		w, c := open("127.10.9.7")
+		sWall, sCPU = sWall+w, sCPU+c
+		w, c = open("127.10.9.8")
+		dWall, dCPU = dWall+w, dCPU+c
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	b.ReportMetric(float64(dWall.Nanoseconds())/n, "ns/op")
+	b.ReportMetric(float64(sWall.Microseconds())/n, "single_us/connect")
+	b.ReportMetric(float64(dWall.Microseconds())/n, "double_us/connect")
+	b.ReportMetric(float64(sCPU.Microseconds())/n, "single_CPU-us/connect")
+	b.ReportMetric(float64(dCPU.Microseconds())/n, "double_CPU-us/connect")
+}

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -70,12 +71,14 @@ services:
 const multinetNet2 = `
 workloads:
   - {uid: c2//Pod/default/server2, name: server2, namespace: default, serviceAccount: server2, network: net2, clusterId: cluster2,
-     workloadIps: ["S.5"], protocol: HBONE,
+     workloadIps: ["S.5"], protocol: HBONE, networkGateway: {destination: "net2/S.6", hboneMtlsPort: 15008},
      services: {"default/echo.default.svc.cluster.local": {80: 8080}, "default/remote.default.svc.cluster.local": {80: 8080},
                 "default/impostor.default.svc.cluster.local": {80: 8080},
                 "default/sink-remote.default.svc.cluster.local": {80: 9090}}}
   - {uid: c2//Pod/default/waypoint, name: waypoint, namespace: default, serviceAccount: waypoint, network: net2, clusterId: cluster2,
      workloadIps: ["S.7"], protocol: HBONE, services: {}}
+  - {uid: c2//Pod/istio-system/eastwest, name: eastwest, namespace: istio-system, serviceAccount: eastwest, network: net2,
+     clusterId: cluster2, workloadIps: ["S.6"], protocol: TCP, services: {}}
 services:
   - {name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: ["net2/127.10.8.1"], ports: {80: 8080}}
   - {name: remote, namespace: default, hostname: remote.default.svc.cluster.local, vips: ["net2/127.10.8.2"], ports: {80: 8080}}
@@ -152,6 +155,10 @@ func startMultinet(t testing.TB) *multinet {
 	}
 	gw := hbonetest.ServeGateway(ln, hbonetest.GatewayConfig{
 		TLS: gwCerts.ServerConfig(func(*tls.ClientHelloInfo) (identity.ID, error) { return eastwestID, nil }),
+		Dial: func(ctx context.Context, addr string) (net.Conn, error) { // from the gateway's own address
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(sub + "6")}}
+			return d.DialContext(ctx, "tcp", addr)
+		},
 		Route: func(authority string) (netip.AddrPort, bool) {
 			a, ok := routes[authority]
 			if !ok {
@@ -263,6 +270,19 @@ func TestMultiNetwork(t *testing.T) {
 		}
 		if !hasLine(m.logA, "dst.hbone_addr=impostor.default.svc.cluster.local:80", "spiffe://cluster.local/ns/default/sa/other") {
 			t.Errorf("node A's access log does not name the identity it expected: %q", m.logA.Lines(slog.LevelWarn))
+		}
+	})
+
+	// Every connection through the gateway reaches node C from the gateway's address. Its
+	// per-source budgets would let one client's failed handshakes (here, 20 refused
+	// impostor calls: the failure budget's burst is 16) shut out every other client behind
+	// the gateway; they do not apply to a network gateway.
+	t.Run("failed handshakes through the gateway shut nobody out", func(t *testing.T) {
+		for range 20 {
+			m.call(t, "127.10.9.6")
+		}
+		if name, err := m.call(t, "127.10.9.2"); err != nil || name != "server2" {
+			t.Fatalf("after 20 failed handshakes through the gateway: %q, %v; want server2's answer", name, err)
 		}
 	})
 

@@ -171,3 +171,34 @@ func TestLoadBalanceNetworkPreferred(t *testing.T) {
 		t.Errorf("strict picks %v; want no remote endpoint", got)
 	}
 }
+
+// IsNetworkGateway knows a gateway named by address, the endpoints of one named by
+// hostname or by a service VIP, and forgets them with the last workload naming them.
+func TestIsNetworkGateway(t *testing.T) {
+	byAddr := &GatewayAddress{Network: "net2", Address: ip("10.2.0.6"), HBONEPort: 15008}
+	byHost := &GatewayAddress{Namespace: "istio-system", Hostname: "eastwest.istio-system.svc", HBONEPort: 15008}
+	byVIP := &GatewayAddress{Network: "net2", Address: ip("10.96.9.9"), HBONEPort: 15008}
+	gwPod := wl("eastwest", "10.2.0.7", inSvc("istio-system/eastwest.istio-system.svc", nil), onNet2)
+	vipPod := wl("lb", "10.2.0.8", inSvc("istio-system/lb.istio-system.svc", nil), onNet2)
+	s := NewStore()
+	s.Apply(&Batch{
+		Workloads: []*Workload{gwPod, vipPod, wl("plain", "10.2.0.9", onNet2),
+			wl("a", "10.2.0.1", onNet2, func(w *Workload) { w.NetworkGateway = byAddr }),
+			wl("b", "10.2.0.2", onNet2, func(w *Workload) { w.NetworkGateway = byHost }),
+			wl("c", "10.2.0.3", onNet2, func(w *Workload) { w.NetworkGateway = byVIP })},
+		Services: []*Service{svc("istio-system", "eastwest.istio-system.svc", ""),
+			svc("istio-system", "lb.istio-system.svc", "", func(s *Service) { s.Addresses = []NetworkAddress{vip("net2", "10.96.9.9")} })},
+	})
+	for addr, want := range map[string]bool{"10.2.0.6": true, "10.2.0.7": true, "10.2.0.8": true, "10.2.0.9": false, "10.2.0.1": false} {
+		if got := s.IsNetworkGateway("net2", ip(addr)); got != want {
+			t.Errorf("IsNetworkGateway(net2, %s) = %v; want %v", addr, got, want)
+		}
+	}
+	if s.IsNetworkGateway("net1", ip("10.2.0.6")) {
+		t.Error("a gateway address counts on another network")
+	}
+	s.Apply(&Batch{RemoveAddresses: []string{"Kubernetes//v1/Pod/default/a", "Kubernetes//v1/Pod/default/b"}})
+	if s.IsNetworkGateway("net2", ip("10.2.0.6")) || s.IsNetworkGateway("net2", ip("10.2.0.7")) || !s.IsNetworkGateway("net2", ip("10.2.0.8")) {
+		t.Error("gateways not forgotten with the workloads naming them, or one still named forgotten")
+	}
+}
