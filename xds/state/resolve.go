@@ -240,9 +240,9 @@ func (s *Store) doubleHBONELocked(src *Workload, svc *Service, w *Workload, dst 
 
 // networkGatewayLocked resolves a network gateway as the Rust ztunnel's
 // fetch_network_gateway: an address names a workload (or a service VIP) on the gateway's
-// network, a hostname a service; a service is load-balanced on its port
-// g.Port(). The gateway must be known: its identity (and its service's SANs) is what the
-// outer TLS expects.
+// network, a hostname a service; a service is load-balanced on its port g.Port(). The
+// gateway must be known: its identity (and its service's SANs) is what the outer TLS
+// expects.
 func (s *Store) networkGatewayLocked(src *Workload, g *GatewayAddress, dst netip.AddrPort) (*Workload, netip.AddrPort, []identity.ID, error) {
 	var svc *Service
 	if g.Address.IsValid() {
