@@ -219,11 +219,70 @@ func (p *Pool) dial(ctx context.Context, k Key) (*conn, error) {
 		raw.Close()
 		return nil, fmt.Errorf("hbone: dial %s: %w", k.Addr, err)
 	}
-	return p.startConn(ctx, k, nc, bc, kc)
+	c, err := p.startConn(ctx, k, nc, bc, kc)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.waitSettings(ctx); err != nil { // the pool needs the peer's stream limit
+		c.closeWith(err)
+		return nil, dialErr(k, fmt.Errorf("waiting for SETTINGS: %w", err), ctx)
+	}
+	return c, nil
 }
 
-// startConn runs HTTP/2 on an established connection: preface, the connection's two
-// goroutines, and the wait for the peer's SETTINGS.
+// DialOver opens one CONNECT stream to authority on a new mTLS HTTP/2 connection run
+// over raw, outside the pool: double HBONE's inner connection, raw being a CONNECT stream
+// to a network gateway that carries its bytes to the destination (k.Addr names it in
+// errors, k's identities are checked as Dial's). Pooling it would pin every later
+// connection to whichever workload behind the gateway this one reached. The connection
+// ends when the returned stream does, closing raw; on error raw is closed too. Its TLS
+// stays in user space and its bytes are not spliced: raw is not a socket.
+func (p *Pool) DialOver(ctx context.Context, raw net.Conn, k Key, authority string, hdr http.Header) (*Stream, error) {
+	dctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
+	defer cancel()
+	tc, err := p.tlsConfig(dctx, k)
+	if err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("hbone: tls config for %s: %w", k.Addr, err)
+	}
+	tc = tc.Clone()
+	if !slices.Contains(tc.NextProtos, http2.NextProtoTLS) {
+		tc.NextProtos = append(tc.NextProtos, http2.NextProtoTLS)
+	}
+	ts := startTLS(raw, tc, false, &p.cfg, &p.kernel)
+	if err := ts.handshake(dctx); err != nil {
+		raw.Close()
+		return nil, dialErr(k, fmt.Errorf("inner tls handshake: %w", err), dctx)
+	}
+	if ts.tc.ConnectionState().NegotiatedProtocol != http2.NextProtoTLS {
+		raw.Close()
+		return nil, fmt.Errorf("hbone: dial %s: peer did not negotiate ALPN h2", k.Addr)
+	}
+	nc, bc, kc, err := ts.finish(&p.cfg, &p.kernel)
+	if err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("hbone: dial %s: %w", k.Addr, err)
+	}
+	c, err := p.startConn(dctx, k, nc, bc, kc)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.single = true
+	c.reserved++
+	c.mu.Unlock()
+	// The CONNECT goes without waiting for the peer's SETTINGS (HTTP/2 allows it; the
+	// defaults hold until they come): a round trip less through the gateway.
+	s, err := c.open(ctx, authority, hdr)
+	if err != nil {
+		c.closeWith(err)
+		return nil, err
+	}
+	return s, nil
+}
+
+// startConn runs HTTP/2 on an established connection: preface and the connection's two
+// goroutines.
 func (p *Pool) startConn(ctx context.Context, k Key, nc net.Conn, bc *bufConn, kc *ktls.Conn) (*conn, error) {
 	c := newConn(p.cfg, false, nc, bc, kc)
 	c.onClose = func(c *conn) { p.remove(k, c) }
@@ -250,10 +309,6 @@ func (p *Pool) startConn(ctx context.Context, k Key, nc net.Conn, bc *bufConn, k
 		delete(p.all, c)
 		p.mu.Unlock()
 	}()
-	if err := c.waitSettings(ctx); err != nil {
-		c.closeWith(err)
-		return nil, dialErr(k, fmt.Errorf("waiting for SETTINGS: %w", err), ctx)
-	}
 	return c, nil
 }
 

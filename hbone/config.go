@@ -34,6 +34,11 @@ type Config struct {
 	PeerConnRate           float64 // [32/s, burst 4 s of it] new HBONE connections of one peer identity; past it one waits up to 1 s, then is closed
 	PeerStreams            int     // [8 × ServerMaxStreams] open streams of one peer identity; past it a new one gets REFUSED_STREAM
 	PeerDials              int     // [256] streams of one peer identity whose handler has not answered; past it a new one waits
+	// SourceRelays, if set, names source IPs that relay other clients' connections (a
+	// network gateway forwarding double HBONE): no per-source budget applies to them, nor
+	// PeerConnRate (a connection per proxied connection there); the other per-identity
+	// budgets do, each client having its own identity.
+	SourceRelays func(netip.Addr) bool
 	// Control is applied to dialed sockets (SO_MARK etc.); optional.
 	Control func(network, address string, c syscall.RawConn) error
 	// Dial, if set, opens the TCP connection under each pooled connection with d (which

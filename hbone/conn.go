@@ -84,6 +84,7 @@ type conn struct {
 	handlers       int        // server: handlers running, at most ServerMaxStreams (limits.go)
 	waiting        []*Request // server: open streams waiting for a handler, FIFO (limits.go)
 	reserved       int        // client: slots promised by the pool, not yet opened
+	single         bool       // client: DialOver's one-stream connection, closed when it ends
 	peerMaxStreams uint32
 	peerInitWindow int64
 	peerMaxFrame   uint32

@@ -137,7 +137,10 @@
 //     a client retrying through a certificate rotation) failures (TLS error, wrong ALPN,
 //     no preface, handshake deadline, evicted), and while past it every connection from
 //     the source is refused. In Istio ambient the source of an HBONE connection is the
-//     client pod's address, so one pod's storm does not slow its node's other pods.
+//     client pod's address, so one pod's storm does not slow its node's other pods. A
+//     network gateway's address is the exception: it relays many clients' double HBONE,
+//     so Config.SourceRelays exempts it from these and from PeerConnRate below (the
+//     proxy names every gateway its workloads name).
 //     After the handshake, by peer identity (connections without one, h2c, are not
 //     counted): PeerConnRate (32/s, a burst of 128) new connections, past it one waits up
 //     to 1 s, then is closed; PeerStreams (8 × ServerMaxStreams) open streams, past it a

@@ -79,9 +79,10 @@ func sourceOf(c net.Conn) netip.Addr {
 // admitSource decides on a new connection from src before its handshake: refused (a
 // reason), admitted at once, or admitted after wait. An admitted connection holds one
 // of src's handshake places until the returned release is called (idempotent).
-func (f *fairness) admitSource(src netip.Addr) (release func(failed bool), wait time.Duration, refused DropReason, ok bool) {
+// A relay's connections (Config.SourceRelays) are admitted at once.
+func (f *fairness) admitSource(src netip.Addr, relay bool) (release func(failed bool), wait time.Duration, refused DropReason, ok bool) {
 	cfg := f.cfg
-	if !src.IsValid() {
+	if !src.IsValid() || relay {
 		return func(bool) {}, 0, 0, true
 	}
 	now := time.Now()
@@ -124,8 +125,10 @@ func (f *fairness) admitSource(src netip.Addr) (release func(failed bool), wait 
 }
 
 // admitPeer decides on a connection of identity id once its handshake is over, as
-// admitSource does. An admitted connection is counted until leavePeer.
-func (f *fairness) admitPeer(id identity.ID) (ps *peerState, wait time.Duration, ok bool) {
+// admitSource does. An admitted connection is counted until leavePeer. One that came
+// through a relay is not held to PeerConnRate: double HBONE makes a connection per
+// proxied connection, which no pool amortises.
+func (f *fairness) admitPeer(id identity.ID, relay bool) (ps *peerState, wait time.Duration, ok bool) {
 	cfg := f.cfg
 	now := time.Now()
 	f.mu.Lock()
@@ -141,7 +144,7 @@ func (f *fairness) admitPeer(id identity.ID) (ps *peerState, wait time.Duration,
 		}
 		f.peers[id] = ps
 	}
-	if cfg.PeerConnRate > 0 {
+	if cfg.PeerConnRate > 0 && !relay {
 		w, ok := ps.rate.reserve(now, cfg.PeerConnRate*rateBurst, cfg.PeerConnRate, maxFairWait)
 		if !ok {
 			return nil, 0, false

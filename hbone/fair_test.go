@@ -322,3 +322,34 @@ func TestCalmDelaysReconnect(t *testing.T) {
 		honest(t, e, honestSrc)
 	}
 }
+
+// A relay's source (Config.SourceRelays: a network gateway forwarding double HBONE) is
+// held to no per-source budget nor to PeerConnRate: the failures and connections of the
+// clients behind it add up to no one's budget.
+func TestSourceRelaysExempt(t *testing.T) {
+	leaktest.Check(t)
+	var drops dropCounts
+	relays := func(a netip.Addr) bool { return a == floodSrc }
+	e := newEnv(t, Config{SourceFailedHandshakes: 0.5, PeerConnRate: 1, SourceRelays: relays, OnDrop: drops.hook}, echo)
+	untrusted := testcert.NewCA().ClientConfig(clientID)
+	for range 12 { // a burst of 4 of each budget
+		raw, err := dialFrom(floodSrc, e.addr.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc := tls.Client(raw, untrusted)
+		tc.SetDeadline(time.Now().Add(5 * time.Second))
+		tc.Handshake()
+		tc.Read(make([]byte, 1))
+		tc.Close()
+	}
+	for range 12 {
+		floodPeer(t, e.addr.String())
+	}
+	honest(t, e, floodSrc)
+	for r := range drops {
+		if n := drops[r].Load(); n != 0 {
+			t.Errorf("%d drops %v from a relay", n, DropReason(r))
+		}
+	}
+}

@@ -279,7 +279,7 @@ func (c *conn) streamDoneLocked(s *Stream) {
 	}
 	if c.active == 0 {
 		c.idleSince = time.Now()
-		if c.draining && c.server || (c.goaway && !c.server && c.reserved == 0) {
+		if c.draining && c.server || ((c.goaway || c.single) && !c.server && c.reserved == 0) {
 			c.queueLocked(ctrlOp{kind: opGoAwayEnd})
 		}
 	}

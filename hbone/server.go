@@ -156,7 +156,8 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 	// The source's budgets, before anything is read: a refused connection costs an
 	// accept and a close, no key exchange.
 	src := sourceOf(raw)
-	release, wait, reason, ok := s.fair.admitSource(src)
+	relay := src.IsValid() && s.cfg.SourceRelays != nil && s.cfg.SourceRelays(src)
+	release, wait, reason, ok := s.fair.admitSource(src, relay)
 	if !ok {
 		refuse(raw)
 		s.notifyDrop(reason)
@@ -249,7 +250,7 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 	c := newConn(s.cfg, true, nc, bc, kc)
 	c.handler = s.h
 	if !c.peer.IsZero() { // h2c or no client certificate: no identity to count by
-		ps, wait, ok := s.fair.admitPeer(c.peer)
+		ps, wait, ok := s.fair.admitPeer(c.peer, relay)
 		if !ok {
 			raw.Close()
 			s.notifyDrop(DropPeerConnRate)

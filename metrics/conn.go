@@ -78,7 +78,10 @@ type ConnLog struct {
 	SrcAddr   string // client address
 	DstAddr   string // L4 destination; on inbound the :15008 address
 	HBONEAddr string // CONNECT authority, if tunnelled
-	Direction string // "inbound" or "outbound"; empty derives it from Labels.Reporter
+	// SrcNetwork is the client's network when it is not this node's: a connection that came
+	// through a network gateway (double HBONE's x-forwarded-network). gozt's own field.
+	SrcNetwork string
+	Direction  string // "inbound" or "outbound"; empty derives it from Labels.Reporter
 }
 
 // seriesKey names one set of series: the traffic labels (defaults applied) and a response flag.
@@ -241,6 +244,7 @@ func (c *Conn) appendAttrs(a []slog.Attr) []slog.Attr {
 		a = appendKnown(a, "src.identity", l.SourcePrincipal)
 	}
 	a = appendKnown(a, "src.cluster", l.SourceCluster)
+	a = appendKnown(a, "src.network", c.log.SrcNetwork)
 	a = appendKnown(a, "dst.addr", c.log.DstAddr)
 	a = appendKnown(a, "dst.hbone_addr", c.log.HBONEAddr)
 	a = appendKnown(a, "dst.service", l.DestinationService)

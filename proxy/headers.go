@@ -11,6 +11,11 @@ import (
 	"github.com/gozt/gozt/xds/state"
 )
 
+// forwardedNetworkHeader names the client's network on double HBONE's inner CONNECT, so
+// the destination knows the client came through a gateway (the Rust ztunnel's
+// X_FORWARDED_NETWORK_HEADER; its comments call it x-istio-origin-network).
+const forwardedNetworkHeader = "X-Forwarded-Network"
+
 // hboneHeaders are the request headers of an outbound CONNECT: baggage describing the
 // source workload, forwarded naming the client, and a fresh traceparent.
 func hboneHeaders(src *state.Workload, client netip.AddrPort, svc *state.Service) http.Header {

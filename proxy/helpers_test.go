@@ -85,6 +85,12 @@ var _ proxy.CertSource = (*certs.Manager)(nil)
 // startNode binds and serves a proxy; it is shut down at cleanup (or earlier by shutdown).
 func startNode(tb testing.TB, name, caDir, yaml string, cfg proxy.Config) *node {
 	tb.Helper()
+	return startNodeLogged(tb, name, caDir, yaml, cfg, quiet)
+}
+
+// startNodeLogged is startNode writing the access log to accessLog.
+func startNodeLogged(tb testing.TB, name, caDir, yaml string, cfg proxy.Config, accessLog *slog.Logger) *node {
+	tb.Helper()
 	builtin, err := ca.NewBuiltin(caDir, time.Hour)
 	if err != nil {
 		tb.Fatalf("%s: builtin ca: %v", name, err)
@@ -92,7 +98,7 @@ func startNode(tb testing.TB, name, caDir, yaml string, cfg proxy.Config) *node 
 	n := &node{name: name, store: state.NewStore(), reg: prometheus.NewRegistry(), served: make(chan struct{})}
 	n.store.Apply(parseBatch(tb, yaml))
 	n.certs = certs.New(certs.Config{}, builtin)
-	m := metrics.New(n.reg, "test", metrics.WithAccessLog(quiet))
+	m := metrics.New(n.reg, "test", metrics.WithAccessLog(accessLog))
 	if cfg.Logger == nil {
 		cfg.Logger = quiet
 	}

@@ -91,7 +91,14 @@ func (p *Proxy) serveHBONE(r *hbone.Request) {
 		ConnectionSecurityPolicy: metrics.MutualTLS,
 	}
 	log := metrics.ConnLog{SrcAddr: client.String(), DstAddr: r.LocalAddr.String(), HBONEAddr: r.Authority, Direction: "inbound"}
-	p.inboundSourceLabels(&labels, r.Peer, client.Addr(), r.Header.Get("Baggage"))
+	if n := r.Header.Get(forwardedNetworkHeader); n != "" && !strings.EqualFold(n, p.cfg.Local.Network) {
+		// Double HBONE through a gateway: the client is on network n, and the address the
+		// connection came from is the gateway's, so the source is known by its baggage only.
+		log.SrcNetwork = n
+		p.inboundSourceLabels(&labels, r.Peer, netip.Addr{}, r.Header.Get("Baggage"))
+	} else {
+		p.inboundSourceLabels(&labels, r.Peer, client.Addr(), r.Header.Get("Baggage"))
+	}
 	failed := func(flag string, err error) {
 		if !errors.Is(context.Cause(ctx), hbone.ErrPeerReset) {
 			p.metrics.Open(labels, log).Close(0, 0, flag, err)
@@ -289,7 +296,8 @@ func (p *Proxy) dialTransparent(ctx context.Context, dst netip.AddrPort, src net
 }
 
 // inboundSourceLabels fills the source labels from the client's workload when the cache
-// knows it and its identity is the peer's, else from the peer's baggage.
+// knows it and its identity is the peer's, else (and when client is the zero Addr) from
+// the peer's baggage.
 func (p *Proxy) inboundSourceLabels(l *metrics.Labels, peer identity.ID, client netip.Addr, bag string) {
 	if !peer.IsZero() {
 		l.SourceWorkloadNamespace = peer.Namespace()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 
@@ -120,12 +121,44 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 		}
 		upstream = s
 	case state.RouteDoubleHBONE:
-		return fail(metrics.FlagConnect, fmt.Errorf("proxy: %v is on another network: double HBONE through a network gateway is not supported yet", dst))
+		labels.ConnectionSecurityPolicy = metrics.MutualTLS
+		labels.DestinationPrincipal = route.Workload.Identity().String()
+		log.DstAddr, log.HBONEAddr = route.Dial.String(), route.Authority
+		s, err := p.dialThroughGateway(ctx, src, clientAddr, route)
+		if err != nil {
+			fail(connectFlag(err), err)
+			return nil, nil, err
+		}
+		upstream = s
 	default:
 		return fail("", fmt.Errorf("proxy: unknown route kind %v", route.Kind))
 	}
 	ready(nil)
 	return upstream, p.metrics.Open(labels, log), nil
+}
+
+// dialThroughGateway opens double HBONE to a destination on another network, as the Rust
+// ztunnel's proxy_to_double_hbone: a pooled CONNECT to the network gateway (mTLS to the
+// gateway's identities), then over that stream an unpooled mTLS HTTP/2 connection to the
+// destination behind it, whose CONNECT also says which network the client is on
+// (x-forwarded-network). The gateway forwards the outer stream's bytes without opening
+// them; pooling the inner connection would pin every later connection to whichever
+// endpoint the gateway picked for the first.
+func (p *Proxy) dialThroughGateway(ctx context.Context, src *state.Workload, clientAddr netip.AddrPort, route state.Route) (*hbone.Stream, error) {
+	hdr := hboneHeaders(src, clientAddr, route.Service)
+	outerKey := hbone.NewKey(src.Identity(), route.GatewayIdentities, route.Dial, p.sourceIP(src))
+	outer, err := p.pool.Dial(ctx, outerKey, route.Authority, hdr)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: hbone to network gateway %v (%s): %w", route.Dial, route.Authority, err)
+	}
+	inner := maps.Clone(hdr)
+	inner[forwardedNetworkHeader] = []string{p.cfg.Local.Network}
+	innerKey := hbone.NewKey(src.Identity(), route.Identities, route.Dial, netip.Addr{})
+	s, err := p.pool.DialOver(ctx, outer, innerKey, route.Authority, inner)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: hbone to %s through network gateway %v (inner, to %s): %w", route.Authority, route.Dial, route.Workload.UID, err)
+	}
+	return s, nil
 }
 
 // connectFlag is the response flag of a failed HBONE dial.

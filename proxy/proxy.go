@@ -178,6 +178,12 @@ func New(cfg Config, store *state.Store, certs CertSource, m *metrics.Metrics) *
 	cfg.HBONE.OnDrop = p.onDrop
 	cfg.HBONE.OnTLS = p.onTLS
 	cfg.HBONE.OnKernelTLSEnd = p.onKernelTLSEnd
+	if cfg.HBONE.SourceRelays == nil {
+		// A network gateway's connections carry many clients' double HBONE: budgeting
+		// them as one source would let a few clients' failures shut out every other.
+		network := cfg.Local.Network
+		cfg.HBONE.SourceRelays = func(ip netip.Addr) bool { return store.IsNetworkGateway(network, ip) }
+	}
 	p.pool = hbone.NewPool(cfg.HBONE, func(ctx context.Context, k hbone.Key) (*tls.Config, error) {
 		return certs.ClientConfig(ctx, k.Src, k.Expected())
 	})

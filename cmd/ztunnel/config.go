@@ -128,7 +128,7 @@ func settings() []setting {
 			return err
 		}},
 		str("NODE_NAME", "", "this node's name; in shared and node mode the workloads on it are served (and their certificates prefetched)", func(c *config) *string { return &c.NodeName }),
-		str("NETWORK", "", "this node's network", func(c *config) *string { return &c.Network }),
+		str("NETWORK", "", "this node's network; service endpoints on other networks are reached with double HBONE through their network gateway (docs/MULTINETWORK.md)", func(c *config) *string { return &c.Network }),
 		str("CLUSTER_ID", istiogrpc.DefaultClusterID, "cluster id sent to the control plane and CA; unset, ISTIO_META_CLUSTER_ID if that is set (the chart sets it)", func(c *config) *string { return &c.ClusterID }),
 		str("CLUSTER_DOMAIN", "cluster.local", "Kubernetes cluster DNS domain", func(c *config) *string { return &c.ClusterDomain }),
 		str("TRUST_DOMAIN", "cluster.local", "trust domain of ztunnel's own identity", func(c *config) *string { return &c.TrustDomain }),

@@ -17,6 +17,7 @@ var (
 	ErrNoGateway         = errors.New("state: remote-network endpoint has no network gateway")
 	ErrWaypointNotFound  = errors.New("state: waypoint not found")
 	ErrNoAddress         = errors.New("state: workload has no address")
+	ErrRemoteWorkload    = errors.New("state: workload on another network addressed without a service")
 )
 
 // Resolve decides where an outbound connection from src (nil: unknown source on the local
@@ -34,7 +35,7 @@ func (s *Store) Resolve(src *Workload, dst netip.AddrPort) (Route, error) {
 		if w.Waypoint != nil && !s.isWaypointLocked(src, w.Waypoint) {
 			return s.waypointRouteLocked(src, network, w.Waypoint, nil, dst)
 		}
-		r, err := s.directRouteLocked(network, nil, w, dst.Port(), dst)
+		r, err := s.directRouteLocked(src, network, nil, w, dst.Port(), dst)
 		if err != nil {
 			return Route{}, err
 		}
@@ -59,7 +60,7 @@ func (s *Store) Resolve(src *Workload, dst netip.AddrPort) (Route, error) {
 	if w == nil {
 		return Route{}, fmt.Errorf("%w for %s port %d", ErrNoHealthyEndpoint, svc.Key(), dst.Port())
 	}
-	r, err := s.directRouteLocked(network, svc, w, port, dst)
+	r, err := s.directRouteLocked(src, network, svc, w, port, dst)
 	if err != nil {
 		return Route{}, err
 	}
@@ -157,16 +158,20 @@ func (s *Store) waypointRouteLocked(src *Workload, network string, g *GatewayAdd
 	if wp == nil {
 		return Route{}, fmt.Errorf("%w: %s", ErrWaypointNotFound, g)
 	}
-	ids := []identity.ID{wp.Identity()}
 	if wp.Network != network {
-		r, err := s.doubleHBONELocked(svc, wp, g.Port(), dst)
-		if err == nil {
-			r.Authority = dst.String() // the waypoint still sees the original destination
+		// A waypoint on another network (Rust ztunnel #1565): through that network's gateway,
+		// authority the service's, the inner TLS to the waypoint's service SANs and identity.
+		if svc == nil {
+			return Route{}, fmt.Errorf("%w: waypoint %s of %v is on network %q; only services cross networks", ErrRemoteWorkload, wp.UID, dst.Addr(), wp.Network)
 		}
+		r, err := s.doubleHBONELocked(src, svc, wp, dst)
 		if err != nil {
 			return Route{}, err
 		}
-		r.Identities = ids
+		r.Identities = []identity.ID{wp.Identity()}
+		if wsvc := s.idx.services[s.gatewayServiceKeyLocked(g)]; wsvc != nil {
+			r.Identities = serviceIdentities(wsvc, wp)
+		}
 		return r, nil
 	}
 	ip, ok := chooseIP(wp, g.Address)
@@ -179,15 +184,18 @@ func (s *Store) waypointRouteLocked(src *Workload, network string, g *GatewayAdd
 		Service:    svc,
 		Dial:       netip.AddrPortFrom(ip, g.Port()),
 		Authority:  dst.String(),
-		Identities: ids,
+		Identities: []identity.ID{wp.Identity()},
 	}, nil
 }
 
 // directRouteLocked builds the route to workload w's targetPort, prefer being the dialed IP.
-func (s *Store) directRouteLocked(network string, svc *Service, w *Workload, targetPort uint16, dst netip.AddrPort) (Route, error) {
+func (s *Store) directRouteLocked(src *Workload, network string, svc *Service, w *Workload, targetPort uint16, dst netip.AddrPort) (Route, error) {
 	prefer := dst.Addr()
 	if w.Network != network {
-		return s.doubleHBONELocked(svc, w, targetPort, dst)
+		if svc == nil { // by IP only workloads of the source's network are found
+			return Route{}, fmt.Errorf("%w: %s is on network %q; only services cross networks", ErrRemoteWorkload, w.UID, w.Network)
+		}
+		return s.doubleHBONELocked(src, svc, w, dst)
 	}
 	ip, ok := chooseIP(w, prefer)
 	if !ok && w.Hostname != "" {
@@ -229,43 +237,69 @@ func (r Route) Resolved(ip netip.Addr) Route {
 	return r
 }
 
-// doubleHBONELocked routes to a workload on another network through its network gateway.
-// The inner authority is service-hostname:service-port when a service was addressed (the
-// remote gateway resolves it), else the workload's podIP:targetPort.
-func (s *Store) doubleHBONELocked(svc *Service, w *Workload, targetPort uint16, dst netip.AddrPort) (Route, error) {
+// doubleHBONELocked routes to w, a workload or waypoint of svc on another network, through
+// w's network gateway, as the Rust ztunnel's build_request_through_gateway: both CONNECTs
+// carry svc-hostname:dst-port (the gateway routes by it without opening the inner TLS),
+// the outer TLS expects the gateway's identities. The caller sets the inner ones.
+func (s *Store) doubleHBONELocked(src *Workload, svc *Service, w *Workload, dst netip.AddrPort) (Route, error) {
 	g := w.NetworkGateway
 	if g == nil {
 		return Route{}, fmt.Errorf("%w: %s on network %q", ErrNoGateway, w.UID, w.Network)
 	}
-	gw := s.gatewayWorkloadLocked(nil, g.Network, g)
-	var gwIP netip.Addr
-	if gw != nil {
-		ip, ok := chooseIP(gw, g.Address)
-		if !ok {
-			return Route{}, fmt.Errorf("%w: gateway %s", ErrNoAddress, gw.UID)
-		}
-		gwIP = ip
-	} else if g.Address.IsValid() {
-		gwIP = g.Address // a gateway known only by address
-	} else {
-		return Route{}, fmt.Errorf("%w: gateway %s not found", ErrNoGateway, g)
-	}
-	var authority string
-	if svc != nil {
-		authority = net.JoinHostPort(svc.Hostname, strconv.Itoa(int(dst.Port())))
-	} else if ip, ok := chooseIP(w, dst.Addr()); ok {
-		authority = netip.AddrPortFrom(ip, targetPort).String()
-	} else {
-		return Route{}, fmt.Errorf("%w: %s", ErrNoAddress, w.UID)
+	gw, dial, ids, err := s.networkGatewayLocked(src, g, dst)
+	if err != nil {
+		return Route{}, err
 	}
 	return Route{
-		Kind:      RouteDoubleHBONE,
-		Workload:  w,
-		Service:   svc,
-		Dial:      netip.AddrPortFrom(gwIP, g.Port()),
-		Authority: authority,
-		Gateway:   gw,
+		Kind:              RouteDoubleHBONE,
+		Workload:          w,
+		Service:           svc,
+		Dial:              dial,
+		Authority:         net.JoinHostPort(svc.Hostname, strconv.Itoa(int(dst.Port()))),
+		Identities:        serviceIdentities(svc, w),
+		Gateway:           gw,
+		GatewayIdentities: ids,
 	}, nil
+}
+
+// networkGatewayLocked resolves a network gateway as the Rust ztunnel's
+// fetch_network_gateway: an address names a workload (or a service VIP) on the gateway's
+// network, a hostname a service; a service is load-balanced on its port g.Port(). The
+// gateway must be known: its identity (and its service's SANs) is what the outer TLS
+// expects.
+func (s *Store) networkGatewayLocked(src *Workload, g *GatewayAddress, dst netip.AddrPort) (*Workload, netip.AddrPort, []identity.ID, error) {
+	var svc *Service
+	if g.Address.IsValid() {
+		if w := s.idx.byAddr[netKey{g.Network, g.Address}]; w != nil {
+			return w, netip.AddrPortFrom(g.Address, g.Port()), []identity.ID{w.Identity()}, nil
+		}
+		svc = s.pickService(s.idx.byVIP[netKey{g.Network, g.Address}], "")
+	} else {
+		svc = s.idx.services[g.Namespace+"/"+g.Hostname]
+	}
+	if svc == nil {
+		return nil, netip.AddrPort{}, nil, fmt.Errorf("%w: network gateway %s not found", ErrNoGateway, g)
+	}
+	target, ok := svc.Ports[g.Port()]
+	if !ok {
+		return nil, netip.AddrPort{}, nil, fmt.Errorf("%w: network gateway service %s has no port %d", ErrNoGateway, svc.Key(), g.Port())
+	}
+	w, port := s.pickEndpointLocked(src, g.Network, svc, g.Port(), target)
+	if w == nil {
+		return nil, netip.AddrPort{}, nil, fmt.Errorf("%w: network gateway service %s has no healthy endpoint", ErrNoGateway, svc.Key())
+	}
+	prefer := dst.Addr()
+	if g.Address.IsValid() {
+		prefer = g.Address
+	}
+	ip, ok := chooseIP(w, prefer)
+	if !ok {
+		return nil, netip.AddrPort{}, nil, fmt.Errorf("%w: gateway %s", ErrNoAddress, w.UID)
+	}
+	if port == 0 {
+		port = g.Port()
+	}
+	return w, netip.AddrPortFrom(ip, port), serviceIdentities(svc, w), nil
 }
 
 // chooseIP picks prefer if it is one of w's addresses, else the first of the same family,
@@ -289,10 +323,15 @@ func chooseIP(w *Workload, prefer netip.Addr) (netip.Addr, bool) {
 	return w.Addresses[0], true
 }
 
-// rank counts the leading routing-preference scopes on which src and w agree.
-func rank(prefs []LBScope, src, w *Workload) int {
-	n := 0
-	for _, p := range prefs {
+// rank counts the leading routing-preference scopes on which src and w agree (n, which
+// STRICT requires to be all of them) and the rank endpoints are compared by. When network
+// is the first scope it is preferred but not required, as in the Rust ztunnel (#1980): an
+// endpoint on another network is ranked by the scopes after it, one on src's network
+// above every such endpoint.
+func rank(prefs []LBScope, src, w *Workload) (n, r int) {
+	networkFirst := len(prefs) > 0 && prefs[0] == LBScopeNetwork
+	adjust := 0
+	for i, p := range prefs {
 		var ok bool
 		switch p {
 		case LBScopeRegion:
@@ -307,6 +346,12 @@ func rank(prefs []LBScope, src, w *Workload) int {
 			ok = src.ClusterID == w.ClusterID
 		case LBScopeNetwork:
 			ok = src.Network == w.Network
+			if networkFirst && i == 0 {
+				if !ok {
+					continue
+				}
+				adjust = len(prefs) - 1
+			}
 		default:
 			ok = true
 		}
@@ -315,7 +360,7 @@ func rank(prefs []LBScope, src, w *Workload) int {
 		}
 		n++
 	}
-	return n
+	return n, n + adjust
 }
 
 // pickEndpointLocked load-balances over svc's endpoints for svcPort (0: any port) and returns
@@ -391,8 +436,8 @@ func (s *Store) eligible(src *Workload, network string, svc *Service, ep Endpoin
 	if lb == nil || src == nil || (lb.Mode != LBFailover && lb.Mode != LBStrict) {
 		return port, 0, true
 	}
-	r := rank(lb.RoutingPreference, src, w)
-	if lb.Mode == LBStrict && r < len(lb.RoutingPreference) {
+	n, r := rank(lb.RoutingPreference, src, w)
+	if lb.Mode == LBStrict && n < len(lb.RoutingPreference) {
 		return 0, 0, false
 	}
 	return port, r, true

@@ -104,6 +104,7 @@ func TestResolve(t *testing.T) {
 					w.Network = "net2"
 					w.NetworkGateway = &GatewayAddress{Network: "net2", Address: ip("192.0.2.1"), HBONEPort: 15009}
 				}),
+				wl("ewgw", "192.0.2.1", func(w *Workload) { w.Network = "net2" }),
 			},
 			svcs: []*Service{echo()}, dst: "10.96.0.10:80",
 			want: want{kind: RouteDoubleHBONE, dial: "192.0.2.1:15009", authority: "echo.default.svc:80", workload: "remote", service: true}},

@@ -81,6 +81,21 @@ type index struct {
 	endpoints    map[string]map[string]Endpoint // service key -> uid -> endpoint
 	policies     map[string]*Policy
 	policiesByNs map[string]map[string]*Policy // scope global under "", namespace scope by ns
+	gateways     map[gatewayKey]int            // network gateways workloads name, with how many name each
+}
+
+// gatewayKey is a network gateway as workloads name it: an address on a network, or a
+// service by its "namespace/hostname" key.
+type gatewayKey struct {
+	addr netKey
+	svc  string
+}
+
+func gatewayKeyOf(g *GatewayAddress) gatewayKey {
+	if g.Hostname != "" {
+		return gatewayKey{svc: g.Namespace + "/" + g.Hostname}
+	}
+	return gatewayKey{addr: netKey{g.Network, g.Address}}
 }
 
 func newIndex() *index {
@@ -95,6 +110,7 @@ func newIndex() *index {
 		endpoints:    make(map[string]map[string]Endpoint),
 		policies:     make(map[string]*Policy),
 		policiesByNs: make(map[string]map[string]*Policy),
+		gateways:     make(map[gatewayKey]int),
 	}
 }
 
@@ -115,6 +131,7 @@ func (x *index) cloneFor(b *Batch) *index {
 		for k, m := range x.endpoints {
 			c.endpoints[k] = maps.Clone(m)
 		}
+		c.gateways = maps.Clone(x.gateways)
 	}
 	if len(b.Services) > 0 || len(b.RemoveAddresses) > 0 { // addServiceLocked, removeServiceLocked
 		n := len(b.Services)
@@ -305,6 +322,9 @@ func (x *index) addWorkloadLocked(w *Workload) {
 		}
 		m[w.UID] = Endpoint{Workload: w, Ports: ports}
 	}
+	if g := w.NetworkGateway; g != nil {
+		x.gateways[gatewayKeyOf(g)]++
+	}
 }
 
 func (x *index) removeWorkloadLocked(w *Workload) {
@@ -330,6 +350,12 @@ func (x *index) removeWorkloadLocked(w *Workload) {
 			if len(m) == 0 {
 				delete(x.endpoints, svc)
 			}
+		}
+	}
+	if g := w.NetworkGateway; g != nil {
+		k := gatewayKeyOf(g)
+		if x.gateways[k]--; x.gateways[k] <= 0 {
+			delete(x.gateways, k)
 		}
 	}
 }
@@ -425,6 +451,39 @@ func (s *Store) WorkloadByIP(network string, ip netip.Addr) *Workload {
 	w := s.idx.byAddr[netKey{network, ip}]
 	s.mu.RUnlock()
 	return w
+}
+
+// IsNetworkGateway reports whether ip on network is a network gateway some workload names:
+// the address itself, or a workload there that is an endpoint of a gateway service (named
+// by hostname, or by one of its VIPs). Connections from a gateway carry other clients' (double
+// HBONE), so per-source budgets must not lump them together.
+func (s *Store) IsNetworkGateway(network string, ip netip.Addr) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	x := s.idx
+	if len(x.gateways) == 0 {
+		return false
+	}
+	if x.gateways[gatewayKey{addr: netKey{network, ip}}] > 0 {
+		return true
+	}
+	w := x.byAddr[netKey{network, ip}]
+	if w == nil {
+		return false
+	}
+	for key := range w.Services {
+		if x.gateways[gatewayKey{svc: key}] > 0 {
+			return true
+		}
+		if svc := x.services[key]; svc != nil {
+			for _, a := range svc.Addresses {
+				if x.gateways[gatewayKey{addr: netKey{a.Network, a.Address}}] > 0 {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // WorkloadByUID returns the workload with that uid, or nil.

@@ -286,13 +286,18 @@ type Route struct {
 	// (TCP), the gateway's IP:hbone port (double HBONE) or the original dst (passthrough).
 	Dial netip.AddrPort
 	// Authority is the CONNECT :authority for HBONE kinds: podIP:targetPort, or the original
-	// VIP:port when going via a waypoint. For double HBONE it is the inner CONNECT's
-	// authority: service-hostname:service-port when a service was addressed, else
-	// podIP:targetPort; the outer CONNECT goes to the gateway at Dial.
-	Authority  string
-	Identities []identity.ID // expected peer identities (service SANs + destination identity)
-	// Gateway is the network gateway workload for RouteDoubleHBONE (nil otherwise).
-	Gateway *Workload
+	// VIP:port when going via a waypoint. For double HBONE it is both CONNECTs' authority,
+	// service-hostname:service-port (the remote gateway routes by it); the outer CONNECT
+	// goes to the gateway at Dial.
+	Authority string
+	// Identities are the expected peer identities: service SANs + the destination's
+	// identity. For double HBONE, those of the inner TLS (the final destination or its
+	// waypoint).
+	Identities []identity.ID
+	// Gateway is the network gateway workload for RouteDoubleHBONE (nil otherwise), and
+	// GatewayIdentities what the outer TLS expects of it (its identity + its service's SANs).
+	Gateway           *Workload
+	GatewayIdentities []identity.ID
 	// Hostname is set when the destination workload has no address, only a hostname (a
 	// ServiceEntry with DNS resolution): Dial holds only the port until the caller
 	// resolves the name on demand and calls Resolved.
