@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/gozt/gozt/xds/state"
 	"github.com/gozt/gozt/xds/xdspb/discoverypb"
 )
 
@@ -44,7 +45,8 @@ const (
 // response is a DeltaDiscoveryResponse decoded by streamCodec: its scalar fields and its
 // resources already converted.
 type response struct {
-	collectNames bool // fill d.names (on-demand waiters need them)
+	collectNames bool         // fill d.names (on-demand waiters need them)
+	held         *state.Store // if set, resources it holds with the same bytes are not converted again
 	typeURL      string
 	nonce        string
 	removed      []string
@@ -203,7 +205,7 @@ func (resp *response) decode(data mem.BufferSlice) error {
 		}
 	}
 	resp.removed = make([]string, 0, removed)
-	resp.d = newDecoded(resp.collectNames)
+	resp.d = newDecoded(resp.collectNames, resp.held)
 	r = newWireReader(data)
 	var res discoverypb.Resource
 	var body anypb.Any
@@ -294,9 +296,9 @@ func nextBytes(b []byte) (num protowire.Number, v, rest []byte, err error) {
 }
 
 // fromProto is a response from a materialised DeltaDiscoveryResponse (tests, benchmarks).
-func fromProto(m *discoverypb.DeltaDiscoveryResponse, collectNames bool) *response {
-	resp := &response{collectNames: collectNames, typeURL: m.GetTypeUrl(), nonce: m.GetNonce(), removed: m.GetRemovedResources(), bytes: proto.Size(m)}
-	resp.d = newDecoded(collectNames)
+func fromProto(m *discoverypb.DeltaDiscoveryResponse, collectNames bool, held *state.Store) *response {
+	resp := &response{collectNames: collectNames, held: held, typeURL: m.GetTypeUrl(), nonce: m.GetNonce(), removed: m.GetRemovedResources(), bytes: proto.Size(m)}
+	resp.d = newDecoded(collectNames, held)
 	for _, r := range m.GetResources() {
 		resp.d.add(resp.typeURL, r)
 	}
