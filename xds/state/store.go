@@ -15,7 +15,7 @@
 // serialised; a small push (under 512 resources, the usual delta) updates the index in place
 // under the write lock for a few microseconds; a large one into a smaller store (initial
 // sync) is applied to a copy of the index built without the lock and swapped in; a large
-// one into a store at least its size (a resync) is applied in place 512 resources at a
+// one into a store at least its size (a resync) is applied in place 128 resources at a
 // time, the lock released between them. A pure immutable snapshot would copy every index on each small delta;
 // docs/ARCHITECTURE.md (decision 2) has the figures, bench_test.go measures them.
 package state
@@ -192,11 +192,15 @@ type Store struct {
 // bigBatch is the push size from which Apply does not hold the write lock for the whole
 // push: a push into a store smaller than itself (a node's first push) is applied to a copy
 // built without the lock and swapped in; one into a store at least its size (a full
-// re-push) is applied in place, bigBatch resources at a time, the lock released between
-// them, so readers wait at most for one slice (a few hundred microseconds) and no index is
-// copied (at 1M workloads the copy was 500 MB, alive beside the old maps). Smaller pushes
-// are applied in place at once (a few microseconds).
+// re-push) is applied in place, applySlice resources at a time, the lock released between
+// them, so readers wait at most for one slice and no index is copied (at 1M workloads the
+// copy was 500 MB, alive beside the old maps). Smaller pushes are applied in place at once
+// (a few microseconds).
 var bigBatch = 512 // a var so the benchmark can compare both paths
+
+// applySlice is the most resources a big push applies under one hold of the write lock:
+// about a microsecond each, so a reader waits a fraction of a millisecond.
+const applySlice = 128
 
 // NewStore returns an empty Store with default Options.
 func NewStore() *Store { return NewStoreWith(Options{}) }
@@ -260,9 +264,9 @@ func (s *Store) Apply(b *Batch) {
 		s.mu.Unlock()
 	default:
 		had := s.idx.sizes()
-		for from := 0; from < size; from += bigBatch {
+		for from := 0; from < size; from += applySlice {
 			s.mu.Lock()
-			s.idx.apply(b, from, min(from+bigBatch, size))
+			s.idx.apply(b, from, min(from+applySlice, size))
 			s.version++
 			s.mu.Unlock()
 		}
