@@ -514,12 +514,18 @@ func (s *Store) FindWorkload(namespace, name string) *Workload {
 	return w
 }
 
-// EachWorkload calls f for every workload, in no order, under the store's read lock: f
-// must not call the store.
+// EachWorkload calls f for every workload in the store when called, in no order, without
+// the store's lock: the workloads are copied out under it first. (The node's metric sweep
+// built a map of every workload under the read lock; at a million workloads that is
+// seconds, and a push waiting for the write lock meanwhile queues every lookup behind it.)
 func (s *Store) EachWorkload(f func(*Workload)) {
 	s.mu.RLock()
-	defer s.mu.RUnlock()
+	ws := make([]*Workload, 0, len(s.idx.workloads))
 	for _, w := range s.idx.workloads {
+		ws = append(ws, w)
+	}
+	s.mu.RUnlock()
+	for _, w := range ws {
 		f(w)
 	}
 }

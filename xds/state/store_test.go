@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/gozt/gozt/identity"
 )
@@ -337,5 +338,29 @@ func TestBigBatchCopiesOnlyWhatItMutates(t *testing.T) {
 	s.Apply(&rm)
 	if z := s.idx; same(z.workloads, y.workloads) || len(z.workloads) != 1 || s.WorkloadByUID(b.Workloads[0].UID) == nil {
 		t.Errorf("after removing most workloads in place: %d left, maps rebuilt %v", len(z.workloads), !same(z.workloads, y.workloads))
+	}
+}
+
+// EachWorkload holds no lock while f runs: a push applied from f (as one may arrive while
+// the metric sweep walks a million workloads) does not wait for the walk.
+func TestEachWorkloadHoldsNoLock(t *testing.T) {
+	s := NewStore()
+	s.Apply(&Batch{Workloads: []*Workload{wl("a", "10.0.0.1"), wl("b", "10.0.0.2")}})
+	done := make(chan struct{})
+	seen := 0
+	go func() {
+		defer close(done)
+		s.EachWorkload(func(w *Workload) {
+			seen++
+			s.Apply(&Batch{Workloads: []*Workload{wl("c"+w.Name, "10.0.1."+strconv.Itoa(seen))}})
+		})
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a push from inside EachWorkload waited for the walk")
+	}
+	if n, _, _ := s.Len(); seen != 2 || n != 4 {
+		t.Errorf("visited %d workloads, store holds %d; want 2 and 4", seen, n)
 	}
 }
