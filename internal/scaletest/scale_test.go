@@ -236,7 +236,7 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 	ads.mu.Unlock()
 	r.reconnectResent = a.resources
 	if o.profile != "" {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		if err := n.heapProfile(ctx, o.profile); err != nil {
 			t.Logf("%s: %v", impl, err)
 		}
