@@ -378,22 +378,24 @@ var digestSeed = maphash.MakeSeed()
 // digest is a resource body's hash, never 0 (0 is "unknown" on a state value).
 func digest(body []byte) uint64 { return maphash.Bytes(digestSeed, body) | 1 }
 
-// heldDigest is the digest of the value the store holds under name, 0 if none.
-func heldDigest(s *state.Store, typ, name string) uint64 {
+// heldDigest is the digest of the value the store holds under name, 0 if none, and name
+// as a workload holds it: the version map's key is replaced on every assignment, and a
+// string of the push's own would be a second copy of every uid.
+func heldDigest(s *state.Store, typ, name string) (uint64, string) {
 	switch typ {
 	case xdspb.AddressType:
 		if w := s.WorkloadByUID(name); w != nil {
-			return w.Digest
+			return w.Digest, w.UID
 		}
 		if svc := s.ServiceByKey(name); svc != nil {
-			return svc.Digest
+			return svc.Digest, name
 		}
 	case xdspb.AuthorizationType:
 		if p := s.Policy(name); p != nil {
-			return p.Digest
+			return p.Digest, name
 		}
 	}
-	return 0
+	return 0, name
 }
 
 // add converts one resource of a typ response into the batch, or lists why not. A resource
@@ -409,8 +411,8 @@ func (d *decoded) add(typ string, r *discoverypb.Resource) {
 	var sum uint64
 	if body := r.GetResource(); d.held != nil && body.GetTypeUrl() == typ {
 		sum = digest(body.GetValue())
-		if heldDigest(d.held, typ, name) == sum {
-			d.accept(name, r.GetVersion())
+		if held, key := heldDigest(d.held, typ, name); held == sum {
+			d.accept(key, r.GetVersion())
 			d.unchanged++
 			return
 		}

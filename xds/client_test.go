@@ -21,6 +21,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -727,6 +728,11 @@ func TestUnchangedResourceKeepsValue(t *testing.T) {
 	c.handle(&discoverypb.DeltaDiscoveryResponse{TypeUrl: xdspb.AuthorizationType, Nonce: "2", Resources: []*discoverypb.Resource{again(p)}})
 	if store.WorkloadByUID("w1") != w0 || store.ServiceByKey("default/svc1") != s0 || store.Policy("default/p1") != p0 {
 		t.Error("a resource resent unchanged was converted again")
+	}
+	for k := range c.versions[xdspb.AddressType] {
+		if k == w0.UID && unsafe.StringData(k) != unsafe.StringData(w0.UID) {
+			t.Error("the version map keeps a copy of the uid, not the workload's own string")
+		}
 	}
 	for _, r := range c.initialRequests() {
 		for name, v := range r.GetInitialResourceVersions() {
