@@ -155,13 +155,14 @@ bench:
 	$(GO) run ./cmd/zbench suite --short
 
 # One real node fed generated meshes by a real delta ADS server (internal/scaletest): time to
-# ready, CPU, peak and settled RSS, 100-workload pushes, a reconnect with resource versions;
-# heap profiles in .tmp/scale. The 1M mesh takes a few GB across both processes and minutes
+# ready, CPU, peak and settled RSS, 100-workload pushes, a full push, a resync, a reconnect
+# with resource versions; heap profiles in .tmp/scale (SCALE_PUSHPROFILE=1: a CPU profile and
+# an execution trace of the full push too). The 1M mesh takes a few GB across both processes and minutes
 # on 2 cores. With ZTUNNEL_RS=/path/to/ztunnel the Rust ztunnel runs on the same meshes, with
 # ZTUNNEL_BASE=/path/to/ztunnel a gozt binary of the code before a change (same-run baseline).
 SCALE_SIZES ?= 100000,1000000
 bench-scale:
-	SCALE_SIZES=$(SCALE_SIZES) ZTUNNEL_RS=$(ZTUNNEL_RS) ZTUNNEL_BASE=$(ZTUNNEL_BASE) $(GO) test -count=1 -v -timeout 60m -run '^TestScaleBench$$' ./internal/scaletest
+	SCALE_SIZES=$(SCALE_SIZES) SCALE_PUSHPROFILE=$(SCALE_PUSHPROFILE) ZTUNNEL_RS=$(ZTUNNEL_RS) ZTUNNEL_BASE=$(ZTUNNEL_BASE) $(GO) test -count=1 -v -timeout 60m -run '^TestScaleBench$$' ./internal/scaletest
 
 # In-pod mode at scale (root): 250 idle pods on one in-process node, each in its own network
 # namespace (KiB and goroutines per pod, Add-to-ACK latency), then 10,000 add/delete cycles

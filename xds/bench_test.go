@@ -17,7 +17,10 @@ import (
 )
 
 // genPush builds an Address response of n workloads as istiod would send them.
-func genPush(b *testing.B, n int) *discoverypb.DeltaDiscoveryResponse {
+func genPush(b *testing.B, n int) *discoverypb.DeltaDiscoveryResponse { return genPushAt(b, n, 1) }
+
+// genPushAt is genPush with every workload at revision gen (its bytes differ by gen).
+func genPushAt(b *testing.B, n, gen int) *discoverypb.DeltaDiscoveryResponse {
 	resp := &discoverypb.DeltaDiscoveryResponse{TypeUrl: xdspb.AddressType, Nonce: "n"}
 	for i := range n {
 		uid := "Kubernetes//v1/Pod/ns" + strconv.Itoa(i%50) + "/pod-" + strconv.Itoa(i)
@@ -25,14 +28,14 @@ func genPush(b *testing.B, n int) *discoverypb.DeltaDiscoveryResponse {
 			Uid: uid, Name: "pod-" + strconv.Itoa(i), Namespace: "ns" + strconv.Itoa(i%50),
 			Addresses:      [][]byte{netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}).AsSlice()},
 			TunnelProtocol: workloadpb.TunnelProtocol_HBONE, ServiceAccount: "sa" + strconv.Itoa(i%1000),
-			Node: "node-" + strconv.Itoa(i%500), CanonicalName: "app" + strconv.Itoa(i%1000), CanonicalRevision: "v1",
+			Node: "node-" + strconv.Itoa(i%500), CanonicalName: "app" + strconv.Itoa(i%1000), CanonicalRevision: "v" + strconv.Itoa(gen),
 			Services: map[string]*workloadpb.PortList{"ns/svc" + strconv.Itoa(i%1000) + ".svc.cluster.local": {Ports: []*workloadpb.Port{{ServicePort: 80, TargetPort: 8080}}}},
 		}
 		v, err := proto.Marshal(&workloadpb.Address{Type: &workloadpb.Address_Workload{Workload: w}})
 		if err != nil {
 			b.Fatal(err)
 		}
-		resp.Resources = append(resp.Resources, &discoverypb.Resource{Name: uid, Version: "1", Resource: &anypb.Any{TypeUrl: xdspb.AddressType, Value: v}})
+		resp.Resources = append(resp.Resources, &discoverypb.Resource{Name: uid, Version: strconv.Itoa(gen), Resource: &anypb.Any{TypeUrl: xdspb.AddressType, Value: v}})
 	}
 	return resp
 }
@@ -59,19 +62,26 @@ func BenchmarkHandlePush(b *testing.B) {
 }
 
 // BenchmarkHandleFullPush is every workload pushed again into a store that holds them all
-// (a control plane's full push after a restart): decode, convert, and apply over the old.
+// (a control plane's full push after a restart), changed (every workload's bytes differ
+// from the stored ones: decode, convert, apply over the old) and unchanged (the same bytes
+// at a new version: only hashed and looked up).
 func BenchmarkHandleFullPush(b *testing.B) {
-	for _, n := range []int{100_000} {
-		b.Run(fmt.Sprint(n), func(b *testing.B) {
-			resp := genPush(b, n)
+	const n = 100_000
+	for _, changed := range []bool{true, false} {
+		b.Run(fmt.Sprintf("%d/changed=%v", n, changed), func(b *testing.B) {
+			pushes := []*discoverypb.DeltaDiscoveryResponse{genPushAt(b, n, 1), genPushAt(b, n, 2)}
 			c, err := NewClient(Config{Config: istiogrpc.Config{Address: "http://127.0.0.1:1"}}, state.NewStore(), nil)
 			if err != nil {
 				b.Fatal(err)
 			}
-			c.handle(resp)
+			c.handle(pushes[0])
 			b.ReportAllocs()
+			i := 0
 			for b.Loop() {
-				if ack := c.handle(resp); ack.GetErrorDetail() != nil {
+				if changed {
+					i++
+				}
+				if ack := c.handle(pushes[i%2]); ack.GetErrorDetail() != nil {
 					b.Fatal(ack.GetErrorDetail())
 				}
 			}

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"log/slog"
 	"net"
@@ -326,7 +327,7 @@ func (c *Client) runStream(ctx context.Context) (gotResponse bool, err error) {
 	}
 	for {
 		// Decoded and converted by streamCodec as gRPC hands the message over.
-		resp := &response{collectNames: c.cfg.OnDemand}
+		resp := &response{collectNames: c.cfg.OnDemand, held: c.store}
 		if err := stream.RecvMsg(resp); err != nil {
 			return gotResponse, err
 		}
@@ -351,13 +352,15 @@ func (c *Client) markSeen(typ string) {
 
 // decoded is the outcome of converting one push, built without any lock held.
 type decoded struct {
-	batch    state.Batch
-	accepted []nameVersion // in push order
-	names    []string      // names and aliases seen, if collected (for on-demand waiters)
-	errs     []string      // "name: reason"
-	collect  bool
-	versions map[string]string // interned versions: a push repeats few
-	in       *interner
+	batch     state.Batch
+	accepted  []nameVersion // in push order
+	names     []string      // names and aliases seen, if collected (for on-demand waiters)
+	errs      []string      // "name: reason"
+	unchanged int           // resources skipped: the store holds them with the same bytes
+	collect   bool
+	versions  map[string]string // interned versions: a push repeats few
+	in        *interner
+	held      *state.Store // see digest; nil converts every resource
 }
 
 // nameVersion is an accepted resource. The name is the converted value's own key string
@@ -365,28 +368,71 @@ type decoded struct {
 // copy of its own.
 type nameVersion struct{ name, version string }
 
-func newDecoded(collectNames bool) *decoded {
-	return &decoded{collect: collectNames, versions: make(map[string]string), in: newInterner()}
+func newDecoded(collectNames bool, held *state.Store) *decoded {
+	return &decoded{collect: collectNames, versions: make(map[string]string), in: newInterner(), held: held}
 }
 
-// add converts one resource of a typ response into the batch, or lists why not.
+// digestSeed keys the digests of resource bodies; they are compared only within a process.
+var digestSeed = maphash.MakeSeed()
+
+// digest is a resource body's hash, never 0 (0 is "unknown" on a state value).
+func digest(body []byte) uint64 { return maphash.Bytes(digestSeed, body) | 1 }
+
+// heldDigest is the digest of the value the store holds under name, 0 if none, and name
+// as a workload holds it: the version map's key is replaced on every assignment, and a
+// string of the push's own would be a second copy of every uid.
+func heldDigest(s *state.Store, typ, name string) (uint64, string) {
+	switch typ {
+	case xdspb.AddressType:
+		if w := s.WorkloadByUID(name); w != nil {
+			return w.Digest, w.UID
+		}
+		if svc := s.ServiceByKey(name); svc != nil {
+			return svc.Digest, name
+		}
+	case xdspb.AuthorizationType:
+		if p := s.Policy(name); p != nil {
+			return p.Digest, name
+		}
+	}
+	return 0, name
+}
+
+// add converts one resource of a typ response into the batch, or lists why not. A resource
+// whose body has the bytes of the one the store holds under its name (a control plane
+// resending everything on a reconnect or a resync) is only accepted at its new version:
+// converting and re-indexing a million unchanged workloads is what stalled the node.
 func (d *decoded) add(typ string, r *discoverypb.Resource) {
 	name := r.GetName()
 	if d.collect {
 		d.names = append(d.names, name)
 		d.names = append(d.names, r.GetAliases()...)
 	}
-	key, err := decodeResource(typ, r, &d.batch, d.in)
+	var sum uint64
+	if body := r.GetResource(); d.held != nil && body.GetTypeUrl() == typ {
+		sum = digest(body.GetValue())
+		if held, key := heldDigest(d.held, typ, name); held == sum {
+			d.accept(key, r.GetVersion())
+			d.unchanged++
+			return
+		}
+	}
+	key, err := decodeResource(typ, r, &d.batch, d.in, sum)
 	if err != nil {
 		d.errs = append(d.errs, name+": "+strings.TrimPrefix(err.Error(), "xds: "))
 		return
 	}
-	v, ok := d.versions[r.GetVersion()]
+	d.accept(key, r.GetVersion())
+}
+
+// accept records name as accepted at version.
+func (d *decoded) accept(name, version string) {
+	v, ok := d.versions[version]
 	if !ok {
-		v = r.GetVersion()
+		v = version
 		d.versions[v] = v
 	}
-	d.accepted = append(d.accepted, nameVersion{key, v})
+	d.accepted = append(d.accepted, nameVersion{name, v})
 }
 
 // removed records a response's removed names.
@@ -402,8 +448,9 @@ func (d *decoded) removed(typ string, names []string) {
 	}
 }
 
-// decodeResource converts r into b and returns its name as the converted value holds it.
-func decodeResource(typ string, r *discoverypb.Resource, b *state.Batch, in *interner) (string, error) {
+// decodeResource converts r into b, the value carrying sum as its Digest, and returns its
+// name as the converted value holds it.
+func decodeResource(typ string, r *discoverypb.Resource, b *state.Batch, in *interner, sum uint64) (string, error) {
 	anyMsg := r.GetResource()
 	if anyMsg == nil {
 		return "", errors.New("missing resource body")
@@ -425,12 +472,14 @@ func decodeResource(typ string, r *discoverypb.Resource, b *state.Batch, in *int
 			if w.UID != r.GetName() {
 				return "", fmt.Errorf("workload uid %q differs from resource name", w.UID)
 			}
+			w.Digest = sum
 			b.Workloads = append(b.Workloads, w)
 			return w.UID, nil
 		}
 		if s.Key() != r.GetName() {
 			return "", fmt.Errorf("service key %q differs from resource name", s.Key())
 		}
+		s.Digest = sum
 		b.Services = append(b.Services, s)
 		return r.GetName(), nil
 	case xdspb.AuthorizationType:
@@ -445,6 +494,7 @@ func decodeResource(typ string, r *discoverypb.Resource, b *state.Batch, in *int
 		if p.Key() != r.GetName() {
 			return "", fmt.Errorf("policy key %q differs from resource name", p.Key())
 		}
+		p.Digest = sum
 		b.Policies = append(b.Policies, p)
 	}
 	return r.GetName(), nil
@@ -452,7 +502,7 @@ func decodeResource(typ string, r *discoverypb.Resource, b *state.Batch, in *int
 
 // handle applies one materialised response and returns its ACK or NACK (tests, benchmarks).
 func (c *Client) handle(resp *discoverypb.DeltaDiscoveryResponse) *discoverypb.DeltaDiscoveryRequest {
-	return c.apply(fromProto(resp, c.cfg.OnDemand))
+	return c.apply(fromProto(resp, c.cfg.OnDemand, c.store))
 }
 
 // apply applies one decoded response and returns its ACK or NACK.
@@ -466,6 +516,9 @@ func (c *Client) apply(resp *response) *discoverypb.DeltaDiscoveryRequest {
 		return ack // unknown types are still ACKed
 	}
 	d := resp.d
+	if d.unchanged > 0 {
+		c.log.Debug("xds: resources resent unchanged", "type_url", typ, "count", d.unchanged)
+	}
 	c.store.Apply(&d.batch)
 	if n := len(resp.removed); n >= releaseAfterRemoving {
 		if w, sv, p := c.store.Len(); n > w+sv+p {

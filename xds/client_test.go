@@ -21,6 +21,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -690,5 +691,61 @@ func TestClientRoots(t *testing.T) {
 	case <-srv.streams:
 		t.Error("SYSTEM client opened a stream")
 	default:
+	}
+}
+
+// A resource resent with the bytes the store holds (a control plane resending everything)
+// is accepted at its new version without being converted again: the stored value stays and
+// the version listed on reconnect moves. Changed bytes replace the value.
+func TestUnchangedResourceKeepsValue(t *testing.T) {
+	store := state.NewStore()
+	c, err := NewClient(Config{Config: istiogrpc.Config{Address: "http://127.0.0.1:1"}}, store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, s, p := wlRes(t, "w1", "10.0.0.1"), svcRes(t, "svc1", "10.96.0.1"), polRes(t, "p1")
+	for _, typ := range []string{xdspb.AddressType, xdspb.AuthorizationType} {
+		rs := []*discoverypb.Resource{w, s}
+		if typ == xdspb.AuthorizationType {
+			rs = []*discoverypb.Resource{p}
+		}
+		if ack := c.handle(&discoverypb.DeltaDiscoveryResponse{TypeUrl: typ, Nonce: "1", Resources: rs}); ack.GetErrorDetail() != nil {
+			t.Fatal(ack.GetErrorDetail())
+		}
+	}
+	w0, s0, p0 := store.WorkloadByUID("w1"), store.ServiceByKey("default/svc1"), store.Policy("default/p1")
+	if w0 == nil || s0 == nil || p0 == nil || w0.Digest == 0 || s0.Digest == 0 || p0.Digest == 0 {
+		t.Fatalf("first push: %v %v %v", w0, s0, p0)
+	}
+	again := func(r *discoverypb.Resource) *discoverypb.Resource {
+		c := proto.Clone(r).(*discoverypb.Resource)
+		c.Version = "v2"
+		return c
+	}
+	changed := wlRes(t, "w1", "10.0.0.9")
+	changed.Version = "v3"
+	c.handle(&discoverypb.DeltaDiscoveryResponse{TypeUrl: xdspb.AddressType, Nonce: "2", Resources: []*discoverypb.Resource{again(w), again(s)}})
+	c.handle(&discoverypb.DeltaDiscoveryResponse{TypeUrl: xdspb.AuthorizationType, Nonce: "2", Resources: []*discoverypb.Resource{again(p)}})
+	if store.WorkloadByUID("w1") != w0 || store.ServiceByKey("default/svc1") != s0 || store.Policy("default/p1") != p0 {
+		t.Error("a resource resent unchanged was converted again")
+	}
+	for k := range c.versions[xdspb.AddressType] {
+		if k == w0.UID && unsafe.StringData(k) != unsafe.StringData(w0.UID) {
+			t.Error("the version map keeps a copy of the uid, not the workload's own string")
+		}
+	}
+	for _, r := range c.initialRequests() {
+		for name, v := range r.GetInitialResourceVersions() {
+			if v != "v2" {
+				t.Errorf("%s: version %q listed on reconnect; want v2", name, v)
+			}
+		}
+	}
+	c.handle(&discoverypb.DeltaDiscoveryResponse{TypeUrl: xdspb.AddressType, Nonce: "3", Resources: []*discoverypb.Resource{changed}})
+	if got := store.WorkloadByUID("w1"); got == w0 || got == nil || got.Addresses[0] != netip.MustParseAddr("10.0.0.9") {
+		t.Errorf("a changed resource kept the old value: %v", got)
+	}
+	if store.WorkloadByIP("", netip.MustParseAddr("10.0.0.1")) != nil {
+		t.Error("the old address is still indexed")
 	}
 }

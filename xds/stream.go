@@ -3,6 +3,7 @@ package xds
 import (
 	"errors"
 	"fmt"
+	"runtime"
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
@@ -10,6 +11,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/gozt/gozt/xds/state"
+	"github.com/gozt/gozt/xds/xdspb"
 	"github.com/gozt/gozt/xds/xdspb/discoverypb"
 )
 
@@ -41,10 +44,15 @@ const (
 	anyValue   = 2
 )
 
+// yieldEvery is how many resources decode converts between yields to the scheduler:
+// a few hundred microseconds of work.
+const yieldEvery = 64
+
 // response is a DeltaDiscoveryResponse decoded by streamCodec: its scalar fields and its
 // resources already converted.
 type response struct {
-	collectNames bool // fill d.names (on-demand waiters need them)
+	collectNames bool         // fill d.names (on-demand waiters need them)
+	held         *state.Store // if set, resources it holds with the same bytes are not converted again
 	typeURL      string
 	nonce        string
 	removed      []string
@@ -184,7 +192,7 @@ func (r *wireReader) release() {
 func (resp *response) decode(data mem.BufferSlice) error {
 	resp.bytes = data.Len()
 	r := newWireReader(data)
-	var removed int
+	var resources, removed int
 	for r.left > 0 {
 		num, typ, b, err := r.field()
 		if err != nil {
@@ -198,15 +206,23 @@ func (resp *response) decode(data mem.BufferSlice) error {
 			resp.typeURL = string(b)
 		case respNonce:
 			resp.nonce = string(b)
+		case respResources:
+			resources++
 		case respRemoved:
 			removed++
 		}
 	}
 	resp.removed = make([]string, 0, removed)
-	resp.d = newDecoded(resp.collectNames)
+	resp.d = newDecoded(resp.collectNames, resp.held)
+	// Sized once: grown by appending, a 1M push's lists left ~100 MB of garbage behind.
+	resp.d.accepted = make([]nameVersion, 0, resources)
+	if resp.typeURL == xdspb.AddressType {
+		resp.d.batch.Workloads = make([]*state.Workload, 0, resources)
+	}
 	r = newWireReader(data)
 	var res discoverypb.Resource
 	var body anypb.Any
+	converted := 0
 	for r.left > 0 {
 		num, typ, b, err := r.field()
 		if err != nil {
@@ -221,6 +237,11 @@ func (resp *response) decode(data mem.BufferSlice) error {
 				return fmt.Errorf("resources: %w", err)
 			}
 			resp.d.add(resp.typeURL, &res)
+			if converted++; converted%yieldEvery == 0 {
+				// A big push is seconds of CPU on this goroutine: let the connections
+				// queued behind it on this P run now, not at the next preemption (10 ms).
+				runtime.Gosched()
+			}
 		case respRemoved:
 			resp.removed = append(resp.removed, string(b))
 		}
@@ -294,9 +315,9 @@ func nextBytes(b []byte) (num protowire.Number, v, rest []byte, err error) {
 }
 
 // fromProto is a response from a materialised DeltaDiscoveryResponse (tests, benchmarks).
-func fromProto(m *discoverypb.DeltaDiscoveryResponse, collectNames bool) *response {
-	resp := &response{collectNames: collectNames, typeURL: m.GetTypeUrl(), nonce: m.GetNonce(), removed: m.GetRemovedResources(), bytes: proto.Size(m)}
-	resp.d = newDecoded(collectNames)
+func fromProto(m *discoverypb.DeltaDiscoveryResponse, collectNames bool, held *state.Store) *response {
+	resp := &response{collectNames: collectNames, held: held, typeURL: m.GetTypeUrl(), nonce: m.GetNonce(), removed: m.GetRemovedResources(), bytes: proto.Size(m)}
+	resp.d = newDecoded(collectNames, held)
 	for _, r := range m.GetResources() {
 		resp.d.add(resp.typeURL, r)
 	}

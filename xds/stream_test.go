@@ -62,7 +62,7 @@ func decodeStream(t *testing.T, wire []byte, chunk int) *response {
 // before them.
 func TestStreamDecodeMatchesProto(t *testing.T) {
 	m := streamTestPush(t)
-	want := fromProto(m, true)
+	want := fromProto(m, true, nil)
 	if len(want.d.errs) != 1 || len(want.d.accepted) != 19 {
 		t.Fatalf("reference decode: %d errors, %d accepted; want 1 and 19", len(want.d.errs), len(want.d.accepted))
 	}
@@ -143,7 +143,7 @@ func FuzzStreamDecode(f *testing.F) {
 		if gerr != nil {
 			t.Fatalf("proto decodes it, the streaming decoder fails: %v", gerr)
 		}
-		want := fromProto(&m, true)
+		want := fromProto(&m, true, nil)
 		if got.typeURL != want.typeURL || !reflect.DeepEqual(got.d.accepted, want.d.accepted) || !reflect.DeepEqual(got.d.errs, want.d.errs) {
 			t.Fatalf("streaming decode differs: %+v vs %+v", got.d, want.d)
 		}

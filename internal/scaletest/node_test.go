@@ -92,7 +92,7 @@ func startNode(t testing.TB, name, bin, ads string, extra ...string) *node {
 	} {
 		env = append(env, p.env+"="+ip+":"+p.port)
 	}
-	return launch(t, name, ip, &http.Client{Timeout: time.Minute}, exec.Command(bin), append(env, extra...))
+	return launch(t, name, ip, &http.Client{Timeout: 10 * time.Minute}, exec.Command(bin), append(env, extra...))
 }
 
 // launch starts cmd with exactly env as its environment.
@@ -240,10 +240,27 @@ func (n *node) cpuProfile(path string, within time.Duration) {
 	}
 }
 
+// saveProfile saves the node's /debug/pprof/<kind>?seconds=N (profile or trace) to path.
+func (n *node) saveProfile(kind string, seconds int, path string) error {
+	resp, err := n.get(fmt.Sprintf("http://%s:15000/debug/pprof/%s?seconds=%d", n.ip, kind, seconds), time.Duration(seconds)*time.Second+time.Minute)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("%s: %s", kind, resp.Status)
+	}
+	return os.WriteFile(path, b, 0o644)
+}
+
 // liveHeap is the node's heap after a forced GC (HeapAlloc from /debug/pprof/heap?debug=1):
 // unlike RSS it does not depend on when the collector last ran or the scavenger released.
 func (n *node) liveHeap() (uint64, error) {
-	resp, err := n.get("http://"+n.ip+":15000/debug/pprof/heap?gc=1&debug=1", time.Minute)
+	resp, err := n.get("http://"+n.ip+":15000/debug/pprof/heap?gc=1&debug=1", 5*time.Minute) // a forced GC of a 1M heap on a loaded machine took over one
 	if err != nil {
 		return 0, err
 	}

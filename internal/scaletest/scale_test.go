@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,12 +37,13 @@ type result struct {
 	heapDeleted       uint64        // the same after a push removing every workload, if asked
 	rssDeleted        uint64        // for the Rust ztunnel: RSS settle after that push
 	err               error         // not ready
-	fullPush          time.Duration // every workload pushed again, send to ACK
+	fullPush          time.Duration // every workload pushed again, changed, send to ACK
+	resync            time.Duration // every workload pushed again, the same bytes at a new version
 	// The slowest probe connection through the node (see probe) while it was idle after
-	// ready, during the 100-workload pushes, the full push and the reconnect. (Not during
-	// the first push: a dedicated node holds a connection from its own workload until the
-	// workload arrives, WorkloadWait, so a probe then measures that wait.)
-	stallIdle, stallPushes, stallFull, stallReconnect window
+	// ready, during the 100-workload pushes, the full push, the resync and the reconnect.
+	// (Not during the first push: a dedicated node holds a connection from its own workload
+	// until the workload arrives, WorkloadWait, so a probe then measures that wait.)
+	stallIdle, stallPushes, stallFull, stallResync, stallReconnect window
 }
 
 func (r result) String() string {
@@ -53,8 +55,8 @@ func (r result) String() string {
 		r.impl, r.workloads, float64(r.pushBytes)/(1<<20), r.ready.Round(time.Millisecond), r.applied.Round(time.Millisecond), r.cpuReady.Round(10*time.Millisecond),
 		mb(r.peakReady), mb(r.settled), float64(r.settled)/float64(max(1, r.workloads)), mb(r.heap),
 		r.pushP50.Round(100*time.Microsecond), r.pushP99.Round(100*time.Microsecond), r.reconnect.Round(time.Millisecond), r.reconnectVersions, r.reconnectResent,
-		mb(r.peak), r.cpu.Round(10*time.Millisecond)) + fmt.Sprintf("  heap after deleting all %s MB  RSS then %s MB  full push %v  probe p100: idle %v, pushes %v, full push %v, reconnect %v",
-		mb(r.heapDeleted), mb(r.rssDeleted), r.fullPush.Round(time.Millisecond), r.stallIdle, r.stallPushes, r.stallFull, r.stallReconnect)
+		mb(r.peak), r.cpu.Round(10*time.Millisecond)) + fmt.Sprintf("  heap after deleting all %s MB  RSS then %s MB  full push %v  resync %v  probe p100: idle %v, pushes %v, full push %v, resync %v, reconnect %v",
+		mb(r.heapDeleted), mb(r.rssDeleted), r.fullPush.Round(time.Millisecond), r.resync.Round(time.Millisecond), r.stallIdle, r.stallPushes, r.stallFull, r.stallResync, r.stallReconnect)
 }
 
 type runOpts struct {
@@ -68,7 +70,10 @@ type runOpts struct {
 	// cpuProfile, if set, is where a CPU profile of the node from its start to ready (at
 	// most 60 s) is saved.
 	cpuProfile string
-	env        []string
+	// pushProfile, if set, is the path prefix of a CPU profile and an execution trace of
+	// the node during the full push (pushProfile+".cpu", +".trace").
+	pushProfile string
+	env         []string
 }
 
 // starter starts an ADS server serving m and a node fed by it.
@@ -166,12 +171,38 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 		for i := range upd {
 			upd[i] = workloadResource(i, 1000)
 		}
+		var profiled sync.WaitGroup
+		if o.pushProfile != "" {
+			// Long enough for the push at the speeds seen (1M: 50 s before the resync fix).
+			secs := 2 + m.workloads/50_000
+			for kind, ext := range map[string]string{"profile": ".cpu", "trace": ".trace"} {
+				profiled.Go(func() {
+					if err := n.saveProfile(kind, secs, o.pushProfile+ext); err != nil {
+						t.Logf("%s during the full push: %v", kind, err)
+					}
+				})
+			}
+			time.Sleep(100 * time.Millisecond) // both started
+		}
 		from := time.Now()
 		if r.fullPush, err = ads.push(xdspb.AddressType, upd, nil); err != nil {
 			t.Fatalf("full push: %v", err)
 		}
 		if pr != nil {
 			r.stallFull = pr.window(from, time.Now())
+		}
+		profiled.Wait()
+		// The same bytes again at a new version: what a control plane that resends
+		// everything on a reconnect sends a node that holds it all.
+		for _, res := range upd {
+			res.Version = "resync"
+		}
+		from = time.Now()
+		if r.resync, err = ads.push(xdspb.AddressType, upd, nil); err != nil {
+			t.Fatalf("resync: %v", err)
+		}
+		if pr != nil {
+			r.stallResync = pr.window(from, time.Now())
 		}
 	}
 	if len(lat) > 0 {
@@ -205,7 +236,7 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 	ads.mu.Unlock()
 	r.reconnectResent = a.resources
 	if o.profile != "" {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		if err := n.heapProfile(ctx, o.profile); err != nil {
 			t.Logf("%s: %v", impl, err)
 		}
@@ -273,7 +304,8 @@ func TestScale10k(t *testing.T) {
 }
 
 // TestScaleBench is make bench-scale: SCALE_SIZES (default 100000,1000000) meshes against
-// gozt (with SCALE_CPUPROFILE set, a CPU profile of its start), a baseline gozt binary first if ZTUNNEL_BASE names one (a same-run before/after),
+// gozt (with SCALE_CPUPROFILE set, a CPU profile of its start; with SCALE_PUSHPROFILE, a CPU
+// profile and an execution trace of each gozt node's full push), a baseline gozt binary first if ZTUNNEL_BASE names one (a same-run before/after),
 // and the Rust ztunnel if ZTUNNEL_RS names its binary; a table on stdout and heap profiles
 // in SCALE_OUT (default .tmp/scale at the repository root).
 func TestScaleBench(t *testing.T) {
@@ -300,8 +332,15 @@ func TestScaleBench(t *testing.T) {
 		if os.Getenv("SCALE_CPUPROFILE") != "" {
 			o.cpuProfile = filepath.Join(out, "gozt-"+s+".cpu")
 		}
+		if os.Getenv("SCALE_PUSHPROFILE") != "" {
+			o.pushProfile = filepath.Join(out, "gozt-"+s+".full")
+		}
 		if base := os.Getenv("ZTUNNEL_BASE"); base != "" {
-			r := run(t, "base", base, m, runOpts{settle: o.settle, pushes: o.pushes, ready: o.ready, profile: filepath.Join(out, "base-"+s+".heap"), deleteAll: true, probe: o.probe, fullPush: true})
+			bo := runOpts{settle: o.settle, pushes: o.pushes, ready: o.ready, profile: filepath.Join(out, "base-"+s+".heap"), deleteAll: true, probe: o.probe, fullPush: true}
+			if o.pushProfile != "" {
+				bo.pushProfile = filepath.Join(out, "base-"+s+".full")
+			}
+			r := run(t, "base", base, m, bo)
 			t.Log(r)
 			rows = append(rows, r.String())
 		}
@@ -313,7 +352,7 @@ func TestScaleBench(t *testing.T) {
 				rows = append(rows, fmt.Sprintf("rust  %8d workloads  SKIPPED: the push is %.1f MB, past its %d MiB limit (max_decoding_message_size, src/xds/client.rs)", n, float64(r.pushBytes)/(1<<20), rustMaxPush>>20))
 				continue
 			}
-			o.profile, o.cpuProfile = "", ""
+			o.profile, o.cpuProfile, o.pushProfile = "", "", ""
 			r := runWith(t, "rust", m, o, rustNode(rs))
 			t.Log(r)
 			rows = append(rows, r.String())

@@ -171,19 +171,22 @@ func BenchmarkLookupParallel(b *testing.B) {
 }
 
 // BenchmarkReaderWaitDuringPush reports the longest a WorkloadByIP call took while a 100k
-// push was applied in another goroutine, with the swap path and with everything in place.
+// push was applied in another goroutine: into a small store (swapped in, or with
+// everything in place under one lock) and into a store holding all 100k (a resync, in
+// place in slices).
 func BenchmarkReaderWaitDuringPush(b *testing.B) {
 	batch := genBatch(100_000)
 	for _, mode := range []struct {
 		name string
 		big  int
-	}{{"swap", bigBatch}, {"in-place", 1 << 30}} {
+		held int
+	}{{"swap", bigBatch, 1000}, {"in-place", 1 << 30, 1000}, {"resync", bigBatch, 100_000}} {
 		b.Run(mode.name, func(b *testing.B) {
 			defer func(old int) { bigBatch = old }(bigBatch)
 			bigBatch = mode.big
 			for b.Loop() {
 				s := NewStore()
-				s.Apply(genBatch(1000))
+				s.Apply(genBatch(mode.held))
 				done := make(chan struct{})
 				go func() { defer close(done); s.Apply(batch) }()
 				var worst time.Duration

@@ -242,7 +242,8 @@ func (s *Store) serviceDumpLocked(key string, svc *Service) ServiceDump {
 		}
 		sd.LoadBalancer = ld
 	}
-	for uid, ep := range s.idx.endpoints[key] {
+	for _, ep := range s.idx.endpoints[key] {
+		uid := ep.Workload.UID
 		sd.Endpoints[uid] = EndpointDump{
 			WorkloadUID: uid, Service: key, Port: portsDump(ep.Ports), Status: statusString(ep.Workload.Healthy),
 		}

@@ -28,6 +28,7 @@ type Policy struct {
 	Action    PolicyAction
 	Rules     []Rule
 	DryRun    bool
+	Digest    uint64 // as Workload.Digest
 }
 
 // Key is the policy's resource name, "namespace/name", the form workloads reference.

@@ -13,9 +13,10 @@
 //
 // Concurrency: readers take a sync.RWMutex read lock for a few map lookups. Writers are
 // serialised; a small push (under 512 resources, the usual delta) updates the index in place
-// under the write lock for a few microseconds; a large one (initial sync, resync) is applied
-// to a copy of the index built without the lock and swapped in, so readers wait at most for
-// a pointer swap. A pure immutable snapshot would copy every index on each small delta;
+// under the write lock for a few microseconds; a large one into a smaller store (initial
+// sync) is applied to a copy of the index built without the lock and swapped in; a large
+// one into a store at least its size (a resync) is applied in place 128 resources at a
+// time, the lock released between them. A pure immutable snapshot would copy every index on each small delta;
 // docs/ARCHITECTURE.md (decision 2) has the figures, bench_test.go measures them.
 package state
 
@@ -39,7 +40,7 @@ type Options struct {
 	PreferredServiceNamespace string
 }
 
-// Batch is one push, applied atomically by Store.Apply. Upserts replace by key (uid,
+// Batch is one push, applied by Store.Apply. Upserts replace by key (uid,
 // "ns/hostname", "ns/name"); removals name resources the same way.
 type Batch struct {
 	Workloads       []*Workload
@@ -50,9 +51,7 @@ type Batch struct {
 }
 
 // Empty reports whether the batch changes nothing.
-func (b *Batch) Empty() bool {
-	return len(b.Workloads)+len(b.Services)+len(b.Policies)+len(b.RemoveAddresses)+len(b.RemovePolicies) == 0
-}
+func (b *Batch) Empty() bool { return b.size() == 0 }
 
 type netKey struct {
 	network string
@@ -73,12 +72,12 @@ type index struct {
 	workloads    map[string]*Workload // by uid
 	byAddr       map[netKey]*Workload
 	byName       map[nsName]*Workload
-	byNode       map[string]map[string]*Workload
-	services     map[string]*Service // by "ns/hostname"
+	byNode       map[string]map[*Workload]struct{} // pointer keys: 8 bytes, nothing to hash
+	services     map[string]*Service               // by "ns/hostname"
 	byHost       map[string][]*Service
 	byVIP        map[netKey][]*Service
 	cidrs        []cidrVIP
-	endpoints    map[string]map[string]Endpoint // service key -> uid -> endpoint
+	endpoints    map[string]map[*Workload]Endpoint // service key -> workload -> endpoint
 	policies     map[string]*Policy
 	policiesByNs map[string]map[string]*Policy // scope global under "", namespace scope by ns
 	gateways     map[gatewayKey]int            // network gateways workloads name, with how many name each
@@ -103,11 +102,11 @@ func newIndex() *index {
 		workloads:    make(map[string]*Workload),
 		byAddr:       make(map[netKey]*Workload),
 		byName:       make(map[nsName]*Workload),
-		byNode:       make(map[string]map[string]*Workload),
+		byNode:       make(map[string]map[*Workload]struct{}),
 		services:     make(map[string]*Service),
 		byHost:       make(map[string][]*Service),
 		byVIP:        make(map[netKey][]*Service),
-		endpoints:    make(map[string]map[string]Endpoint),
+		endpoints:    make(map[string]map[*Workload]Endpoint),
 		policies:     make(map[string]*Policy),
 		policiesByNs: make(map[string]map[string]*Policy),
 		gateways:     make(map[gatewayKey]int),
@@ -123,11 +122,11 @@ func (x *index) cloneFor(b *Batch) *index {
 	if len(b.Workloads) > 0 || len(b.RemoveAddresses) > 0 { // addWorkloadLocked, removeWorkloadLocked
 		n := len(b.Workloads)
 		c.workloads, c.byAddr, c.byName = cloneSized(x.workloads, n), cloneSized(x.byAddr, 2*n), cloneSized(x.byName, n)
-		c.byNode = make(map[string]map[string]*Workload, len(x.byNode))
+		c.byNode = make(map[string]map[*Workload]struct{}, len(x.byNode))
 		for k, m := range x.byNode {
 			c.byNode[k] = maps.Clone(m)
 		}
-		c.endpoints = make(map[string]map[string]Endpoint, len(x.endpoints))
+		c.endpoints = make(map[string]map[*Workload]Endpoint, len(x.endpoints))
 		for k, m := range x.endpoints {
 			c.endpoints[k] = maps.Clone(m)
 		}
@@ -173,15 +172,23 @@ func shrunk[K comparable, V any](m map[K]V, had int) map[K]V {
 	return c
 }
 
-// compact shrinks the maps a big removal left mostly empty; x is not yet published.
-func (x *index) compact(before *index) {
-	x.workloads = shrunk(x.workloads, len(before.workloads))
-	x.byAddr = shrunk(x.byAddr, len(before.byAddr))
-	x.byName = shrunk(x.byName, len(before.byName))
-	x.services = shrunk(x.services, len(before.services))
-	x.byHost = shrunk(x.byHost, len(before.byHost))
-	x.byVIP = shrunk(x.byVIP, len(before.byVIP))
-	x.policies = shrunk(x.policies, len(before.policies))
+// sizes is the length of each map compact may rebuild.
+type sizes struct{ workloads, byAddr, byName, services, byHost, byVIP, policies int }
+
+func (x *index) sizes() sizes {
+	return sizes{len(x.workloads), len(x.byAddr), len(x.byName), len(x.services), len(x.byHost), len(x.byVIP), len(x.policies)}
+}
+
+// compact shrinks the maps a big removal left mostly empty (had: their lengths before);
+// x is not yet published.
+func (x *index) compact(had sizes) {
+	x.workloads = shrunk(x.workloads, had.workloads)
+	x.byAddr = shrunk(x.byAddr, had.byAddr)
+	x.byName = shrunk(x.byName, had.byName)
+	x.services = shrunk(x.services, had.services)
+	x.byHost = shrunk(x.byHost, had.byHost)
+	x.byVIP = shrunk(x.byVIP, had.byVIP)
+	x.policies = shrunk(x.policies, had.policies)
 }
 
 // Store is the workload cache. The zero value is not usable; call NewStore.
@@ -199,10 +206,18 @@ type Store struct {
 	subs  map[chan struct{}]struct{}
 }
 
-// bigBatch is the push size from which Apply builds a new index off-lock and swaps it in,
-// so readers never wait behind a large push; smaller pushes are applied in place (a few
-// microseconds under the write lock) because copying a 100k index costs ~25 ms.
+// bigBatch is the push size from which Apply does not hold the write lock for the whole
+// push: a push into a store smaller than itself (a node's first push) is applied to a copy
+// built without the lock and swapped in; one into a store at least its size (a full
+// re-push) is applied in place, applySlice resources at a time, the lock released between
+// them, so readers wait at most for one slice and no index is copied (at 1M workloads the
+// copy was 500 MB, alive beside the old maps). Smaller pushes are applied in place at once
+// (a few microseconds).
 var bigBatch = 512 // a var so the benchmark can compare both paths
+
+// applySlice is the most resources a big push applies under one hold of the write lock:
+// about a microsecond each, so a reader waits a fraction of a millisecond.
+const applySlice = 128
 
 // NewStore returns an empty Store with default Options.
 func NewStore() *Store { return NewStoreWith(Options{}) }
@@ -212,8 +227,10 @@ func NewStoreWith(opts Options) *Store {
 	return &Store{opts: opts, randN: rand.Uint64N, idx: newIndex(), subs: make(map[chan struct{}]struct{})}
 }
 
-// Apply applies one push atomically and notifies subscribers. The batch's values must not be
-// modified afterwards. Readers wait at most for a small in-place update or a pointer swap.
+// Apply applies one push and notifies subscribers. The batch's values must not be modified
+// afterwards. Readers wait at most for a small in-place update, one slice of a big one or a
+// pointer swap; during a big push into a populated store they may see part of it applied,
+// each resource whole (its removal and insertion happen under one lock).
 func (s *Store) Apply(b *Batch) {
 	if b.Empty() {
 		return
@@ -242,60 +259,114 @@ func (s *Store) Apply(b *Batch) {
 	}
 	s.pushMu.Lock()
 	defer s.pushMu.Unlock()
-	size := len(b.Workloads) + len(b.Services) + len(b.Policies) + len(b.RemoveAddresses) + len(b.RemovePolicies)
-	if size >= bigBatch {
-		// Only writers mutate idx and pushMu excludes the others, so reading it here
-		// without mu races with nothing; readers keep using the old index meanwhile.
+	// Only writers mutate idx and pushMu excludes the others, so reading it here without
+	// mu races with nothing.
+	size := b.size()
+	switch {
+	case size < bigBatch:
+		s.mu.Lock()
+		s.idx.apply(b, 0, size)
+		s.version++
+		s.mu.Unlock()
+	case s.idx.copyCost(b) < size:
+		// Readers keep using the old index meanwhile.
 		x := s.idx.cloneFor(b)
-		x.apply(b)
+		x.apply(b, 0, size)
 		if len(b.RemoveAddresses)+len(b.RemovePolicies) > 0 {
-			x.compact(s.idx)
+			x.compact(s.idx.sizes())
 		}
 		s.mu.Lock()
 		s.idx = x
 		s.version++
 		s.mu.Unlock()
-	} else {
-		s.mu.Lock()
-		s.idx.apply(b)
-		s.version++
-		s.mu.Unlock()
+	default:
+		had := s.idx.sizes()
+		for from := 0; from < size; from += applySlice {
+			s.mu.Lock()
+			s.idx.apply(b, from, min(from+applySlice, size))
+			s.version++
+			s.mu.Unlock()
+		}
+		if len(b.RemoveAddresses)+len(b.RemovePolicies) > 0 {
+			// Reading the live maps without mu is safe: readers only read them too.
+			x := *s.idx
+			x.compact(had)
+			s.mu.Lock()
+			s.idx = &x
+			s.mu.Unlock()
+		}
 	}
 	s.notify()
 }
 
-func (x *index) apply(b *Batch) {
-	for _, name := range b.RemoveAddresses {
+func (b *Batch) size() int {
+	return len(b.Workloads) + len(b.Services) + len(b.Policies) + len(b.RemoveAddresses) + len(b.RemovePolicies)
+}
+
+// copyCost is the number of entries cloneFor(b) copies.
+func (x *index) copyCost(b *Batch) int {
+	n := 0
+	if len(b.Workloads) > 0 || len(b.RemoveAddresses) > 0 {
+		n += len(x.workloads)
+	}
+	if len(b.Services) > 0 || len(b.RemoveAddresses) > 0 {
+		n += len(x.services)
+	}
+	if len(b.Policies) > 0 || len(b.RemovePolicies) > 0 {
+		n += len(x.policies)
+	}
+	return n
+}
+
+// apply applies the batch's changes [from, to), in the order removals of addresses, of
+// policies, then workloads, services and policies.
+func (x *index) apply(b *Batch, from, to int) {
+	for i := from; i < to; i++ {
+		x.applyOne(b, i)
+	}
+}
+
+func (x *index) applyOne(b *Batch, i int) {
+	if i < len(b.RemoveAddresses) {
+		name := b.RemoveAddresses[i]
 		if w := x.workloads[name]; w != nil {
 			x.removeWorkloadLocked(w)
 		}
 		if svc := x.services[name]; svc != nil {
 			x.removeServiceLocked(svc)
 		}
+		return
 	}
-	for _, key := range b.RemovePolicies {
-		if p := x.policies[key]; p != nil {
+	i -= len(b.RemoveAddresses)
+	if i < len(b.RemovePolicies) {
+		if p := x.policies[b.RemovePolicies[i]]; p != nil {
 			x.removePolicyLocked(p)
 		}
+		return
 	}
-	for _, w := range b.Workloads {
+	i -= len(b.RemovePolicies)
+	if i < len(b.Workloads) {
+		w := b.Workloads[i]
 		if old := x.workloads[w.UID]; old != nil {
 			x.removeWorkloadLocked(old)
 		}
 		x.addWorkloadLocked(w)
+		return
 	}
-	for _, svc := range b.Services {
+	i -= len(b.Workloads)
+	if i < len(b.Services) {
+		svc := b.Services[i]
 		if old := x.services[svc.Key()]; old != nil {
 			x.removeServiceLocked(old)
 		}
 		x.addServiceLocked(svc)
+		return
 	}
-	for _, p := range b.Policies {
-		if old := x.policies[p.Key()]; old != nil {
-			x.removePolicyLocked(old)
-		}
-		x.addPolicyLocked(p)
+	p := b.Policies[i-len(b.Services)]
+	if old := x.policies[p.Key()]; old != nil {
+		x.removePolicyLocked(old)
 	}
+	x.addPolicyLocked(p)
 }
 
 func (x *index) addWorkloadLocked(w *Workload) {
@@ -309,18 +380,18 @@ func (x *index) addWorkloadLocked(w *Workload) {
 	if w.Node != "" {
 		m := x.byNode[w.Node]
 		if m == nil {
-			m = make(map[string]*Workload)
+			m = make(map[*Workload]struct{})
 			x.byNode[w.Node] = m
 		}
-		m[w.UID] = w
+		m[w] = struct{}{}
 	}
 	for svc, ports := range w.Services {
 		m := x.endpoints[svc]
 		if m == nil {
-			m = make(map[string]Endpoint)
+			m = make(map[*Workload]Endpoint)
 			x.endpoints[svc] = m
 		}
-		m[w.UID] = Endpoint{Workload: w, Ports: ports}
+		m[w] = Endpoint{Workload: w, Ports: ports}
 	}
 	if g := w.NetworkGateway; g != nil {
 		x.gateways[gatewayKeyOf(g)]++
@@ -339,14 +410,14 @@ func (x *index) removeWorkloadLocked(w *Workload) {
 		delete(x.byName, k)
 	}
 	if m := x.byNode[w.Node]; m != nil {
-		delete(m, w.UID)
+		delete(m, w)
 		if len(m) == 0 {
 			delete(x.byNode, w.Node)
 		}
 	}
 	for svc := range w.Services {
 		if m := x.endpoints[svc]; m != nil {
-			delete(m, w.UID)
+			delete(m, w)
 			if len(m) == 0 {
 				delete(x.endpoints, svc)
 			}
@@ -502,12 +573,18 @@ func (s *Store) FindWorkload(namespace, name string) *Workload {
 	return w
 }
 
-// EachWorkload calls f for every workload, in no order, under the store's read lock: f
-// must not call the store.
+// EachWorkload calls f for every workload in the store when called, in no order, without
+// the store's lock: the workloads are copied out under it first. (The node's metric sweep
+// built a map of every workload under the read lock; at a million workloads that is
+// seconds, and a push waiting for the write lock meanwhile queues every lookup behind it.)
 func (s *Store) EachWorkload(f func(*Workload)) {
 	s.mu.RLock()
-	defer s.mu.RUnlock()
+	ws := make([]*Workload, 0, len(s.idx.workloads))
 	for _, w := range s.idx.workloads {
+		ws = append(ws, w)
+	}
+	s.mu.RUnlock()
+	for _, w := range ws {
 		f(w)
 	}
 }
@@ -517,7 +594,7 @@ func (s *Store) WorkloadsOnNode(node string) []*Workload {
 	s.mu.RLock()
 	m := s.idx.byNode[node]
 	out := make([]*Workload, 0, len(m))
-	for _, w := range m {
+	for w := range m {
 		out = append(out, w)
 	}
 	s.mu.RUnlock()

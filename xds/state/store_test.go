@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/gozt/gozt/identity"
 )
@@ -309,8 +310,57 @@ func TestBigBatchCopiesOnlyWhatItMutates(t *testing.T) {
 	if same(x.policies, old.policies) || len(old.policies) != 0 || len(x.policies) != bigBatch {
 		t.Errorf("policies: old index has %d, new %d (shared %v); want 0 and %d, not shared", len(old.policies), len(x.policies), same(x.policies, old.policies), bigBatch)
 	}
-	s.Apply(&Batch{RemoveAddresses: []string{b.Workloads[0].UID}, Workloads: b.Workloads[1:bigBatch]})
-	if y := s.idx; same(y.workloads, x.workloads) || same(y.services, x.services) || !same(y.policies, x.policies) || len(x.workloads) != bigBatch {
-		t.Error("an address push shared the maps it mutates, or copied the policies")
+	// A push the store's size (a resync) is applied in place, in slices: no map copied.
+	var re Batch
+	for _, w := range b.Workloads[1:] {
+		c := *w
+		c.Healthy, c.Node = !w.Healthy, "n1"
+		re.Workloads = append(re.Workloads, &c)
+	}
+	re.RemoveAddresses = []string{b.Workloads[0].UID}
+	s.Apply(&re)
+	y := s.idx
+	if !same(y.workloads, x.workloads) || !same(y.byAddr, x.byAddr) || !same(y.policies, x.policies) || len(y.workloads) != bigBatch-1 {
+		t.Errorf("a resync copied the maps it mutates, or lost workloads (%d)", len(y.workloads))
+	}
+	if w := s.WorkloadByUID(b.Workloads[1].UID); w != re.Workloads[0] {
+		t.Error("a resync's workload not applied")
+	}
+	if got := s.WorkloadsOnNode("n1"); len(got) != bigBatch-1 || got[0].Healthy == b.Workloads[1].Healthy {
+		t.Errorf("node index after a resync: %d workloads", len(got))
+	}
+	// Removing most of the store in place rebuilds the maps at their new size.
+	var rm Batch
+	for _, w := range b.Workloads[1:] {
+		rm.RemoveAddresses = append(rm.RemoveAddresses, w.UID)
+	}
+	rm.Workloads = b.Workloads[:1]
+	s.Apply(&rm)
+	if z := s.idx; same(z.workloads, y.workloads) || len(z.workloads) != 1 || s.WorkloadByUID(b.Workloads[0].UID) == nil {
+		t.Errorf("after removing most workloads in place: %d left, maps rebuilt %v", len(z.workloads), !same(z.workloads, y.workloads))
+	}
+}
+
+// EachWorkload holds no lock while f runs: a push applied from f (as one may arrive while
+// the metric sweep walks a million workloads) does not wait for the walk.
+func TestEachWorkloadHoldsNoLock(t *testing.T) {
+	s := NewStore()
+	s.Apply(&Batch{Workloads: []*Workload{wl("a", "10.0.0.1"), wl("b", "10.0.0.2")}})
+	done := make(chan struct{})
+	seen := 0
+	go func() {
+		defer close(done)
+		s.EachWorkload(func(w *Workload) {
+			seen++
+			s.Apply(&Batch{Workloads: []*Workload{wl("c"+w.Name, "10.0.1."+strconv.Itoa(seen))}})
+		})
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a push from inside EachWorkload waited for the walk")
+	}
+	if n, _, _ := s.Len(); seen != 2 || n != 4 {
+		t.Errorf("visited %d workloads, store holds %d; want 2 and 4", seen, n)
 	}
 }

@@ -126,6 +126,10 @@ type Workload struct {
 	NativeTunnel bool
 	Healthy      bool
 
+	// Digest is a hash of the resource the value was converted from (xDS), 0 if unknown: a
+	// re-push with the same bytes keeps the stored value.
+	Digest uint64
+
 	// id is cached by the Store on insert, one value shared by the workloads of a service
 	// account in a push (a pointer, not the 24-byte value: 344 bytes a workload, Go's 352
 	// size class, not 384).
@@ -237,6 +241,7 @@ type Service struct {
 	Waypoint                  *GatewayAddress
 	WeightedWaypoints         []WeightedWaypoint
 	LoadBalancing             *LoadBalancing // nil: random over healthy endpoints
+	Digest                    uint64         // as Workload.Digest
 	IPFamilies                IPFamilies
 	Canonical                 bool
 	IngressUseWaypoint        bool
