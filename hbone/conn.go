@@ -34,6 +34,7 @@ type conn struct {
 	fr      *http2.Framer // write side under wmu; read side the frame reader's alone
 	onClose func(*conn)   // pool bookkeeping: the connection leaves the pool; see leavePool
 	fair    *peerState    // server: its peer identity's budgets (fair.go), nil without an identity
+	onCalm  func()        // server: charges the calm to the source and identity (fair.go); set before the reader starts
 	// ctx is the parent of every server stream's Request context; cancelCtx ends it in
 	// closeWith. Set before the frame reader starts (server only).
 	ctx       context.Context
@@ -89,10 +90,13 @@ type conn struct {
 	pingOut        bool
 	pingSent       time.Time
 	ops, opsSpare  []ctrlOp
-	resetBudget    rateBudget // server: refused and early-reset streams (limits.go)
-	junkBudget     rateBudget // frames that carry nothing (limits.go)
-	fairStreams    int64      // server: its streams counted in fair.streams (fair.go)
-	fairDone       bool       // server: serve has taken fairStreams off fair.streams
+	resetBudget    rateBudget  // server: refused and early-reset streams (limits.go)
+	junkBudget     rateBudget  // frames that carry nothing (limits.go)
+	fairStreams    int64       // server: its streams counted in fair.streams (fair.go)
+	fairDone       bool        // server: serve has taken fairStreams off fair.streams
+	calmErr        error       // server: the budget the peer ran out of; GOAWAY(ENHANCE_YOUR_CALM) sent, draining
+	calmRefused    int         // server: streams refused after the calm GOAWAY
+	calmTimer      *time.Timer // server: closes the connection at the end of the calm drain
 }
 
 type opKind uint8
@@ -226,13 +230,67 @@ func (c *conn) closeWith(err error) {
 	c.leavePool()
 }
 
+// calmDrainTimeout is how long a connection calmed with GOAWAY(ENHANCE_YOUR_CALM) lets
+// its open streams finish before it is closed anyway.
+const calmDrainTimeout = 10 * time.Second
+
+// calmDrain answers a server connection's first ENHANCE_YOUR_CALM (err) with a drain
+// rather than a close: GOAWAY(ENHANCE_YOUR_CALM) names the last stream processed, new
+// streams are refused, and the streams open finish within calmDrainTimeout. A pooled
+// connection carries every client of its identity, so a close would cut the honest
+// streams beside the flood. It reports false (close now) for any other error, on the
+// client side, for a peer that does not read (the control-frame queue is full), and once
+// the connection is already draining for a calm: a peer that keeps going after the
+// GOAWAY (another budget's worth, or more than ServerMaxStreams new streams) is closed.
+func (c *conn) calmDrain(err error) bool {
+	var ce connError
+	if !c.server || !errors.As(err, &ce) || ce.Code != http2.ErrCodeEnhanceYourCalm || c.flooded.Load() {
+		return false
+	}
+	c.mu.Lock()
+	if c.calmErr != nil || c.closed {
+		c.mu.Unlock()
+		return false
+	}
+	c.calmErr = err
+	c.draining = true
+	c.goaway = true
+	// The peer may have sent more of the same before it reads the GOAWAY: one more burst
+	// of each budget, then the second overrun closes the connection.
+	c.junkBudget, c.resetBudget = rateBudget{}, rateBudget{}
+	c.mu.Unlock()
+	c.charged() // before the GOAWAY, which the peer may answer with a reconnect
+	c.mu.Lock()
+	c.queueLocked(ctrlOp{kind: opGoAway, val: uint32(http2.ErrCodeEnhanceYourCalm)})
+	if c.active == 0 {
+		c.queueLocked(ctrlOp{kind: opGoAwayEnd})
+	}
+	c.calmTimer = time.AfterFunc(calmDrainTimeout, func() { c.closeWith(err) })
+	c.mu.Unlock()
+	return true
+}
+
+// charged counts a calm and charges it to the peer's source and identity.
+func (c *conn) charged() {
+	c.notifyDrop(DropConnCalm)
+	if c.onCalm != nil {
+		c.onCalm()
+	}
+}
+
 // fail answers a connection error with GOAWAY (best effort, bounded by a write deadline)
 // and closes.
 func (c *conn) fail(err error) {
+	c.mu.Lock()
+	calmed, timer := c.calmErr != nil, c.calmTimer
+	c.mu.Unlock()
+	if timer != nil {
+		timer.Stop()
+	}
 	var ce connError
 	if errors.As(err, &ce) {
-		if ce.Code == http2.ErrCodeEnhanceYourCalm {
-			c.notifyDrop(DropConnCalm)
+		if ce.Code == http2.ErrCodeEnhanceYourCalm && !calmed {
+			c.charged()
 		}
 		c.nc.SetWriteDeadline(time.Now().Add(time.Second))
 		c.lockWrite()

@@ -106,8 +106,8 @@
 //     limit per connection, whatever the peer resets.
 //   - Early resets (server): a stream refused, or reset by the peer before the handler
 //     answered it, spends a token of a per-connection budget: 2 × the stream limit at
-//     once, then 100 a second. A peer that runs out gets GOAWAY(ENHANCE_YOUR_CALM) and
-//     is closed. (The h2 crate, the Rust ztunnel's, counts the same streams as
+//     once, then 100 a second. A peer that runs out gets GOAWAY(ENHANCE_YOUR_CALM) (a
+//     calm close, below). (The h2 crate, the Rust ztunnel's, counts the same streams as
 //     max_pending_accept_reset_streams, 20 at a time; a rate also catches a peer whose
 //     resets our handlers keep up with.) The reset ends the Request's context at once,
 //     so the handler's dial stops, and Config.OnDrop hears of each such stream so the
@@ -151,6 +151,15 @@
 //     its place only between its reads, so one stalled by its peer holds none, and one P
 //     is always left to established connections. Per-source and per-identity entries are
 //     forgotten once idle with full buckets, swept when their number passes 4096.
+//   - Calm close (server): a peer that runs out of a budget gets GOAWAY(ENHANCE_YOUR_CALM)
+//     naming the last stream processed, and the connection drains rather than closes:
+//     new streams get REFUSED_STREAM, the open ones finish within 10 s, then it closes. A
+//     pooled connection carries every client of one identity to this node, so a close
+//     would cut the honest streams beside the flood. The peer gets one more burst of the
+//     budget it ran out of and ServerMaxStreams new streams past the GOAWAY (what it sent
+//     before reading it); past either, or if it does not read what we owe it, it is
+//     closed at once. Our Pool takes the connection out of the pool at the GOAWAY, so
+//     new streams dial a fresh one while the old ones finish.
 //   - Header blocks: 64 KiB decoded on the server, 16 KiB on the client (x/net's Framer
 //     enforces it across CONTINUATION frames); frames up to MaxFrameSize.
 //   - A hostile server can do no more to the client: it gets the same frame budgets,

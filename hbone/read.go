@@ -42,7 +42,7 @@ func (c *conn) readLoop() error {
 			}
 			return err
 		}
-		if err := c.handleFrame(f); err != nil {
+		if err := c.handleFrame(f); err != nil && !c.calmDrain(err) {
 			return err
 		}
 		if c.flooded.Load() {
@@ -363,6 +363,16 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 		return c.junkLocked()
 	}
 	c.lastPeerID = id
+	if c.calmErr != nil {
+		// Past the calm GOAWAY: a client may have sent its next streams before it read
+		// it, as many as its window holds; one that goes on after that is closed.
+		c.queueLocked(ctrlOp{kind: opRST, id: id, val: uint32(http2.ErrCodeRefusedStream)})
+		c.notifyDrop(DropRefused)
+		if c.calmRefused++; c.calmRefused > int(c.cfg.ServerMaxStreams) {
+			return calm("streams opened past GOAWAY(ENHANCE_YOUR_CALM)")
+		}
+		return nil
+	}
 	if c.draining || c.closed || c.active >= int(c.cfg.ServerMaxStreams) {
 		c.queueLocked(ctrlOp{kind: opRST, id: id, val: uint32(http2.ErrCodeRefusedStream)})
 		return c.droppedLocked(DropRefused)

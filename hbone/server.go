@@ -248,6 +248,7 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 	release(false)
 	c := newConn(s.cfg, true, nc, bc, kc)
 	c.handler = s.h
+	c.onCalm = func() { s.fair.calmed(src, c.fair) }
 	if !c.peer.IsZero() { // h2c or no client certificate: no identity to count by
 		ps, wait, ok := s.fair.admitPeer(c.peer)
 		if !ok {
@@ -285,15 +286,14 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 	}
 	c.wg.Add(1)
 	go c.writeLoop()
-	err := c.readLoop()
-	if ce := (connError{}); errors.As(err, &ce) && ce.Code == http2.ErrCodeEnhanceYourCalm {
-		s.fair.calmed(src, c.fair) // before the GOAWAY, which the peer may answer with a reconnect
-	}
-	c.fail(err)
+	c.fail(c.readLoop())
 	c.wg.Wait()
 	c.reportKernelEnd()
 	c.mu.Lock()
 	cause := c.cause
+	if c.calmErr != nil && cause == nil { // drained after the calm GOAWAY
+		cause = c.calmErr
+	}
 	c.mu.Unlock()
 	var ce connError
 	if errors.As(cause, &ce) || errors.Is(cause, errPingTimeout) {
