@@ -28,8 +28,8 @@ type Config struct {
 	// Per-node budgets of a Server across its connections (doc.go, "Limits"): zero means
 	// the default in brackets, a negative value turns the budget off.
 	HandshakeWorkers       int     // [GOMAXPROCS-1, at least 1] ServeTLS handshakes computing at once
-	SourceHandshakes       int     // [64] handshakes in flight from one source IP; past it a new connection is refused
-	SourceHandshakeRate    float64 // [32/s, burst 4 s of it] new connections from one source IP; past it one waits up to 1 s, then is refused
+	SourceHandshakes       int     // [256] handshakes in flight from one source IP; past it a new connection is refused
+	SourceHandshakeRate    float64 // [32/s, burst 8 s of it] new connections from one source IP, a successful handshake's given back; past it one waits up to 1 s, then is refused
 	SourceFailedHandshakes float64 // [2/s, burst 8 s of it] failed handshakes of one source IP; past it its connections are refused before TLS
 	PeerConnRate           float64 // [32/s, burst 4 s of it] new HBONE connections of one peer identity; past it one waits up to 1 s, then is closed
 	PeerStreams            int     // [8 × ServerMaxStreams] open streams of one peer identity; past it a new one gets REFUSED_STREAM
@@ -185,7 +185,7 @@ func (c Config) withDefaults() Config {
 	if c.HandshakeWorkers == 0 {
 		c.HandshakeWorkers = handshakeWorkers()
 	}
-	c.SourceHandshakes = defaultInt(c.SourceHandshakes, 64)
+	c.SourceHandshakes = defaultInt(c.SourceHandshakes, 256)
 	c.SourceHandshakeRate = defaultRate(c.SourceHandshakeRate, 32)
 	c.SourceFailedHandshakes = defaultRate(c.SourceFailedHandshakes, 2)
 	c.PeerConnRate = defaultRate(c.PeerConnRate, 32)

@@ -131,13 +131,25 @@
 //     turns the budget off. Each refusal or wait goes to Config.OnDrop with its reason.
 //     Before the handshake, by source IP (nothing is read from a refused connection: it
 //     gets an RST, no key exchange and no TIME_WAIT):
-//     SourceHandshakes (64) in flight, then refused; SourceHandshakeRate (32/s, a burst of
-//     128: a pool reconnecting after a restart) new connections, past it one waits up to
-//     1 s for the next token, then is refused; SourceFailedHandshakes (2/s, a burst of 16:
-//     a client retrying through a certificate rotation) failures (TLS error, wrong ALPN,
-//     no preface, handshake deadline, evicted), and while past it every connection from
-//     the source is refused. In Istio ambient the source of an HBONE connection is the
-//     client pod's address, so one pod's storm does not slow its node's other pods.
+//     SourceHandshakes (256) in flight, then refused; SourceHandshakeRate (32/s, a burst
+//     of 256) new connections, past it one waits up to 1 s for the next token, then is
+//     refused; SourceFailedHandshakes (2/s, a burst of 16: a client retrying through a
+//     certificate rotation) failures (TLS error, wrong ALPN, no preface, handshake
+//     deadline, evicted), and while past it every connection from the source is refused.
+//     In Istio ambient's in-pod mode the source of an HBONE connection is the client
+//     pod's address, so one pod's storm does not slow its node's other pods. But in node
+//     mode, or with many pods behind one address (NAT), every identity of a node comes
+//     from one IP, and a node that restarts reconnects them all at once: one connection
+//     per identity with traffic to us, up to the node's pods (Kubernetes' max-pods is
+//     110 by default, 250 at most on most providers). So the in-flight cap and the burst
+//     are a node's worth, 256, and a handshake that succeeds gives its rate token back:
+//     the rate binds a source whose handshakes fail, stall or end in a calm close (whose
+//     penalty is a debt on the same bucket), never a node whose identities are all
+//     valid. Each identity is still held to PeerConnRate, which is where a source with
+//     valid certificates that churns connections is slowed. (Measured here: 200
+//     identities from one IP, all at once, each get a connection and an answered stream
+//     in 0.65 s with the defaults, none refused; with the earlier 64 in flight and a burst
+//     of 128 without the give-back, a third of them were refused.)
 //     After the handshake, by peer identity (connections without one, h2c, are not
 //     counted): PeerConnRate (32/s, a burst of 128) new connections, past it one waits up
 //     to 1 s, then is closed; PeerStreams (8 × ServerMaxStreams) open streams, past it a

@@ -102,7 +102,7 @@ func (f *fairness) admitSource(src netip.Addr) (release func(failed bool), wait 
 		return nil, 0, DropSourceHandshakes, false
 	}
 	if cfg.SourceHandshakeRate > 0 {
-		w, ok := st.rate.reserve(now, cfg.SourceHandshakeRate*rateBurst, cfg.SourceHandshakeRate, maxFairWait)
+		w, ok := st.rate.reserve(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate, maxFairWait)
 		if !ok {
 			return nil, 0, DropSourceRate, false
 		}
@@ -114,10 +114,17 @@ func (f *fairness) admitSource(src netip.Addr) (release func(failed bool), wait 
 		if once.Swap(true) {
 			return
 		}
+		now := time.Now()
 		f.mu.Lock()
 		st.inFlight--
 		if failed && cfg.SourceFailedHandshakes > 0 {
-			st.failed.take(time.Now(), cfg.SourceFailedHandshakes*failBurst, cfg.SourceFailedHandshakes)
+			st.failed.take(now, cfg.SourceFailedHandshakes*failBurst, cfg.SourceFailedHandshakes)
+		}
+		if !failed && cfg.SourceHandshakeRate > 0 {
+			// A handshake that succeeded gives its token back: the rate binds a source
+			// whose handshakes fail or end in a calm close, not a node whose many
+			// identities reconnect at once from its one IP (doc.go, "Limits").
+			st.rate.refund(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate)
 		}
 		f.mu.Unlock()
 	}, wait, 0, true
@@ -142,7 +149,7 @@ func (f *fairness) admitPeer(id identity.ID) (ps *peerState, wait time.Duration,
 		f.peers[id] = ps
 	}
 	if cfg.PeerConnRate > 0 {
-		w, ok := ps.rate.reserve(now, cfg.PeerConnRate*rateBurst, cfg.PeerConnRate, maxFairWait)
+		w, ok := ps.rate.reserve(now, cfg.PeerConnRate*peerBurst, cfg.PeerConnRate, maxFairWait)
 		if !ok {
 			return nil, 0, false
 		}
@@ -166,10 +173,10 @@ func (f *fairness) calmed(src netip.Addr, ps *peerState) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if st := f.sources[src]; st != nil && cfg.SourceHandshakeRate > 0 {
-		st.rate.penalize(now, cfg.SourceHandshakeRate*rateBurst, cfg.SourceHandshakeRate, calmPenalty)
+		st.rate.penalize(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate, calmPenalty)
 	}
 	if ps != nil && cfg.PeerConnRate > 0 {
-		ps.rate.penalize(now, cfg.PeerConnRate*rateBurst, cfg.PeerConnRate, calmPenalty)
+		ps.rate.penalize(now, cfg.PeerConnRate*peerBurst, cfg.PeerConnRate, calmPenalty)
 	}
 }
 
@@ -187,7 +194,7 @@ func (f *fairness) leavePeer(ps *peerState, n int64) {
 func (f *fairness) sweepSourcesLocked(now time.Time) {
 	cfg := f.cfg
 	for a, st := range f.sources {
-		if st.inFlight == 0 && st.rate.full(now, cfg.SourceHandshakeRate*rateBurst, cfg.SourceHandshakeRate) &&
+		if st.inFlight == 0 && st.rate.full(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate) &&
 			st.failed.full(now, cfg.SourceFailedHandshakes*failBurst, cfg.SourceFailedHandshakes) {
 			delete(f.sources, a)
 		}
@@ -199,7 +206,7 @@ func (f *fairness) sweepSourcesLocked(now time.Time) {
 func (f *fairness) sweepPeersLocked(now time.Time) {
 	cfg := f.cfg
 	for id, ps := range f.peers {
-		if ps.conns == 0 && ps.rate.full(now, cfg.PeerConnRate*rateBurst, cfg.PeerConnRate) {
+		if ps.conns == 0 && ps.rate.full(now, cfg.PeerConnRate*peerBurst, cfg.PeerConnRate) {
 			delete(f.peers, id)
 		}
 	}
@@ -208,7 +215,10 @@ func (f *fairness) sweepPeersLocked(now time.Time) {
 
 // Bursts of the rate budgets, in seconds of their rate.
 const (
-	rateBurst = 4 // new connections: a node's pool reconnecting after a restart
+	// sourceBurst: new connections of one source IP: a node's pods (up to 250, Kubernetes'
+	// usual max-pods) each reconnecting at once from the node's IP after a restart.
+	sourceBurst = 8
+	peerBurst   = 4 // new connections of one identity: its pools reconnecting after a restart
 	failBurst = 8 // failed handshakes: a client retrying through a certificate rotation
 )
 
