@@ -70,6 +70,7 @@ type config struct {
 	KeepaliveTime       time.Duration
 	KeepaliveInterval   time.Duration
 	KeepaliveRetries    int
+	budgets             // HBONE_* per-node budgets (budgets.go)
 
 	LogLevel      string
 	LogScopes     map[string]string // level per log scope (access, dns), from RUST_LOG
@@ -179,7 +180,7 @@ func settings() []setting {
 
 // allSettings is every variable gozt reads: its own, then the chart's.
 func allSettings() []setting {
-	return append(append(settings(), chartSettings()...), rustSettings()...)
+	return append(append(append(settings(), budgetSettings()...), chartSettings()...), rustSettings()...)
 }
 
 // prefixed are the variable families collected by prefix.
@@ -456,6 +457,14 @@ func proxyConfig(c *config) proxy.Config {
 			MaxStreamsPerConn: c.PoolMaxStreams,
 			IdleTimeout:       c.PoolUnusedRelease,
 			DisableKernelTLS:  !c.KernelTLS,
+
+			HandshakeWorkers:       c.HandshakeWorkers,
+			SourceHandshakes:       c.SourceHandshakes,
+			SourceHandshakeRate:    c.SourceHandshakeRate,
+			SourceFailedHandshakes: c.SourceFailedHandshakes,
+			PeerConnRate:           c.PeerConnRate,
+			PeerStreams:            c.PeerStreams,
+			PeerDials:              c.PeerDials,
 		},
 		PacketMark:        c.PacketMark,
 		OrigSrc:           c.EnableOrigSrc == "true",
