@@ -148,8 +148,8 @@
 //     valid. Each identity is still held to PeerConnRate, which is where a source with
 //     valid certificates that churns connections is slowed. (Measured here: 200
 //     identities from one IP, all at once, each get a connection and an answered stream
-//     in 0.65 s with the defaults, none refused; with the earlier 64 in flight and a burst
-//     of 128 without the give-back, a third of them were refused.)
+//     in 0.65 s with the defaults, none refused; with the earlier 64 in flight, 127 to 135
+//     of them were refused.)
 //     After the handshake, by peer identity (connections without one, h2c, are not
 //     counted): PeerConnRate (32/s, a burst of 128) new connections, past it one waits up
 //     to 1 s, then is closed; PeerStreams (8 × ServerMaxStreams) open streams, past it a
