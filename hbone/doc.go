@@ -123,7 +123,16 @@
 //     the oldest is closed. A connection that never starts TLS or stalls halfway
 //     (slowloris) is the oldest, while an honest handshake takes milliseconds, so a
 //     flood of them delays no honest client; each costs about 6.5 KiB of heap, a
-//     goroutine and a socket until then.
+//     goroutine and a socket until then. An evicted handshake waiting for the CPU (the
+//     gate, below) stops waiting at once. The accept loops (Server.Serve, the proxy's
+//     on 15008) call WaitAccept before each Accept: past 2 × MaxHandshakes connections
+//     not yet serving HTTP/2 (those in their handshake and the evicted on their way
+//     out), and until the goroutine of the last one accepted has started, the rest wait
+//     in the kernel's backlog, so goroutines stay bounded however fast a flood comes.
+//     They do not stop for handshakes queued for the CPU: that would make the backlog
+//     first-come first-served, every queued ClientHello would get its key exchange, and
+//     a full backlog drops SYNs (an honest client then retries after a second), where
+//     eviction sheds the oldest unserved and lets the newest in.
 //   - Per-node budgets (server, fair.go): the limits above are per connection, so a peer
 //     with N connections would get N times them, and a reconnect after each
 //     ENHANCE_YOUR_CALM buys a fresh handshake (~0.7 ms of CPU) per cycle. These hold
