@@ -137,7 +137,8 @@
 //     with N connections would get N times them, and a reconnect after each
 //     ENHANCE_YOUR_CALM buys a fresh handshake (~0.7 ms of CPU) per cycle. These hold
 //     across a Server's connections; a zero Config field is the default, a negative one
-//     turns the budget off. Each refusal or wait goes to Config.OnDrop with its reason.
+//     turns the budget off (the ztunnel binary sets them from its HBONE_* variables,
+//     docs/CONFIGURATION.md). Each refusal or wait goes to Config.OnDrop with its reason.
 //     Before the handshake, by source IP (nothing is read from a refused connection: it
 //     gets an RST, no key exchange and no TIME_WAIT):
 //     SourceHandshakes (256) in flight, then refused; SourceHandshakeRate (32/s, a burst
