@@ -3,6 +3,7 @@ package hbone
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"testing"
 	"time"
@@ -93,26 +94,38 @@ func TestCalmDrainClosesPeerThatKeepsGoing(t *testing.T) {
 	}
 }
 
-// The same for streams: a peer that opens more than a window of streams past the calm
-// GOAWAY is closed.
+// The same for streams: a peer that opens streams past the calm GOAWAY is closed, at once
+// if it has read the GOAWAY (acked the PING after it), else past calmGrace of them.
 func TestCalmDrainClosesStreamsPastGoAway(t *testing.T) {
-	leaktest.Check(t)
-	p, done, stop := serveRaw(t, Config{ServerMaxStreams: 5}, echo)
-	defer stop()
-	p.ackPings.Store(false)
-	calmAfterPings(t, p, false)
-	for id := uint32(3); id < 3+2*20; id += 2 {
-		if p.headers(id, false, ":method", "CONNECT", ":authority", "10.0.0.1:80") != nil {
-			break
-		}
+	for _, read := range []bool{true, false} {
+		t.Run(fmt.Sprintf("read=%v", read), func(t *testing.T) {
+			leaktest.Check(t)
+			p, done, stop := serveRaw(t, Config{}, echo)
+			defer stop()
+			p.ackPings.Store(false)
+			calmAfterPings(t, p, false)
+			want := calmGrace + 1
+			if read {
+				p.waitFor(t, "the PING after the GOAWAY", func(f frameSummary) bool { return f.typ == http2.FramePing })
+				p.write(func() error { return p.fr.WritePing(true, calmPing) })
+				want = 1
+			}
+			opened := 0
+			for id := uint32(3); opened < want; id += 2 {
+				if p.headers(id, false, ":method", "CONNECT", ":authority", "10.0.0.1:80") != nil {
+					break
+				}
+				opened++
+			}
+			select {
+			case <-p.done:
+			case <-time.After(calmDrainTimeout / 2):
+				t.Fatalf("a peer that opened %d streams past the calm GOAWAY was not closed", opened)
+			}
+			<-done
+			done <- nil
+		})
 	}
-	select {
-	case <-p.done:
-	case <-time.After(calmDrainTimeout / 2):
-		t.Fatal("a peer opening streams past the calm GOAWAY was not closed")
-	}
-	<-done
-	done <- nil
 }
 
 // Our own client takes a calm GOAWAY as the server meant it: the stream open on the

@@ -96,6 +96,7 @@ type conn struct {
 	fairDone       bool        // server: serve has taken fairStreams off fair.streams
 	calmErr        error       // server: the budget the peer ran out of; GOAWAY(ENHANCE_YOUR_CALM) sent, draining
 	calmRefused    int         // server: streams refused after the calm GOAWAY
+	calmAcked      bool        // server: the peer acked the PING sent after the calm GOAWAY: it has read the GOAWAY
 	calmTimer      *time.Timer // server: closes the connection at the end of the calm drain
 }
 
@@ -230,6 +231,14 @@ func (c *conn) closeWith(err error) {
 	c.leavePool()
 }
 
+// calmPing is the payload of the PING sent after a calm GOAWAY.
+var calmPing = [8]byte{'g', 'o', 'z', 't', '-', 'c', 'm'}
+
+// calmGrace is how many new streams a peer may open past a calm GOAWAY before it has
+// read it (acked calmPing): what an honest client sent meanwhile. Once it has read it,
+// none.
+const calmGrace = 32
+
 // calmDrainTimeout is how long a connection calmed with GOAWAY(ENHANCE_YOUR_CALM) lets
 // its open streams finish before it is closed anyway.
 const calmDrainTimeout = 10 * time.Second
@@ -241,7 +250,8 @@ const calmDrainTimeout = 10 * time.Second
 // streams beside the flood. It reports false (close now) for any other error, on the
 // client side, for a peer that does not read (the control-frame queue is full), and once
 // the connection is already draining for a calm: a peer that keeps going after the
-// GOAWAY (another budget's worth, or more than ServerMaxStreams new streams) is closed.
+// GOAWAY (another budget's worth, or new streams past the GOAWAY once it has read it, or
+// more than calmGrace before) is closed.
 func (c *conn) calmDrain(err error) bool {
 	var ce connError
 	if !c.server || !errors.As(err, &ce) || ce.Code != http2.ErrCodeEnhanceYourCalm || c.flooded.Load() {
@@ -262,6 +272,7 @@ func (c *conn) calmDrain(err error) bool {
 	c.charged() // before the GOAWAY, which the peer may answer with a reconnect
 	c.mu.Lock()
 	c.queueLocked(ctrlOp{kind: opGoAway, val: uint32(http2.ErrCodeEnhanceYourCalm)})
+	c.queueLocked(ctrlOp{kind: opPing, data: calmPing}) // its ack says the GOAWAY was read
 	if c.active == 0 {
 		c.queueLocked(ctrlOp{kind: opGoAwayEnd})
 	}

@@ -178,9 +178,10 @@
 //     new streams get REFUSED_STREAM, the open ones finish within 10 s, then it closes. A
 //     pooled connection carries every client of one identity to this node, so a close
 //     would cut the honest streams beside the flood. The peer gets one more burst of the
-//     budget it ran out of and ServerMaxStreams new streams past the GOAWAY (what it sent
-//     before reading it); past either, or if it does not read what we owe it, it is
-//     closed at once. Our Pool takes the connection out of the pool at the GOAWAY, so
+//     budget it ran out of, and a PING after the GOAWAY: until it acks that PING (it has
+//     read the GOAWAY) up to 32 new streams are refused, what it may have sent meanwhile;
+//     past either, on any new stream after the ack, or if it does not read what we owe
+//     it, it is closed at once. Our Pool takes the connection out of the pool at the GOAWAY, so
 //     new streams dial a fresh one while the old ones finish.
 //   - Header blocks: 64 KiB decoded on the server, 16 KiB on the client (x/net's Framer
 //     enforces it across CONTINUATION frames); frames up to MaxFrameSize.

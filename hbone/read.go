@@ -72,6 +72,7 @@ func (c *conn) handleFrame(f http2.Frame) error {
 		defer c.mu.Unlock()
 		if f.IsAck() {
 			c.pingOut = false
+			c.calmAcked = c.calmAcked || c.calmErr != nil && f.Data == calmPing
 			return nil
 		}
 		c.queueLocked(ctrlOp{kind: opPingAck, data: f.Data})
@@ -364,11 +365,11 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 	}
 	c.lastPeerID = id
 	if c.calmErr != nil {
-		// Past the calm GOAWAY: a client may have sent its next streams before it read
-		// it, as many as its window holds; one that goes on after that is closed.
+		// Past the calm GOAWAY: a client may have sent a few streams before it read it;
+		// one that goes on after that is closed.
 		c.queueLocked(ctrlOp{kind: opRST, id: id, val: uint32(http2.ErrCodeRefusedStream)})
 		c.notifyDrop(DropRefused)
-		if c.calmRefused++; c.calmRefused > int(c.cfg.ServerMaxStreams) {
+		if c.calmRefused++; c.calmAcked || c.calmRefused > calmGrace {
 			return calm("streams opened past GOAWAY(ENHANCE_YOUR_CALM)")
 		}
 		return nil
