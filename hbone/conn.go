@@ -237,7 +237,7 @@ var calmPing = [8]byte{'g', 'o', 'z', 't', '-', 'c', 'm'}
 // calmGrace is how many new streams a peer may open past a calm GOAWAY before it has
 // read it (acked calmPing): what an honest client sent meanwhile. Once it has read it,
 // none.
-const calmGrace = 32
+const calmGrace = 8
 
 // calmDrainTimeout is how long a connection calmed with GOAWAY(ENHANCE_YOUR_CALM) lets
 // its open streams finish before it is closed anyway.

@@ -179,7 +179,7 @@
 //     pooled connection carries every client of one identity to this node, so a close
 //     would cut the honest streams beside the flood. The peer gets one more burst of the
 //     budget it ran out of, and a PING after the GOAWAY: until it acks that PING (it has
-//     read the GOAWAY) up to 32 new streams are refused, what it may have sent meanwhile;
+//     read the GOAWAY) up to 8 new streams are refused, what it may have sent meanwhile;
 //     past either, on any new stream after the ack, or if it does not read what we owe
 //     it, it is closed at once. Our Pool takes the connection out of the pool at the GOAWAY, so
 //     new streams dial a fresh one while the old ones finish.
