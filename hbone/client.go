@@ -379,6 +379,17 @@ func (c *conn) limit() int {
 // open sends the CONNECT request on a reserved slot and waits for the response.
 func (c *conn) open(ctx context.Context, authority string, hdr http.Header) (*Stream, error) {
 	c.lockWrite()
+	// The RST_STREAMs that Close queued for writeLoop go out first: the peer frees their
+	// slots only when it reads them, and a HEADERS that overtook them would find its
+	// MAX_CONCURRENT_STREAMS still taken by streams we count as gone (REFUSED_STREAM).
+	if closeAfter, err := c.writeOpsWLocked(); err != nil || closeAfter {
+		c.unlockWrite()
+		c.closeWith(err)
+		c.mu.Lock()
+		c.reserved--
+		c.mu.Unlock()
+		return nil, fmt.Errorf("hbone: CONNECT %s: %w", authority, errRefused)
+	}
 	c.mu.Lock()
 	c.reserved--
 	if c.closed || c.goaway || c.nextID > 1<<31-1 {

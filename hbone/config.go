@@ -28,11 +28,11 @@ type Config struct {
 	// Per-node budgets of a Server across its connections (doc.go, "Limits"): zero means
 	// the default in brackets, a negative value turns the budget off.
 	HandshakeWorkers       int     // [GOMAXPROCS-1, at least 1] ServeTLS handshakes computing at once
-	SourceHandshakes       int     // [64] handshakes in flight from one source IP; past it a new connection is refused
-	SourceHandshakeRate    float64 // [32/s, burst 4 s of it] new connections from one source IP; past it one waits up to 1 s, then is refused
+	SourceHandshakes       int     // [256] handshakes in flight from one source IP; past it a new connection is refused
+	SourceHandshakeRate    float64 // [32/s, burst 8 s of it] new connections from one source IP, a successful handshake's given back; past it one waits up to 1 s, then is refused
 	SourceFailedHandshakes float64 // [2/s, burst 8 s of it] failed handshakes of one source IP; past it its connections are refused before TLS
 	PeerConnRate           float64 // [32/s, burst 4 s of it] new HBONE connections of one peer identity; past it one waits up to 1 s, then is closed
-	PeerStreams            int     // [8 × ServerMaxStreams] open streams of one peer identity; past it a new one gets REFUSED_STREAM
+	PeerStreams            int     // [16384] open streams of one peer identity; past it a new one gets REFUSED_STREAM
 	PeerDials              int     // [256] streams of one peer identity whose handler has not answered; past it a new one waits
 	// SourceRelays, if set, names source IPs that relay other clients' connections (a
 	// network gateway forwarding double HBONE): no per-source budget applies to them, nor
@@ -190,11 +190,11 @@ func (c Config) withDefaults() Config {
 	if c.HandshakeWorkers == 0 {
 		c.HandshakeWorkers = handshakeWorkers()
 	}
-	c.SourceHandshakes = defaultInt(c.SourceHandshakes, 64)
+	c.SourceHandshakes = defaultInt(c.SourceHandshakes, 256)
 	c.SourceHandshakeRate = defaultRate(c.SourceHandshakeRate, 32)
 	c.SourceFailedHandshakes = defaultRate(c.SourceFailedHandshakes, 2)
 	c.PeerConnRate = defaultRate(c.PeerConnRate, 32)
-	c.PeerStreams = defaultInt(c.PeerStreams, 8*int(c.ServerMaxStreams))
+	c.PeerStreams = defaultInt(c.PeerStreams, 16384)
 	c.PeerDials = defaultInt(c.PeerDials, 256)
 	return c
 }

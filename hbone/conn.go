@@ -35,6 +35,7 @@ type conn struct {
 	fr      *http2.Framer       // the write side's, under wmu (replaced by trimIfIdle)
 	onClose func(*conn)         // pool bookkeeping: the connection leaves the pool; see leavePool
 	fair    *peerState          // server: its peer identity's budgets (fair.go), nil without an identity
+	onCalm  func()              // server: charges the calm to the source and identity (fair.go); set before the reader starts
 	// ctx is the parent of every server stream's Request context; cancelCtx ends it in
 	// closeWith. Set before the frame reader starts (server only).
 	ctx       context.Context
@@ -104,10 +105,14 @@ type conn struct {
 	pingOut        bool
 	pingSent       time.Time
 	ops, opsSpare  []ctrlOp
-	resetBudget    rateBudget // server: refused and early-reset streams (limits.go)
-	junkBudget     rateBudget // frames that carry nothing (limits.go)
-	fairStreams    int64      // server: its streams counted in fair.streams (fair.go)
-	fairDone       bool       // server: serve has taken fairStreams off fair.streams
+	resetBudget    rateBudget  // server: refused and early-reset streams (limits.go)
+	junkBudget     rateBudget  // frames that carry nothing (limits.go)
+	fairStreams    int64       // server: its streams counted in fair.streams (fair.go)
+	fairDone       bool        // server: serve has taken fairStreams off fair.streams
+	calmErr        error       // server: the budget the peer ran out of; GOAWAY(ENHANCE_YOUR_CALM) sent, draining
+	calmRefused    int         // server: streams refused after the calm GOAWAY
+	calmAcked      bool        // server: the peer acked the PING sent after the calm GOAWAY: it has read the GOAWAY
+	calmTimer      *time.Timer // server: closes the connection at the end of the calm drain
 }
 
 type opKind uint8
@@ -236,13 +241,77 @@ func (c *conn) closeWith(err error) {
 	c.leavePool()
 }
 
+// calmPing is the payload of the PING sent after a calm GOAWAY.
+var calmPing = [8]byte{'g', 'o', 'z', 't', '-', 'c', 'm'}
+
+// calmGrace is how many new streams a peer may open past a calm GOAWAY before it has
+// read it (acked calmPing): what an honest client sent meanwhile. Once it has read it,
+// none.
+const calmGrace = 8
+
+// calmDrainTimeout is how long a connection calmed with GOAWAY(ENHANCE_YOUR_CALM) lets
+// its open streams finish before it is closed anyway.
+const calmDrainTimeout = 10 * time.Second
+
+// calmDrain answers a server connection's first ENHANCE_YOUR_CALM (err) with a drain
+// rather than a close: GOAWAY(ENHANCE_YOUR_CALM) names the last stream processed, new
+// streams are refused, and the streams open finish within calmDrainTimeout. A pooled
+// connection carries every client of its identity, so a close would cut the honest
+// streams beside the flood. It reports false (close now) for any other error, on the
+// client side, for a peer that does not read (the control-frame queue is full), and once
+// the connection is already draining for a calm: a peer that keeps going after the
+// GOAWAY (another budget's worth, or new streams past the GOAWAY once it has read it, or
+// more than calmGrace before) is closed.
+func (c *conn) calmDrain(err error) bool {
+	var ce connError
+	if !c.server || !errors.As(err, &ce) || ce.Code != http2.ErrCodeEnhanceYourCalm || c.flooded.Load() {
+		return false
+	}
+	c.mu.Lock()
+	if c.calmErr != nil || c.closed {
+		c.mu.Unlock()
+		return false
+	}
+	c.calmErr = err
+	c.draining = true
+	c.goaway = true
+	// The peer may have sent more of the same before it reads the GOAWAY: one more burst
+	// of each budget, then the second overrun closes the connection.
+	c.junkBudget, c.resetBudget = rateBudget{}, rateBudget{}
+	c.mu.Unlock()
+	c.charged() // before the GOAWAY, which the peer may answer with a reconnect
+	c.mu.Lock()
+	c.queueLocked(ctrlOp{kind: opGoAway, val: uint32(http2.ErrCodeEnhanceYourCalm)})
+	c.queueLocked(ctrlOp{kind: opPing, data: calmPing}) // its ack says the GOAWAY was read
+	if c.active == 0 {
+		c.queueLocked(ctrlOp{kind: opGoAwayEnd})
+	}
+	c.calmTimer = time.AfterFunc(calmDrainTimeout, func() { c.closeWith(err) })
+	c.mu.Unlock()
+	return true
+}
+
+// charged counts a calm and charges it to the peer's source and identity.
+func (c *conn) charged() {
+	c.notifyDrop(DropConnCalm)
+	if c.onCalm != nil {
+		c.onCalm()
+	}
+}
+
 // fail answers a connection error with GOAWAY (best effort, bounded by a write deadline)
 // and closes.
 func (c *conn) fail(err error) {
+	c.mu.Lock()
+	calmed, timer := c.calmErr != nil, c.calmTimer
+	c.mu.Unlock()
+	if timer != nil {
+		timer.Stop()
+	}
 	var ce connError
 	if errors.As(err, &ce) {
-		if ce.Code == http2.ErrCodeEnhanceYourCalm {
-			c.notifyDrop(DropConnCalm)
+		if ce.Code == http2.ErrCodeEnhanceYourCalm && !calmed {
+			c.charged()
 		}
 		c.nc.SetWriteDeadline(time.Now().Add(time.Second))
 		c.lockWrite()

@@ -106,8 +106,8 @@
 //     limit per connection, whatever the peer resets.
 //   - Early resets (server): a stream refused, or reset by the peer before the handler
 //     answered it, spends a token of a per-connection budget: 2 × the stream limit at
-//     once, then 100 a second. A peer that runs out gets GOAWAY(ENHANCE_YOUR_CALM) and
-//     is closed. (The h2 crate, the Rust ztunnel's, counts the same streams as
+//     once, then 100 a second. A peer that runs out gets GOAWAY(ENHANCE_YOUR_CALM) (a
+//     calm close, below). (The h2 crate, the Rust ztunnel's, counts the same streams as
 //     max_pending_accept_reset_streams, 20 at a time; a rate also catches a peer whose
 //     resets our handlers keep up with.) The reset ends the Request's context at once,
 //     so the handler's dial stops, and Config.OnDrop hears of each such stream so the
@@ -123,28 +123,53 @@
 //     the oldest is closed. A connection that never starts TLS or stalls halfway
 //     (slowloris) is the oldest, while an honest handshake takes milliseconds, so a
 //     flood of them delays no honest client; each costs about 6.5 KiB of heap, a
-//     goroutine and a socket until then.
+//     goroutine and a socket until then. An evicted handshake waiting for the CPU (the
+//     gate, below) stops waiting at once. The accept loops (Server.Serve, the proxy's
+//     on 15008) call WaitAccept before each Accept: past 2 × MaxHandshakes connections
+//     not yet serving HTTP/2 (those in their handshake and the evicted on their way
+//     out), and until the goroutine of the last one accepted has started, the rest wait
+//     in the kernel's backlog, so goroutines stay bounded however fast a flood comes.
+//     They do not stop for handshakes queued for the CPU: that would make the backlog
+//     first-come first-served, every queued ClientHello would get its key exchange, and
+//     a full backlog drops SYNs (an honest client then retries after a second), where
+//     eviction sheds the oldest unserved and lets the newest in.
 //   - Per-node budgets (server, fair.go): the limits above are per connection, so a peer
 //     with N connections would get N times them, and a reconnect after each
 //     ENHANCE_YOUR_CALM buys a fresh handshake (~0.7 ms of CPU) per cycle. These hold
 //     across a Server's connections; a zero Config field is the default, a negative one
-//     turns the budget off. Each refusal or wait goes to Config.OnDrop with its reason.
+//     turns the budget off (the ztunnel binary sets them from its HBONE_* variables,
+//     docs/CONFIGURATION.md). Each refusal or wait goes to Config.OnDrop with its reason.
 //     Before the handshake, by source IP (nothing is read from a refused connection: it
 //     gets an RST, no key exchange and no TIME_WAIT):
-//     SourceHandshakes (64) in flight, then refused; SourceHandshakeRate (32/s, a burst of
-//     128: a pool reconnecting after a restart) new connections, past it one waits up to
-//     1 s for the next token, then is refused; SourceFailedHandshakes (2/s, a burst of 16:
-//     a client retrying through a certificate rotation) failures (TLS error, wrong ALPN,
-//     no preface, handshake deadline, evicted), and while past it every connection from
-//     the source is refused. In Istio ambient the source of an HBONE connection is the
-//     client pod's address, so one pod's storm does not slow its node's other pods. A
-//     network gateway's address is the exception: it relays many clients' double HBONE,
-//     so Config.SourceRelays exempts it from these and from PeerConnRate below (the
-//     proxy names every gateway its workloads name).
+//     SourceHandshakes (256) in flight, then refused; SourceHandshakeRate (32/s, a burst
+//     of 256) new connections, past it one waits up to 1 s for the next token, then is
+//     refused; SourceFailedHandshakes (2/s, a burst of 16: a client retrying through a
+//     certificate rotation) failures (TLS error, wrong ALPN, no preface, handshake
+//     deadline, evicted), and while past it every connection from the source is refused.
+//     In Istio ambient's in-pod mode the source of an HBONE connection is the client
+//     pod's address, so one pod's storm does not slow its node's other pods. But in node
+//     mode, or with many pods behind one address (NAT), every identity of a node comes
+//     from one IP, and a node that restarts reconnects them all at once: one connection
+//     per identity with traffic to us, up to the node's pods (Kubernetes' max-pods is
+//     110 by default, 250 at most on most providers). So the in-flight cap and the burst
+//     are a node's worth, 256, and a handshake that succeeds gives its rate token back:
+//     the rate binds a source whose handshakes fail, stall or end in a calm close (whose
+//     penalty is a debt on the same bucket), never a node whose identities are all
+//     valid. Each identity is still held to PeerConnRate, which is where a source with
+//     valid certificates that churns connections is slowed. (Measured here: 200
+//     identities from one IP, all at once, each get a connection and an answered stream
+//     in 0.65 s with the defaults, none refused; with the earlier 64 in flight, 127 to 135
+//     of them were refused.) A network gateway's address is the exception: it relays many
+//     clients' double HBONE, so Config.SourceRelays exempts it from these and from
+//     PeerConnRate below (the proxy names every gateway its workloads name).
 //     After the handshake, by peer identity (connections without one, h2c, are not
 //     counted): PeerConnRate (32/s, a burst of 128) new connections, past it one waits up
-//     to 1 s, then is closed; PeerStreams (8 × ServerMaxStreams) open streams, past it a
-//     new one gets REFUSED_STREAM (and spends the early-reset budget); PeerDials (256)
+//     to 1 s, then is closed; PeerStreams (16384) open streams, past it a new one gets
+//     REFUSED_STREAM (and spends the early-reset budget) — sized for fan-in, not for one
+//     client: every pod of a deployment shares its identity, and thousands of them holding
+//     a few pooled connections each to one database pod is ordinary (the Rust ztunnel has
+//     no such limit), while 16384 proxied connections are a few percent of what a node's
+//     descriptors allow; PeerDials (256)
 //     streams whose handler has not answered (a backend dial, in a proxy), past it a new
 //     one waits for one to answer, so a peer that floods CONNECTs to a live backend holds
 //     at most that many dials, whatever its number of connections. Keyed by identity, a
@@ -154,6 +179,16 @@
 //     its place only between its reads, so one stalled by its peer holds none, and one P
 //     is always left to established connections. Per-source and per-identity entries are
 //     forgotten once idle with full buckets, swept when their number passes 4096.
+//   - Calm close (server): a peer that runs out of a budget gets GOAWAY(ENHANCE_YOUR_CALM)
+//     naming the last stream processed, and the connection drains rather than closes:
+//     new streams get REFUSED_STREAM, the open ones finish within 10 s, then it closes. A
+//     pooled connection carries every client of one identity to this node, so a close
+//     would cut the honest streams beside the flood. The peer gets one more burst of the
+//     budget it ran out of, and a PING after the GOAWAY: until it acks that PING (it has
+//     read the GOAWAY) up to 8 new streams are refused, what it may have sent meanwhile;
+//     past either, on any new stream after the ack, or if it does not read what we owe
+//     it, it is closed at once. Our Pool takes the connection out of the pool at the GOAWAY, so
+//     new streams dial a fresh one while the old ones finish.
 //   - Header blocks: 64 KiB decoded on the server, 16 KiB on the client (x/net's Framer
 //     enforces it across CONTINUATION frames); frames up to MaxFrameSize.
 //   - A hostile server can do no more to the client: it gets the same frame budgets,

@@ -30,6 +30,16 @@ type fairness struct {
 	cfg *Config
 	// gate: handshakes computing (not waiting for the network) at once.
 	gate chan struct{}
+	// pending: connections inside Server.serve that are not serving HTTP/2 yet (in their
+	// handshake, or evicted and on their way out); past pendingLimit the accept loops wait
+	// (WaitAccept) and the kernel's backlog holds the rest. room is told (non-blocking,
+	// capacity 1) each time one leaves.
+	pending      atomic.Int64
+	pendingLimit int64
+	room         chan struct{}
+	// unstarted: an accept loop has let a connection in (waitRoom returned) and its
+	// serving goroutine has not counted itself in pending yet.
+	unstarted atomic.Bool
 
 	mu        sync.Mutex
 	sources   map[netip.Addr]*sourceState // guarded by mu
@@ -61,6 +71,9 @@ func newFairness(cfg *Config) *fairness {
 		peers:     make(map[identity.ID]*peerState),
 		sweepSrc:  sweepAt,
 		sweepPeer: sweepAt,
+		room:      make(chan struct{}, 1),
+		// MaxHandshakes in their handshake, as many again evicted and leaving.
+		pendingLimit: 2 * int64(cfg.MaxHandshakes),
 	}
 	if cfg.HandshakeWorkers > 0 {
 		f.gate = make(chan struct{}, cfg.HandshakeWorkers)
@@ -103,7 +116,7 @@ func (f *fairness) admitSource(src netip.Addr, relay bool) (release func(failed 
 		return nil, 0, DropSourceHandshakes, false
 	}
 	if cfg.SourceHandshakeRate > 0 {
-		w, ok := st.rate.reserve(now, cfg.SourceHandshakeRate*rateBurst, cfg.SourceHandshakeRate, maxFairWait)
+		w, ok := st.rate.reserve(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate, maxFairWait)
 		if !ok {
 			return nil, 0, DropSourceRate, false
 		}
@@ -115,10 +128,17 @@ func (f *fairness) admitSource(src netip.Addr, relay bool) (release func(failed 
 		if once.Swap(true) {
 			return
 		}
+		now := time.Now()
 		f.mu.Lock()
 		st.inFlight--
 		if failed && cfg.SourceFailedHandshakes > 0 {
-			st.failed.take(time.Now(), cfg.SourceFailedHandshakes*failBurst, cfg.SourceFailedHandshakes)
+			st.failed.take(now, cfg.SourceFailedHandshakes*failBurst, cfg.SourceFailedHandshakes)
+		}
+		if !failed && cfg.SourceHandshakeRate > 0 {
+			// A handshake that succeeded gives its token back: the rate binds a source
+			// whose handshakes fail or end in a calm close, not a node whose many
+			// identities reconnect at once from its one IP (doc.go, "Limits").
+			st.rate.refund(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate)
 		}
 		f.mu.Unlock()
 	}, wait, 0, true
@@ -145,7 +165,7 @@ func (f *fairness) admitPeer(id identity.ID, relay bool) (ps *peerState, wait ti
 		f.peers[id] = ps
 	}
 	if cfg.PeerConnRate > 0 && !relay {
-		w, ok := ps.rate.reserve(now, cfg.PeerConnRate*rateBurst, cfg.PeerConnRate, maxFairWait)
+		w, ok := ps.rate.reserve(now, cfg.PeerConnRate*peerBurst, cfg.PeerConnRate, maxFairWait)
 		if !ok {
 			return nil, 0, false
 		}
@@ -169,10 +189,10 @@ func (f *fairness) calmed(src netip.Addr, ps *peerState) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if st := f.sources[src]; st != nil && cfg.SourceHandshakeRate > 0 {
-		st.rate.penalize(now, cfg.SourceHandshakeRate*rateBurst, cfg.SourceHandshakeRate, calmPenalty)
+		st.rate.penalize(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate, calmPenalty)
 	}
 	if ps != nil && cfg.PeerConnRate > 0 {
-		ps.rate.penalize(now, cfg.PeerConnRate*rateBurst, cfg.PeerConnRate, calmPenalty)
+		ps.rate.penalize(now, cfg.PeerConnRate*peerBurst, cfg.PeerConnRate, calmPenalty)
 	}
 }
 
@@ -190,7 +210,7 @@ func (f *fairness) leavePeer(ps *peerState, n int64) {
 func (f *fairness) sweepSourcesLocked(now time.Time) {
 	cfg := f.cfg
 	for a, st := range f.sources {
-		if st.inFlight == 0 && st.rate.full(now, cfg.SourceHandshakeRate*rateBurst, cfg.SourceHandshakeRate) &&
+		if st.inFlight == 0 && st.rate.full(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate) &&
 			st.failed.full(now, cfg.SourceFailedHandshakes*failBurst, cfg.SourceFailedHandshakes) {
 			delete(f.sources, a)
 		}
@@ -202,7 +222,7 @@ func (f *fairness) sweepSourcesLocked(now time.Time) {
 func (f *fairness) sweepPeersLocked(now time.Time) {
 	cfg := f.cfg
 	for id, ps := range f.peers {
-		if ps.conns == 0 && ps.rate.full(now, cfg.PeerConnRate*rateBurst, cfg.PeerConnRate) {
+		if ps.conns == 0 && ps.rate.full(now, cfg.PeerConnRate*peerBurst, cfg.PeerConnRate) {
 			delete(f.peers, id)
 		}
 	}
@@ -211,14 +231,16 @@ func (f *fairness) sweepPeersLocked(now time.Time) {
 
 // Bursts of the rate budgets, in seconds of their rate.
 const (
-	rateBurst = 4 // new connections: a node's pool reconnecting after a restart
-	failBurst = 8 // failed handshakes: a client retrying through a certificate rotation
+	// sourceBurst: new connections of one source IP: a node's pods (up to 250, Kubernetes'
+	// usual max-pods) each reconnecting at once from the node's IP after a restart.
+	sourceBurst = 8
+	peerBurst   = 4 // new connections of one identity: its pools reconnecting after a restart
+	failBurst   = 8 // failed handshakes: a client retrying through a certificate rotation
 )
 
 // enterHandshake takes a place in the handshake gate, waiting while every place is
-// taken; it fails only when ctx ends first. (A connection closed meanwhile, evicted past
-// MaxHandshakes, finds out at its next read: places are held only while a handshake
-// computes, so the wait is short.)
+// taken; it fails only when ctx (the connection's: it ends when the connection is evicted
+// past MaxHandshakes) ends first.
 func (f *fairness) enterHandshake(ctx context.Context) bool {
 	select {
 	case f.gate <- struct{}{}:
@@ -234,6 +256,60 @@ func (f *fairness) enterHandshake(ctx context.Context) bool {
 }
 
 func (f *fairness) leaveHandshake() { <-f.gate }
+
+// leftPending takes a connection off pending (once it serves HTTP/2, or leaves).
+func (f *fairness) leftPending() {
+	f.pending.Add(-1)
+	f.tellRoom()
+}
+
+// tellRoom wakes a waiting accept loop, if any.
+func (f *fairness) tellRoom() {
+	select {
+	case f.room <- struct{}{}:
+	default:
+	}
+}
+
+// waitRoom returns once fewer than pendingLimit connections are pending, or ctx ends. It first waits (up to maxStartWait,
+// in case that accept failed) for the connection let in before to count itself: goroutines
+// that the scheduler has not run yet are not counted anywhere else.
+func (f *fairness) waitRoom(ctx context.Context) {
+	var timeout <-chan time.Time
+	for f.unstarted.Load() {
+		if timeout == nil {
+			t := time.NewTimer(maxStartWait)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-f.room:
+		case <-timeout:
+			f.unstarted.Store(false)
+		case <-ctx.Done():
+			return
+		}
+	}
+	for f.pending.Load() >= f.pendingLimit {
+		select {
+		case <-f.room:
+		case <-ctx.Done():
+			return
+		}
+	}
+	f.unstarted.Store(true)
+}
+
+// maxStartWait bounds how long waitRoom waits for the previous connection's goroutine.
+const maxStartWait = 10 * time.Millisecond
+
+// enterPending counts a connection's serving goroutine in pending.
+func (f *fairness) enterPending() {
+	f.pending.Add(1)
+	if f.unstarted.Swap(false) {
+		f.tellRoom()
+	}
+}
 
 // gatedConn is the raw connection under a server handshake: it holds a place in the
 // handshake gate while the handshake computes and gives it up while it waits for the

@@ -3,6 +3,7 @@ package hbone
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"net"
 	"net/netip"
 	"sync"
@@ -24,6 +25,7 @@ const honestID = "spiffe://cluster.local/ns/default/sa/honest"
 var (
 	floodSrc  = netip.MustParseAddr("127.0.0.1")
 	honestSrc = netip.MustParseAddr("127.0.0.2")
+	nodeSrc   = netip.MustParseAddr("127.0.0.3") // a node's pods, in node mode
 )
 
 // dropCounts is an OnDrop that counts by reason.
@@ -351,5 +353,62 @@ func TestSourceRelaysExempt(t *testing.T) {
 		if n := drops[r].Load(); n != 0 {
 			t.Errorf("%d drops %v from a relay", n, DropReason(r))
 		}
+	}
+}
+
+// A node restarting in node mode: every identity on it reconnects to this node at once,
+// all from the node's one IP. With the default budgets each gets its connection and its
+// stream answered, none refused: the source's handshake rate takes back the tokens of
+// handshakes that succeed, and SourceHandshakes holds a node's worth in flight.
+func TestNodeRestartFromOneIP(t *testing.T) {
+	leaktest.Check(t)
+	identities := 200
+	if raceEnabled { // handshakes take ~5 times as long: fewer, still past the old budgets (64 in flight)
+		identities = 100
+	}
+	var drops dropCounts
+	e := newEnv(t, Config{OnDrop: drops.hook}, echo)
+	cfgs := make(map[identity.ID]*tls.Config, identities)
+	var keys []Key
+	for i := range identities {
+		id := identity.MustParse(fmt.Sprintf("spiffe://cluster.local/ns/node-a/sa/app-%d", i))
+		cfgs[id] = testCA().ClientConfig(id.String())
+		keys = append(keys, NewKey(id, []identity.ID{identity.MustParse(serverID)}, e.addr, nodeSrc))
+	}
+	p := NewPool(Config{}, func(ctx context.Context, k Key) (*tls.Config, error) { return cfgs[k.Src], nil })
+	defer p.Close()
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, identities)
+	for _, k := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			s, err := p.Dial(ctx, k, "10.0.0.1:80", nil)
+			if err == nil {
+				err = pingEchoStream(s)
+				s.Close()
+			}
+			if err != nil {
+				errs <- fmt.Errorf("%v: %w", k.Src, err)
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	for _, r := range []DropReason{DropSourceHandshakes, DropSourceRate, DropSourceFailures, DropPeerConnRate, DropHandshakeEvicted} {
+		if n := drops[r].Load(); n > 0 {
+			t.Errorf("%d connections dropped for %v", n, r)
+		}
+	}
+	t.Logf("%d identities from one IP reconnected in %v", identities, took)
+	if bound := 15 * time.Second; took > bound {
+		t.Errorf("%d identities took %v to reconnect from one IP; want under %v", identities, took, bound)
 	}
 }

@@ -97,6 +97,12 @@ func (b *rateBudget) reserve(now time.Time, burst, rate float64, maxWait time.Du
 	return wait, true
 }
 
+// refund gives back one token spent earlier.
+func (b *rateBudget) refund(now time.Time, burst, rate float64) {
+	b.refill(now, burst, rate)
+	b.tokens = min(burst, b.tokens+1)
+}
+
 // penalize empties the bucket and puts it d of its rate in debt: the next reserve waits
 // d more than it would have, and penalties add up.
 func (b *rateBudget) penalize(now time.Time, burst, rate float64, d time.Duration) {

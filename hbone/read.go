@@ -47,7 +47,7 @@ func (c *conn) readLoop() error {
 			}
 			return err
 		}
-		if err := c.handleFrame(f); err != nil {
+		if err := c.handleFrame(f); err != nil && !c.calmDrain(err) {
 			return err
 		}
 		if c.flooded.Load() {
@@ -77,6 +77,7 @@ func (c *conn) handleFrame(f http2.Frame) error {
 		defer c.mu.Unlock()
 		if f.IsAck() {
 			c.pingOut = false
+			c.calmAcked = c.calmAcked || c.calmErr != nil && f.Data == calmPing
 			return nil
 		}
 		c.queueLocked(ctrlOp{kind: opPingAck, data: f.Data})
@@ -368,6 +369,16 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 		return c.junkLocked()
 	}
 	c.lastPeerID = id
+	if c.calmErr != nil {
+		// Past the calm GOAWAY: a client may have sent a few streams before it read it;
+		// one that goes on after that is closed.
+		c.queueLocked(ctrlOp{kind: opRST, id: id, val: uint32(http2.ErrCodeRefusedStream)})
+		c.notifyDrop(DropRefused)
+		if c.calmRefused++; c.calmAcked || c.calmRefused > calmGrace {
+			return calm("streams opened past GOAWAY(ENHANCE_YOUR_CALM)")
+		}
+		return nil
+	}
 	if c.draining || c.closed || c.active >= int(c.cfg.ServerMaxStreams) {
 		c.queueLocked(ctrlOp{kind: opRST, id: id, val: uint32(http2.ErrCodeRefusedStream)})
 		return c.droppedLocked(DropRefused)

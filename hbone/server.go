@@ -116,7 +116,7 @@ type Server struct {
 
 	mu       sync.Mutex
 	raws     map[net.Conn]*conn // every connection inside ServeConn, from before its handshake; nil until it serves HTTP/2
-	hands    list.List          // raw conns in their handshake, oldest first (MaxHandshakes)
+	hands    list.List          // handshaking: conns in their handshake, oldest first (MaxHandshakes)
 	lns      map[net.Listener]struct{}
 	shutdown bool
 	idle     chan struct{} // closed when the last conn leaves during Shutdown
@@ -153,6 +153,9 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 		return errClosed
 	}
 	s.mu.Unlock()
+	s.fair.enterPending()
+	var leftPending sync.Once
+	defer leftPending.Do(s.fair.leftPending)
 	// The source's budgets, before anything is read: a refused connection costs an
 	// accept and a close, no key exchange.
 	src := sourceOf(raw)
@@ -172,10 +175,15 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 		return errClosed
 	}
 	s.raws[raw] = nil
-	hand, evict := s.hands.PushBack(raw), s.oldestPastLimitLocked()
+	// hctx ends when the connection is evicted: a handshake waiting for the gate stops
+	// waiting, rather than keep its goroutine until it gets a place only to fail.
+	hctx, hstop := context.WithCancel(ctx)
+	defer hstop()
+	hand, evict := s.hands.PushBack(handshaking{raw, hstop}), s.oldestPastLimitLocked()
 	s.mu.Unlock()
 	if evict != nil {
-		evict.Close()
+		evict.raw.Close()
+		evict.stop()
 		s.notifyDrop(DropHandshakeEvicted)
 	}
 	defer s.handshakeOver(hand)
@@ -194,7 +202,7 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 	stop := context.AfterFunc(ctx, func() { raw.Close() })
 	defer stop()
 	raw.SetDeadline(time.Now().Add(s.cfg.DialTimeout))
-	if wait > 0 && !sleepCtx(ctx, wait) {
+	if wait > 0 && !sleepCtx(hctx, wait) {
 		raw.Close()
 		return errClosed
 	}
@@ -205,7 +213,7 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 		if s.fair.gate != nil {
 			// Only so many handshakes compute at once (fair.go); the connection reads
 			// through the gate until its handshake is over, then straight through it.
-			g := &gatedConn{Conn: raw, f: s.fair, ctx: ctx}
+			g := &gatedConn{Conn: raw, f: s.fair, ctx: hctx}
 			ts.bc.Conn = g
 			handshake = func(ctx context.Context) error {
 				err := ts.handshake(ctx)
@@ -245,10 +253,12 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 	}
 	raw.SetDeadline(time.Time{})
 	s.handshakeOver(hand)
+	leftPending.Do(s.fair.leftPending)
 	handshakeFailed = false
 	release(false)
 	c := newConn(s.cfg, true, nc, bc, kc)
 	c.handler = s.h
+	c.onCalm = func() { s.fair.calmed(src, c.fair) }
 	if !c.peer.IsZero() { // h2c or no client certificate: no identity to count by
 		ps, wait, ok := s.fair.admitPeer(c.peer, relay)
 		if !ok {
@@ -286,15 +296,14 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 	}
 	c.wg.Add(1)
 	go c.writeLoop()
-	err := c.readLoop()
-	if ce := (connError{}); errors.As(err, &ce) && ce.Code == http2.ErrCodeEnhanceYourCalm {
-		s.fair.calmed(src, c.fair) // before the GOAWAY, which the peer may answer with a reconnect
-	}
-	c.fail(err)
+	c.fail(c.readLoop())
 	c.wg.Wait()
 	c.reportKernelEnd()
 	c.mu.Lock()
 	cause := c.cause
+	if c.calmErr != nil && cause == nil { // drained after the calm GOAWAY
+		cause = c.calmErr
+	}
 	c.mu.Unlock()
 	var ce connError
 	if errors.As(cause, &ce) || errors.Is(cause, errPingTimeout) {
@@ -319,11 +328,19 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // more than MaxHandshakes are, for the caller to close. A stalled handshake (slowloris,
 // or a connection that never starts TLS) is the oldest, while an honest one ends in
 // milliseconds, so honest clients still get through a flood of them.
-func (s *Server) oldestPastLimitLocked() net.Conn {
+func (s *Server) oldestPastLimitLocked() *handshaking {
 	if s.hands.Len() <= s.cfg.MaxHandshakes {
 		return nil
 	}
-	return s.hands.Remove(s.hands.Front()).(net.Conn)
+	h := s.hands.Remove(s.hands.Front()).(handshaking)
+	return &h
+}
+
+// handshaking is a connection in its handshake: its raw conn and what ends the wait of
+// its handshake for the gate.
+type handshaking struct {
+	raw  net.Conn
+	stop context.CancelFunc
 }
 
 // handshakeOver takes a connection off the handshake list; once is enough.
@@ -354,6 +371,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
+		s.WaitAccept(ctx)
 		nc, err := ln.Accept()
 		if err != nil {
 			s.mu.Lock()
@@ -372,6 +390,15 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		}()
 	}
 }
+
+// WaitAccept returns when the server can take another connection, or when ctx ends. An
+// accept loop calls it before each Accept: past 2 × MaxHandshakes connections that are
+// not serving HTTP/2 yet (in their handshake, or evicted and on their way out), and until
+// the connection let in before has started, the connections wait in the kernel's backlog
+// (costing nothing, their handshake deadline not yet running) instead of in goroutines.
+// It does not wait for handshakes queued for the CPU (the gate): past MaxHandshakes the
+// oldest are evicted unserved, so the newest, an honest client's, still gets in.
+func (s *Server) WaitAccept(ctx context.Context) { s.fair.waitRoom(ctx) }
 
 // Shutdown stops accepting, sends GOAWAY on every connection, lets open streams finish
 // until ctx ends, then closes everything.

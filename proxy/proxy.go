@@ -278,6 +278,9 @@ func (p *Proxy) acceptLoop(ctx context.Context, name string, ln net.Listener, ha
 	defer close(closed)
 	var delay time.Duration
 	for {
+		if name == ListenerInbound {
+			p.server.WaitAccept(ctx) // handshakes queue in the kernel's backlog, not here
+		}
 		c, err := ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) || ctx.Err() != nil {

@@ -59,7 +59,6 @@ type config struct {
 	Compliance    string // COMPLIANCE_POLICY: "" or pqc
 
 	PoolMaxStreams      int
-	PeerMaxStreams      int
 	PoolUnusedRelease   time.Duration
 	StreamWindow        uint32
 	ConnWindow          uint32
@@ -72,6 +71,7 @@ type config struct {
 	KeepaliveTime       time.Duration
 	KeepaliveInterval   time.Duration
 	KeepaliveRetries    int
+	budgets             // HBONE_* per-node budgets (budgets.go)
 
 	LogLevel      string
 	LogScopes     map[string]string // level per log scope (access, dns), from RUST_LOG
@@ -153,7 +153,6 @@ func settings() []setting {
 		enum("COMPLIANCE_POLICY", "", "pqc: HBONE key exchange X25519MLKEM768 only, no classical fallback (Istio's post-quantum policy); empty: Go's defaults", []string{"", "pqc"}, func(c *config) *string { return &c.Compliance }),
 
 		integer("POOL_MAX_STREAMS_PER_CONNECTION", "100", "HBONE streams per pooled connection", func(c *config) *int { return &c.PoolMaxStreams }),
-		integer("HBONE_PEER_MAX_STREAMS", "1600", "open inbound HBONE streams (proxied connections) one peer identity may hold on this node, over all its connections (8 × the 200 streams a connection may carry); past it a new one is refused (REFUSED_STREAM)", func(c *config) *int { return &c.PeerMaxStreams }),
 		duration("POOL_UNUSED_RELEASE_TIMEOUT", "5m", "an HBONE connection with no streams for this long is closed", func(c *config) *time.Duration { return &c.PoolUnusedRelease }),
 		size("HTTP2_STREAM_WINDOW_SIZE", "4Mi", "HTTP/2 stream flow-control window", func(c *config) *uint32 { return &c.StreamWindow }),
 		size("HTTP2_CONNECTION_WINDOW_SIZE", "16Mi", "HTTP/2 connection flow-control window", func(c *config) *uint32 { return &c.ConnWindow }),
@@ -182,7 +181,7 @@ func settings() []setting {
 
 // allSettings is every variable gozt reads: its own, then the chart's.
 func allSettings() []setting {
-	return append(append(settings(), chartSettings()...), rustSettings()...)
+	return append(append(append(settings(), budgetSettings()...), chartSettings()...), rustSettings()...)
 }
 
 // prefixed are the variable families collected by prefix.
@@ -467,9 +466,16 @@ func proxyConfig(c *config) proxy.Config {
 			ConnWindow:        c.ConnWindow,
 			MaxFrameSize:      c.FrameSize,
 			MaxStreamsPerConn: c.PoolMaxStreams,
-			PeerStreams:       c.PeerMaxStreams,
 			IdleTimeout:       c.PoolUnusedRelease,
 			DisableKernelTLS:  !c.KernelTLS,
+
+			HandshakeWorkers:       c.HandshakeWorkers,
+			SourceHandshakes:       c.SourceHandshakes,
+			SourceHandshakeRate:    c.SourceHandshakeRate,
+			SourceFailedHandshakes: c.SourceFailedHandshakes,
+			PeerConnRate:           c.PeerConnRate,
+			PeerStreams:            c.PeerStreams,
+			PeerDials:              c.PeerDials,
 		},
 		PacketMark:        c.PacketMark,
 		OrigSrc:           c.EnableOrigSrc == "true",

@@ -236,7 +236,7 @@ func holdIdle(t *testing.T, bin string, n int) idleResult {
 		return nd
 	}
 	a := start("node-a", ipA, "default/client/client", "SOCKS5_ADDR="+ipA+":15080")
-	b := start("node-b", ipB, "default/server/server", "HBONE_PEER_MAX_STREAMS="+strconv.Itoa(2*n+1000))
+	b := start("node-b", ipB, "default/server/server", "HBONE_PEER_STREAMS="+strconv.Itoa(2*n+1000))
 	defer a.stop()
 	defer b.stop()
 

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"errors"
+	"math"
+	"strconv"
+	"time"
+)
+
+// The per-node budgets of the HBONE server (hbone.Config; hbone/doc.go, "Limits"). Istio
+// has no variables for them: the names are gozt's own. Each takes the hbone.Config
+// convention: 0 is the default, a negative value turns the budget off.
+
+// budgetForm is the accepted forms of every budget variable.
+const budgetForm = `a positive number, 0 or unset for the default, "off" or a negative number for no budget`
+
+func budgetSettings() []setting {
+	return []setting{
+		budgetInt("HBONE_HANDSHAKE_WORKERS", "gozt only, Istio has no such variable. Inbound HBONE: TLS handshakes computing at once, below the Go threads so established connections keep a core (default GOMAXPROCS-1, at least 1)", func(c *config) *int { return &c.HandshakeWorkers }),
+		budgetInt("HBONE_SOURCE_HANDSHAKES", "gozt only, Istio has no such variable. Inbound HBONE: handshakes in flight from one source IP; past it a new connection is refused before TLS (default 256)", func(c *config) *int { return &c.SourceHandshakes }),
+		budgetRate("HBONE_SOURCE_HANDSHAKE_RATE", "gozt only, Istio has no such variable. Inbound HBONE: new connections a second from one source IP, a burst of 8 s of it; handshakes that succeed are given back, so it binds sources whose handshakes fail or are calmed; past it one waits up to 1 s, then is refused (default 32)", func(c *config) *float64 { return &c.SourceHandshakeRate }),
+		budgetRate("HBONE_SOURCE_FAILED_HANDSHAKE_RATE", "gozt only, Istio has no such variable. Inbound HBONE: failed handshakes a second of one source IP, a burst of 8 s of it; past it the source's connections are refused before TLS (default 2)", func(c *config) *float64 { return &c.SourceFailedHandshakes }),
+		budgetRate("HBONE_PEER_CONNECTION_RATE", "gozt only, Istio has no such variable. Inbound HBONE: new connections a second of one peer identity, a burst of 4 s of it; past it one waits up to 1 s, then is closed (default 32)", func(c *config) *float64 { return &c.PeerConnRate }),
+		budgetInt("HBONE_PEER_STREAMS", "gozt only, Istio has no such variable. Inbound HBONE: open streams of one peer identity across its connections; past it a new one is refused (default 16384: a deployment's pods share one identity, so this is fan-in, not one client)", func(c *config) *int { return &c.PeerStreams }),
+		budgetInt("HBONE_PEER_DIALS", "gozt only, Istio has no such variable. Inbound HBONE: streams of one peer identity waiting for their backend dial; past it a new one waits (default 256)", func(c *config) *int { return &c.PeerDials }),
+	}
+}
+
+// budgets are the settings of budgetSettings, as hbone.Config takes them.
+type budgets struct {
+	HandshakeWorkers, SourceHandshakes, PeerStreams, PeerDials int
+	SourceHandshakeRate, SourceFailedHandshakes, PeerConnRate  float64
+}
+
+func budgetInt(env, help string, f func(*config) *int) setting {
+	return setting{env: env, form: budgetForm, help: help, set: func(c *config, v string) error {
+		n, err := parseBudget(v)
+		if err == nil && n != math.Trunc(n) {
+			err = errors.New("not a whole number")
+		}
+		if err == nil && math.Abs(n) > 1<<30 {
+			err = errors.New("out of range")
+		}
+		*f(c) = int(n)
+		return err
+	}}
+}
+
+func budgetRate(env, help string, f func(*config) *float64) setting {
+	return setting{env: env, form: budgetForm, help: help, set: func(c *config, v string) error {
+		n, err := parseBudget(v)
+		if err == nil && n > 0 && n < 1/time.Hour.Seconds() {
+			err = errors.New("too small a rate")
+		}
+		*f(c) = n
+		return err
+	}}
+}
+
+// parseBudget is 0 for "" (the default), -1 for off, else the number.
+func parseBudget(v string) (float64, error) {
+	switch v {
+	case "":
+		return 0, nil
+	case "off":
+		return -1, nil
+	}
+	n, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		return 0, errors.New("not a number")
+	}
+	if math.IsNaN(n) || math.IsInf(n, 0) {
+		return 0, errors.New("not a finite number")
+	}
+	if n < 0 {
+		return -1, nil
+	}
+	return n, nil
+}

@@ -1,0 +1,153 @@
+package hbone
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gozt/gozt/internal/leaktest"
+)
+
+// acceptEnv serves ServeTLS on a listener from an accept loop shaped like the proxy's:
+// WaitAccept before each Accept, a goroutine per connection.
+func acceptEnv(t *testing.T, cfg Config) (*Server, netip.AddrPort) {
+	t.Helper()
+	testCA()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(cfg, echo)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			srv.WaitAccept(ctx)
+			raw, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				srv.ServeTLS(ctx, raw, srvTLS)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		srv.Close()
+		cancel()
+		wg.Wait()
+	})
+	return srv, netip.MustParseAddrPort(ln.Addr().String())
+}
+
+// clientHello is the first flight of a TLS client of identity clientID: what a peer
+// that starts TLS and stalls sends.
+func clientHello(t *testing.T) []byte {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	go tls.Client(a, cliTLS).Handshake()
+	hdr := make([]byte, 5)
+	if _, err := io.ReadFull(b, hdr); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, int(hdr[3])<<8|int(hdr[4]))
+	if _, err := io.ReadFull(b, body); err != nil {
+		t.Fatal(err)
+	}
+	return append(hdr, body...)
+}
+
+// A flood of connections that start TLS and stall (each sends a ClientHello, which the
+// server must answer with a key exchange, then nothing more) and of bare TCP
+// connections that never start it: the accept loop waits while 2 × MaxHandshakes
+// connections are pending, so goroutines stay bounded whatever the flood's size, and an
+// honest client's handshake still completes beside it.
+func TestAcceptBoundedUnderHandshakeFlood(t *testing.T) {
+	leaktest.Check(t)
+	const maxHands, flood = 16, 600
+	srv, addr := acceptEnv(t, Config{HandshakeWorkers: 1, MaxHandshakes: maxHands, DialTimeout: time.Minute, SourceFailedHandshakes: -1})
+	hello := clientHello(t)
+	g0 := runtime.NumGoroutine()
+	stopPeaks := peaks(t)
+	var mostPending int64
+	done := make(chan struct{})
+	var sampler sync.WaitGroup
+	sampler.Add(1)
+	go func() {
+		defer sampler.Done()
+		for {
+			mostPending = max(mostPending, srv.fair.pending.Load())
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range flood {
+		src := netip.AddrFrom4([4]byte{127, 0, 1, byte(1 + i%8)}) // 8 sources, each under its budgets
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src.AsSlice()}, Timeout: 5 * time.Second}
+		c, err := d.Dial("tcp", addr.String())
+		if err != nil {
+			t.Fatalf("flood connection %d: %v", i, err)
+		}
+		conns = append(conns, c)
+		if i%2 == 0 {
+			c.Write(hello)
+		}
+
+	}
+	start := time.Now()
+	honestHandshake(t, addr)
+	t.Logf("honest handshake beside %d stalled connections took %v", flood, time.Since(start))
+	close(done)
+	sampler.Wait()
+	gPeak, _ := stopPeaks()
+	// MaxHandshakes connections in their handshake and as many evicted on their way out,
+	// each with its serving goroutine and, in a handshake, crypto/tls's watcher of its
+	// context; 40 for the test's own and goroutines on their way out.
+	if limit := g0 + 2*(2*maxHands) + 40; gPeak > limit {
+		t.Errorf("goroutines peaked at %d under a flood of %d (from %d), want at most %d", gPeak, flood, g0, limit)
+	}
+	// The accept loop waits while as many connections as that are pending (in their
+	// handshake, or evicted and not yet gone): one more may be on its way in.
+	if limit := 2*int64(maxHands) + 1; mostPending > limit {
+		t.Errorf("%d connections pending at once, want at most %d", mostPending, limit)
+	}
+	t.Logf("peaks: %d goroutines (from %d), %d pending", gPeak, g0, mostPending)
+}
+
+// honestHandshake completes an mTLS handshake of identity honestID with the server at addr.
+func honestHandshake(t *testing.T, addr netip.AddrPort) {
+	t.Helper()
+	raw, err := dialFrom(honestSrc, addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	tc := tls.Client(raw, testCA().ClientConfig(honestID))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tc.HandshakeContext(ctx); err != nil {
+		t.Fatal(fmt.Errorf("honest handshake beside the flood: %w", err))
+	}
+}
