@@ -184,13 +184,9 @@ func (p *Pool) remove(k Key, c *conn) {
 func (p *Pool) dial(ctx context.Context, k Key) (*conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
 	defer cancel()
-	tc, err := p.tlsConfig(ctx, k)
+	tc, err := p.h2Config(ctx, k)
 	if err != nil {
-		return nil, fmt.Errorf("hbone: tls config for %s: %w", k.Addr, err)
-	}
-	tc = tc.Clone()
-	if !slices.Contains(tc.NextProtos, http2.NextProtoTLS) {
-		tc.NextProtos = append(tc.NextProtos, http2.NextProtoTLS)
+		return nil, err
 	}
 	d := net.Dialer{Control: p.cfg.Control}
 	if k.SrcIP.IsValid() {
@@ -205,10 +201,37 @@ func (p *Pool) dial(ctx context.Context, k Key) (*conn, error) {
 	if err != nil {
 		return nil, dialErr(k, err, ctx)
 	}
+	c, err := p.startOver(ctx, raw, tc, k, "tls handshake")
+	if err != nil {
+		return nil, err
+	}
+	if err := c.waitSettings(ctx); err != nil { // the pool needs the peer's stream limit
+		c.closeWith(err)
+		return nil, dialErr(k, fmt.Errorf("waiting for SETTINGS: %w", err), ctx)
+	}
+	return c, nil
+}
+
+// h2Config is k's TLS client config with h2 in its ALPN.
+func (p *Pool) h2Config(ctx context.Context, k Key) (*tls.Config, error) {
+	tc, err := p.tlsConfig(ctx, k)
+	if err != nil {
+		return nil, fmt.Errorf("hbone: tls config for %s: %w", k.Addr, err)
+	}
+	tc = tc.Clone()
+	if !slices.Contains(tc.NextProtos, http2.NextProtoTLS) {
+		tc.NextProtos = append(tc.NextProtos, http2.NextProtoTLS)
+	}
+	return tc, nil
+}
+
+// startOver runs the TLS client handshake over raw, checks the peer chose h2 and starts
+// the HTTP/2 connection; on error raw is closed. what names the handshake in errors.
+func (p *Pool) startOver(ctx context.Context, raw net.Conn, tc *tls.Config, k Key, what string) (*conn, error) {
 	ts := startTLS(raw, tc, false, &p.cfg, &p.kernel)
 	if err := ts.handshake(ctx); err != nil {
 		raw.Close()
-		return nil, dialErr(k, fmt.Errorf("tls handshake: %w", err), ctx)
+		return nil, dialErr(k, fmt.Errorf("%s: %w", what, err), ctx)
 	}
 	if ts.tc.ConnectionState().NegotiatedProtocol != http2.NextProtoTLS {
 		raw.Close()
@@ -219,15 +242,7 @@ func (p *Pool) dial(ctx context.Context, k Key) (*conn, error) {
 		raw.Close()
 		return nil, fmt.Errorf("hbone: dial %s: %w", k.Addr, err)
 	}
-	c, err := p.startConn(ctx, k, nc, bc, kc)
-	if err != nil {
-		return nil, err
-	}
-	if err := c.waitSettings(ctx); err != nil { // the pool needs the peer's stream limit
-		c.closeWith(err)
-		return nil, dialErr(k, fmt.Errorf("waiting for SETTINGS: %w", err), ctx)
-	}
-	return c, nil
+	return p.startConn(ctx, k, nc, bc, kc)
 }
 
 // DialOver opens one CONNECT stream to authority on a new mTLS HTTP/2 connection run
@@ -240,30 +255,12 @@ func (p *Pool) dial(ctx context.Context, k Key) (*conn, error) {
 func (p *Pool) DialOver(ctx context.Context, raw net.Conn, k Key, authority string, hdr http.Header) (*Stream, error) {
 	dctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
 	defer cancel()
-	tc, err := p.tlsConfig(dctx, k)
+	tc, err := p.h2Config(dctx, k)
 	if err != nil {
 		raw.Close()
-		return nil, fmt.Errorf("hbone: tls config for %s: %w", k.Addr, err)
+		return nil, err
 	}
-	tc = tc.Clone()
-	if !slices.Contains(tc.NextProtos, http2.NextProtoTLS) {
-		tc.NextProtos = append(tc.NextProtos, http2.NextProtoTLS)
-	}
-	ts := startTLS(raw, tc, false, &p.cfg, &p.kernel)
-	if err := ts.handshake(dctx); err != nil {
-		raw.Close()
-		return nil, dialErr(k, fmt.Errorf("inner tls handshake: %w", err), dctx)
-	}
-	if ts.tc.ConnectionState().NegotiatedProtocol != http2.NextProtoTLS {
-		raw.Close()
-		return nil, fmt.Errorf("hbone: dial %s: peer did not negotiate ALPN h2", k.Addr)
-	}
-	nc, bc, kc, err := ts.finish(&p.cfg, &p.kernel)
-	if err != nil {
-		raw.Close()
-		return nil, fmt.Errorf("hbone: dial %s: %w", k.Addr, err)
-	}
-	c, err := p.startConn(dctx, k, nc, bc, kc)
+	c, err := p.startOver(dctx, raw, tc, k, "inner tls handshake")
 	if err != nil {
 		return nil, err
 	}
