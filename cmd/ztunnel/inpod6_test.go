@@ -97,22 +97,7 @@ func TestNetnsInPodIPv6(t *testing.T) {
 				from4, from6 = inPodA, inPodA6
 			}
 			n, _ := startNode(t, testConfig(t, env))
-			c := agent.Accept()
-			for _, p := range []struct {
-				uid  string
-				info *zdspb.WorkloadInfo
-				ns   *netnstest.NS
-			}{
-				{"uid-a", &zdspb.WorkloadInfo{Name: "client", Namespace: "default", ServiceAccount: "client"}, nsA},
-				{"uid-b", &zdspb.WorkloadInfo{Name: "server", Namespace: "default", ServiceAccount: "server"}, nsB},
-			} {
-				if nack := c.AddPod(p.uid, p.info, openNS(t, p.ns)); nack != "" {
-					t.Fatalf("add %s: NACK %q", p.uid, nack)
-				}
-			}
-			if nack := c.Send(inpodtest.SnapshotReq()); nack != "" {
-				t.Fatalf("snapshot: NACK %q", nack)
-			}
+			addClientServer(t, t, agent.Accept(), nsA, nsB)
 			if code, body := waitReady(t, n, "ready\n"); code != 200 {
 				t.Fatalf("readiness after the snapshot: %d %q", code, body)
 			}

@@ -140,22 +140,7 @@ func TestNetnsInPodTPROXY(t *testing.T) {
 	server := startPodServer(t, nsB, inPodB, "8080", "8081")
 	agent := inpodtest.NewAgent(t, inpodtest.SocketPath(t))
 	n, _ := startNode(t, testConfig(t, inPodEnv(agent.Path, dir)))
-	c := agent.Accept()
-	for _, p := range []struct {
-		uid  string
-		info *zdspb.WorkloadInfo
-		ns   *netnstest.NS
-	}{
-		{"uid-a", &zdspb.WorkloadInfo{Name: "client", Namespace: "default", ServiceAccount: "client"}, nsA},
-		{"uid-b", &zdspb.WorkloadInfo{Name: "server", Namespace: "default", ServiceAccount: "server"}, nsB},
-	} {
-		if nack := c.AddPod(p.uid, p.info, openNS(t, p.ns)); nack != "" {
-			t.Fatalf("add %s: NACK %q", p.uid, nack)
-		}
-	}
-	if nack := c.Send(inpodtest.SnapshotReq()); nack != "" {
-		t.Fatalf("snapshot: NACK %q", nack)
-	}
+	addClientServer(t, t, agent.Accept(), nsA, nsB)
 	if code, body := waitReady(t, n, "ready\n"); code != 200 {
 		t.Fatalf("readiness after the snapshot: %d %q", code, body)
 	}
@@ -199,28 +184,10 @@ func TestNetnsInPod(t *testing.T) {
 	if code, body := get(t, ready); code != 500 || !strings.Contains(body, "workload manager") {
 		t.Errorf("readiness before the snapshot: %d %q; want 500 naming the workload manager", code, body)
 	}
-	pods := []struct {
-		uid  string
-		info *zdspb.WorkloadInfo
-		ns   *netnstest.NS
-	}{
-		{"uid-a", &zdspb.WorkloadInfo{Name: "client", Namespace: "default", ServiceAccount: "client"}, nsA},
-		{"uid-b", &zdspb.WorkloadInfo{Name: "server", Namespace: "default", ServiceAccount: "server"}, nsB},
-	}
 	// addPods replays both pods and the snapshot, as the agent does on each connection. The
 	// namespace handles live as long as the whole test.
 	top := t
-	addPods := func(t *testing.T, c *inpodtest.AgentConn) {
-		t.Helper()
-		for _, p := range pods {
-			if nack := c.AddPod(p.uid, p.info, openNS(top, p.ns)); nack != "" {
-				t.Fatalf("add %s: NACK %q", p.uid, nack)
-			}
-		}
-		if nack := c.Send(inpodtest.SnapshotReq()); nack != "" {
-			t.Fatalf("snapshot: NACK %q", nack)
-		}
-	}
+	addPods := func(t *testing.T, c *inpodtest.AgentConn) { addClientServer(t, top, c, nsA, nsB) }
 	c := agent.Accept()
 	addPods(t, c)
 	if code, body := waitReady(t, n, "ready\n"); code != 200 {
@@ -472,5 +439,27 @@ func TestNetnsInPodStartFails(t *testing.T) {
 	blocker.Close()
 	if code, body := waitReady(t, n, "ready\n"); code != 200 {
 		t.Errorf("readiness after the port was freed: %d %q; want ready after the retry", code, body)
+	}
+}
+
+// addClientServer sends the agent's messages for pod A (default/client, uid-a, in nsA) and pod B
+// (default/server, uid-b, in nsB), then the snapshot, over c, failing t on a NACK; the pods'
+// namespace handles live as long as top.
+func addClientServer(t, top *testing.T, c *inpodtest.AgentConn, nsA, nsB *netnstest.NS) {
+	t.Helper()
+	for _, p := range []struct {
+		uid  string
+		info *zdspb.WorkloadInfo
+		ns   *netnstest.NS
+	}{
+		{"uid-a", &zdspb.WorkloadInfo{Name: "client", Namespace: "default", ServiceAccount: "client"}, nsA},
+		{"uid-b", &zdspb.WorkloadInfo{Name: "server", Namespace: "default", ServiceAccount: "server"}, nsB},
+	} {
+		if nack := c.AddPod(p.uid, p.info, openNS(top, p.ns)); nack != "" {
+			t.Fatalf("add %s: NACK %q", p.uid, nack)
+		}
+	}
+	if nack := c.Send(inpodtest.SnapshotReq()); nack != "" {
+		t.Fatalf("snapshot: NACK %q", nack)
 	}
 }
