@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
-
 	"github.com/gozt/gozt/inpod/inpodtest"
 	"github.com/gozt/gozt/inpod/zdspb"
 	"github.com/gozt/gozt/internal/cnirules"
@@ -144,16 +142,7 @@ func TestNetnsInPodIPv6(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					req := new(dns.Msg)
-					req.SetQuestion("echo.default.svc.cluster.local.", dns.TypeA)
-					resp, _, err := (&dns.Client{Net: network, Timeout: 5 * time.Second}).ExchangeWithConn(req, &dns.Conn{Conn: conn})
-					conn.Close()
-					if err != nil {
-						t.Fatalf("%s query over IPv6: %v", network, err)
-					}
-					if len(resp.Answer) != 1 || !strings.HasSuffix(resp.Answer[0].String(), inPodVIP) {
-						t.Errorf("%s answer over IPv6 %v; want the service VIP %s", network, resp.Answer, inPodVIP)
-					}
+					wantVIPAnswer(t, conn, network, inPodVIP, " over IPv6")
 				}
 			})
 		})
@@ -256,15 +245,6 @@ func TestNetnsInPodIPv4Only(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		req := new(dns.Msg)
-		req.SetQuestion("echo.default.svc.cluster.local.", dns.TypeA)
-		resp, _, err := (&dns.Client{Net: network, Timeout: 5 * time.Second}).ExchangeWithConn(req, &dns.Conn{Conn: conn})
-		conn.Close()
-		if err != nil {
-			t.Fatalf("%s query: %v", network, err)
-		}
-		if len(resp.Answer) != 1 || !strings.HasSuffix(resp.Answer[0].String(), inPodVIP) {
-			t.Errorf("%s answer %v; want the service VIP %s", network, resp.Answer, inPodVIP)
-		}
+		wantVIPAnswer(t, conn, network, inPodVIP, "")
 	}
 }

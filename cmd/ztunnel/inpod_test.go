@@ -241,16 +241,7 @@ func TestNetnsInPod(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			req := new(dns.Msg)
-			req.SetQuestion("echo.default.svc.cluster.local.", dns.TypeA)
-			resp, _, err := (&dns.Client{Net: network, Timeout: 5 * time.Second}).ExchangeWithConn(req, &dns.Conn{Conn: conn})
-			conn.Close()
-			if err != nil {
-				t.Fatalf("%s query: %v", network, err)
-			}
-			if len(resp.Answer) != 1 || !strings.HasSuffix(resp.Answer[0].String(), vip) {
-				t.Errorf("%s answer %v; want the service VIP %s", network, resp.Answer, vip)
-			}
+			wantVIPAnswer(t, conn, network, vip, "")
 		}
 	})
 
@@ -461,5 +452,21 @@ func addClientServer(t, top *testing.T, c *inpodtest.AgentConn, nsA, nsB *netnst
 	}
 	if nack := c.Send(inpodtest.SnapshotReq()); nack != "" {
 		t.Fatalf("snapshot: NACK %q", nack)
+	}
+}
+
+// wantVIPAnswer asks conn (network "udp" or "tcp") for echo.default.svc.cluster.local's A
+// record, closes conn, and fails t unless the one answer is vip; how names the path in errors.
+func wantVIPAnswer(t *testing.T, conn net.Conn, network, vip, how string) {
+	t.Helper()
+	req := new(dns.Msg)
+	req.SetQuestion("echo.default.svc.cluster.local.", dns.TypeA)
+	resp, _, err := (&dns.Client{Net: network, Timeout: 5 * time.Second}).ExchangeWithConn(req, &dns.Conn{Conn: conn})
+	conn.Close()
+	if err != nil {
+		t.Fatalf("%s query%s: %v", network, how, err)
+	}
+	if len(resp.Answer) != 1 || !strings.HasSuffix(resp.Answer[0].String(), vip) {
+		t.Errorf("%s answer%s %v; want the service VIP %s", network, how, resp.Answer, vip)
 	}
 }
