@@ -159,20 +159,8 @@ func (n *node) stats(t testing.TB) nodeStats {
 			s.sys = x
 		}
 	}
-	status, err := os.ReadFile("/proc/" + strconv.Itoa(n.cmd.Process.Pid) + "/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(status), "\n") {
-		k, v, _ := strings.Cut(line, ":")
-		kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-		switch k {
-		case "VmRSS":
-			s.rss = kb << 10
-		case "RssAnon":
-			s.anon = kb << 10
-		}
-	}
+	status := n.status(t)
+	s.rss, s.anon = int64(status["VmRSS"]), int64(status["RssAnon"])
 	return s
 }
 

@@ -178,21 +178,25 @@ func (n *node) proc(t testing.TB) proc {
 	ut, _ := strconv.ParseUint(f[11], 10, 64)
 	st, _ := strconv.ParseUint(f[12], 10, 64)
 	p.cpu = time.Duration(ut+st) * 10 * time.Millisecond // USER_HZ is 100 on Linux
-	status, err := os.ReadFile("/proc/" + pid + "/status")
+	status := n.status(t)
+	p.rss, p.peak = status["VmRSS"], status["VmHWM"]
+	return p
+}
+
+// status is the node's /proc/PID/status sizes (the lines in kB), in bytes by name.
+func (n *node) status(t testing.TB) map[string]uint64 {
+	status, err := os.ReadFile("/proc/" + strconv.Itoa(n.cmd.Process.Pid) + "/status")
 	if err != nil {
 		t.Fatal(err)
 	}
+	sizes := make(map[string]uint64)
 	for _, line := range strings.Split(string(status), "\n") {
 		k, v, _ := strings.Cut(line, ":")
-		kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-		switch k {
-		case "VmRSS":
-			p.rss = kb << 10
-		case "VmHWM":
-			p.peak = kb << 10
+		if kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64); err == nil && strings.HasSuffix(v, " kB") {
+			sizes[k] = kb << 10
 		}
 	}
-	return p
+	return sizes
 }
 
 // heapProfile saves the node's /debug/pprof/heap (taken after a GC) to path.
