@@ -27,8 +27,8 @@ import (
 )
 
 func wl(uid, ns string, healthy bool, addrs ...string) *state.Workload {
-	w := &state.Workload{UID: uid, Name: uid, Namespace: ns, Healthy: healthy, Capacity: 1,
-		TrustDomain: "cluster.local", ServiceAccount: "default", CanonicalName: uid + "-app", CanonicalRevision: "v1"}
+	w := &state.Workload{UID: uid, Name: uid, Healthy: healthy, Capacity: 1, WorkloadMeta: &state.WorkloadMeta{
+		Namespace: ns, TrustDomain: "cluster.local", ServiceAccount: "default", CanonicalName: uid + "-app", CanonicalRevision: "v1"}}
 	for _, a := range addrs {
 		w.Addresses = append(w.Addresses, netip.MustParseAddr(a))
 	}

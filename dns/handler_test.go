@@ -18,7 +18,7 @@ import (
 
 func TestAliases(t *testing.T) {
 	s := New(Config{}, state.NewStore(), nil)
-	client := &state.Workload{Namespace: "ns1"}
+	client := &state.Workload{WorkloadMeta: &state.WorkloadMeta{Namespace: "ns1"}}
 	for _, tt := range []struct {
 		name string
 		want []alias

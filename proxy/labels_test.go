@@ -12,8 +12,8 @@ import (
 // Both ends' locality labels come from the workloads in the cache, and on inbound from the
 // peer's baggage when the cache does not know the client (as the Rust ztunnel labels them).
 func TestLocalityLabels(t *testing.T) {
-	src := &state.Workload{Name: "client", Namespace: "default", Locality: state.Locality{Region: "us-east1", Zone: "us-east1-b"}}
-	dst := &state.Workload{Name: "server", Namespace: "default", Locality: state.Locality{Region: "eu-west1", Zone: "eu-west1-c"}}
+	src := &state.Workload{Name: "client", WorkloadMeta: &state.WorkloadMeta{Namespace: "default", Locality: state.Locality{Region: "us-east1", Zone: "us-east1-b"}}}
+	dst := &state.Workload{Name: "server", WorkloadMeta: &state.WorkloadMeta{Namespace: "default", Locality: state.Locality{Region: "eu-west1", Zone: "eu-west1-c"}}}
 	var l metrics.Labels
 	sourceLabels(&l, src)
 	destLabels(&l, dst, nil)

@@ -37,7 +37,7 @@ func FuzzParseBaggage(f *testing.F) {
 		if ns != strings.TrimSpace(ns) || ns == "" {
 			return
 		}
-		w := &state.Workload{Namespace: ns, ClusterID: "c1"}
+		w := &state.Workload{WorkloadMeta: &state.WorkloadMeta{Namespace: ns, ClusterID: "c1"}}
 		if got := parseBaggage(baggage(w))["k8s.namespace.name"]; got != ns {
 			t.Fatalf("baggage round trip: namespace %q came back %q", ns, got)
 		}

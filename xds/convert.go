@@ -130,44 +130,16 @@ func convertWorkload(p *workloadpb.Workload, in *interner) (*state.Workload, err
 		return nil, fmt.Errorf("uid: %w", errEmpty)
 	}
 	w := &state.Workload{
-		UID: p.GetUid(), Name: p.GetName(), Namespace: in.str(p.GetNamespace()), Node: in.str(p.GetNode()),
-		Network: in.str(p.GetNetwork()), Hostname: p.GetHostname(),
-		TrustDomain: in.str(p.GetTrustDomain()), ServiceAccount: in.str(p.GetServiceAccount()),
-		CanonicalName: in.str(p.GetCanonicalName()), CanonicalRevision: in.str(p.GetCanonicalRevision()),
-		WorkloadName: in.str(p.GetWorkloadName()), ClusterID: in.str(p.GetClusterId()), NativeTunnel: p.GetNativeTunnel(),
-		AuthorizationPolicies: p.GetAuthorizationPolicies(),
-		Healthy:               p.GetStatus() == workloadpb.WorkloadStatus_HEALTHY,
-		Capacity:              1,
+		UID: p.GetUid(), Name: p.GetName(), Node: in.str(p.GetNode()), Hostname: p.GetHostname(),
+		Healthy:  p.GetStatus() == workloadpb.WorkloadStatus_HEALTHY,
+		Capacity: 1,
 	}
-	if w.TrustDomain == "" {
-		w.TrustDomain = state.DefaultTrustDomain
-	}
-	if w.ServiceAccount == "" {
-		w.ServiceAccount = state.DefaultServiceAccount
-	}
-	if w.ClusterID == "" {
-		w.ClusterID = istiogrpc.DefaultClusterID
+	// A Kubernetes UID ends in "/"+name: keep one string, not two.
+	if n := len(w.UID) - len(w.Name); n > 0 && w.Name != "" && w.UID[n-1] == '/' && w.UID[n:] == w.Name {
+		w.Name = w.UID[n:]
 	}
 	if c := p.GetCapacity(); c != nil {
 		w.Capacity = c.GetValue()
-	}
-	switch p.GetTunnelProtocol() {
-	case workloadpb.TunnelProtocol_NONE:
-		w.Protocol = state.TunnelNone
-	case workloadpb.TunnelProtocol_HBONE:
-		w.Protocol = state.TunnelHBONE
-	default:
-		return nil, fmt.Errorf("unsupported tunnel_protocol %v", p.GetTunnelProtocol())
-	}
-	switch p.GetNetworkMode() {
-	case workloadpb.NetworkMode_STANDARD:
-	case workloadpb.NetworkMode_HOST_NETWORK:
-		w.NetworkMode = state.NetworkHostNetwork
-	default:
-		return nil, fmt.Errorf("unknown network_mode %d", p.GetNetworkMode())
-	}
-	if t := p.GetWorkloadType(); t >= 0 && t <= workloadpb.WorkloadType_JOB {
-		w.WorkloadType = state.WorkloadType(t)
 	}
 	if len(p.GetAddresses()) > 0 {
 		w.Addresses = make([]netip.Addr, len(p.GetAddresses()))
@@ -179,11 +151,47 @@ func convertWorkload(p *workloadpb.Workload, in *interner) (*state.Workload, err
 			w.Addresses[i] = ip
 		}
 	}
+	// Built on the stack; interned by value, so the pods of a deployment share one.
+	m := state.WorkloadMeta{
+		Namespace: in.str(p.GetNamespace()), Network: in.str(p.GetNetwork()),
+		TrustDomain: in.str(p.GetTrustDomain()), ServiceAccount: in.str(p.GetServiceAccount()),
+		CanonicalName: in.str(p.GetCanonicalName()), CanonicalRevision: in.str(p.GetCanonicalRevision()),
+		WorkloadName: in.str(p.GetWorkloadName()), ClusterID: in.str(p.GetClusterId()), NativeTunnel: p.GetNativeTunnel(),
+		AuthorizationPolicies: p.GetAuthorizationPolicies(),
+	}
+	if m.TrustDomain == "" {
+		m.TrustDomain = state.DefaultTrustDomain
+	}
+	if m.ServiceAccount == "" {
+		m.ServiceAccount = state.DefaultServiceAccount
+	}
+	if m.ClusterID == "" {
+		m.ClusterID = istiogrpc.DefaultClusterID
+	}
+	switch p.GetTunnelProtocol() {
+	case workloadpb.TunnelProtocol_NONE:
+		m.Protocol = state.TunnelNone
+	case workloadpb.TunnelProtocol_HBONE:
+		m.Protocol = state.TunnelHBONE
+	default:
+		return nil, fmt.Errorf("unsupported tunnel_protocol %v", p.GetTunnelProtocol())
+	}
+	switch p.GetNetworkMode() {
+	case workloadpb.NetworkMode_STANDARD:
+	case workloadpb.NetworkMode_HOST_NETWORK:
+		m.NetworkMode = state.NetworkHostNetwork
+	default:
+		return nil, fmt.Errorf("unknown network_mode %d", p.GetNetworkMode())
+	}
+	if t := p.GetWorkloadType(); t >= 0 && t <= workloadpb.WorkloadType_JOB {
+		m.WorkloadType = state.WorkloadType(t)
+	}
 	var err error
-	if w.Waypoint, err = convertGateway(p.GetWaypoint(), in); err != nil {
+	var svcs uint32 // the interned services map's number (0: none), for the meta key
+	if m.Waypoint, err = convertGateway(p.GetWaypoint(), in); err != nil {
 		return nil, fmt.Errorf("waypoint: %w", err)
 	}
-	if w.NetworkGateway, err = convertGateway(p.GetNetworkGateway(), in); err != nil {
+	if m.NetworkGateway, err = convertGateway(p.GetNetworkGateway(), in); err != nil {
 		return nil, fmt.Errorf("network_gateway: %w", err)
 	}
 	if at := p.GetApplicationTunnel(); at != nil {
@@ -191,29 +199,30 @@ func convertWorkload(p *workloadpb.Workload, in *interner) (*state.Workload, err
 		if err != nil {
 			return nil, err
 		}
-		w.AppTunnel = &state.AppTunnel{Port: port}
+		m.AppTunnel = &state.AppTunnel{Port: port}
 		switch at.GetProtocol() {
 		case workloadpb.ApplicationTunnel_NONE:
 		case workloadpb.ApplicationTunnel_PROXY:
-			w.AppTunnel.Protocol = state.AppTunnelProxy
+			m.AppTunnel.Protocol = state.AppTunnelProxy
 		default:
 			return nil, fmt.Errorf("unknown application_tunnel.protocol %d", at.GetProtocol())
 		}
 	}
 	if l := p.GetLocality(); l != nil {
-		w.Locality = state.Locality{Region: in.str(l.GetRegion()), Zone: in.str(l.GetZone()), Subzone: in.str(l.GetSubzone())}
+		m.Locality = state.Locality{Region: in.str(l.GetRegion()), Zone: in.str(l.GetZone()), Subzone: in.str(l.GetSubzone())}
 	}
 	if len(p.GetServices()) > 0 {
-		w.Services = make(map[string]map[uint16]uint16, len(p.GetServices()))
+		m.Services = make(map[string]map[uint16]uint16, len(p.GetServices()))
 		for key, pl := range p.GetServices() {
 			ports, err := convertPorts(pl.GetPorts(), in)
 			if err != nil {
 				return nil, fmt.Errorf("services[%q]: %w", key, err)
 			}
-			w.Services[in.str(key)] = ports
+			m.Services[in.str(key)] = ports
 		}
-		w.Services = in.services(w.Services)
+		m.Services, svcs = in.services(m.Services)
 	}
+	w.WorkloadMeta = in.meta(&m, svcs)
 	return w, nil
 }
 

@@ -1,8 +1,11 @@
 package xds
 
 import (
+	"encoding/binary"
 	"slices"
 	"strconv"
+
+	"github.com/gozt/gozt/xds/state"
 )
 
 // interner shares equal values among the resources of one push: a mesh repeats namespaces,
@@ -12,12 +15,21 @@ import (
 type interner struct {
 	strs  map[string]string
 	pmaps map[string]map[uint16]uint16
-	smaps map[string]map[string]map[uint16]uint16
+	smaps map[string]svcMap
+	metas map[string]*state.WorkloadMeta
 	key   []byte
 }
 
+// svcMap is an interned workload services map and its number in the push (from 1), which
+// stands for it in a meta key.
+type svcMap struct {
+	m  map[string]map[uint16]uint16
+	id uint32
+}
+
 func newInterner() *interner {
-	return &interner{strs: map[string]string{}, pmaps: map[string]map[uint16]uint16{}, smaps: map[string]map[string]map[uint16]uint16{}}
+	return &interner{strs: map[string]string{}, pmaps: map[string]map[uint16]uint16{}, smaps: map[string]svcMap{},
+		metas: map[string]*state.WorkloadMeta{}}
 }
 
 func (in *interner) str(s string) string {
@@ -62,10 +74,11 @@ func (in *interner) ports(m map[uint16]uint16) map[uint16]uint16 {
 
 // services returns a workload services map equal to m (its port maps already interned),
 // shared with earlier workloads of the push: the endpoints of one service carry the same.
-// The lookup allocates nothing; most workloads are in one service.
-func (in *interner) services(m map[string]map[uint16]uint16) map[string]map[uint16]uint16 {
+// The lookup allocates nothing; most workloads are in one service. The number is the
+// map's in the push (0 with a nil interner).
+func (in *interner) services(m map[string]map[uint16]uint16) (map[string]map[uint16]uint16, uint32) {
 	if in == nil {
-		return m
+		return m, 0
 	}
 	k := in.key[:0]
 	appendSvc := func(svc string) {
@@ -91,8 +104,72 @@ func (in *interner) services(m map[string]map[uint16]uint16) map[string]map[uint
 	}
 	in.key = k[:0]
 	if v, ok := in.smaps[string(k)]; ok {
+		return v.m, v.id
+	}
+	id := uint32(len(in.smaps) + 1)
+	in.smaps[string(k)] = svcMap{m, id}
+	return m, id
+}
+
+// meta returns a meta equal to *m (svcs: its services map's number from services), shared
+// with earlier workloads of the push, with its identity cached. *m is copied only when new,
+// so a hit allocates nothing; m must not be used afterwards.
+func (in *interner) meta(m *state.WorkloadMeta, svcs uint32) *state.WorkloadMeta {
+	if in == nil {
+		v := *m
+		v.CacheIdentity()
+		return &v
+	}
+	k := in.key[:0]
+	for _, s := range [...]string{m.Namespace, m.Network, m.TrustDomain, m.ServiceAccount,
+		m.CanonicalName, m.CanonicalRevision, m.WorkloadName, m.ClusterID,
+		m.Locality.Region, m.Locality.Zone, m.Locality.Subzone} {
+		k = appendStr(k, s)
+	}
+	k = binary.AppendUvarint(k, uint64(len(m.AuthorizationPolicies)))
+	for _, s := range m.AuthorizationPolicies {
+		k = appendStr(k, s)
+	}
+	k = binary.AppendUvarint(k, uint64(svcs))
+	k = appendGateway(k, m.Waypoint)
+	k = appendGateway(k, m.NetworkGateway)
+	if at := m.AppTunnel; at != nil {
+		k = append(k, 1, byte(at.Protocol), byte(at.Port>>8), byte(at.Port))
+	} else {
+		k = append(k, 0)
+	}
+	var native byte
+	if m.NativeTunnel {
+		native = 1
+	}
+	k = append(k, byte(m.Protocol), byte(m.WorkloadType), byte(m.NetworkMode), native)
+	in.key = k[:0]
+	if v, ok := in.metas[string(k)]; ok {
 		return v
 	}
-	in.smaps[string(k)] = m
-	return m
+	v := new(state.WorkloadMeta)
+	*v = *m
+	v.CacheIdentity()
+	in.metas[string(k)] = v
+	return v
+}
+
+// appendStr appends s length-prefixed, so adjacent strings cannot run together.
+func appendStr(k []byte, s string) []byte {
+	k = binary.AppendUvarint(k, uint64(len(s)))
+	return append(k, s...)
+}
+
+func appendGateway(k []byte, g *state.GatewayAddress) []byte {
+	if g == nil {
+		return append(k, 0)
+	}
+	k = append(k, 1, byte(g.HBONEPort>>8), byte(g.HBONEPort))
+	k = appendStr(k, g.Network)
+	n := len(k)
+	k = append(k, 0)
+	k, _ = g.Address.AppendBinary(k) // never fails; 0, 4 or 16+ bytes, so length-prefixed
+	k[n] = byte(len(k) - n - 1)
+	k = appendStr(k, g.Namespace)
+	return appendStr(k, g.Hostname)
 }

@@ -218,7 +218,7 @@ func TestLocalReload(t *testing.T) {
 		write(two)
 		s := state.NewStore()
 		// A resource from another source (xDS) must survive local reloads.
-		s.Apply(&state.Batch{Workloads: []*state.Workload{{UID: "from-xds", Name: "x", Namespace: "d"}}})
+		s.Apply(&state.Batch{Workloads: []*state.Workload{{UID: "from-xds", Name: "x", WorkloadMeta: &state.WorkloadMeta{Namespace: "d"}}}})
 		l, err := LoadFile(path, s)
 		if err != nil {
 			t.Fatal(err)

@@ -11,8 +11,8 @@ import (
 func TestGoneFrom(t *testing.T) {
 	store := state.NewStore()
 	store.Apply(&state.Batch{Workloads: []*state.Workload{
-		{UID: "u1", Name: "web-7f9c-abcde", WorkloadName: "web", Namespace: "default"},
-		{UID: "u2", Name: "job-123-xyz", Namespace: "batch"},
+		{UID: "u1", Name: "web-7f9c-abcde", WorkloadMeta: &state.WorkloadMeta{WorkloadName: "web", Namespace: "default"}},
+		{UID: "u2", Name: "job-123-xyz", WorkloadMeta: &state.WorkloadMeta{Namespace: "batch"}},
 	}})
 	cases := []struct {
 		ns, w string

@@ -27,11 +27,14 @@ func genBatch(n int) *Batch {
 		s := b.Services[i%nsvc]
 		b.Workloads[i] = &Workload{
 			UID:  "Kubernetes//v1/Pod/" + s.Namespace + "/pod-" + strconv.Itoa(i),
-			Name: "pod-" + strconv.Itoa(i), Namespace: s.Namespace, Node: "node-" + strconv.Itoa(i%500),
+			Name: "pod-" + strconv.Itoa(i), Node: "node-" + strconv.Itoa(i%500),
 			Addresses: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})},
-			Protocol:  TunnelHBONE, TrustDomain: "cluster.local", ServiceAccount: "sa" + strconv.Itoa(i%1000),
-			ClusterID: "Kubernetes", Healthy: true, Capacity: 1,
-			Services: map[string]map[uint16]uint16{s.Key(): {80: 8080}},
+			Healthy:   true, Capacity: 1,
+			WorkloadMeta: &WorkloadMeta{
+				Namespace: s.Namespace, Protocol: TunnelHBONE, TrustDomain: "cluster.local",
+				ServiceAccount: "sa" + strconv.Itoa(i%1000), ClusterID: "Kubernetes",
+				Services: map[string]map[uint16]uint16{s.Key(): {80: 8080}},
+			},
 		}
 	}
 	return b

@@ -235,15 +235,25 @@ func (s *Store) Apply(b *Batch) {
 	if b.Empty() {
 		return
 	}
-	// Work that needs no lock: identities, one per service account. Skipped for a value
-	// already cached (re-applied).
+	// Work that needs no lock: identities, one per service account. A meta without a
+	// cached one (not from the xDS converter) is replaced by a private copy that has it:
+	// the meta may be shared with a stored workload, so it is never written.
 	var ids map[[3]string]*identity.ID
+	var metas map[*WorkloadMeta]*WorkloadMeta
 	for _, w := range b.Workloads {
+		if w.WorkloadMeta == nil {
+			w.WorkloadMeta = &WorkloadMeta{}
+		}
 		if w.id != nil {
+			continue
+		}
+		if m := metas[w.WorkloadMeta]; m != nil {
+			w.WorkloadMeta = m
 			continue
 		}
 		if ids == nil {
 			ids = make(map[[3]string]*identity.ID)
+			metas = make(map[*WorkloadMeta]*WorkloadMeta)
 		}
 		k := [3]string{w.TrustDomain, w.Namespace, w.ServiceAccount}
 		id := ids[k]
@@ -255,7 +265,10 @@ func (s *Store) Apply(b *Batch) {
 			id = &v
 			ids[k] = id
 		}
-		w.id = id
+		m := *w.WorkloadMeta
+		m.id = id
+		metas[w.WorkloadMeta] = &m
+		w.WorkloadMeta = &m
 	}
 	s.pushMu.Lock()
 	defer s.pushMu.Unlock()

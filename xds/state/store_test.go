@@ -28,9 +28,8 @@ func vip(network, s string) NetworkAddress { return NetworkAddress{Network: netw
 
 func wl(name string, addr string, mods ...func(*Workload)) *Workload {
 	w := &Workload{
-		UID: "Kubernetes//v1/Pod/default/" + name, Name: name, Namespace: "default",
-		TrustDomain: "cluster.local", ServiceAccount: name, Protocol: TunnelHBONE,
-		Healthy: true, Capacity: 1,
+		UID: "Kubernetes//v1/Pod/default/" + name, Name: name, Healthy: true, Capacity: 1,
+		WorkloadMeta: &WorkloadMeta{Namespace: "default", TrustDomain: "cluster.local", ServiceAccount: name, Protocol: TunnelHBONE},
 	}
 	if addr != "" {
 		w.Addresses = ips(addr)
