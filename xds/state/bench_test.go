@@ -152,7 +152,11 @@ func BenchmarkSnapshotCloneCost(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		s.mu.RLock()
-		a, w, n := maps.Clone(s.idx.byAddr), maps.Clone(s.idx.workloads), maps.Clone(s.idx.byName)
+		a, w := s.idx.byAddr.clone(nil), maps.Clone(s.idx.workloads)
+		n := make(map[string]map[string]*Workload, len(s.idx.byName))
+		for ns, m := range s.idx.byName {
+			n[ns] = maps.Clone(m)
+		}
 		s.mu.RUnlock()
 		runtime.KeepAlive(a)
 		runtime.KeepAlive(w)

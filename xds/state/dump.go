@@ -242,10 +242,9 @@ func (s *Store) serviceDumpLocked(key string, svc *Service) ServiceDump {
 		}
 		sd.LoadBalancer = ld
 	}
-	for _, ep := range s.idx.endpoints[key] {
-		uid := ep.Workload.UID
-		sd.Endpoints[uid] = EndpointDump{
-			WorkloadUID: uid, Service: key, Port: portsDump(ep.Ports), Status: statusString(ep.Workload.Healthy),
+	for w, ports := range s.idx.endpoints[key] {
+		sd.Endpoints[w.UID] = EndpointDump{
+			WorkloadUID: w.UID, Service: key, Port: portsDump(ports), Status: statusString(w.Healthy),
 		}
 	}
 	return sd

@@ -31,7 +31,7 @@ func (s *Store) Resolve(src *Workload, dst netip.AddrPort) (Route, error) {
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if w := s.idx.byAddr[netKey{network, dst.Addr()}]; w != nil {
+	if w := s.idx.byAddr.get(network, dst.Addr()); w != nil {
 		if w.Waypoint != nil && !s.isWaypointLocked(src, w.Waypoint) {
 			return s.waypointRouteLocked(src, network, w.Waypoint, nil, dst)
 		}
@@ -114,7 +114,7 @@ func (s *Store) gatewayServiceKeyLocked(g *GatewayAddress) string {
 	if g.Hostname != "" {
 		return g.Namespace + "/" + g.Hostname
 	}
-	if svc := s.pickService(s.idx.byVIP[netKey{g.Network, g.Address}], ""); svc != nil {
+	if svc := s.pickService(s.idx.byVIP.get(g.Network, g.Address), ""); svc != nil {
 		return svc.Key()
 	}
 	return ""
@@ -140,7 +140,7 @@ func (s *Store) isWaypointLocked(src *Workload, g *GatewayAddress) bool {
 // service it names (load balanced).
 func (s *Store) gatewayWorkloadLocked(src *Workload, network string, g *GatewayAddress) *Workload {
 	if g.Address.IsValid() {
-		if w := s.idx.byAddr[netKey{g.Network, g.Address}]; w != nil {
+		if w := s.idx.byAddr.get(g.Network, g.Address); w != nil {
 			return w
 		}
 	}
@@ -270,10 +270,10 @@ func (s *Store) doubleHBONELocked(src *Workload, svc *Service, w *Workload, dst 
 func (s *Store) networkGatewayLocked(src *Workload, g *GatewayAddress, dst netip.AddrPort) (*Workload, netip.AddrPort, []identity.ID, error) {
 	var svc *Service
 	if g.Address.IsValid() {
-		if w := s.idx.byAddr[netKey{g.Network, g.Address}]; w != nil {
+		if w := s.idx.byAddr.get(g.Network, g.Address); w != nil {
 			return w, netip.AddrPortFrom(g.Address, g.Port()), []identity.ID{w.Identity()}, nil
 		}
-		svc = s.pickService(s.idx.byVIP[netKey{g.Network, g.Address}], "")
+		svc = s.pickService(s.idx.byVIP.get(g.Network, g.Address), "")
 	} else {
 		svc = s.idx.services[g.Namespace+"/"+g.Hostname]
 	}
@@ -372,15 +372,15 @@ func (s *Store) pickEndpointLocked(src *Workload, network string, svc *Service, 
 	eps := s.idx.endpoints[svc.Key()]
 	best, n := -1, 0
 	var total uint64
-	for _, ep := range eps {
-		_, r, ok := s.eligible(src, network, svc, ep, svcPort, target)
+	for w, ports := range eps {
+		_, r, ok := s.eligible(src, network, svc, w, ports, svcPort, target)
 		switch {
 		case !ok || r < best:
 		case r > best:
-			best, n, total = r, 1, uint64(ep.Workload.Capacity)
+			best, n, total = r, 1, uint64(w.Capacity)
 		default:
 			n++
-			total += uint64(ep.Workload.Capacity)
+			total += uint64(w.Capacity)
 		}
 	}
 	if n == 0 {
@@ -394,27 +394,26 @@ func (s *Store) pickEndpointLocked(src *Workload, network string, svc *Service, 
 	}
 	var last *Workload
 	var lastPort uint16
-	for _, ep := range eps {
-		port, r, ok := s.eligible(src, network, svc, ep, svcPort, target)
+	for w, ports := range eps {
+		port, r, ok := s.eligible(src, network, svc, w, ports, svcPort, target)
 		if !ok || r != best {
 			continue
 		}
-		w := uint64(ep.Workload.Capacity)
+		weight := uint64(w.Capacity)
 		if byCount {
-			w = 1
+			weight = 1
 		}
-		if draw < w {
-			return ep.Workload, port
+		if draw < weight {
+			return w, port
 		}
-		draw -= w
-		last, lastPort = ep.Workload, port
+		draw -= weight
+		last, lastPort = w, port
 	}
 	return last, lastPort
 }
 
 // eligible filters one endpoint and returns its target port and routing-preference rank.
-func (s *Store) eligible(src *Workload, network string, svc *Service, ep Endpoint, svcPort, target uint16) (uint16, int, bool) {
-	w := ep.Workload
+func (s *Store) eligible(src *Workload, network string, svc *Service, w *Workload, ports map[uint16]uint16, svcPort, target uint16) (uint16, int, bool) {
 	lb := svc.LoadBalancing
 	if !w.Healthy && (lb == nil || lb.HealthPolicy != AllowAll) {
 		return 0, 0, false
@@ -424,7 +423,7 @@ func (s *Store) eligible(src *Workload, network string, svc *Service, ep Endpoin
 	}
 	port := target
 	if svcPort != 0 {
-		if p := ep.Ports[svcPort]; p != 0 {
+		if p := ports[svcPort]; p != 0 {
 			port = p
 		} else if target == 0 {
 			if w.AppTunnel == nil {

@@ -58,8 +58,6 @@ type netKey struct {
 	ip      netip.Addr
 }
 
-type nsName struct{ ns, name string }
-
 type cidrVIP struct {
 	network string
 	prefix  netip.Prefix
@@ -70,14 +68,14 @@ type cidrVIP struct {
 // lock; large ones build a copy off-lock and swap it in (see Apply).
 type index struct {
 	workloads    map[string]*Workload // by uid
-	byAddr       map[netKey]*Workload
-	byName       map[nsName]*Workload
+	byAddr       addrIndex[*Workload]
+	byName       map[string]map[string]*Workload   // namespace -> name -> workload
 	byNode       map[string]map[*Workload]struct{} // pointer keys: 8 bytes, nothing to hash
 	services     map[string]*Service               // by "ns/hostname"
 	byHost       map[string][]*Service
-	byVIP        map[netKey][]*Service
+	byVIP        addrIndex[[]*Service]
 	cidrs        []cidrVIP
-	endpoints    map[string]map[*Workload]Endpoint // service key -> workload -> endpoint
+	endpoints    map[string]map[*Workload]map[uint16]uint16 // service key -> workload -> its ports (Endpoint.Ports)
 	policies     map[string]*Policy
 	policiesByNs map[string]map[string]*Policy // scope global under "", namespace scope by ns
 	gateways     map[gatewayKey]int            // network gateways workloads name, with how many name each
@@ -100,13 +98,13 @@ func gatewayKeyOf(g *GatewayAddress) gatewayKey {
 func newIndex() *index {
 	return &index{
 		workloads:    make(map[string]*Workload),
-		byAddr:       make(map[netKey]*Workload),
-		byName:       make(map[nsName]*Workload),
+		byAddr:       make(addrIndex[*Workload]),
+		byName:       make(map[string]map[string]*Workload),
 		byNode:       make(map[string]map[*Workload]struct{}),
 		services:     make(map[string]*Service),
 		byHost:       make(map[string][]*Service),
-		byVIP:        make(map[netKey][]*Service),
-		endpoints:    make(map[string]map[*Workload]Endpoint),
+		byVIP:        make(addrIndex[[]*Service]),
+		endpoints:    make(map[string]map[*Workload]map[uint16]uint16),
 		policies:     make(map[string]*Policy),
 		policiesByNs: make(map[string]map[string]*Policy),
 		gateways:     make(map[gatewayKey]int),
@@ -120,21 +118,44 @@ func newIndex() *index {
 func (x *index) cloneFor(b *Batch) *index {
 	c := *x
 	if len(b.Workloads) > 0 || len(b.RemoveAddresses) > 0 { // addWorkloadLocked, removeWorkloadLocked
-		n := len(b.Workloads)
-		c.workloads, c.byAddr, c.byName = cloneSized(x.workloads, n), cloneSized(x.byAddr, 2*n), cloneSized(x.byName, n)
+		addrs, names := make(addrCount), make(map[string]int)
+		for _, w := range b.Workloads {
+			if w.NetworkMode != NetworkHostNetwork {
+				for _, a := range w.Addresses {
+					addrs.add(w.Network, a)
+				}
+			}
+			names[w.Namespace]++
+		}
+		c.workloads, c.byAddr = cloneSized(x.workloads, len(b.Workloads)), x.byAddr.clone(addrs)
+		c.byName = make(map[string]map[string]*Workload, max(len(x.byName), len(names)))
+		for ns, m := range x.byName {
+			c.byName[ns] = cloneSized(m, names[ns])
+		}
+		for ns, n := range names {
+			if c.byName[ns] == nil {
+				c.byName[ns] = make(map[string]*Workload, n)
+			}
+		}
 		c.byNode = make(map[string]map[*Workload]struct{}, len(x.byNode))
 		for k, m := range x.byNode {
 			c.byNode[k] = maps.Clone(m)
 		}
-		c.endpoints = make(map[string]map[*Workload]Endpoint, len(x.endpoints))
+		c.endpoints = make(map[string]map[*Workload]map[uint16]uint16, len(x.endpoints))
 		for k, m := range x.endpoints {
 			c.endpoints[k] = maps.Clone(m)
 		}
 		c.gateways = maps.Clone(x.gateways)
 	}
 	if len(b.Services) > 0 || len(b.RemoveAddresses) > 0 { // addServiceLocked, removeServiceLocked
+		vips := make(addrCount)
+		for _, svc := range b.Services {
+			for _, a := range svc.Addresses {
+				vips.add(a.Network, a.Address)
+			}
+		}
 		n := len(b.Services)
-		c.services, c.byHost, c.byVIP, c.cidrs = cloneSized(x.services, n), cloneSized(x.byHost, n), cloneSized(x.byVIP, 2*n), slices.Clip(x.cidrs)
+		c.services, c.byHost, c.byVIP, c.cidrs = cloneSized(x.services, n), cloneSized(x.byHost, n), x.byVIP.clone(vips), slices.Clip(x.cidrs)
 	}
 	if len(b.Policies) > 0 || len(b.RemovePolicies) > 0 { // addPolicyLocked, removePolicyLocked
 		c.policies = maps.Clone(x.policies)
@@ -146,13 +167,14 @@ func (x *index) cloneFor(b *Batch) *index {
 	return &c
 }
 
-// cloneSized copies m, with room for a batch of about n more keys when n outgrows it: a
-// node's first push of a million workloads otherwise grows each map twenty times over.
+// cloneSized copies m, with room for n keys when a batch brings n (new or not): a node's
+// first push of a million workloads otherwise grows each map twenty times over. Room for
+// len(m)+n would double every table on a full re-push, for good: a Go map never shrinks.
 func cloneSized[K comparable, V any](m map[K]V, n int) map[K]V {
 	if n <= len(m) {
 		return maps.Clone(m)
 	}
-	c := make(map[K]V, len(m)+n)
+	c := make(map[K]V, n)
 	for k, v := range m {
 		c[k] = v
 	}
@@ -172,22 +194,49 @@ func shrunk[K comparable, V any](m map[K]V, had int) map[K]V {
 	return c
 }
 
+// shrunkEach is shrunk for each inner map of m (had: their lengths before, by outer key).
+// m itself is not written (readers may hold it): inner maps that shrink go into a copy.
+func shrunkEach[K comparable, V any](m map[string]map[K]V, had map[string]int) map[string]map[K]V {
+	out, copied := m, false
+	for k, inner := range m {
+		if len(inner) >= had[k]/2 {
+			continue
+		}
+		if !copied {
+			out, copied = maps.Clone(m), true
+		}
+		out[k] = shrunk(inner, had[k])
+	}
+	return out
+}
+
 // sizes is the length of each map compact may rebuild.
-type sizes struct{ workloads, byAddr, byName, services, byHost, byVIP, policies int }
+type sizes struct {
+	workloads, services, byHost, policies int
+	byAddr, byVIP                         map[string][2]int
+	byName                                map[string]int
+}
 
 func (x *index) sizes() sizes {
-	return sizes{len(x.workloads), len(x.byAddr), len(x.byName), len(x.services), len(x.byHost), len(x.byVIP), len(x.policies)}
+	names := make(map[string]int, len(x.byName))
+	for ns, m := range x.byName {
+		names[ns] = len(m)
+	}
+	return sizes{
+		workloads: len(x.workloads), services: len(x.services), byHost: len(x.byHost), policies: len(x.policies),
+		byAddr: x.byAddr.lens(), byVIP: x.byVIP.lens(), byName: names,
+	}
 }
 
 // compact shrinks the maps a big removal left mostly empty (had: their lengths before);
 // x is not yet published.
 func (x *index) compact(had sizes) {
 	x.workloads = shrunk(x.workloads, had.workloads)
-	x.byAddr = shrunk(x.byAddr, had.byAddr)
-	x.byName = shrunk(x.byName, had.byName)
+	x.byAddr = x.byAddr.shrunk(had.byAddr)
+	x.byName = shrunkEach(x.byName, had.byName)
 	x.services = shrunk(x.services, had.services)
 	x.byHost = shrunk(x.byHost, had.byHost)
-	x.byVIP = shrunk(x.byVIP, had.byVIP)
+	x.byVIP = x.byVIP.shrunk(had.byVIP)
 	x.policies = shrunk(x.policies, had.policies)
 }
 
@@ -386,10 +435,15 @@ func (x *index) addWorkloadLocked(w *Workload) {
 	x.workloads[w.UID] = w
 	if w.NetworkMode != NetworkHostNetwork {
 		for _, a := range w.Addresses {
-			x.byAddr[netKey{w.Network, a}] = w
+			x.byAddr.set(w.Network, a, w)
 		}
 	}
-	x.byName[nsName{w.Namespace, w.Name}] = w
+	names := x.byName[w.Namespace]
+	if names == nil {
+		names = make(map[string]*Workload)
+		x.byName[w.Namespace] = names
+	}
+	names[w.Name] = w
 	if w.Node != "" {
 		m := x.byNode[w.Node]
 		if m == nil {
@@ -401,10 +455,10 @@ func (x *index) addWorkloadLocked(w *Workload) {
 	for svc, ports := range w.Services {
 		m := x.endpoints[svc]
 		if m == nil {
-			m = make(map[*Workload]Endpoint)
+			m = make(map[*Workload]map[uint16]uint16)
 			x.endpoints[svc] = m
 		}
-		m[w] = Endpoint{Workload: w, Ports: ports}
+		m[w] = ports
 	}
 	if g := w.NetworkGateway; g != nil {
 		x.gateways[gatewayKeyOf(g)]++
@@ -414,13 +468,15 @@ func (x *index) addWorkloadLocked(w *Workload) {
 func (x *index) removeWorkloadLocked(w *Workload) {
 	delete(x.workloads, w.UID)
 	for _, a := range w.Addresses {
-		k := netKey{w.Network, a}
-		if x.byAddr[k] == w {
-			delete(x.byAddr, k)
+		if x.byAddr.get(w.Network, a) == w {
+			x.byAddr.delete(w.Network, a)
 		}
 	}
-	if k := (nsName{w.Namespace, w.Name}); x.byName[k] == w {
-		delete(x.byName, k)
+	if names := x.byName[w.Namespace]; names[w.Name] == w {
+		delete(names, w.Name)
+		if len(names) == 0 {
+			delete(x.byName, w.Namespace)
+		}
 	}
 	if m := x.byNode[w.Node]; m != nil {
 		delete(m, w)
@@ -452,8 +508,7 @@ func (x *index) addServiceLocked(svc *Service) {
 			x.cidrs = append(x.cidrs, cidrVIP{a.Network, a.Prefix, svc})
 			continue
 		}
-		k := netKey{a.Network, a.Address}
-		x.byVIP[k] = append(x.byVIP[k], svc)
+		x.byVIP.set(a.Network, a.Address, append(x.byVIP.get(a.Network, a.Address), svc))
 	}
 }
 
@@ -480,11 +535,10 @@ func (x *index) removeServiceLocked(svc *Service) {
 		if a.Prefix.IsValid() && a.Prefix.Bits() != a.Prefix.Addr().BitLen() {
 			continue
 		}
-		k := netKey{a.Network, a.Address}
-		if l := removeSvc(x.byVIP[k], svc); len(l) == 0 {
-			delete(x.byVIP, k)
+		if l := removeSvc(x.byVIP.get(a.Network, a.Address), svc); len(l) == 0 {
+			x.byVIP.delete(a.Network, a.Address)
 		} else {
-			x.byVIP[k] = l
+			x.byVIP.set(a.Network, a.Address, l)
 		}
 	}
 	if len(x.cidrs) > 0 {
@@ -532,7 +586,7 @@ func (x *index) removePolicyLocked(p *Policy) {
 // WorkloadByIP returns the workload with address ip on network, or nil.
 func (s *Store) WorkloadByIP(network string, ip netip.Addr) *Workload {
 	s.mu.RLock()
-	w := s.idx.byAddr[netKey{network, ip}]
+	w := s.idx.byAddr.get(network, ip)
 	s.mu.RUnlock()
 	return w
 }
@@ -551,7 +605,7 @@ func (s *Store) IsNetworkGateway(network string, ip netip.Addr) bool {
 	if x.gateways[gatewayKey{addr: netKey{network, ip}}] > 0 {
 		return true
 	}
-	w := x.byAddr[netKey{network, ip}]
+	w := x.byAddr.get(network, ip)
 	if w == nil {
 		return false
 	}
@@ -581,7 +635,7 @@ func (s *Store) WorkloadByUID(uid string) *Workload {
 // FindWorkload returns a workload by namespace and name (dedicated mode's own workload), or nil.
 func (s *Store) FindWorkload(namespace, name string) *Workload {
 	s.mu.RLock()
-	w := s.idx.byName[nsName{namespace, name}]
+	w := s.idx.byName[namespace][name]
 	s.mu.RUnlock()
 	return w
 }
@@ -632,7 +686,7 @@ func (s *Store) ServiceByVIP(network string, ip netip.Addr, srcNamespace string)
 }
 
 func (s *Store) serviceByVIPLocked(network string, ip netip.Addr, srcNs string) *Service {
-	if svc := s.pickService(s.idx.byVIP[netKey{network, ip}], srcNs); svc != nil {
+	if svc := s.pickService(s.idx.byVIP.get(network, ip), srcNs); svc != nil {
 		return svc
 	}
 	var best *Service
@@ -692,8 +746,8 @@ func (s *Store) Endpoints(serviceKey string) []Endpoint {
 	s.mu.RLock()
 	m := s.idx.endpoints[serviceKey]
 	out := make([]Endpoint, 0, len(m))
-	for _, e := range m {
-		out = append(out, e)
+	for w, ports := range m {
+		out = append(out, Endpoint{w, ports})
 	}
 	s.mu.RUnlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Workload.UID < out[j].Workload.UID })
