@@ -360,7 +360,8 @@ type decoded struct {
 	collect   bool
 	versions  map[string]string // interned versions: a push repeats few
 	in        *interner
-	held      *state.Store // see digest; nil converts every resource
+	wire      workloadDecoder // one for the push: it reuses its message
+	held      *state.Store    // see digest; nil converts every resource
 }
 
 // nameVersion is an accepted resource. The name is the converted value's own key string
@@ -417,7 +418,7 @@ func (d *decoded) add(typ string, r *discoverypb.Resource) {
 			return
 		}
 	}
-	key, err := decodeResource(typ, r, &d.batch, d.in, sum)
+	key, err := d.decodeResource(typ, r, sum)
 	if err != nil {
 		d.errs = append(d.errs, name+": "+strings.TrimPrefix(err.Error(), "xds: "))
 		return
@@ -448,9 +449,10 @@ func (d *decoded) removed(typ string, names []string) {
 	}
 }
 
-// decodeResource converts r into b, the value carrying sum as its Digest, and returns its
-// name as the converted value holds it.
-func decodeResource(typ string, r *discoverypb.Resource, b *state.Batch, in *interner, sum uint64) (string, error) {
+// decodeResource converts r into the batch, the value carrying sum as its Digest, and
+// returns its name as the converted value holds it.
+func (d *decoded) decodeResource(typ string, r *discoverypb.Resource, sum uint64) (string, error) {
+	b := &d.batch
 	anyMsg := r.GetResource()
 	if anyMsg == nil {
 		return "", errors.New("missing resource body")
@@ -460,11 +462,7 @@ func decodeResource(typ string, r *discoverypb.Resource, b *state.Batch, in *int
 	}
 	switch typ {
 	case xdspb.AddressType:
-		var a workloadpb.Address
-		if err := proto.Unmarshal(anyMsg.GetValue(), &a); err != nil {
-			return "", fmt.Errorf("decode: %w", err)
-		}
-		w, s, err := convertAddress(&a, in)
+		w, s, err := d.convertAddress(anyMsg.GetValue())
 		if err != nil {
 			return "", err
 		}
@@ -498,6 +496,27 @@ func decodeResource(typ string, r *discoverypb.Resource, b *state.Batch, in *int
 		b.Policies = append(b.Policies, p)
 	}
 	return r.GetName(), nil
+}
+
+// convertAddress converts an istio.workload.Address: a workload from the wire directly
+// (see wire.go), anything else through proto.Unmarshal.
+func (d *decoded) convertAddress(body []byte) (*state.Workload, *state.Service, error) {
+	p, ok, err := d.wire.workload(body)
+	if err != nil {
+		return nil, nil, fmt.Errorf("decode: %w", err)
+	}
+	if ok {
+		w, err := convertWorkload(p, d.in)
+		if err != nil {
+			return nil, nil, resourceErr("workload", strings.Clone(p.GetUid()), err)
+		}
+		return w, nil, nil
+	}
+	var a workloadpb.Address
+	if err := proto.Unmarshal(body, &a); err != nil {
+		return nil, nil, fmt.Errorf("decode: %w", err)
+	}
+	return convertAddress(&a, d.in)
 }
 
 // handle applies one materialised response and returns its ACK or NACK (tests, benchmarks).

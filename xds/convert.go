@@ -130,13 +130,15 @@ func convertWorkload(p *workloadpb.Workload, in *interner) (*state.Workload, err
 		return nil, fmt.Errorf("uid: %w", errEmpty)
 	}
 	w := &state.Workload{
-		UID: p.GetUid(), Name: p.GetName(), Node: in.str(p.GetNode()), Hostname: p.GetHostname(),
+		UID: in.own(p.GetUid()), Name: p.GetName(), Node: in.str(p.GetNode()), Hostname: in.own(p.GetHostname()),
 		Healthy:  p.GetStatus() == workloadpb.WorkloadStatus_HEALTHY,
 		Capacity: 1,
 	}
 	// A Kubernetes UID ends in "/"+name: keep one string, not two.
 	if n := len(w.UID) - len(w.Name); n > 0 && w.Name != "" && w.UID[n-1] == '/' && w.UID[n:] == w.Name {
 		w.Name = w.UID[n:]
+	} else {
+		w.Name = in.own(w.Name)
 	}
 	if c := p.GetCapacity(); c != nil {
 		w.Capacity = c.GetValue()

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/gozt/gozt/xds/state"
 )
@@ -12,6 +13,9 @@ import (
 // nodes, service accounts, canonical names, localities and service port maps across
 // thousands of workloads, and the proto decoder allocates each occurrence anew. State
 // values are immutable once built, so sharing is safe. A nil interner shares nothing.
+//
+// A push's strings may alias its message (wire.go), which is freed as it is walked: a
+// string the interner keeps, or hands out with own, is a copy.
 type interner struct {
 	strs  map[string]string
 	pmaps map[string]map[uint16]uint16
@@ -39,8 +43,17 @@ func (in *interner) str(s string) string {
 	if v, ok := in.strs[s]; ok {
 		return v
 	}
+	s = strings.Clone(s)
 	in.strs[s] = s
 	return s
+}
+
+// own is s, copied if it may alias the push's message (there is an interner).
+func (in *interner) own(s string) string {
+	if in == nil {
+		return s
+	}
+	return strings.Clone(s)
 }
 
 func (in *interner) portsKey(m map[uint16]uint16) []byte {
@@ -149,6 +162,12 @@ func (in *interner) meta(m *state.WorkloadMeta, svcs uint32) *state.WorkloadMeta
 	}
 	v := new(state.WorkloadMeta)
 	*v = *m
+	if len(m.AuthorizationPolicies) > 0 {
+		v.AuthorizationPolicies = make([]string, len(m.AuthorizationPolicies))
+		for i, s := range m.AuthorizationPolicies {
+			v.AuthorizationPolicies[i] = in.str(s)
+		}
+	}
 	v.CacheIdentity()
 	in.metas[string(k)] = v
 	return v
