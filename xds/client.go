@@ -389,11 +389,11 @@ func heldDigest(s *state.Store, typ, name string) (uint64, string) {
 			return w.Digest, w.UID
 		}
 		if svc := s.ServiceByKey(name); svc != nil {
-			return svc.Digest, name
+			return svc.Digest, strings.Clone(name)
 		}
 	case xdspb.AuthorizationType:
 		if p := s.Policy(name); p != nil {
-			return p.Digest, name
+			return p.Digest, strings.Clone(name)
 		}
 	}
 	return 0, name
@@ -403,10 +403,11 @@ func heldDigest(s *state.Store, typ, name string) (uint64, string) {
 // whose body has the bytes of the one the store holds under its name (a control plane
 // resending everything on a reconnect or a resync) is only accepted at its new version:
 // converting and re-indexing a million unchanged workloads is what stalled the node.
+// r's name and version may alias the message (parseResource): what is kept is a copy.
 func (d *decoded) add(typ string, r *discoverypb.Resource) {
 	name := r.GetName()
 	if d.collect {
-		d.names = append(d.names, name)
+		d.names = append(d.names, strings.Clone(name))
 		d.names = append(d.names, r.GetAliases()...)
 	}
 	var sum uint64
@@ -430,7 +431,7 @@ func (d *decoded) add(typ string, r *discoverypb.Resource) {
 func (d *decoded) accept(name, version string) {
 	v, ok := d.versions[version]
 	if !ok {
-		v = version
+		v = strings.Clone(version)
 		d.versions[v] = v
 	}
 	d.accepted = append(d.accepted, nameVersion{name, v})
@@ -479,7 +480,7 @@ func (d *decoded) decodeResource(typ string, r *discoverypb.Resource, sum uint64
 		}
 		s.Digest = sum
 		b.Services = append(b.Services, s)
-		return r.GetName(), nil
+		return strings.Clone(r.GetName()), nil
 	case xdspb.AuthorizationType:
 		var a securitypb.Authorization
 		if err := proto.Unmarshal(anyMsg.GetValue(), &a); err != nil {
@@ -495,7 +496,7 @@ func (d *decoded) decodeResource(typ string, r *discoverypb.Resource, sum uint64
 		p.Digest = sum
 		b.Policies = append(b.Policies, p)
 	}
-	return r.GetName(), nil
+	return strings.Clone(r.GetName()), nil
 }
 
 // convertAddress converts an istio.workload.Address: a workload from the wire directly

@@ -214,15 +214,9 @@ func convertWorkload(p *workloadpb.Workload, in *interner) (*state.Workload, err
 		m.Locality = state.Locality{Region: in.str(l.GetRegion()), Zone: in.str(l.GetZone()), Subzone: in.str(l.GetSubzone())}
 	}
 	if len(p.GetServices()) > 0 {
-		m.Services = make(map[string]map[uint16]uint16, len(p.GetServices()))
-		for key, pl := range p.GetServices() {
-			ports, err := convertPorts(pl.GetPorts(), in)
-			if err != nil {
-				return nil, fmt.Errorf("services[%q]: %w", key, err)
-			}
-			m.Services[in.str(key)] = ports
+		if m.Services, svcs, err = in.services(p.GetServices()); err != nil {
+			return nil, err
 		}
-		m.Services, svcs = in.services(m.Services)
 	}
 	w.WorkloadMeta = in.meta(&m, svcs)
 	return w, nil

@@ -1,12 +1,15 @@
 package xds
 
 import (
+	"cmp"
 	"encoding/binary"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/gozt/gozt/xds/state"
+	"github.com/gozt/gozt/xds/xdspb/workloadpb"
 )
 
 // interner shares equal values among the resources of one push: a mesh repeats namespaces,
@@ -21,7 +24,9 @@ type interner struct {
 	pmaps map[string]map[uint16]uint16
 	smaps map[string]svcMap
 	metas map[string]*state.WorkloadMeta
-	key   []byte
+	key   []byte     // scratch for lookup keys
+	names []string   // scratch for services
+	pairs []portPair // scratch for services
 }
 
 // svcMap is an interned workload services map and its number in the push (from 1), which
@@ -85,43 +90,110 @@ func (in *interner) ports(m map[uint16]uint16) map[uint16]uint16 {
 	return m
 }
 
-// services returns a workload services map equal to m (its port maps already interned),
-// shared with earlier workloads of the push: the endpoints of one service carry the same.
-// The lookup allocates nothing; most workloads are in one service. The number is the
-// map's in the push (0 with a nil interner).
-func (in *interner) services(m map[string]map[uint16]uint16) (map[string]map[uint16]uint16, uint32) {
+// services converts a workload's services map (service key -> port list), shared with
+// earlier workloads of the push that have the same: the endpoints of one service carry
+// the same. Its key is built from the list itself, so a hit (most workloads) allocates
+// nothing; the number is the map's in the push (0 with a nil interner).
+func (in *interner) services(ps map[string]*workloadpb.PortList) (map[string]map[uint16]uint16, uint32, error) {
 	if in == nil {
-		return m, 0
+		m := make(map[string]map[uint16]uint16, len(ps))
+		for key, pl := range ps {
+			ports, err := convertPorts(pl.GetPorts(), nil)
+			if err != nil {
+				return nil, 0, fmt.Errorf("services[%q]: %w", key, err)
+			}
+			m[key] = ports
+		}
+		return m, 0, nil
 	}
-	k := in.key[:0]
-	appendSvc := func(svc string) {
-		k = append(k, svc...)
+	names := in.names[:0]
+	for name := range ps {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	k, pairs := in.key[:0], in.pairs[:0]
+	var err error
+	for _, name := range names {
+		start := len(pairs)
+		if pairs, err = appendPorts(pairs, ps[name].GetPorts()); err != nil {
+			return nil, 0, fmt.Errorf("services[%q]: %w", name, err)
+		}
+		k = append(k, name...)
 		k = append(k, '=')
-		in.key = k
-		k = in.portsKey(m[svc])
+		k = appendPairs(k, pairs[start:])
 		k = append(k, ';')
 	}
-	if len(m) == 1 {
-		for svc := range m {
-			appendSvc(svc)
-		}
-	} else {
-		svcs := make([]string, 0, len(m))
-		for svc := range m {
-			svcs = append(svcs, svc)
-		}
-		slices.Sort(svcs)
-		for _, svc := range svcs {
-			appendSvc(svc)
-		}
-	}
-	in.key = k[:0]
+	in.key, in.names, in.pairs = k[:0], names[:0], pairs[:0]
 	if v, ok := in.smaps[string(k)]; ok {
-		return v.m, v.id
+		return v.m, v.id, nil
 	}
+	key := string(k) // before portsOf reuses in.key
+	m := make(map[string]map[uint16]uint16, len(names))
+	pairs = pairs[:0]
+	for _, name := range names {
+		start := len(pairs)
+		pairs, _ = appendPorts(pairs, ps[name].GetPorts()) // checked above
+		m[in.str(name)] = in.portsOf(pairs[start:])
+	}
+	in.pairs = pairs[:0]
 	id := uint32(len(in.smaps) + 1)
-	in.smaps[string(k)] = svcMap{m, id}
-	return m, id
+	in.smaps[key] = svcMap{m, id}
+	return m, id, nil
+}
+
+// portPair is a port list's entry: service port -> target port.
+type portPair struct{ svc, target uint16 }
+
+// appendPorts appends ps's ports sorted by service port, a repeated service port keeping
+// its last target port (as the map convertPorts builds does).
+func appendPorts(dst []portPair, ps []*workloadpb.Port) ([]portPair, error) {
+	start := len(dst)
+	for _, p := range ps {
+		sp, err := port16(p.GetServicePort(), "service_port")
+		if err != nil {
+			return dst, err
+		}
+		tp, err := port16(p.GetTargetPort(), "target_port")
+		if err != nil {
+			return dst, err
+		}
+		dst = append(dst, portPair{sp, tp})
+	}
+	list := dst[start:]
+	slices.SortStableFunc(list, func(a, b portPair) int { return cmp.Compare(a.svc, b.svc) })
+	out := list[:0]
+	for i, p := range list {
+		if i+1 == len(list) || list[i+1].svc != p.svc {
+			out = append(out, p)
+		}
+	}
+	return dst[:start+len(out)], nil
+}
+
+// appendPairs appends sorted pairs as portsKey writes a map.
+func appendPairs(k []byte, pairs []portPair) []byte {
+	for _, p := range pairs {
+		k = strconv.AppendUint(k, uint64(p.svc), 10)
+		k = append(k, ':')
+		k = strconv.AppendUint(k, uint64(p.target), 10)
+		k = append(k, ',')
+	}
+	return k
+}
+
+// portsOf is ports for a port map given as sorted pairs.
+func (in *interner) portsOf(pairs []portPair) map[uint16]uint16 {
+	k := appendPairs(in.key[:0], pairs)
+	in.key = k[:0]
+	if v, ok := in.pmaps[string(k)]; ok {
+		return v
+	}
+	m := make(map[uint16]uint16, len(pairs))
+	for _, p := range pairs {
+		m[p.svc] = p.target
+	}
+	in.pmaps[string(k)] = m
+	return m
 }
 
 // meta returns a meta equal to *m (svcs: its services map's number from services), shared

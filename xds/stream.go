@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"unsafe"
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
@@ -251,7 +252,8 @@ func (resp *response) decode(data mem.BufferSlice) error {
 	return nil
 }
 
-// parseResource decodes a Resource without copying its body: res.Resource.Value aliases b.
+// parseResource decodes a Resource without copying: its name and version and its body's
+// value alias b (decoded.add copies what it keeps).
 func parseResource(b []byte, res *discoverypb.Resource, body *anypb.Any) error {
 	res.Name, res.Version, res.Aliases, res.Resource = "", "", nil, nil
 	body.TypeUrl, body.Value = "", nil
@@ -263,9 +265,9 @@ func parseResource(b []byte, res *discoverypb.Resource, body *anypb.Any) error {
 		b = rest
 		switch num {
 		case resName:
-			res.Name = string(v)
+			res.Name = unsafe.String(unsafe.SliceData(v), len(v))
 		case resVersion:
-			res.Version = string(v)
+			res.Version = unsafe.String(unsafe.SliceData(v), len(v))
 		case resAliases:
 			res.Aliases = append(res.Aliases, string(v))
 		case resResource:

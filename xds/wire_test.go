@@ -2,6 +2,7 @@ package xds
 
 import (
 	"fmt"
+	"reflect"
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -144,4 +145,35 @@ func FuzzWorkloadWire(f *testing.F) {
 			t.Fatalf("\nproto %v\nwire  %v", want, got)
 		}
 	})
+}
+
+// TestInternedServicesMatch: a push's interned services map equals the plain conversion,
+// a repeated service port keeping its last target port, and a bad port is the same error.
+func TestInternedServicesMatch(t *testing.T) {
+	p := &workloadpb.Workload{Uid: "u", Services: map[string]*workloadpb.PortList{
+		"ns/a": {Ports: []*workloadpb.Port{{ServicePort: 80, TargetPort: 1}, {ServicePort: 443, TargetPort: 2}, {ServicePort: 80, TargetPort: 3}}},
+		"ns/b": nil,
+	}}
+	plain, err := convertWorkload(p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := newInterner()
+	interned, err := convertWorkload(p, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(plain.Services, interned.Services) || interned.Services["ns/a"][80] != 3 {
+		t.Errorf("interned %v, plain %v", interned.Services, plain.Services)
+	}
+	again, _ := convertWorkload(p, in)
+	if reflect.ValueOf(again.Services).UnsafePointer() != reflect.ValueOf(interned.Services).UnsafePointer() {
+		t.Error("an equal services map is not shared")
+	}
+	p.Services["ns/b"] = &workloadpb.PortList{Ports: []*workloadpb.Port{{ServicePort: 70000}}}
+	_, perr := convertWorkload(p, nil)
+	_, ierr := convertWorkload(p, in)
+	if perr == nil || ierr == nil || perr.Error() != ierr.Error() {
+		t.Errorf("bad port: plain %v, interned %v", perr, ierr)
+	}
 }
