@@ -3,8 +3,10 @@ package state
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,6 +60,48 @@ func svc(ns, host string, addr string, mods ...func(*Service)) *Service {
 		m(s)
 	}
 	return s
+}
+
+// Only the nodes and namespaces asked about are indexed, before or after their workloads
+// arrive, and a node whose workloads all went stays indexed.
+func TestOnDemandIndexes(t *testing.T) {
+	s := NewStore()
+	if got := s.WorkloadsOnNode("n1"); len(got) != 0 {
+		t.Fatalf("empty store: %v", got)
+	}
+	on := func(name, node string) *Workload {
+		return wl(name, "10.0.0."+strconv.Itoa(len(name)+len(node)*10), func(w *Workload) { w.Node = node })
+	}
+	big := Batch{Workloads: []*Workload{on("a", "n1"), on("bb", "n2")}}
+	for i := range bigBatch { // the copy-and-swap path
+		big.Workloads = append(big.Workloads, wl("x"+strconv.Itoa(i), "", func(w *Workload) { w.Node = "n3" }))
+	}
+	s.Apply(&big)
+	if got := s.WorkloadsOnNode("n1"); len(got) != 1 || got[0].Name != "a" {
+		t.Errorf("n1 after a push: %v", got)
+	}
+	if got := s.WorkloadsOnNode("n3"); len(got) != bigBatch { // indexed now, by a walk
+		t.Errorf("n3: %d workloads; want %d", len(got), bigBatch)
+	}
+	if _, ok := s.idx.byNode["n2"]; ok || len(s.idx.byNode) != 2 {
+		t.Errorf("nodes indexed: %v; want n1 and n3", slices.Collect(maps.Keys(s.idx.byNode)))
+	}
+	s.Apply(&Batch{RemoveAddresses: []string{big.Workloads[0].UID}})
+	s.Apply(&Batch{Workloads: []*Workload{on("c", "n1")}})
+	if got := s.WorkloadsOnNode("n1"); len(got) != 1 || got[0].Name != "c" {
+		t.Errorf("n1 after its workload went and another came: %v", got)
+	}
+
+	if len(s.idx.byName) != 0 {
+		t.Errorf("namespaces indexed by name before any was asked about: %d", len(s.idx.byName))
+	}
+	if w := s.FindWorkload("default", "x7"); w == nil || w.Name != "x7" || s.FindWorkload("other", "x7") != nil {
+		t.Errorf("FindWorkload(default/x7) = %v", w)
+	}
+	s.Apply(&Batch{Workloads: []*Workload{on("d", "n2")}})
+	if w := s.FindWorkload("default", "d"); w == nil || len(s.idx.byName) != 2 {
+		t.Errorf("a namespace asked about is kept up to date: %v, %d indexed", w, len(s.idx.byName))
+	}
 }
 
 func TestIndexes(t *testing.T) {
