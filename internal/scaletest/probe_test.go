@@ -1,12 +1,15 @@
 package scaletest
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
 	"slices"
 	"sync"
 	"time"
@@ -17,12 +20,15 @@ import (
 // node looks the destination up in its store, finds nothing, and passes it through), one
 // byte there and back. Its latency rises when the node's lookups stall behind a push (or
 // the process stalls for a GC), so the worst one inside a window is that window's stall.
+//
+// The prober and the echo server run in a child process (this test binary again, see
+// TestMain): in the test's own process they stalled whenever its collector worked over the
+// ADS server's generated mesh (gigabytes at 1M), which put a floor of 10-35 ms under every
+// window that was not the node's.
 type probe struct {
-	socks  string
-	echo   net.Listener
-	target netip.AddrPort
-	stop   chan struct{}
-	wg     sync.WaitGroup
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	read  sync.WaitGroup
 
 	mu      sync.Mutex
 	samples []sample
@@ -34,31 +40,100 @@ type sample struct {
 	err error
 }
 
-// newEcho listens on a loopback address of its own.
-func newEcho() (net.Listener, error) {
-	return net.Listen("tcp", fmt.Sprintf("127.%d.%d.%d:7070", 100+rand.IntN(100), rand.IntN(250), 1+rand.IntN(250)))
+// probeEnv names the child's job: "socks-address interval-in-nanoseconds".
+const probeEnv = "SCALETEST_PROBE"
+
+func startProbe(socks string, every time.Duration) (*probe, error) {
+	p := &probe{cmd: exec.Command(os.Args[0], "-test.run=^$")}
+	p.cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d", probeEnv, socks, every))
+	p.cmd.Stderr = os.Stderr
+	stdout, err := p.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if p.stdin, err = p.cmd.StdinPipe(); err != nil {
+		return nil, err
+	}
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
+	}
+	p.read.Add(1)
+	go func() {
+		defer p.read.Done()
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			var at, d int64
+			var msg string
+			if _, err := fmt.Sscanf(sc.Text(), "%d %d %q", &at, &d, &msg); err != nil {
+				continue
+			}
+			s := sample{at: time.Unix(0, at), d: time.Duration(d)}
+			if msg != "" {
+				s.err = errors.New(msg)
+			}
+			p.mu.Lock()
+			p.samples = append(p.samples, s)
+			p.mu.Unlock()
+		}
+	}()
+	return p, nil
 }
 
-func startProbe(echo net.Listener, socks string, every time.Duration) *probe {
-	p := &probe{socks: socks, echo: echo, target: netip.MustParseAddrPort(echo.Addr().String()), stop: make(chan struct{})}
-	p.wg.Add(2)
-	go p.serveEcho()
-	go p.run(every)
-	return p
+func (p *probe) close() {
+	p.stdin.Close() // the child stops when its stdin ends
+	p.read.Wait()
+	_ = p.cmd.Wait()
 }
 
-func (p *probe) serveEcho() {
-	defer p.wg.Done()
-	var conns sync.WaitGroup
-	defer conns.Wait()
+// runProbeChild is the child's main: it probes until its stdin ends, a line per sample.
+func runProbeChild(job string) error {
+	var socks string
+	var every time.Duration
+	if _, err := fmt.Sscanf(job, "%s %d", &socks, &every); err != nil {
+		return fmt.Errorf("%s=%q: %v", probeEnv, job, err)
+	}
+	echo, err := net.Listen("tcp", fmt.Sprintf("127.%d.%d.%d:7070", 100+rand.IntN(100), rand.IntN(250), 1+rand.IntN(250)))
+	if err != nil {
+		return err
+	}
+	defer echo.Close()
+	go serveEcho(echo)
+	target := netip.MustParseAddrPort(echo.Addr().String())
+	stop := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		close(stop)
+	}()
+	out := bufio.NewWriter(os.Stdout)
+	defer out.Flush()
+	tick := time.NewTicker(every)
+	defer tick.Stop()
 	for {
-		c, err := p.echo.Accept()
+		select {
+		case <-stop:
+			return nil
+		case <-tick.C:
+		}
+		start := time.Now()
+		err := probeOnce(socks, target)
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+		}
+		fmt.Fprintf(out, "%d %d %q\n", start.UnixNano(), time.Since(start), msg)
+		if err := out.Flush(); err != nil {
+			return err
+		}
+	}
+}
+
+func serveEcho(l net.Listener) {
+	for {
+		c, err := l.Accept()
 		if err != nil {
 			return
 		}
-		conns.Add(1)
 		go func() {
-			defer conns.Done()
 			defer c.Close()
 			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 			_, _ = io.Copy(c, c)
@@ -66,35 +141,17 @@ func (p *probe) serveEcho() {
 	}
 }
 
-func (p *probe) run(every time.Duration) {
-	defer p.wg.Done()
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	for {
-		select {
-		case <-p.stop:
-			return
-		case <-tick.C:
-		}
-		start := time.Now()
-		err := p.once()
-		p.mu.Lock()
-		p.samples = append(p.samples, sample{start, time.Since(start), err})
-		p.mu.Unlock()
-	}
-}
-
-// once is one SOCKS5 CONNECT through the node and a byte echoed.
-func (p *probe) once() error {
-	c, err := net.DialTimeout("tcp", p.socks, 5*time.Second)
+// probeOnce is one SOCKS5 CONNECT through the node to target and a byte echoed.
+func probeOnce(socks string, target netip.AddrPort) error {
+	c, err := net.DialTimeout("tcp", socks, 5*time.Second)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	ip := p.target.Addr().As4()
+	ip := target.Addr().As4()
 	req := append([]byte{5, 1, 0, 5, 1, 0, 1}, ip[:]...)
-	req = append(req, byte(p.target.Port()>>8), byte(p.target.Port()))
+	req = append(req, byte(target.Port()>>8), byte(target.Port()))
 	if _, err := c.Write(req); err != nil {
 		return err
 	}
@@ -112,12 +169,6 @@ func (p *probe) once() error {
 		return errors.Join(errors.New("no echo"), err)
 	}
 	return nil
-}
-
-func (p *probe) close() {
-	close(p.stop)
-	p.echo.Close()
-	p.wg.Wait()
 }
 
 // window is what the probes started in [from, to) saw: the slowest (an answer the node

@@ -105,11 +105,9 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 	defer n.stop()
 	var pr *probe
 	if o.probe > 0 && impl != "rust" { // the Rust node is in a namespace of its own
-		echo, err := newEcho()
-		if err != nil {
+		if pr, err = startProbe(n.ip+":15080", o.probe); err != nil {
 			t.Fatal(err)
 		}
-		pr = startProbe(echo, n.ip+":15080", o.probe)
 		defer pr.close()
 	}
 	if o.cpuProfile != "" {
