@@ -85,19 +85,11 @@ func convertGateway(g *workloadpb.GatewayAddress, in *interner) (*state.GatewayA
 }
 
 func convertPorts(ps []*workloadpb.Port, in *interner) (map[uint16]uint16, error) {
-	m := make(map[uint16]uint16, len(ps))
-	for _, p := range ps {
-		sp, err := port16(p.GetServicePort(), "service_port")
-		if err != nil {
-			return nil, err
-		}
-		tp, err := port16(p.GetTargetPort(), "target_port")
-		if err != nil {
-			return nil, err
-		}
-		m[sp] = tp
+	pairs, err := appendPorts(nil, ps)
+	if err != nil {
+		return nil, err
 	}
-	return in.ports(m), nil
+	return in.portsOf(pairs), nil
 }
 
 // resourceError is a resource that did not convert: `workload "uid": uid: empty`. The

@@ -61,35 +61,6 @@ func (in *interner) own(s string) string {
 	return strings.Clone(s)
 }
 
-func (in *interner) portsKey(m map[uint16]uint16) []byte {
-	ks := make([]uint16, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	slices.Sort(ks)
-	for _, k := range ks {
-		in.key = strconv.AppendUint(in.key, uint64(k), 10)
-		in.key = append(in.key, ':')
-		in.key = strconv.AppendUint(in.key, uint64(m[k]), 10)
-		in.key = append(in.key, ',')
-	}
-	return in.key
-}
-
-// ports returns a map equal to m, shared with earlier ones of the push.
-func (in *interner) ports(m map[uint16]uint16) map[uint16]uint16 {
-	if in == nil {
-		return m
-	}
-	k := in.portsKey(m)
-	in.key = k[:0]
-	if v, ok := in.pmaps[string(k)]; ok { // no allocation for the lookup
-		return v
-	}
-	in.pmaps[string(k)] = m
-	return m
-}
-
 // services converts a workload's services map (service key -> port list), shared with
 // earlier workloads of the push that have the same: the endpoints of one service carry
 // the same. Its key is built from the list itself, so a hit (most workloads) allocates
@@ -170,7 +141,7 @@ func appendPorts(dst []portPair, ps []*workloadpb.Port) ([]portPair, error) {
 	return dst[:start+len(out)], nil
 }
 
-// appendPairs appends sorted pairs as portsKey writes a map.
+// appendPairs appends sorted pairs, a port map's interning key.
 func appendPairs(k []byte, pairs []portPair) []byte {
 	for _, p := range pairs {
 		k = strconv.AppendUint(k, uint64(p.svc), 10)
@@ -181,18 +152,24 @@ func appendPairs(k []byte, pairs []portPair) []byte {
 	return k
 }
 
-// portsOf is ports for a port map given as sorted pairs.
+// portsOf returns the port map of sorted pairs (appendPorts), shared with earlier ones of
+// the push; a hit allocates nothing.
 func (in *interner) portsOf(pairs []portPair) map[uint16]uint16 {
-	k := appendPairs(in.key[:0], pairs)
-	in.key = k[:0]
-	if v, ok := in.pmaps[string(k)]; ok {
-		return v
+	var k []byte
+	if in != nil {
+		k = appendPairs(in.key[:0], pairs)
+		in.key = k[:0]
+		if v, ok := in.pmaps[string(k)]; ok {
+			return v
+		}
 	}
 	m := make(map[uint16]uint16, len(pairs))
 	for _, p := range pairs {
 		m[p.svc] = p.target
 	}
-	in.pmaps[string(k)] = m
+	if in != nil {
+		in.pmaps[string(k)] = m
+	}
 	return m
 }
 

@@ -15,9 +15,9 @@ import (
 //
 // A push of a million workloads is a million Address messages. proto.Unmarshal builds each
 // as a fresh tree (about twenty allocations: the strings, the address slices, a services
-// map and its port lists), which convertWorkload reads once and drops: about 2.5 GB of
-// garbage for one push, and the collections it causes were near half the node's CPU while
-// it took the push. workloadDecoder fills one reused Workload instead, its strings and
+// map and its port lists), which convertWorkload reads once and drops: at a million
+// workloads that garbage and the collections it caused were most of the push's time
+// (docs/PERFORMANCE.md). workloadDecoder fills one reused Workload instead, its strings and
 // bytes aliasing the message, so decoding a workload allocates next to nothing; the
 // converter copies what it keeps (interner.str, interner.own).
 //

@@ -8,9 +8,9 @@ import (
 // addrIndex maps an IP address on a network to a value. Each network has a table per
 // address family keyed by the address's bytes, where a map keyed by {network string; ip
 // netip.Addr} spends 40 bytes a slot on the key, 32 of them the network's name and the
-// address's zone pointer repeated in every entry (the IP index was a quarter of a node's
-// heap at a million workloads; docs/PERFORMANCE.md). A key carries no zone: workload and
-// service addresses have none.
+// address's zone pointer repeated in every entry (the IP index was the largest map of a
+// node in a large mesh; docs/PERFORMANCE.md). A key carries no zone: workload and service
+// addresses have none.
 //
 // Like the index's other maps, it is mutated in place under the store's write lock or on a
 // copy (clone) no reader has yet.

@@ -1,11 +1,11 @@
 // Package state is the workload cache: workloads, services, endpoints and authorization
 // policies as plain Go values (netip.Addr, identity.ID; no protobuf types), their indexes
-// (network/IP, uid, namespace/name, node, hostname, VIP and CIDR VIP), outbound resolution and
-// load balancing (Store.Resolve) and the /config_dump view. It also says what one proxy
-// serves (local.go): Mode is PROXY_MODE (shared, i.e. in-pod, node or dedicated), and Local
-// is a proxy's mode, node, network and workload in one value, with the questions the data
-// plane, the DNS proxy and certificate prefetch ask the Store about them (a node's Local
-// makes each pod's with Local.Pod).
+// (network/IP, uid, hostname, VIP and CIDR VIP; namespace/name and node for the namespaces
+// and nodes asked about), outbound resolution and load balancing (Store.Resolve) and the
+// /config_dump view. It also says what one proxy serves (local.go): Mode is PROXY_MODE
+// (shared, i.e. in-pod, node or dedicated), and Local is a proxy's mode, node, network and
+// workload in one value, with the questions the data plane, the DNS proxy and certificate
+// prefetch ask the Store about them (a node's Local makes each pod's with Local.Pod).
 //
 // It does not talk to the control plane or parse protos: package xds converts resources into
 // these types outside any lock and hands the Store one Batch per push. Values handed to the
@@ -671,8 +671,8 @@ func (s *Store) EachWorkload(f func(*Workload)) {
 //
 // Only the nodes asked about are indexed (a proxy asks about its own): the first call for a
 // node walks the store once, under the write lock, and later pushes keep that node's set.
-// Indexing every node and namespace of a mesh of a million pods was 90 MB and two million
-// inserts in its first push, for the one node (or pod) a proxy serves.
+// Indexing every node and namespace of a large mesh cost memory and inserts on every push
+// for the one node (or pod) a proxy serves (docs/PERFORMANCE.md).
 func (s *Store) WorkloadsOnNode(node string) []*Workload {
 	if node == "" {
 		return nil
