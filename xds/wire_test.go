@@ -10,6 +10,8 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/gozt/gozt/xds/xdspb"
+	"github.com/gozt/gozt/xds/xdspb/discoverypb"
 	"github.com/gozt/gozt/xds/xdspb/workloadpb"
 )
 
@@ -175,5 +177,40 @@ func TestInternedServicesMatch(t *testing.T) {
 	_, ierr := convertWorkload(p, in)
 	if perr == nil || ierr == nil || perr.Error() != ierr.Error() {
 		t.Errorf("bad port: plain %v, interned %v", perr, ierr)
+	}
+}
+
+// TestDecodedKeepsNoAlias: what a push decodes to holds no string or slice of the message's
+// buffers (the decoder's strings alias them; gRPC reuses them): scribbling over the buffers
+// afterwards changes nothing decoded.
+func TestDecodedKeepsNoAlias(t *testing.T) {
+	resp := &discoverypb.DeltaDiscoveryResponse{TypeUrl: xdspb.AddressType, Nonce: "n"}
+	for i, w := range wireSamples()[1:] {
+		w = proto.Clone(w).(*workloadpb.Workload)
+		w.Uid, w.TunnelProtocol = fmt.Sprint("cluster1//v1/Pod/ns/a", i), workloadpb.TunnelProtocol_HBONE
+		v := marshalAddress(t, w)
+		resp.Resources = append(resp.Resources, &discoverypb.Resource{Name: w.Uid, Version: fmt.Sprint("v", i), Aliases: []string{"alias"}, Resource: &anypb.Any{TypeUrl: xdspb.AddressType, Value: v}})
+	}
+	svc := &workloadpb.Service{Name: "s", Namespace: "ns", Hostname: "s.ns.svc", Ports: []*workloadpb.Port{{ServicePort: 80, TargetPort: 8080}}}
+	sv, err := proto.Marshal(&workloadpb.Address{Type: &workloadpb.Address_Service{Service: svc}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Resources = append(resp.Resources, &discoverypb.Resource{Name: "ns/s.ns.svc", Version: "v9", Resource: &anypb.Any{TypeUrl: xdspb.AddressType, Value: sv}})
+	wire, err := proto.Marshal(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fromProto(resp, true, nil)
+	got := decodeStream(t, wire, 64)
+	for i := range wire {
+		wire[i] = 'X'
+	}
+	if len(got.d.errs) != 0 || len(got.d.batch.Workloads) != len(resp.Resources)-1 {
+		t.Fatalf("errors %v, %d workloads", got.d.errs, len(got.d.batch.Workloads))
+	}
+	if !reflect.DeepEqual(got.d.batch.Workloads, want.d.batch.Workloads) || !reflect.DeepEqual(got.d.batch.Services, want.d.batch.Services) ||
+		!reflect.DeepEqual(got.d.accepted, want.d.accepted) || !reflect.DeepEqual(got.d.names, want.d.names) {
+		t.Errorf("decoded values changed with the buffers:\n%+v\nwant\n%+v", got.d.accepted, want.d.accepted)
 	}
 }
