@@ -507,11 +507,8 @@ func (d *decoded) convertAddress(body []byte) (*state.Workload, *state.Service, 
 		return nil, nil, fmt.Errorf("decode: %w", err)
 	}
 	if ok {
-		w, err := convertWorkload(p, d.in)
-		if err != nil {
-			return nil, nil, resourceErr("workload", strings.Clone(p.GetUid()), err)
-		}
-		return w, nil, nil
+		w, err := workloadResource(p, d.in)
+		return w, nil, err
 	}
 	var a workloadpb.Address
 	if err := proto.Unmarshal(body, &a); err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"strings"
 
 	"github.com/gozt/gozt/internal/istiogrpc"
 	"github.com/gozt/gozt/xds/state"
@@ -40,11 +41,8 @@ func ConvertAddress(a *workloadpb.Address) (*state.Workload, *state.Service, err
 func convertAddress(a *workloadpb.Address, in *interner) (*state.Workload, *state.Service, error) {
 	switch t := a.GetType().(type) {
 	case *workloadpb.Address_Workload:
-		w, err := convertWorkload(t.Workload, in)
-		if err != nil {
-			return nil, nil, resourceErr("workload", t.Workload.GetUid(), err)
-		}
-		return w, nil, nil
+		w, err := workloadResource(t.Workload, in)
+		return w, nil, err
 	case *workloadpb.Address_Service:
 		s, err := convertService(t.Service, in)
 		if err != nil {
@@ -110,9 +108,15 @@ func resourceErr(kind, name string, err error) error {
 // ConvertWorkload converts one istio.workload.Workload, applying ztunnel's defaults (trust
 // domain cluster.local, service account default, cluster Kubernetes, capacity 1).
 func ConvertWorkload(p *workloadpb.Workload) (*state.Workload, error) {
-	w, err := convertWorkload(p, nil)
+	return workloadResource(p, nil)
+}
+
+// workloadResource is convertWorkload with its error naming the workload (by a copy of the
+// uid: p's strings may alias a push's message).
+func workloadResource(p *workloadpb.Workload, in *interner) (*state.Workload, error) {
+	w, err := convertWorkload(p, in)
 	if err != nil {
-		return nil, resourceErr("workload", p.GetUid(), err)
+		return nil, resourceErr("workload", strings.Clone(p.GetUid()), err)
 	}
 	return w, nil
 }

@@ -247,7 +247,8 @@ func (d *workloadDecoder) decode(b []byte) error {
 // decodeService decodes one entry of the services map (key 1, value 2 a PortList).
 func (d *workloadDecoder) decodeService(b []byte) error {
 	var key string
-	var list *workloadpb.PortList
+	list := d.lists.get() // a value seen twice is merged; none is an empty list
+	list.Ports = list.Ports[:0]
 	for len(b) > 0 {
 		f, err := nextField(&b)
 		if err != nil {
@@ -262,18 +263,10 @@ func (d *workloadDecoder) decodeService(b []byte) error {
 				return err
 			}
 		case 2:
-			if list == nil {
-				list = d.lists.get()
-				list.Ports = list.Ports[:0]
-			}
 			if err := d.decodePortList(f.bytes, list); err != nil {
 				return err
 			}
 		}
-	}
-	if list == nil {
-		list = d.lists.get()
-		list.Ports = list.Ports[:0]
 	}
 	if len(list.Ports) == 0 {
 		list.Ports = nil

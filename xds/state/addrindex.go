@@ -70,15 +70,6 @@ func (x addrIndex[V]) delete(network string, ip netip.Addr) {
 	}
 }
 
-// len is the number of addresses indexed.
-func (x addrIndex[V]) len() int {
-	n := 0
-	for _, t := range x {
-		n += len(t.v4) + len(t.v6)
-	}
-	return n
-}
-
 // addrCount is how many addresses of each family a batch brings to each network.
 type addrCount map[string]*[2]int // network -> {IPv4, IPv6}
 
