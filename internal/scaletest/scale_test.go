@@ -46,6 +46,9 @@ type result struct {
 	// (Not during the first push: a dedicated node holds a connection from its own workload
 	// until the workload arrives, WorkloadWait, so a probe then measures that wait.)
 	stallIdle, stallPushes, stallFull, stallResync, stallReconnect window
+	// The same with the node idle and every core kept busy by the test for a second: the
+	// floor a push's windows stand on, since the ADS server and the node share the cores.
+	stallBusy window
 }
 
 func (r result) String() string {
@@ -57,8 +60,8 @@ func (r result) String() string {
 		r.impl, r.workloads, float64(r.pushBytes)/(1<<20), r.ready.Round(time.Millisecond), r.applied.Round(time.Millisecond), r.cpuReady.Round(10*time.Millisecond),
 		mb(r.peakReady), mb(r.settled), float64(r.settled)/float64(max(1, r.workloads)), mb(r.heap),
 		r.pushP50.Round(100*time.Microsecond), r.pushP99.Round(100*time.Microsecond), r.reconnect.Round(time.Millisecond), r.reconnectVersions, r.reconnectResent,
-		mb(r.peak), r.cpu.Round(10*time.Millisecond)) + fmt.Sprintf("  heap after deleting all %s MB  RSS then %s MB  full push %v  resync %v  probe p100: idle %v, pushes %v, full push %v, resync %v, reconnect %v",
-		mb(r.heapDeleted), mb(r.rssDeleted), r.fullPush.Round(time.Millisecond), r.resync.Round(time.Millisecond), r.stallIdle, r.stallPushes, r.stallFull, r.stallResync, r.stallReconnect)
+		mb(r.peak), r.cpu.Round(10*time.Millisecond)) + fmt.Sprintf("  heap after deleting all %s MB  RSS then %s MB  full push %v  resync %v  probe p100: idle %v, idle with cores busy %v, pushes %v, full push %v, resync %v, reconnect %v",
+		mb(r.heapDeleted), mb(r.rssDeleted), r.fullPush.Round(time.Millisecond), r.resync.Round(time.Millisecond), r.stallIdle, r.stallBusy, r.stallPushes, r.stallFull, r.stallResync, r.stallReconnect)
 }
 
 type runOpts struct {
@@ -146,11 +149,14 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 		}
 	}
 
+	if pr != nil {
+		now := time.Now()
+		r.stallIdle = pr.window(now.Add(-o.settle), now)
+		from, to := busyCores(time.Second)
+		r.stallBusy = pr.window(from, to)
+	}
 	var lat []time.Duration
 	pushesFrom := time.Now()
-	if pr != nil {
-		r.stallIdle = pr.window(pushesFrom.Add(-o.settle), pushesFrom)
-	}
 	for g := range o.pushes {
 		var upd []*discoverypb.Resource
 		for i := range 100 {
@@ -264,6 +270,21 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 		}
 	}
 	return r
+}
+
+// busyCores keeps every core busy for d with a spinning goroutine each and returns when
+// that began and ended.
+func busyCores(d time.Duration) (from, to time.Time) {
+	from = time.Now()
+	var wg sync.WaitGroup
+	for range runtime.NumCPU() {
+		wg.Go(func() {
+			for time.Since(from) < d {
+			}
+		})
+	}
+	wg.Wait()
+	return from, time.Now()
 }
 
 // warmMemory touches and frees about twice what a node of n workloads peaks at, so the
