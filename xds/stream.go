@@ -47,8 +47,8 @@ const (
 )
 
 // yieldEvery is how long decode converts between yields to the scheduler. A yield is not
-// free (it wakes another thread to look for work: ~20 µs here); one every 64 resources was
-// 14% of a push's time.
+// free (it wakes another thread to look for work): one every few resources slowed a big
+// push by a seventh (docs/PERFORMANCE.md, fourth pass).
 const yieldEvery = time.Millisecond
 
 // response is a DeltaDiscoveryResponse decoded by streamCodec: its scalar fields and its

@@ -288,10 +288,9 @@ func busyCores(d time.Duration) (from, to time.Time) {
 }
 
 // warmMemory touches and frees about twice what a node of n workloads peaks at, so the
-// node's pages come from memory the machine has backed recently. On this VM a page the
-// guest has not touched for a while costs 3-4 times as much to fault in (1.5 GB: 2.1 s
-// cold, 0.58 s warm), which made whichever node ran first in a sitting up to 1.7 times
-// slower to ready at 1M (perf: 43% of its samples in the kernel's clear_page_erms).
+// node's pages come from memory the machine has backed recently: on this VM a page the
+// guest has not touched for a while is several times as slow to fault in, which made
+// whichever node ran first in a sitting the slower (docs/PERFORMANCE.md, fourth pass).
 func warmMemory(n int) {
 	b := make([]byte, (64<<20)+n*2048)
 	for i := 0; i < len(b); i += 4096 {
