@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"runtime"
 	"time"
-	"unsafe"
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
@@ -268,9 +267,9 @@ func parseResource(b []byte, res *discoverypb.Resource, body *anypb.Any) error {
 		b = rest
 		switch num {
 		case resName:
-			res.Name = unsafe.String(unsafe.SliceData(v), len(v))
+			res.Name = aliasString(v)
 		case resVersion:
-			res.Version = unsafe.String(unsafe.SliceData(v), len(v))
+			res.Version = aliasString(v)
 		case resAliases:
 			res.Aliases = append(res.Aliases, string(v))
 		case resResource:
@@ -298,23 +297,13 @@ func parseResource(b []byte, res *discoverypb.Resource, body *anypb.Any) error {
 // b held no such field.
 func nextBytes(b []byte) (num protowire.Number, v, rest []byte, err error) {
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return 0, nil, nil, protowire.ParseError(n)
+		f, err := nextField(&b)
+		if err != nil {
+			return 0, nil, nil, err
 		}
-		b = b[n:]
-		if typ != protowire.BytesType {
-			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-				return 0, nil, nil, protowire.ParseError(n)
-			}
-			b = b[n:]
-			continue
+		if f.typ == protowire.BytesType {
+			return f.num, f.bytes, b, nil
 		}
-		v, n := protowire.ConsumeBytes(b)
-		if n < 0 {
-			return 0, nil, nil, protowire.ParseError(n)
-		}
-		return num, v, b[n:], nil
 	}
 	return 0, nil, nil, nil
 }

@@ -445,10 +445,14 @@ func eachString(b []byte, last protowire.Number, f func(protowire.Number, string
 
 var errUTF8 = errors.New("string field contains invalid UTF-8")
 
-// wireString is b as a string without a copy: valid while b's buffer is.
+// wireString is b as a string without a copy (aliasString), checked to be UTF-8.
 func wireString(b []byte) (string, error) {
 	if !utf8.Valid(b) {
 		return "", errUTF8
 	}
-	return unsafe.String(unsafe.SliceData(b), len(b)), nil
+	return aliasString(b), nil
 }
+
+// aliasString is b as a string without a copy: valid while b's buffer is, which is why
+// whatever decoding keeps is copied (interner.str, interner.own, decoded.add).
+func aliasString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
