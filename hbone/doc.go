@@ -125,7 +125,8 @@
 //     flood of them delays no honest client; each costs about 6.5 KiB of heap, a
 //     goroutine and a socket until then. An evicted handshake waiting for the CPU (the
 //     gate, below) stops waiting at once. The accept loops (Server.Serve, the proxy's
-//     on 15008) call WaitAccept before each Accept: past 2 × MaxHandshakes connections
+//     on 15008, the node-wide poller of in-pod mode's pod listeners) take connections
+//     through the Server's AdmitListener (admit.go): past 2 × MaxHandshakes connections
 //     not yet serving HTTP/2 (those in their handshake and the evicted on their way
 //     out), and until the goroutine of the last one accepted has started, the rest wait
 //     in the kernel's backlog, so goroutines stay bounded however fast a flood comes.

@@ -153,9 +153,9 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 		return errClosed
 	}
 	s.mu.Unlock()
-	s.fair.enterPending()
+	s.fair.room.enter()
 	var leftPending sync.Once
-	defer leftPending.Do(s.fair.leftPending)
+	defer leftPending.Do(s.fair.room.left)
 	// The source's budgets, before anything is read: a refused connection costs an
 	// accept and a close, no key exchange.
 	src := sourceOf(raw)
@@ -253,7 +253,7 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 	}
 	raw.SetDeadline(time.Time{})
 	s.handshakeOver(hand)
-	leftPending.Do(s.fair.leftPending)
+	leftPending.Do(s.fair.room.left)
 	handshakeFailed = false
 	release(false)
 	c := newConn(s.cfg, true, nc, bc, kc)
@@ -357,25 +357,26 @@ func (s *Server) notifyDrop(r DropReason) {
 }
 
 // Serve accepts connections from ln (which yields TLS conns) and serves each in its own
-// goroutine. It returns when ln fails or ctx ends, after its connections have ended.
+// goroutine, accepting only while the server has room (Admit). It returns when ln fails or
+// ctx ends, after its connections have ended.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.mu.Lock()
 	if s.shutdown {
 		s.mu.Unlock()
 		return errClosed
 	}
-	s.lns[ln] = struct{}{}
+	al := s.Admit(ln)
+	s.lns[al] = struct{}{} // Shutdown closes it, which also ends a wait for room
 	s.mu.Unlock()
-	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	stop := context.AfterFunc(ctx, func() { al.Close() })
 	defer stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
-		s.WaitAccept(ctx)
-		nc, err := ln.Accept()
+		nc, err := al.Accept()
 		if err != nil {
 			s.mu.Lock()
-			delete(s.lns, ln)
+			delete(s.lns, al)
 			shut := s.shutdown
 			s.mu.Unlock()
 			if shut || ctx.Err() != nil {
@@ -390,15 +391,6 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		}()
 	}
 }
-
-// WaitAccept returns when the server can take another connection, or when ctx ends. An
-// accept loop calls it before each Accept: past 2 × MaxHandshakes connections that are
-// not serving HTTP/2 yet (in their handshake, or evicted and on their way out), and until
-// the connection let in before has started, the connections wait in the kernel's backlog
-// (costing nothing, their handshake deadline not yet running) instead of in goroutines.
-// It does not wait for handshakes queued for the CPU (the gate): past MaxHandshakes the
-// oldest are evicted unserved, so the newest, an honest client's, still gets in.
-func (s *Server) WaitAccept(ctx context.Context) { s.fair.waitRoom(ctx) }
 
 // Shutdown stops accepting, sends GOAWAY on every connection, lets open streams finish
 // until ctx ends, then closes everything.
