@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/metrics"
 	"slices"
 	"strconv"
 	"strings"
@@ -175,6 +176,8 @@ func TestNodeAttackerProcess(t *testing.T) {
 		run(4, func() { h2Flood(addr, dst, cfg, time.Millisecond, false, stop, &ops) })
 	case "rapid-reset":
 		run(4, func() { h2Flood(addr, dst, cfg, 0, true, stop, &ops) })
+	case "open-streams":
+		run(4, func() { h2Flood(addr, dst, cfg, 0, false, stop, &ops) })
 	case "stalled-tls":
 		run(1, func() { stalledTLS(addr, cfg, 2000, stop, &ops) })
 	default:
@@ -336,4 +339,136 @@ func (a *nodeAttacker) stop(b *testing.B) float64 {
 		b.Fatalf("attacker: %v", err)
 	}
 	return rate
+}
+
+// BenchmarkVictimOpenStreams measures the open-streams flood of issue 50 end to end: an
+// honest client makes paced 1 KiB round trips (victimRate a second) through node A →
+// HBONE → node B → an echo backend on one long-lived connection, while an attacker
+// process opens CONNECT streams to the live backend on 4 mTLS connections as fast as it
+// can, never reading a byte, and reconnects as node B closes each. Each round runs for
+// victimRound whatever b.N (run it with -benchtime 1x): none, open-streams, none-again.
+// It reports the victim's p50 and p99, p99 as a ratio to none, the attack's CONNECTs a
+// second, the most goroutines this process had, and the p99 of the Go scheduler's
+// latency (how long runnable goroutines waited) over the round.
+func BenchmarkVictimOpenStreams(b *testing.B) {
+	m := startMesh(b)
+	be := startBackend(b, m.serverIP+":0", echo)
+	target := net.JoinHostPort(m.serverIP, strconv.Itoa(int(be.port())))
+	certPEM := attackerPEM(b, m)
+	var noneP99 time.Duration
+	for _, name := range []string{"none", "open-streams", "none-again"} {
+		b.Run(name, func(b *testing.B) {
+			victim, code, err := socksConnect(m.a.socks(b), m.serverIP, be.port())
+			if err != nil {
+				b.Fatalf("victim: socks5 code %d: %v", code, err)
+			}
+			defer victim.Close()
+			var a *nodeAttacker
+			if name == "open-streams" {
+				a = startNodeAttacker(b, name, m.serverIP+":15008", target, certPEM)
+			}
+			r := pacedVictim(b, victim)
+			if a != nil {
+				b.ReportMetric(a.stop(b), "attack-ops/s")
+			}
+			if name == "none" {
+				noneP99 = r.p99
+			}
+			r.report(b, noneP99)
+		})
+	}
+}
+
+// victimRate and victimRound are the honest client's pace and each round's length.
+const (
+	victimRate  = 500
+	victimRound = 6 * time.Second
+)
+
+// victimResult is what a paced victim saw in a round.
+type victimResult struct {
+	p50, p99, schedP99 time.Duration
+	goroutines         int
+}
+
+func (r victimResult) report(b *testing.B, baseP99 time.Duration) {
+	b.ReportMetric(float64(r.p50.Microseconds()), "p50-µs")
+	b.ReportMetric(float64(r.p99.Microseconds()), "p99-µs")
+	if baseP99 > 0 {
+		b.ReportMetric(float64(r.p99)/float64(baseP99), "p99/none")
+	}
+	b.ReportMetric(float64(r.schedP99.Microseconds()), "sched-p99-µs")
+	b.ReportMetric(float64(r.goroutines), "max-goroutines")
+}
+
+// pacedVictim makes 1 KiB round trips on c, victimRate a second, for victimRound.
+func pacedVictim(b *testing.B, c net.Conn) victimResult {
+	msg := bytes.Repeat([]byte("v"), 1024)
+	buf := make([]byte, len(msg))
+	sched0 := schedLatencies()
+	stopPeak := goroutinePeak()
+	lat := make([]time.Duration, 0, int(victimRound.Seconds()*victimRate))
+	next := time.Now()
+	for end := next.Add(victimRound); time.Now().Before(end); {
+		time.Sleep(time.Until(next))
+		next = next.Add(time.Second / victimRate)
+		t0 := time.Now()
+		if _, err := c.Write(msg); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	slices.Sort(lat)
+	return victimResult{
+		p50: lat[len(lat)/2], p99: lat[len(lat)*99/100],
+		schedP99: histQuantile(sched0, schedLatencies(), 0.99), goroutines: stopPeak(),
+	}
+}
+
+// goroutinePeak samples this process's goroutines every 2 ms until the returned function
+// is called, which returns the most seen.
+func goroutinePeak() (stop func() int) {
+	done := make(chan struct{})
+	peak := 0
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			peak = max(peak, runtime.NumGoroutine())
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+		}
+	})
+	return func() int { close(done); wg.Wait(); return peak }
+}
+
+// schedLatencies is the Go scheduler's histogram of how long goroutines waited to run.
+func schedLatencies() *metrics.Float64Histogram {
+	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	metrics.Read(s)
+	return s[0].Value.Float64Histogram()
+}
+
+// histQuantile is the q quantile of what after counted beyond before (the upper bound of
+// the bucket it falls in).
+func histQuantile(before, after *metrics.Float64Histogram, q float64) time.Duration {
+	var total uint64
+	for i := range after.Counts {
+		total += after.Counts[i] - before.Counts[i]
+	}
+	want := uint64(float64(total) * q)
+	var seen uint64
+	for i := range after.Counts {
+		if seen += after.Counts[i] - before.Counts[i]; seen > want {
+			return time.Duration(after.Buckets[i+1] * float64(time.Second))
+		}
+	}
+	return 0
 }
