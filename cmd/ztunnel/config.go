@@ -478,6 +478,7 @@ func proxyConfig(c *config) proxy.Config {
 			PeerConnRate:           c.PeerConnRate,
 			PeerStreams:            c.PeerStreams,
 			PeerDials:              c.PeerDials,
+			PeerStreamStarts:       c.PeerStreamStarts,
 		},
 		PacketMark:        c.PacketMark,
 		OrigSrc:           c.EnableOrigSrc == "true",
