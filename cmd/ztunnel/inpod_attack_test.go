@@ -33,8 +33,9 @@ import (
 // process in the node's namespace (outside the mesh) with a valid certificate of its own
 // identity opens CONNECTs to pod B's echo server on 4 connections to pod B's 15008, as fast
 // as it can, never reading a byte, reconnecting as each is closed. Rounds of
-// INPOD_ATTACK_TRIPS round trips (default 3000: 6 s): none, open-streams, none-again,
-// INPOD_ATTACK_ROUNDS times (default 3). It logs the victim's p50 and p99, p99 against the
+// INPOD_ATTACK_TRIPS round trips (default 3000: 6 s): none, burn (the control: an attacker
+// process that keeps threads as busy as the flood's, at the same priority, and sends
+// nothing), open-streams, none-again, INPOD_ATTACK_ROUNDS times (default 3). It logs the victim's p50 and p99, p99 against the
 // round's none, the node's goroutine peak and the Go scheduler's p99 latency. It runs only
 // with INPOD_ATTACK=1 (and root): it measures, it asserts nothing about speed.
 func TestInPodOpenStreamsBench(t *testing.T) {
@@ -57,14 +58,14 @@ func TestInPodOpenStreamsBench(t *testing.T) {
 	trips, rounds := envInt(t, "INPOD_ATTACK_TRIPS", 3000), envInt(t, "INPOD_ATTACK_ROUNDS", 3)
 	for r := range rounds {
 		var noneP99 time.Duration
-		for _, name := range []string{"none", "open-streams", "none-again"} {
+		for _, name := range []string{"none", "burn", "open-streams", "none-again"} {
 			victim, err := dialIn(nsA, "tcp", echoAddr)
 			if err != nil {
 				t.Fatal(err)
 			}
 			var stop func() float64
-			if name == "open-streams" {
-				stop = startPodAttacker(t, node, inPodB+":15008", echoAddr, certPEM)
+			if name == "open-streams" || name == "burn" {
+				stop = startPodAttacker(t, node, name, inPodB+":15008", echoAddr, certPEM)
 			}
 			v, err := attack.RoundTrips(victim, trips, 500, 1024)
 			victim.Close()
@@ -78,7 +79,7 @@ func TestInPodOpenStreamsBench(t *testing.T) {
 			if name == "none" {
 				noneP99 = v.P99
 			}
-			t.Logf("round %d %-12s p50 %6dµs p99 %6dµs %5.2f×none  sched p99 %6dµs  goroutines %4d  attack %.0f CONNECTs/s",
+			t.Logf("round %d %-12s p50 %6dµs p99 %6dµs %5.2f×none  sched p99 %6dµs  goroutines %4d  attack %.0f ops/s",
 				r, name, v.P50.Microseconds(), v.P99.Microseconds(), float64(v.P99)/float64(noneP99), v.SchedP99.Microseconds(), v.Goroutines, ops)
 		}
 	}
@@ -134,6 +135,7 @@ func identityPEM(t *testing.T, n *node, id string) string {
 
 // Set by TestInPodOpenStreamsBench in the attacker process it starts.
 const (
+	podAttack      = "GOZT_POD_ATTACK"        // open-streams or burn
 	podAttackAddr  = "GOZT_POD_ATTACK_ADDR"   // pod B's 15008
 	podAttackDst   = "GOZT_POD_ATTACK_TARGET" // the CONNECT authority
 	podAttackCreds = "GOZT_POD_ATTACK_CERT"   // PEM chain and key
@@ -141,14 +143,14 @@ const (
 
 // startPodAttacker runs this test binary as the attacker process in ns; the returned
 // function stops it and returns its CONNECTs a second.
-func startPodAttacker(t *testing.T, ns *netnstest.NS, addr, dst, certPEM string) (stop func() float64) {
+func startPodAttacker(t *testing.T, ns *netnstest.NS, name, addr, dst, certPEM string) (stop func() float64) {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("ip", "netns", "exec", ns.Name, exe, "-test.run=^TestInPodAttackerProcess$", "-test.v=false")
-	cmd.Env = append(os.Environ(), podAttackAddr+"="+addr, podAttackDst+"="+dst, podAttackCreds+"="+certPEM)
+	cmd.Env = append(os.Environ(), podAttack+"="+name, podAttackAddr+"="+addr, podAttackDst+"="+dst, podAttackCreds+"="+certPEM)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -183,7 +185,8 @@ func startPodAttacker(t *testing.T, ns *netnstest.NS, addr, dst, certPEM string)
 }
 
 // TestInPodAttackerProcess is not a test: it is TestInPodOpenStreamsBench's attacker
-// process. It attacks until its standard input closes, then prints its CONNECTs a second.
+// process. It attacks until its standard input closes, then prints its operations a
+// second (CONNECTs, or a burner's turns).
 func TestInPodAttackerProcess(t *testing.T) {
 	addr := os.Getenv(podAttackAddr)
 	if addr == "" {
@@ -199,7 +202,11 @@ func TestInPodAttackerProcess(t *testing.T) {
 	var ops atomic.Int64
 	var wg sync.WaitGroup
 	for range 4 {
-		wg.Go(func() { attack.H2Flood(addr, os.Getenv(podAttackDst), cfg, 0, false, stop, &ops) })
+		if os.Getenv(podAttack) == "burn" {
+			wg.Go(func() { attack.Burn(stop, &ops) })
+		} else {
+			wg.Go(func() { attack.H2Flood(addr, os.Getenv(podAttackDst), cfg, 0, false, stop, &ops) })
+		}
 	}
 	for ops.Load() == 0 {
 		time.Sleep(time.Millisecond)

@@ -11,6 +11,7 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -119,4 +120,20 @@ func ClientHello(cfg *tls.Config) []byte {
 		return nil
 	}
 	return append(hdr, body...)
+}
+
+// Burn keeps one OS thread busy until stop is closed, counting its turns in ops: the
+// control beside a flood, an attacker that takes as much CPU from the machine's other
+// processes but sends nothing.
+func Burn(stop <-chan struct{}, ops *atomic.Int64) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+			ops.Add(1)
+		}
+	}
 }
