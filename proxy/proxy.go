@@ -175,9 +175,10 @@ func New(cfg Config, store *state.Store, certs CertSource, m *metrics.Metrics) *
 	if cfg.PacketMark != 0 {
 		p.dialer.Control = sockopt.Control(cfg.PacketMark)
 	}
-	cfg.HBONE.OnDrop = p.onDrop
-	cfg.HBONE.OnTLS = p.onTLS
-	cfg.HBONE.OnKernelTLSEnd = p.onKernelTLSEnd
+	// The proxy counts and logs what hbone reports; a hook the caller set still hears it.
+	cfg.HBONE.OnDrop = also(p.onDrop, cfg.HBONE.OnDrop)
+	cfg.HBONE.OnTLS = also(p.onTLS, cfg.HBONE.OnTLS)
+	cfg.HBONE.OnKernelTLSEnd = also(p.onKernelTLSEnd, cfg.HBONE.OnKernelTLSEnd)
 	if cfg.HBONE.SourceRelays == nil {
 		// A network gateway's connections carry many clients' double HBONE: budgeting
 		// them as one source would let a few clients' failures shut out every other.
@@ -190,6 +191,14 @@ func New(cfg Config, store *state.Store, certs CertSource, m *metrics.Metrics) *
 	p.server = hbone.NewServer(cfg.HBONE, p.serveHBONE)
 	p.serverTLS = certs.ServerConfig(p.localIdentity)
 	return p
+}
+
+// also is f, then g if it is set.
+func also[T any](f, g func(T)) func(T) {
+	if g == nil {
+		return f
+	}
+	return func(v T) { f(v); g(v) }
 }
 
 // Listen binds every configured listener. On error nothing stays bound and the error names
