@@ -25,6 +25,7 @@ type config struct {
 	AdminAddr, StatsAddr, ReadinessAddr                         string
 	OutboundAddr, InboundPlaintextAddr, InboundAddr, Socks5Addr string
 	DNSProxyAddr                                                string
+	DNSAllFamilies                                              bool
 	EnableSocks5                                                bool
 
 	ProxyMode         state.Mode // shared (in-pod) | node | dedicated
@@ -115,6 +116,7 @@ func settings() []setting {
 		addr("INBOUND_ADDR", "[::]:15008", "inbound HBONE (mTLS HTTP/2 CONNECT); peers always dial port 15008 of a pod IP", func(c *config) *string { return &c.InboundAddr }),
 		addr("SOCKS5_ADDR", "127.0.0.1:15080", "SOCKS5 outbound; on when UNSTABLE_ENABLE_SOCKS5=true or this is set", func(c *config) *string { return &c.Socks5Addr }),
 		addr("DNS_PROXY_ADDR", "localhost:15053", "DNS proxy (UDP and TCP)", func(c *config) *string { return &c.DNSProxyAddr }),
+		boolean("DNS_PROXY_ALL_FAMILIES", "false", "gozt only. The DNS proxy answers a mesh name with addresses of every family the service has, as the Rust ztunnel does; false: only families the asking workload has an address of (an IPv4-only pod gets an empty AAAA answer for a dual-stack service)", func(c *config) *bool { return &c.DNSAllFamilies }),
 		boolean("UNSTABLE_ENABLE_SOCKS5", "false", "start the SOCKS5 listener", func(c *config) *bool { return &c.EnableSocks5 }),
 
 		{env: "PROXY_MODE", def: string(state.ModeShared), form: modesForm(), help: "shared: in-pod mode, as in Istio: istio-cni hands over each pod's network namespace on INPOD_UDS and the pod's listeners open inside it; node: every workload on NODE_NAME, captured by node-level redirection into ztunnel's own namespace (hosts without istio-cni); dedicated: the one workload of PROXY_WORKLOAD_INFO", set: func(c *config, v string) (err error) {

@@ -410,5 +410,6 @@ func (n *node) dnsConfig(local state.Local) dns.Config {
 		Local:         local,
 		FixedSearch:   n.local.Dedicated(), // a dedicated ztunnel shares its workload's resolv.conf
 		DisableIPv6:   !n.cfg.IPv6Enabled,
+		AllFamilies:   n.cfg.DNSAllFamilies,
 	}
 }
