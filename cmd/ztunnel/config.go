@@ -13,6 +13,7 @@ import (
 	"github.com/gozt/gozt/hbone"
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/internal/istiogrpc"
+	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/proxy"
 	"github.com/gozt/gozt/xds"
 	"github.com/gozt/gozt/xds/state"
@@ -26,7 +27,10 @@ type config struct {
 	OutboundAddr, InboundPlaintextAddr, InboundAddr, Socks5Addr string
 	DNSProxyAddr                                                string
 	DNSAllFamilies                                              bool
-	EnableSocks5                                                bool
+
+	AccessLog    metrics.AccessLogFilter // ACCESS_LOG_FILTER, ACCESS_LOG_SAMPLE
+	DropLabels   []string                // METRICS_DROP_LABELS
+	EnableSocks5 bool
 
 	ProxyMode         state.Mode // shared (in-pod) | node | dedicated
 	InpodUDS          string
@@ -175,6 +179,24 @@ func settings() []setting {
 
 		enum("LOG_LEVEL", "info", "log level (also settable at run time: POST /logging?level=)", []string{"debug", "info", "warn", "error"}, func(c *config) *string { return &c.LogLevel }),
 		enum("LOG_FORMAT", "plain", "log format", []string{"plain", "json"}, func(c *config) *string { return &c.LogFormat }),
+		enum("ACCESS_LOG_FILTER", "", "gozt only. Which connections get an access-log record: empty every one (and \"connection opened\" at debug), failed (an error or a response flag), denied (response flag DENY)", []string{"", "failed", "denied"}, func(c *config) *string { return &c.AccessLog.Only }),
+		{env: "ACCESS_LOG_SAMPLE", def: "1", form: "a fraction from 0 to 1", help: "gozt only. The fraction of successful connections that get an access-log record (failed ones always do); below 1, no \"connection opened\" records", set: func(c *config, v string) error {
+			f, err := strconv.ParseFloat(v, 64)
+			if err == nil {
+				c.AccessLog.Sample = f
+				err = metrics.CheckAccessLogFilter(metrics.AccessLogFilter{Sample: f})
+			}
+			return err
+		}},
+		{env: "METRICS_DROP_LABELS", form: "comma-separated istio_tcp_* label names", help: "gozt only. Labels left out of every istio_tcp_* family, so a big mesh's series stay bounded (connections that differ only in them share a series); the access log keeps every field. Not reporter or response_flags", set: func(c *config, v string) error {
+			c.DropLabels = nil
+			for _, n := range strings.Split(v, ",") {
+				if n = strings.TrimSpace(n); n != "" {
+					c.DropLabels = append(c.DropLabels, n)
+				}
+			}
+			return metrics.CheckDroppedLabels(c.DropLabels)
+		}},
 		{env: "ZTUNNEL_WORKER_THREADS", form: "N, N% of the cores, 0 for every core, or empty", help: "threads running Go code at once (GOMAXPROCS); empty: the container's CPU limit or GOMAXPROCS if set, else a quarter of the cores, at least 2", set: func(c *config, v string) (err error) {
 			c.WorkerThreads, err = parseWorkerThreads(v)
 			return err

@@ -46,6 +46,9 @@ var notInRust = map[string]bool{
 	"HBONE_PEER_DIALS":             true,
 	"HBONE_PEER_STREAM_START_RATE": true,
 	"DNS_PROXY_ALL_FAMILIES":       true,
+	"ACCESS_LOG_FILTER":            true,
+	"ACCESS_LOG_SAMPLE":            true,
+	"METRICS_DROP_LABELS":          true,
 }
 
 // rustEnv holds the raw Rust-only variables until resolveRust maps them.
