@@ -84,7 +84,7 @@ type conn struct {
 	active         int         // open or half-closed streams
 	handlers       int         // server: handlers running, at most ServerMaxStreams (limits.go)
 	waiting        []*Request  // server: open streams waiting for a handler, FIFO (limits.go)
-	startTimer     *time.Timer // server: starts the waiting streams once their peer has a stream start again (fair.go)
+	startTimer     *time.Timer // server: starts the waiting streams once a stream start is back (limits.go)
 	reserved       int         // client: slots promised by the pool, not yet opened
 	single         bool        // client: DialOver's one-stream connection, closed when it ends
 	peerMaxStreams uint32
@@ -107,6 +107,7 @@ type conn struct {
 	pingSent       time.Time
 	ops, opsSpare  []ctrlOp
 	resetBudget    rateBudget  // server: refused and early-reset streams (limits.go)
+	starts         rateBudget  // server: handler starts not yet earned (StreamStarts, limits.go)
 	junkBudget     rateBudget  // frames that carry nothing (limits.go)
 	fairStreams    int64       // server: its streams counted in fair.streams (fair.go)
 	fairDone       bool        // server: serve has taken fairStreams off fair.streams

@@ -112,6 +112,14 @@
 //     resets our handlers keep up with.) The reset ends the Request's context at once,
 //     so the handler's dial stops, and Config.OnDrop hears of each such stream so the
 //     caller can count them rather than log each.
+//   - Stream starts (server): StreamStarts (64 a second, a burst of 64) handlers start on
+//     one connection, each start given back once its stream carries a byte either way;
+//     past it a new stream waits in the connection's queue with no goroutine (the peer's
+//     window and socket hold the rest), so a peer that opens streams to a live backend
+//     and never uses them is set up no faster than that, while an honest client, whose
+//     streams carry bytes within a round trip, never waits for it. Per connection, not per
+//     identity: a deployment's pods share an identity, and one of them flooding must not
+//     hold its siblings' streams back (each reconnect is held to PeerConnRate instead).
 //   - Junk frames: frames that make us work but carry nothing — PING, SETTINGS,
 //     PRIORITY, empty DATA, WINDOW_UPDATE under 1 KiB, RST_STREAM or HEADERS for a
 //     stream already gone, unknown frame types, 1xx responses — spend a second budget: 1000 at once, then 100 a
@@ -173,14 +181,7 @@
 //     descriptors allow; PeerDials (256)
 //     streams whose handler has not answered (a backend dial, in a proxy), past it a new
 //     one waits for one to answer, so a peer that floods CONNECTs to a live backend holds
-//     at most that many dials, whatever its number of connections; PeerStreamStarts
-//     (128/s, a burst of 256) handlers started, each given back once its stream carries a
-//     byte either way, past it a new stream waits in its connection's queue with no
-//     goroutine (the peer's window and socket hold the rest), so a peer that opens
-//     streams to a live backend and never uses them is set up no faster than that, while
-//     an honest client, whose streams carry bytes within a round trip, never waits for
-//     it (measured, BenchmarkVictimOpenStreams: the attacked node's goroutine peak 525–1,061
-//     → 218–467). Keyed by identity, a
+//     at most that many dials, whatever its number of connections. Keyed by identity, a
 //     budget is shared by every client of that identity: an honest one of the same
 //     identity waits too, another identity never does. At most HandshakeWorkers
 //     (GOMAXPROCS-1, at least one) ServeTLS handshakes compute at once: a handshake holds
@@ -206,8 +207,8 @@
 // # Locks
 //
 // Taken in this order, never the other way: Pool.mu → conn.mu; Stream.wmu → conn.wmu →
-// conn.mu; Stream.rmu → conn.mu; conn.mu → peerState.startMu (fair.go, a leaf). Server.mu
-// is never held with a conn's lock, nor fairness.mu (fair.go) with any other. conn.wmu
+// conn.mu; Stream.rmu → conn.mu. Server.mu is never held with a conn's lock, nor
+// fairness.mu (fair.go) with any other. conn.wmu
 // (the write lock: the Framer's write side, the HPACK encoder, the coalescing buffer)
 // is held by whoever writes frames; functions that need it end in WLocked. conn.mu (the
 // state lock: streams, windows, settings, the control-frame queue) guards the rest of

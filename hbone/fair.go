@@ -55,10 +55,6 @@ type peerState struct {
 
 	streams atomic.Int64  // its open streams, across its connections
 	dials   chan struct{} // a semaphore: its streams whose handler has not answered
-
-	// startMu is a leaf lock, taken under a conn's mu with nothing taken under it.
-	startMu sync.Mutex
-	starts  rateBudget // guarded by startMu: its handler starts not yet earned (PeerStreamStarts)
 }
 
 func newFairness(cfg *Config) *fairness {
@@ -177,24 +173,17 @@ func (f *fairness) admitPeer(id identity.ID, relay bool) (ps *peerState, wait ti
 // next connections are refused until the rate pays them back.
 const calmPenalty = 500 * time.Millisecond
 
-// calmed charges calmPenalty to src and to ps (nil: no identity): their next connections
-// and, for the identity, its next stream starts come that much later, so the work a peer
-// being calmed makes the node do waits behind everyone else's.
+// calmed charges calmPenalty to src and to ps (nil: no identity).
 func (f *fairness) calmed(src netip.Addr, ps *peerState) {
 	cfg := f.cfg
 	now := time.Now()
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	if st := f.sources[src]; st != nil && cfg.SourceHandshakeRate > 0 {
 		st.rate.penalize(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate, calmPenalty)
 	}
 	if ps != nil && cfg.PeerConnRate > 0 {
 		ps.rate.penalize(now, cfg.PeerConnRate*peerBurst, cfg.PeerConnRate, calmPenalty)
-	}
-	f.mu.Unlock()
-	if rate := cfg.PeerStreamStarts; ps != nil && rate > 0 {
-		ps.startMu.Lock()
-		ps.starts.penalize(now, rate*startBurst, rate, calmPenalty)
-		ps.startMu.Unlock()
 	}
 }
 
@@ -231,31 +220,6 @@ func (f *fairness) sweepPeersLocked(now time.Time) {
 	f.sweepPeer = max(sweepAt, 2*len(f.peers))
 }
 
-// takeStart spends one of ps's stream starts (PeerStreamStarts). It reports whether
-// there was one, and if not how long until there is; a nil ps (no identity) or a budget
-// turned off always has one.
-func (ps *peerState) takeStart(rate float64) (ok bool, wait time.Duration) {
-	if ps == nil || rate <= 0 {
-		return true, 0
-	}
-	ps.startMu.Lock()
-	defer ps.startMu.Unlock()
-	now := time.Now()
-	if ps.starts.take(now, rate*startBurst, rate) {
-		return true, 0
-	}
-	return false, time.Duration((1 - ps.starts.tokens) / rate * float64(time.Second))
-}
-
-// earnStart gives ps back a stream start: the stream carried a byte, so its handler was
-// work for an honest client, not a setup the peer left unused.
-func (ps *peerState) earnStart(rate float64) {
-	ps.startMu.Lock()
-	ps.starts.refill(time.Now(), rate*startBurst, rate)
-	ps.starts.tokens = min(rate*startBurst, ps.starts.tokens+1)
-	ps.startMu.Unlock()
-}
-
 // Bursts of the rate budgets, in seconds of their rate.
 const (
 	// sourceBurst: new connections of one source IP: a node's pods (up to 250, Kubernetes'
@@ -263,9 +227,6 @@ const (
 	sourceBurst = 8
 	peerBurst   = 4 // new connections of one identity: its pools reconnecting after a restart
 	failBurst   = 8 // failed handshakes: a client retrying through a certificate rotation
-	// startBurst: stream starts of one identity not yet earned: a pool warming up its
-	// connections before it sends on them.
-	startBurst = 2
 )
 
 // enterHandshake takes a place in the handshake gate, waiting while every place is

@@ -110,6 +110,31 @@ func (b *rateBudget) penalize(now time.Time, burst, rate float64, d time.Duratio
 	b.tokens = min(b.tokens, 1) - d.Seconds()*rate
 }
 
+// startBurst is the burst of a connection's stream starts, in seconds of StreamStarts: the
+// streams a pool opens at once when it warms up, before it sends on them.
+const startBurst = 1
+
+// takeStartLocked spends one of the connection's stream starts (StreamStarts), reporting
+// whether there was one and, if not, how long until there is (c.mu held).
+func (c *conn) takeStartLocked() (ok bool, wait time.Duration) {
+	rate := c.cfg.StreamStarts
+	if rate <= 0 {
+		return true, 0
+	}
+	if c.starts.take(time.Now(), rate*startBurst, rate) {
+		return true, 0
+	}
+	return false, time.Duration((1 - c.starts.tokens) / rate * float64(time.Second))
+}
+
+// earnStartLocked gives the connection a stream start back: its stream carried a byte, so
+// its handler was work for a client, not a setup the peer left unused (c.mu held).
+func (c *conn) earnStartLocked() {
+	rate := c.cfg.StreamStarts
+	c.starts.refill(time.Now(), rate*startBurst, rate)
+	c.starts.tokens = min(rate*startBurst, c.starts.tokens+1)
+}
+
 // calm is the connection error for a peer that ran out of a budget.
 func calm(reason string) error { return connError{http2.ErrCodeEnhanceYourCalm, reason} }
 

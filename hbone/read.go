@@ -425,8 +425,8 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 		ctx:        ctx,
 	}
 	// Every handler may be busy, some of them for streams the peer has already reset,
-	// or the peer identity past its stream starts: then the stream waits, without a
-	// goroutine, for a handler to return or a start (limits.go, fair.go). Waiting streams
+	// or the connection past its stream starts: then the stream waits, without a
+	// goroutine, for a handler to return or a start (limits.go). Waiting streams
 	// are open ones, so there are never more than ServerMaxStreams.
 	c.waiting = append(c.waiting, req)
 	c.startWaitingLocked()
@@ -434,8 +434,8 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 }
 
 // startWaitingLocked starts a handler for each waiting stream, in order, while one may
-// start (takeWaitingLocked); when the peer's stream starts ran out it sets a timer to
-// try again once one is back.
+// start (takeWaitingLocked); when the connection's stream starts ran out it sets a timer
+// to try again once one is back.
 func (c *conn) startWaitingLocked() {
 	for {
 		r := c.takeWaitingLocked()
@@ -452,17 +452,17 @@ func (c *conn) startWaitingLocked() {
 }
 
 // takeWaitingLocked takes the first waiting stream the peer has not reset meanwhile if a
-// handler may start for it now, counting the handler and spending its peer's stream
-// start; nil if none may.
+// handler may start for it now, counting the handler and spending one of the
+// connection's stream starts; nil if none may.
 func (c *conn) takeWaitingLocked() *Request {
 	c.dropResetWaitingLocked()
 	if len(c.waiting) == 0 || c.closed || c.handlers >= int(c.cfg.ServerMaxStreams) {
 		return nil
 	}
-	ok, wait := c.fair.takeStart(c.cfg.PeerStreamStarts)
+	ok, wait := c.takeStartLocked()
 	if !ok {
 		if c.startTimer == nil {
-			c.notifyDrop(DropPeerStarts)
+			c.notifyDrop(DropStreamStarts)
 			c.startTimer = time.AfterFunc(wait, c.startsBack)
 		}
 		return nil
@@ -470,12 +470,12 @@ func (c *conn) takeWaitingLocked() *Request {
 	r := c.waiting[0]
 	c.waiting[0] = nil
 	c.waiting = c.waiting[1:]
-	r.s.unearned = c.fair != nil && c.cfg.PeerStreamStarts > 0
+	r.s.unearned = c.cfg.StreamStarts > 0
 	c.handlers++
 	return r
 }
 
-// startsBack starts the streams that waited for their peer's stream starts.
+// startsBack starts the streams that waited for the connection's stream starts.
 func (c *conn) startsBack() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -483,11 +483,11 @@ func (c *conn) startsBack() {
 	c.startWaitingLocked()
 }
 
-// earnedLocked gives s's stream start back to its peer once it has carried a byte,
-// either way, and starts what waited for it.
+// earnedLocked gives s's stream start back once it has carried a byte, either way, and
+// starts what waited for it.
 func (c *conn) earnedLocked(s *Stream) {
 	s.unearned = false
-	c.fair.earnStart(c.cfg.PeerStreamStarts)
+	c.earnStartLocked()
 	c.startWaitingLocked()
 }
 

@@ -64,8 +64,8 @@ type Stream struct {
 	// Server side, guarded by c.mu: pending until the handler answers (a reset before
 	// that is an early reset, limits.go); cancel ends the Request's context.
 	pending bool
-	// unearned: its handler spent a stream start of its peer's (fair.go) that the stream
-	// gives back at its first byte either way; guarded by c.mu.
+	// unearned: its handler spent one of the connection's stream starts (limits.go), which
+	// the stream gives back at its first byte either way; guarded by c.mu.
 	unearned bool
 	cancel   context.CancelCauseFunc
 

@@ -502,7 +502,7 @@ func proxyConfig(c *config) proxy.Config {
 			PeerConnRate:           c.PeerConnRate,
 			PeerStreams:            c.PeerStreams,
 			PeerDials:              c.PeerDials,
-			PeerStreamStarts:       c.PeerStreamStarts,
+			StreamStarts:           c.StreamStarts,
 		},
 		PacketMark:        c.PacketMark,
 		OrigSrc:           c.EnableOrigSrc == "true",
