@@ -58,7 +58,7 @@ func (c *conn) unlockWrite() error {
 	var err error
 	if c.bc != nil && c.waiters.Load() == 0 {
 		err = c.bc.Flush()
-		if cap(c.bc.buf) > trimKeep && !c.writeGrown.Load() {
+		if c.bc.capacity() > trimKeep && !c.writeGrown.Load() {
 			c.noteWriteGrown()
 		}
 	}

@@ -78,7 +78,7 @@ func enable(tcp *net.TCPConn, k *trafficKeys, st tls.ConnectionState) (*Conn, er
 	if ferr != nil {
 		return nil, ferr
 	}
-	c := &Conn{tcp: tcp, rc: rc, state: st}
+	c := &Conn{tcp: tcp, rc: rc, state: st, infoLen: len(tx)}
 	c.recvFn, c.sendFn = c.recvCall, c.sendCall
 	return c, nil
 }
@@ -100,9 +100,10 @@ var cmsgSpace = unix.CmsgSpace(1)
 // dropped, close_notify reads as io.EOF, KeyUpdate as ErrKeyUpdate, anything else as a
 // *RecordError. Those three end the read side for good.
 type Conn struct {
-	tcp   *net.TCPConn
-	rc    syscall.RawConn
-	state tls.ConnectionState
+	tcp     *net.TCPConn
+	rc      syscall.RawConn
+	state   tls.ConnectionState
+	infoLen int // the size of this cipher's crypto_info, which getsockopt must be given exactly
 
 	rmu  sync.Mutex // serializes Read, guards the fields below
 	oob  [64]byte
@@ -254,6 +255,41 @@ func (c *Conn) control(typ uint8, data []byte) error {
 }
 
 func (c *Conn) Write(b []byte) (int, error) { return c.tcp.Write(b) }
+
+// Records returns the kernel's record sequence numbers, the count of records each
+// direction has protected under its current key (getsockopt TLS_TX and TLS_RX return the
+// crypto_info, rec_seq last). The caller drains a connection before a key's limit with
+// it: the kernel here follows no KeyUpdate, so a key lives as long as the connection.
+func (c *Conn) Records() (tx, rx uint64, err error) {
+	var buf [64]byte
+	info := buf[:c.infoLen]
+	defer clear(buf[:]) // the key is in it
+	serr := c.rc.Control(func(fd uintptr) {
+		for i, opt := range [2]int{tlsTX, tlsRX} {
+			n := uint32(len(info))
+			_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_TLS, uintptr(opt),
+				uintptr(unsafe.Pointer(&info[0])), uintptr(unsafe.Pointer(&n)), 0)
+			if errno != 0 {
+				err = fmt.Errorf("ktls: getsockopt %d: %w", opt, errno)
+				return
+			}
+			if int(n) != len(info) {
+				err = fmt.Errorf("ktls: getsockopt %d: %d bytes, want %d", opt, n, len(info))
+				return
+			}
+			seq := binary.BigEndian.Uint64(info[len(info)-tlsRecordSeqBytes:])
+			if i == 0 {
+				tx = seq
+			} else {
+				rx = seq
+			}
+		}
+	})
+	if err == nil {
+		err = serr
+	}
+	return tx, rx, err
+}
 
 // WriteMore writes b with MSG_MORE: the kernel keeps the TLS record open, so what the
 // next Write or Splicer.Drain sends joins it. A 9-byte HTTP/2 frame header written this
