@@ -39,6 +39,11 @@ type bufConn struct {
 	mu     sync.Mutex
 	buf    []byte
 	tx, rx recordCounter // tx: under crypto/tls's write lock; rx: its read lock
+	// held: the conn's write lock is held, so what is written now is flushed when it is
+	// released. A write without it is crypto/tls answering a KeyUpdate from the frame
+	// reader: it goes out at once (after what is buffered), or it would wait for the next
+	// frame we send, up to a PING interval.
+	held atomic.Bool
 }
 
 const flushAt = 256 << 10
@@ -60,6 +65,12 @@ func (b *bufConn) Write(p []byte) (int, error) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if !b.held.Load() {
+		if err := b.flushLocked(); err != nil {
+			return 0, err
+		}
+		return b.Conn.Write(p)
+	}
 	if len(b.buf)+len(p) > flushAt {
 		if err := b.flushLocked(); err != nil {
 			return 0, err

@@ -51,6 +51,9 @@ func (c *conn) lockWrite() {
 	c.wmu.Lock()
 	c.waiters.Add(-1)
 	c.activity.Add(1)
+	if c.bc != nil {
+		c.bc.held.Store(true)
+	}
 }
 
 // unlockWrite flushes the coalesced records if nobody else is queued to write.
@@ -61,6 +64,9 @@ func (c *conn) unlockWrite() error {
 		if c.bc.capacity() > trimKeep && !c.writeGrown.Load() {
 			c.noteWriteGrown()
 		}
+	}
+	if c.bc != nil {
+		c.bc.held.Store(false)
 	}
 	c.wmu.Unlock()
 	return err
