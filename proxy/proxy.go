@@ -146,6 +146,7 @@ type Proxy struct {
 	listeners map[string]net.Listener
 	conns     tracker
 	drops     dropLog
+	keyLimits keyLimitLog
 
 	acceptMu      sync.Mutex
 	acceptFailing map[string]acceptFailure // guarded by acceptMu: listener -> its last accept error
@@ -178,6 +179,7 @@ func New(cfg Config, store *state.Store, certs CertSource, m *metrics.Metrics) *
 	cfg.HBONE.OnDrop = p.onDrop
 	cfg.HBONE.OnTLS = p.onTLS
 	cfg.HBONE.OnKernelTLSEnd = p.onKernelTLSEnd
+	cfg.HBONE.OnKeyLimit = p.onKeyLimit
 	if cfg.HBONE.SourceRelays == nil {
 		// A network gateway's connections carry many clients' double HBONE: budgeting
 		// them as one source would let a few clients' failures shut out every other.

@@ -372,3 +372,45 @@ func (c *Conn) SetReadDeadline(t time.Time) error  { return c.tcp.SetReadDeadlin
 func (c *Conn) SetWriteDeadline(t time.Time) error { return c.tcp.SetWriteDeadline(t) }
 
 var _ net.Conn = (*Conn)(nil)
+
+// KernelRekeys reports whether the kernel can take a new key on a kernel TLS socket that
+// already has one (TLS 1.3 key updates, Linux 6.14's "tls: implement key updates for
+// TLS1.3"): a second setsockopt(TLS_RX) succeeds there and fails with EBUSY before. It
+// asks once, on a loopback connection of its own, with a throwaway key. This package does
+// not follow KeyUpdates even where the kernel could (see the package doc): the answer is
+// for operators, in /config_dump.
+var KernelRekeys = sync.OnceValue(kernelRekeys)
+
+func kernelRekeys() bool {
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		return false
+	}
+	defer ln.Close()
+	c, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	s, err := ln.AcceptTCP()
+	if err != nil {
+		return false
+	}
+	defer s.Close()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	info := cryptoInfo(suite{tlsCipherAESGCM128, 16, nil}, make([]byte, 16), make([]byte, 12))
+	ok := false
+	rc.Control(func(fd uintptr) {
+		if setULP(int(fd)) != nil {
+			return
+		}
+		if unix.SetsockoptString(int(fd), unix.SOL_TLS, tlsRX, string(info)) != nil {
+			return
+		}
+		ok = unix.SetsockoptString(int(fd), unix.SOL_TLS, tlsRX, string(info)) == nil
+	})
+	return ok
+}

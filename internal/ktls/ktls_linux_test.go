@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"golang.org/x/sys/unix"
 )
 
 // These tests need kernel TLS: `make test-ktls` runs them in a VM (scripts/ktls-vm.sh).
@@ -387,4 +389,25 @@ func TestKTLSRecords(t *testing.T) {
 	if tx, rx, err = kc.Records(); err != nil || tx != out || rx != in {
 		t.Fatalf("Records: tx %d, rx %d, %v; want %d, %d", tx, rx, err, out, in)
 	}
+}
+
+// TestKTLSKernelRekeys: the probe says what the kernel's release says: key updates from
+// Linux 6.14 on (the VM's Debian 12 kernel is 6.1: false). A distribution kernel with the
+// series backported would fail this; the VM's does not have it.
+func TestKTLSKernelRekeys(t *testing.T) {
+	needKernelTLS(t)
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	release := unix.ByteSliceToString(u.Release[:])
+	var major, minor int
+	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err != nil {
+		t.Fatalf("release %q: %v", release, err)
+	}
+	want := major > 6 || major == 6 && minor >= 14
+	if got := KernelRekeys(); got != want {
+		t.Fatalf("KernelRekeys on %s: %v; want %v", release, got, want)
+	}
+	t.Logf("kernel %s: key updates %v", release, want)
 }

@@ -37,6 +37,9 @@ func (c *Conn) SetDeadline(t time.Time) error         { return c.tcp.SetDeadline
 func (c *Conn) SetReadDeadline(t time.Time) error     { return c.tcp.SetReadDeadline(t) }
 func (c *Conn) SetWriteDeadline(t time.Time) error    { return c.tcp.SetWriteDeadline(t) }
 
+// KernelRekeys is Linux's: false elsewhere.
+func KernelRekeys() bool { return false }
+
 // ErrNotData is Linux's.
 var ErrNotData = errors.New("ktls: splice: next record is not application data")
 
