@@ -227,7 +227,7 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 	if tc != nil {
 		if err := handshake(ctx); err != nil {
 			raw.Close()
-			return fmt.Errorf("hbone: tls handshake with %s: %w", raw.RemoteAddr(), err)
+			return fmt.Errorf("hbone: tls handshake with %s: %w", raw.RemoteAddr(), &HandshakeError{err})
 		}
 		if p := tc.ConnectionState().NegotiatedProtocol; p != http2.NextProtoTLS {
 			raw.Close()

@@ -44,7 +44,13 @@ func withOrigDst(c *net.TCPConn) net.Conn {
 // serveInboundTLS serves one connection accepted on 15008: mTLS, then HTTP/2 CONNECT
 // streams, each handled by serveHBONE. acceptLoop has registered c for the drain deadline.
 func (p *Proxy) serveInboundTLS(ctx context.Context, c *net.TCPConn) {
-	if err := p.server.ServeTLS(ctx, withOrigDst(c), p.serverTLS); err != nil && !cleanEnd(err) {
+	err := p.server.ServeTLS(ctx, withOrigDst(c), p.serverTLS)
+	var he *hbone.HandshakeError
+	if errors.As(err, &he) {
+		p.handshakeFailed(c.RemoteAddr(), he.Err)
+		return
+	}
+	if err != nil && !cleanEnd(err) {
 		p.log.Debug("proxy: inbound hbone connection", "peer", c.RemoteAddr(), "err", err)
 	}
 }

@@ -92,6 +92,10 @@ type Config struct {
 	// ServiceEntry with DNS resolution), on demand; nil refuses such destinations.
 	Resolver HostResolver
 	Logger   *slog.Logger // [slog.Default()]
+	// HandshakeFailure names why an inbound TLS handshake failed, in one word of a bounded
+	// set (identity/certs.HandshakeFailure, for the configs it makes), or "" for a
+	// connection we closed ourselves; nil: every failure is "other".
+	HandshakeFailure func(error) string
 }
 
 func (c *Config) setDefaults() {
@@ -143,10 +147,11 @@ type Proxy struct {
 	serverTLS *tls.Config
 	dialer    net.Dialer
 
-	listeners map[string]net.Listener
-	conns     tracker
-	drops     dropLog
-	keyLimits keyLimitLog
+	listeners  map[string]net.Listener
+	conns      tracker
+	drops      dropLog
+	keyLimits  keyLimitLog
+	handshakes handshakeLog
 
 	acceptMu      sync.Mutex
 	acceptFailing map[string]acceptFailure // guarded by acceptMu: listener -> its last accept error

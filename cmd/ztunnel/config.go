@@ -12,6 +12,7 @@ import (
 
 	"github.com/gozt/gozt/hbone"
 	"github.com/gozt/gozt/identity/ca"
+	"github.com/gozt/gozt/identity/certs"
 	"github.com/gozt/gozt/internal/istiogrpc"
 	"github.com/gozt/gozt/proxy"
 	"github.com/gozt/gozt/xds"
@@ -484,6 +485,7 @@ func proxyConfig(c *config) proxy.Config {
 		KeepaliveInterval: c.KeepaliveInterval,
 		KeepaliveRetries:  c.KeepaliveRetries,
 		UserTimeout:       c.userTimeout(),
+		HandshakeFailure:  certs.HandshakeFailure,
 	}
 }
 
