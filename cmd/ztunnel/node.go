@@ -114,8 +114,11 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		defer n.crl.Close() // Watch starts below, once the proxies its callback closes exist
 		n.registry.MustRegister(crlCollector{n.crl})
 	}
-	n.certs = certs.New(certs.Config{PQCOnly: cfg.Compliance == "pqc", TLS12: cfg.TLS12Enabled, CRL: n.crl}, caClient)
+	csrFailures := newCSRFailures()
+	n.certs = certs.New(certs.Config{PQCOnly: cfg.Compliance == "pqc", TLS12: cfg.TLS12Enabled, CRL: n.crl,
+		OnFetchFailure: func(reason string) { csrFailures.WithLabelValues(reason).Inc() }}, caClient)
 	defer n.certs.Close()
+	n.registry.MustRegister(csrFailures, certCollector{n.certs})
 
 	goBG("metrics sweep", n.forgetGoneWorkloads)
 	if n.resolver, err = dns.NewResolver(dns.ResolverConfig{}); err != nil {

@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"github.com/gozt/gozt/identity"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // The verification errors HandshakeFailure tells apart.
@@ -103,4 +105,40 @@ func HandshakeFailure(err error) string {
 		return FailProtocol
 	}
 	return FailOther
+}
+
+// errBadIssued marks a certificate the CA returned that we cannot use.
+var errBadIssued = errors.New("unusable certificate")
+
+// CSR failure reasons (Config.OnFetchFailure): a bounded set, fit for a metric label.
+const (
+	CSRFailUnauthenticated  = "unauthenticated"   // the CA refused our token (expired, wrong audience): the failure users meet
+	CSRFailPermissionDenied = "permission_denied" // the CA refused to sign this identity for us
+	CSRFailUnavailable      = "unavailable"       // the CA cannot be reached
+	CSRFailTimeout          = "timeout"           // no answer in time
+	CSRFailInvalidResponse  = "invalid_response"  // an answer we cannot use: another identity, expired, malformed
+	CSRFailOther            = "other"
+)
+
+// fetchFailure names why a CSR failed.
+func fetchFailure(err error) string {
+	switch status.Code(err) {
+	case codes.Unauthenticated:
+		return CSRFailUnauthenticated
+	case codes.PermissionDenied:
+		return CSRFailPermissionDenied
+	case codes.Unavailable:
+		return CSRFailUnavailable
+	case codes.DeadlineExceeded:
+		return CSRFailTimeout
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return CSRFailTimeout
+	case errors.Is(err, errBadIssued), strings.HasPrefix(err.Error(), "ca: response"):
+		return CSRFailInvalidResponse
+	case strings.HasPrefix(err.Error(), "ca: dial"):
+		return CSRFailUnavailable
+	}
+	return CSRFailOther
 }
