@@ -24,6 +24,7 @@
 //	HEADERS  :status=200 [baggage=...]          (anything else: the tunnel failed)
 //	DATA ... DATA(END_STREAM)                    each direction independently (half-close)
 //	RST_STREAM(CANCEL)                            abort; from the peer before its END_STREAM, a read error
+//	RST_STREAM(CONNECT_ERROR)                     Stream.Reset: the proxy's TCP peer reset (RFC 9113 §8.5)
 //
 // Defaults follow the Rust ztunnel: 4 MiB stream and 16 MiB connection windows, 1 MiB
 // frames, 100 streams per pooled client connection, 200 advertised by the server, PING

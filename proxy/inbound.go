@@ -347,13 +347,13 @@ func (p *Proxy) servePlaintext(ctx context.Context, c *net.TCPConn) {
 		ierr = p.authorize(t, identity.ID{}, client.Addr())
 	}
 	if ierr != nil {
-		c.Close()
+		p.refuse(c)
 		p.metrics.Open(labels, log).Close(0, 0, ierr.flag, ierr.err)
 		return
 	}
 	up, err := p.dialInbound(ctx, t, client, identity.ID{})
 	if err != nil {
-		c.Close()
+		p.refuse(c)
 		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, err)
 		return
 	}

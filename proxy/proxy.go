@@ -92,6 +92,12 @@ type Config struct {
 	// ServiceEntry with DNS resolution), on demand; nil refuses such destinations.
 	Resolver HostResolver
 	Logger   *slog.Logger // [slog.Default()]
+	// DisableResetPropagation keeps today's Rust ztunnel behaviour: a TCP peer's reset
+	// ends the other side with a FIN (END_STREAM), and a connection refused after it was
+	// accepted (no route, dial failure, policy) is closed with a FIN. By default a reset is
+	// carried as a reset (RFC 9113 §8.5: RST ↔ RST_STREAM(CONNECT_ERROR)) and such a
+	// connection gets a reset, so a client can tell a cut stream from a whole one.
+	DisableResetPropagation bool
 	// HandshakeFailure names why an inbound TLS handshake failed, in one word of a bounded
 	// set (identity/certs.HandshakeFailure, for the configs it makes), or "" for a
 	// connection we closed ourselves; nil: every failure is "other".
