@@ -84,3 +84,13 @@ func TestKernelTLSKeyLimit(t *testing.T) {
 		t.Fatalf("the stream on the fresh connection: %v", err)
 	}
 }
+
+// TestKernelTLSPeerKeyUpdate: testPeerKeyUpdate with the pool on kernel TLS, which here
+// follows no KeyUpdate: the stream fails loudly and the pool moves on.
+func TestKernelTLSPeerKeyUpdate(t *testing.T) {
+	leaktest.Check(t)
+	if !kernelHasTLS(t) {
+		t.Skip("no kernel TLS here: run `make test-ktls`")
+	}
+	testPeerKeyUpdate(t, false)
+}
