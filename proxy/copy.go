@@ -144,14 +144,12 @@ func copyHalf(dst, src halfCloser, resets bool) (int64, error) {
 }
 
 // tcpReset reports whether err is a TCP peer's reset of one of the copy's sockets
-// (ECONNRESET reading, ECONNRESET or EPIPE writing), not an HBONE stream's failure.
+// (ECONNRESET reading, ECONNRESET or EPIPE writing), not an HBONE connection's failure.
+// (A stream's write after its peer's RST_STREAM fails with EPIPE too: resetting both legs
+// is right for it as well. A *hbone.ResetError wraps neither.)
 func tcpReset(err error) bool {
-	if err == nil || errors.Is(err, hbone.ErrConnClosed) {
+	if err == nil || err == io.EOF || errors.Is(err, hbone.ErrConnClosed) {
 		return false
-	}
-	var re *hbone.ResetError
-	if errors.As(err, &re) {
-		return false // the stream's peer reset it: abort's reset of the TCP leg carries it
 	}
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
