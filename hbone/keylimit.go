@@ -13,6 +13,10 @@ package hbone
 //     user-space path crypto/tls follows it, so received records are not counted, except
 //     on TLS 1.2, which has no KeyUpdate (rustls closes the connection there instead).
 //
+// Counts run from the connection's first record (on the user-space path the handshake's
+// few are in them) and never restart: after crypto/tls answers a peer's update_requested
+// our sent records are under a fresh key, so the drain comes early, never late.
+//
 // Once either count reaches KeyDrainRecords (by default half the rustls limit, so the
 // peer's KeyUpdate is far off) the connection drains: a server sends GOAWAY(NO_ERROR), a
 // client stops putting new streams on it, and new streams go to a fresh connection while
