@@ -15,8 +15,8 @@ import (
 	"github.com/gozt/gozt/internal/leaktest"
 )
 
-// acceptEnv serves ServeTLS on a listener from an accept loop shaped like the proxy's:
-// WaitAccept before each Accept, a goroutine per connection.
+// acceptEnv serves ServeTLS on a listener from an accept loop shaped like the proxy's: the
+// server's AdmitListener, a goroutine per connection.
 func acceptEnv(t *testing.T, cfg Config) (*Server, netip.AddrPort) {
 	t.Helper()
 	testCA()
@@ -25,14 +25,14 @@ func acceptEnv(t *testing.T, cfg Config) (*Server, netip.AddrPort) {
 		t.Fatal(err)
 	}
 	srv := NewServer(cfg, echo)
+	al := srv.Admit(ln)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for {
-			srv.WaitAccept(ctx)
-			raw, err := ln.Accept()
+			raw, err := al.Accept()
 			if err != nil {
 				return
 			}
@@ -44,7 +44,7 @@ func acceptEnv(t *testing.T, cfg Config) (*Server, netip.AddrPort) {
 		}
 	}()
 	t.Cleanup(func() {
-		ln.Close()
+		al.Close()
 		srv.Close()
 		cancel()
 		wg.Wait()
@@ -89,7 +89,7 @@ func TestAcceptBoundedUnderHandshakeFlood(t *testing.T) {
 	go func() {
 		defer sampler.Done()
 		for {
-			mostPending = max(mostPending, srv.fair.pending.Load())
+			mostPending = max(mostPending, srv.fair.room.pending.Load())
 			select {
 			case <-done:
 				return

@@ -34,6 +34,7 @@ type Config struct {
 	PeerConnRate           float64 // [32/s, burst 4 s of it] new HBONE connections of one peer identity; past it one waits up to 1 s, then is closed
 	PeerStreams            int     // [16384] open streams of one peer identity; past it a new one gets REFUSED_STREAM
 	PeerDials              int     // [256] streams of one peer identity whose handler has not answered; past it a new one waits
+	PeerStreamStarts       float64 // [128/s, burst 2 s of it] handlers started for streams of one peer identity, each given back once its stream carries a byte; past it a new stream waits without a goroutine
 	// SourceRelays, if set, names source IPs that relay other clients' connections (a
 	// network gateway forwarding double HBONE): no per-source budget applies to them, nor
 	// PeerConnRate (a connection per proxied connection there); the other per-identity
@@ -128,6 +129,9 @@ const (
 	// DropPeerDials: a new stream waited because its peer identity had PeerDials
 	// streams unanswered (it was delayed, not dropped).
 	DropPeerDials
+	// DropPeerStarts: a new stream waited for its handler because its peer identity was
+	// past PeerStreamStarts (it was delayed, not dropped).
+	DropPeerStarts
 
 	// NumDropReasons is one more than the last DropReason.
 	NumDropReasons
@@ -155,6 +159,8 @@ func (r DropReason) String() string {
 		return "peer_streams"
 	case DropPeerDials:
 		return "peer_dials_waited"
+	case DropPeerStarts:
+		return "peer_stream_starts_waited"
 	}
 	return "unknown"
 }
@@ -211,6 +217,7 @@ func (c Config) withDefaults() Config {
 	c.PeerConnRate = defaultRate(c.PeerConnRate, 32)
 	c.PeerStreams = defaultInt(c.PeerStreams, 16384)
 	c.PeerDials = defaultInt(c.PeerDials, 256)
+	c.PeerStreamStarts = defaultRate(c.PeerStreamStarts, 128)
 	return c
 }
 

@@ -80,13 +80,14 @@ type conn struct {
 	// The state lock: mu guards every field after it and Stream's fields marked so.
 	mu             sync.Mutex
 	streams        map[uint32]*Stream
-	nextID         uint32     // client: next stream id to open
-	lastPeerID     uint32     // highest peer-initiated stream id seen
-	active         int        // open or half-closed streams
-	handlers       int        // server: handlers running, at most ServerMaxStreams (limits.go)
-	waiting        []*Request // server: open streams waiting for a handler, FIFO (limits.go)
-	reserved       int        // client: slots promised by the pool, not yet opened
-	single         bool       // client: DialOver's one-stream connection, closed when it ends
+	nextID         uint32      // client: next stream id to open
+	lastPeerID     uint32      // highest peer-initiated stream id seen
+	active         int         // open or half-closed streams
+	handlers       int         // server: handlers running, at most ServerMaxStreams (limits.go)
+	waiting        []*Request  // server: open streams waiting for a handler, FIFO (limits.go)
+	startTimer     *time.Timer // server: starts the waiting streams once their peer has a stream start again (fair.go)
+	reserved       int         // client: slots promised by the pool, not yet opened
+	single         bool        // client: DialOver's one-stream connection, closed when it ends
 	peerMaxStreams uint32
 	peerInitWindow int64
 	peerMaxFrame   uint32
@@ -228,6 +229,10 @@ func (c *conn) closeWith(err error) {
 		s.signalLocked()
 	}
 	c.ops = nil
+	if c.startTimer != nil {
+		c.startTimer.Stop()
+		c.startTimer = nil
+	}
 	c.mu.Unlock()
 	if c.cancelCtx != nil {
 		c.cancelCtx(err)

@@ -143,7 +143,8 @@
 //     flood of them delays no honest client; each costs about 6.5 KiB of heap, a
 //     goroutine and a socket until then. An evicted handshake waiting for the CPU (the
 //     gate, below) stops waiting at once. The accept loops (Server.Serve, the proxy's
-//     on 15008) call WaitAccept before each Accept: past 2 × MaxHandshakes connections
+//     on 15008, the node-wide poller of in-pod mode's pod listeners) take connections
+//     through the Server's AdmitListener (admit.go): past 2 × MaxHandshakes connections
 //     not yet serving HTTP/2 (those in their handshake and the evicted on their way
 //     out), and until the goroutine of the last one accepted has started, the rest wait
 //     in the kernel's backlog, so goroutines stay bounded however fast a flood comes.
@@ -190,7 +191,14 @@
 //     descriptors allow; PeerDials (256)
 //     streams whose handler has not answered (a backend dial, in a proxy), past it a new
 //     one waits for one to answer, so a peer that floods CONNECTs to a live backend holds
-//     at most that many dials, whatever its number of connections. Keyed by identity, a
+//     at most that many dials, whatever its number of connections; PeerStreamStarts
+//     (128/s, a burst of 256) handlers started, each given back once its stream carries a
+//     byte either way, past it a new stream waits in its connection's queue with no
+//     goroutine (the peer's window and socket hold the rest), so a peer that opens
+//     streams to a live backend and never uses them is set up no faster than that, while
+//     an honest client, whose streams carry bytes within a round trip, never waits for
+//     it (measured, BenchmarkVictimOpenStreams: the attacked node's goroutine peak 525–1,061
+//     → 218–467). Keyed by identity, a
 //     budget is shared by every client of that identity: an honest one of the same
 //     identity waits too, another identity never does. At most HandshakeWorkers
 //     (GOMAXPROCS-1, at least one) ServeTLS handshakes compute at once: a handshake holds
@@ -216,7 +224,8 @@
 // # Locks
 //
 // Taken in this order, never the other way: Pool.mu → conn.mu; Stream.wmu → conn.wmu →
-// conn.mu; Stream.rmu → conn.mu; Server.mu is never held with a conn's lock, nor fairness.mu (fair.go) with any other. conn.wmu
+// conn.mu; Stream.rmu → conn.mu; conn.mu → peerState.startMu (fair.go, a leaf). Server.mu
+// is never held with a conn's lock, nor fairness.mu (fair.go) with any other. conn.wmu
 // (the write lock: the Framer's write side, the HPACK encoder, the coalescing buffer)
 // is held by whoever writes frames; functions that need it end in WLocked. conn.mu (the
 // state lock: streams, windows, settings, the control-frame queue) guards the rest of

@@ -30,16 +30,9 @@ type fairness struct {
 	cfg *Config
 	// gate: handshakes computing (not waiting for the network) at once.
 	gate chan struct{}
-	// pending: connections inside Server.serve that are not serving HTTP/2 yet (in their
-	// handshake, or evicted and on their way out); past pendingLimit the accept loops wait
-	// (WaitAccept) and the kernel's backlog holds the rest. room is told (non-blocking,
-	// capacity 1) each time one leaves.
-	pending      atomic.Int64
-	pendingLimit int64
-	room         chan struct{}
-	// unstarted: an accept loop has let a connection in (waitRoom returned) and its
-	// serving goroutine has not counted itself in pending yet.
-	unstarted atomic.Bool
+	// room: the accept side's backpressure (admit.go), MaxHandshakes in their handshake
+	// and as many again evicted and leaving.
+	room acceptRoom
 
 	mu        sync.Mutex
 	sources   map[netip.Addr]*sourceState // guarded by mu
@@ -62,6 +55,10 @@ type peerState struct {
 
 	streams atomic.Int64  // its open streams, across its connections
 	dials   chan struct{} // a semaphore: its streams whose handler has not answered
+
+	// startMu is a leaf lock, taken under a conn's mu with nothing taken under it.
+	startMu sync.Mutex
+	starts  rateBudget // guarded by startMu: its handler starts not yet earned (PeerStreamStarts)
 }
 
 func newFairness(cfg *Config) *fairness {
@@ -71,9 +68,7 @@ func newFairness(cfg *Config) *fairness {
 		peers:     make(map[identity.ID]*peerState),
 		sweepSrc:  sweepAt,
 		sweepPeer: sweepAt,
-		room:      make(chan struct{}, 1),
-		// MaxHandshakes in their handshake, as many again evicted and leaving.
-		pendingLimit: 2 * int64(cfg.MaxHandshakes),
+		room:      acceptRoom{limit: 2 * int64(cfg.MaxHandshakes)},
 	}
 	if cfg.HandshakeWorkers > 0 {
 		f.gate = make(chan struct{}, cfg.HandshakeWorkers)
@@ -229,6 +224,31 @@ func (f *fairness) sweepPeersLocked(now time.Time) {
 	f.sweepPeer = max(sweepAt, 2*len(f.peers))
 }
 
+// takeStart spends one of ps's stream starts (PeerStreamStarts). It reports whether
+// there was one, and if not how long until there is; a nil ps (no identity) or a budget
+// turned off always has one.
+func (ps *peerState) takeStart(rate float64) (ok bool, wait time.Duration) {
+	if ps == nil || rate <= 0 {
+		return true, 0
+	}
+	ps.startMu.Lock()
+	defer ps.startMu.Unlock()
+	now := time.Now()
+	if ps.starts.take(now, rate*startBurst, rate) {
+		return true, 0
+	}
+	return false, time.Duration((1 - ps.starts.tokens) / rate * float64(time.Second))
+}
+
+// earnStart gives ps back a stream start: the stream carried a byte, so its handler was
+// work for an honest client, not a setup the peer left unused.
+func (ps *peerState) earnStart(rate float64) {
+	ps.startMu.Lock()
+	ps.starts.refill(time.Now(), rate*startBurst, rate)
+	ps.starts.tokens = min(rate*startBurst, ps.starts.tokens+1)
+	ps.startMu.Unlock()
+}
+
 // Bursts of the rate budgets, in seconds of their rate.
 const (
 	// sourceBurst: new connections of one source IP: a node's pods (up to 250, Kubernetes'
@@ -236,6 +256,9 @@ const (
 	sourceBurst = 8
 	peerBurst   = 4 // new connections of one identity: its pools reconnecting after a restart
 	failBurst   = 8 // failed handshakes: a client retrying through a certificate rotation
+	// startBurst: stream starts of one identity not yet earned: a pool warming up its
+	// connections before it sends on them.
+	startBurst = 2
 )
 
 // enterHandshake takes a place in the handshake gate, waiting while every place is
@@ -256,60 +279,6 @@ func (f *fairness) enterHandshake(ctx context.Context) bool {
 }
 
 func (f *fairness) leaveHandshake() { <-f.gate }
-
-// leftPending takes a connection off pending (once it serves HTTP/2, or leaves).
-func (f *fairness) leftPending() {
-	f.pending.Add(-1)
-	f.tellRoom()
-}
-
-// tellRoom wakes a waiting accept loop, if any.
-func (f *fairness) tellRoom() {
-	select {
-	case f.room <- struct{}{}:
-	default:
-	}
-}
-
-// waitRoom returns once fewer than pendingLimit connections are pending, or ctx ends. It first waits (up to maxStartWait,
-// in case that accept failed) for the connection let in before to count itself: goroutines
-// that the scheduler has not run yet are not counted anywhere else.
-func (f *fairness) waitRoom(ctx context.Context) {
-	var timeout <-chan time.Time
-	for f.unstarted.Load() {
-		if timeout == nil {
-			t := time.NewTimer(maxStartWait)
-			defer t.Stop()
-			timeout = t.C
-		}
-		select {
-		case <-f.room:
-		case <-timeout:
-			f.unstarted.Store(false)
-		case <-ctx.Done():
-			return
-		}
-	}
-	for f.pending.Load() >= f.pendingLimit {
-		select {
-		case <-f.room:
-		case <-ctx.Done():
-			return
-		}
-	}
-	f.unstarted.Store(true)
-}
-
-// maxStartWait bounds how long waitRoom waits for the previous connection's goroutine.
-const maxStartWait = 10 * time.Millisecond
-
-// enterPending counts a connection's serving goroutine in pending.
-func (f *fairness) enterPending() {
-	f.pending.Add(1)
-	if f.unstarted.Swap(false) {
-		f.tellRoom()
-	}
-}
 
 // gatedConn is the raw connection under a server handshake: it holds a place in the
 // handshake gate while the handshake computes and gives it up while it waits for the

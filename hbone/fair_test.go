@@ -149,6 +149,44 @@ func TestPeerDialsBudget(t *testing.T) {
 	}
 }
 
+// Handlers of one identity's streams start within PeerStreamStarts (a burst of 2 s of
+// it): past it a new stream waits, with no goroutine, until a stream that started carries
+// a byte (its start is given back) or the budget refills; another identity's streams
+// start at once meanwhile. Here the burst is one start and a refill takes 2 s.
+func TestPeerStreamStartsBudget(t *testing.T) {
+	leaktest.Check(t)
+	var drops dropCounts
+	var started atomic.Int32
+	h := func(r *Request) {
+		if r.Peer.String() == clientID {
+			started.Add(1)
+		}
+		echo(r)
+	}
+	e := newEnv(t, Config{PeerStreamStarts: 0.5, OnDrop: drops.hook}, h)
+	p := floodPeer(t, e.addr.String())
+	for _, id := range []uint32{1, 3, 5} {
+		p.headers(id, false, ":method", "CONNECT", ":authority", "10.0.0.1:80")
+	}
+	ok := func(id uint32) func(frameSummary) bool {
+		return func(f frameSummary) bool { return f.typ == http2.FrameHeaders && f.status == "200" && f.stream == id }
+	}
+	p.waitFor(t, "stream 1 answered", ok(1))
+	testutil.Eventually(t, "streams 3 and 5 to wait for a start", func() bool { return drops[DropPeerStarts].Load() >= 1 })
+	honest(t, e, floodSrc)
+	if n := started.Load(); n != 1 {
+		t.Errorf("%d handlers of the flooding identity started; want 1, the others waiting", n)
+	}
+	// A byte on stream 1 gives its start back: stream 3 starts at once, long before the
+	// refill, which then starts stream 5.
+	p.write(func() error { return p.fr.WriteData(1, false, []byte("x")) })
+	p.waitFor(t, "stream 3 answered once stream 1 carried a byte", ok(3))
+	p.waitFor(t, "stream 5 answered once the budget refilled", ok(5))
+	if n := started.Load(); n != 3 {
+		t.Errorf("%d handlers of the flooding identity started; want 3", n)
+	}
+}
+
 // New connections of one identity are bounded by PeerConnRate (a burst of 4 s of it):
 // past the burst one waits for the next token, up to a second, and the others are
 // closed; another identity connects at once meanwhile.

@@ -189,6 +189,9 @@ func (c *conn) handleDataLocked(f *http2.DataFrame) (finish *Stream, err error) 
 		return nil, nil
 	}
 	s.recvAvail -= n
+	if s.unearned && len(data) > 0 {
+		c.earnedLocked(s)
+	}
 	if c.kt.conn != nil {
 		c.kt.copiedIn.Add(int64(len(data)))
 	}
@@ -428,21 +431,71 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 		s:          s,
 		ctx:        ctx,
 	}
-	if c.handlers >= int(c.cfg.ServerMaxStreams) {
-		// Every handler is busy, some of them for streams the peer has already reset:
-		// the stream waits for one to return (limits.go). Waiting streams are open
-		// ones, so there are never more than ServerMaxStreams.
-		c.waiting = append(c.waiting, req)
+	// Every handler may be busy, some of them for streams the peer has already reset,
+	// or the peer identity past its stream starts: then the stream waits, without a
+	// goroutine, for a handler to return or a start (limits.go, fair.go). Waiting streams
+	// are open ones, so there are never more than ServerMaxStreams.
+	c.waiting = append(c.waiting, req)
+	c.startWaitingLocked()
+	return nil
+}
+
+// startWaitingLocked starts a handler for each waiting stream, in order, while one may
+// start (takeWaitingLocked); when the peer's stream starts ran out it sets a timer to
+// try again once one is back.
+func (c *conn) startWaitingLocked() {
+	for {
+		r := c.takeWaitingLocked()
+		if r == nil {
+			return
+		}
+		select {
+		case c.work <- r: // an idle handler goroutine takes it
+		default:
+			c.wg.Add(1)
+			go c.handlerLoop(r)
+		}
+	}
+}
+
+// takeWaitingLocked takes the first waiting stream the peer has not reset meanwhile if a
+// handler may start for it now, counting the handler and spending its peer's stream
+// start; nil if none may.
+func (c *conn) takeWaitingLocked() *Request {
+	c.dropResetWaitingLocked()
+	if len(c.waiting) == 0 || c.closed || c.handlers >= int(c.cfg.ServerMaxStreams) {
 		return nil
 	}
-	c.handlers++
-	select {
-	case c.work <- req: // an idle handler goroutine takes it
-	default:
-		c.wg.Add(1)
-		go c.handlerLoop(req)
+	ok, wait := c.fair.takeStart(c.cfg.PeerStreamStarts)
+	if !ok {
+		if c.startTimer == nil {
+			c.notifyDrop(DropPeerStarts)
+			c.startTimer = time.AfterFunc(wait, c.startsBack)
+		}
+		return nil
 	}
-	return nil
+	r := c.waiting[0]
+	c.waiting[0] = nil
+	c.waiting = c.waiting[1:]
+	r.s.unearned = c.fair != nil && c.cfg.PeerStreamStarts > 0
+	c.handlers++
+	return r
+}
+
+// startsBack starts the streams that waited for their peer's stream starts.
+func (c *conn) startsBack() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.startTimer = nil
+	c.startWaitingLocked()
+}
+
+// earnedLocked gives s's stream start back to its peer once it has carried a byte,
+// either way, and starts what waited for it.
+func (c *conn) earnedLocked(s *Stream) {
+	s.unearned = false
+	c.fair.earnStart(c.cfg.PeerStreamStarts)
+	c.startWaitingLocked()
 }
 
 func (c *conn) newStreamLocked(id uint32) *Stream {
@@ -492,30 +545,25 @@ func (c *conn) runHandler(r *Request) {
 		c.mu.Lock()
 		cancel := r.s.cancel
 		r.s.cancel = nil
-		r = c.nextWaitingLocked()
-		if r == nil {
-			c.handlers--
-		}
+		c.handlers--
+		r = c.takeWaitingLocked() // on this goroutine: its stack has grown already
 		c.mu.Unlock()
 		cancel(nil)
 	}
 }
 
-// nextWaitingLocked takes the first waiting stream the peer has not reset meanwhile.
-func (c *conn) nextWaitingLocked() *Request {
-	for len(c.waiting) > 0 {
-		r := c.waiting[0]
+// dropResetWaitingLocked takes the waiting streams the peer has reset meanwhile off the
+// front of the queue.
+func (c *conn) dropResetWaitingLocked() {
+	for len(c.waiting) > 0 && c.waiting[0].s.done {
+		s := c.waiting[0].s
 		c.waiting[0] = nil
 		c.waiting = c.waiting[1:]
-		if !r.s.done {
-			return r
-		}
-		if r.s.cancel != nil {
-			r.s.cancel(nil)
-			r.s.cancel = nil
+		if s.cancel != nil {
+			s.cancel(nil)
+			s.cancel = nil
 		}
 	}
-	return nil
 }
 
 // validAuthority accepts host:port where host is an IP (v6 in brackets) or a DNS name.

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -144,67 +145,128 @@ func (s *Server) ServeConn(ctx context.Context, c net.Conn) error {
 	return s.serve(ctx, c, c, nil)
 }
 
-// serve serves raw: through nc (ServeConn), or through the TLS that ts starts (ServeTLS).
+// serve serves raw: through nc (ServeConn), or through the TLS that ts starts (ServeTLS),
+// in three phases: admit (the server's and the source's budgets, before anything is
+// read), handshake (TLS, kernel TLS, the client preface), run (HTTP/2 until the end).
 func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) error {
-	s.mu.Lock()
-	if s.shutdown {
-		s.mu.Unlock()
-		raw.Close()
-		return errClosed
+	a, err := s.admit(ctx, raw)
+	if err != nil {
+		return err
 	}
-	s.mu.Unlock()
-	s.fair.enterPending()
-	var leftPending sync.Once
-	defer leftPending.Do(s.fair.leftPending)
-	// The source's budgets, before anything is read: a refused connection costs an
-	// accept and a close, no key exchange.
-	src := sourceOf(raw)
-	relay := src.IsValid() && s.cfg.SourceRelays != nil && s.cfg.SourceRelays(src)
-	release, wait, reason, ok := s.fair.admitSource(src, relay)
+	defer a.leave()
+	nc, bc, kc, err := s.handshake(ctx, a, nc, ts)
+	if err != nil {
+		raw.Close()
+		return err
+	}
+	a.handshook()
+	return s.run(ctx, a, nc, bc, kc)
+}
+
+// admitted is a connection inside serve: what admit began, which leave ends.
+type admitted struct {
+	s     *Server
+	raw   net.Conn
+	src   netip.Addr // its source IP (invalid if not IP)
+	relay bool       // src relays other clients' connections (Config.SourceRelays)
+	wait  time.Duration
+	// hctx ends when the connection is evicted past MaxHandshakes: a handshake waiting for
+	// the gate stops waiting, rather than keep its goroutine until it gets a place only to
+	// fail.
+	hctx    context.Context
+	hand    *list.Element     // its place in Server.hands while in its handshake
+	release func(failed bool) // gives its source's handshake place back
+	pending bool              // counted in the accept side's pending (admit.go)
+	failed  bool              // its handshake has not succeeded (yet)
+	undo    []func()          // what leave runs, last first
+}
+
+// admit counts raw in the accept side's pending, spends its source's budgets (a refused
+// connection costs an accept and a close, no key exchange) and enters it in the server's
+// connections and its handshake list, evicting the oldest handshake past MaxHandshakes.
+// On error raw is closed and nothing is left to undo.
+func (s *Server) admit(ctx context.Context, raw net.Conn) (*admitted, error) {
+	if s.isShutdown() {
+		raw.Close()
+		return nil, errClosed
+	}
+	a := &admitted{s: s, raw: raw, src: sourceOf(raw), failed: true}
+	s.fair.room.enter()
+	a.pending = true
+	a.onLeave(a.leavePending)
+	a.relay = a.src.IsValid() && s.cfg.SourceRelays != nil && s.cfg.SourceRelays(a.src)
+	release, wait, reason, ok := s.fair.admitSource(a.src, a.relay)
 	if !ok {
 		refuse(raw)
 		s.notifyDrop(reason)
-		return fmt.Errorf("hbone: %s refused before its handshake: %v", raw.RemoteAddr(), reason)
+		a.leave()
+		return nil, fmt.Errorf("hbone: %s refused before its handshake: %v", raw.RemoteAddr(), reason)
 	}
-	handshakeFailed := true
-	defer func() { release(handshakeFailed) }()
+	a.release, a.wait = release, wait
+	a.onLeave(func() { release(a.failed) })
 	s.mu.Lock()
 	if s.shutdown {
 		s.mu.Unlock()
 		raw.Close()
-		return errClosed
+		a.leave()
+		return nil, errClosed
 	}
 	s.raws[raw] = nil
-	// hctx ends when the connection is evicted: a handshake waiting for the gate stops
-	// waiting, rather than keep its goroutine until it gets a place only to fail.
 	hctx, hstop := context.WithCancel(ctx)
-	defer hstop()
-	hand, evict := s.hands.PushBack(handshaking{raw, hstop}), s.oldestPastLimitLocked()
+	a.hctx = hctx
+	a.onLeave(hstop)
+	a.hand = s.hands.PushBack(handshaking{raw, hstop})
+	evict := s.oldestPastLimitLocked()
 	s.mu.Unlock()
+	a.onLeave(func() { s.handshakeOver(a.hand) }) // a no-op once handshook
+	a.onLeave(func() { s.forget(raw) })
 	if evict != nil {
 		evict.raw.Close()
 		evict.stop()
 		s.notifyDrop(DropHandshakeEvicted)
 	}
-	defer s.handshakeOver(hand)
-	defer func() {
-		s.mu.Lock()
-		delete(s.raws, raw)
-		if s.idle != nil && len(s.raws) == 0 {
-			select {
-			case <-s.idle:
-			default:
-				close(s.idle) // Shutdown: the last connection has ended
-			}
-		}
-		s.mu.Unlock()
-	}()
 	stop := context.AfterFunc(ctx, func() { raw.Close() })
-	defer stop()
+	a.onLeave(func() { stop() })
+	return a, nil
+}
+
+// onLeave adds f to what leave runs.
+func (a *admitted) onLeave(f func()) { a.undo = append(a.undo, f) }
+
+// leave ends what admit began, in the reverse order.
+func (a *admitted) leave() {
+	for i := len(a.undo) - 1; i >= 0; i-- {
+		a.undo[i]()
+	}
+	a.undo = nil
+}
+
+// leavePending takes the connection off the accept side's pending, once.
+func (a *admitted) leavePending() {
+	if a.pending {
+		a.pending = false
+		a.s.fair.room.left()
+	}
+}
+
+// handshook ends the handshake phase well: the connection leaves the handshake list and
+// the accept side's pending, and its source's handshake place is given back as a success.
+func (a *admitted) handshook() {
+	a.s.handshakeOver(a.hand)
+	a.leavePending()
+	a.failed = false
+	a.release(false)
+}
+
+// handshake runs the TLS handshake (through the handshake gate, fair.go) and the move to
+// kernel TLS for ServeTLS, or the handshake of a *tls.Conn for ServeConn, and reads the
+// client preface, all within DialTimeout. It returns what serves HTTP/2: nc, with its
+// coalescing buffer (bc) or kernel TLS conn (kc) for ServeTLS.
+func (s *Server) handshake(ctx context.Context, a *admitted, nc net.Conn, ts *tlsStart) (_ net.Conn, bc *bufConn, kc *ktls.Conn, err error) {
+	raw := a.raw
 	raw.SetDeadline(time.Now().Add(s.cfg.DialTimeout))
-	if wait > 0 && !sleepCtx(hctx, wait) {
-		raw.Close()
-		return errClosed
+	if a.wait > 0 && !sleepCtx(a.hctx, a.wait) {
+		return nil, nil, nil, errClosed
 	}
 	handshake := func(ctx context.Context) error { return nil }
 	var tc *tls.Conn
@@ -213,7 +275,7 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 		if s.fair.gate != nil {
 			// Only so many handshakes compute at once (fair.go); the connection reads
 			// through the gate until its handshake is over, then straight through it.
-			g := &gatedConn{Conn: raw, f: s.fair, ctx: hctx}
+			g := &gatedConn{Conn: raw, f: s.fair, ctx: a.hctx}
 			ts.bc.Conn = g
 			handshake = func(ctx context.Context) error {
 				err := ts.handshake(ctx)
@@ -226,41 +288,38 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 	}
 	if tc != nil {
 		if err := handshake(ctx); err != nil {
-			raw.Close()
-			return fmt.Errorf("hbone: tls handshake with %s: %w", raw.RemoteAddr(), &HandshakeError{err})
+			return nil, nil, nil, fmt.Errorf("hbone: tls handshake with %s: %w", raw.RemoteAddr(), &HandshakeError{err})
 		}
 		if p := tc.ConnectionState().NegotiatedProtocol; p != http2.NextProtoTLS {
-			raw.Close()
-			return fmt.Errorf("hbone: %s negotiated ALPN %q, want h2", raw.RemoteAddr(), p)
+			return nil, nil, nil, fmt.Errorf("hbone: %s negotiated ALPN %q, want h2", raw.RemoteAddr(), p)
 		}
 	}
-	var bc *bufConn
-	var kc *ktls.Conn
 	if ts != nil {
-		var err error
 		if nc, bc, kc, err = ts.finish(&s.cfg, &s.kernel); err != nil {
-			raw.Close()
-			return fmt.Errorf("hbone: kernel TLS for %s: %w", raw.RemoteAddr(), err)
+			return nil, nil, nil, fmt.Errorf("hbone: kernel TLS for %s: %w", raw.RemoteAddr(), err)
 		}
 	}
 	var preface [len(http2.ClientPreface)]byte
 	if _, err := io.ReadFull(nc, preface[:]); err != nil || string(preface[:]) != http2.ClientPreface {
-		raw.Close()
 		if err == nil {
 			err = errors.New("bad client preface")
 		}
-		return fmt.Errorf("hbone: preface from %s: %w", raw.RemoteAddr(), err)
+		return nil, nil, nil, fmt.Errorf("hbone: preface from %s: %w", raw.RemoteAddr(), err)
 	}
 	raw.SetDeadline(time.Time{})
-	s.handshakeOver(hand)
-	leftPending.Do(s.fair.leftPending)
-	handshakeFailed = false
-	release(false)
+	return nc, bc, kc, nil
+}
+
+// run serves HTTP/2 on a handshaken connection until it ends: the peer identity's budgets
+// first (PeerConnRate, and the identity's streams for the others), then the frame reader
+// on this goroutine and the writer on its own.
+func (s *Server) run(ctx context.Context, a *admitted, nc net.Conn, bc *bufConn, kc *ktls.Conn) error {
+	raw := a.raw
 	c := newConn(s.cfg, true, nc, bc, kc)
 	c.handler = s.h
-	c.onCalm = func() { s.fair.calmed(src, c.fair) }
+	c.onCalm = func() { s.fair.calmed(a.src, c.fair) }
 	if !c.peer.IsZero() { // h2c or no client certificate: no identity to count by
-		ps, wait, ok := s.fair.admitPeer(c.peer, relay)
+		ps, wait, ok := s.fair.admitPeer(c.peer, a.relay)
 		if !ok {
 			raw.Close()
 			s.notifyDrop(DropPeerConnRate)
@@ -312,6 +371,28 @@ func (s *Server) serve(ctx context.Context, raw, nc net.Conn, ts *tlsStart) erro
 	return nil // the peer or we closed the connection
 }
 
+// isShutdown reports whether Shutdown or Close has run.
+func (s *Server) isShutdown() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.shutdown
+}
+
+// forget takes raw off the server's connections; during Shutdown the last one to go tells
+// it the server is idle.
+func (s *Server) forget(raw net.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.raws, raw)
+	if s.idle != nil && len(s.raws) == 0 {
+		select {
+		case <-s.idle:
+		default:
+			close(s.idle)
+		}
+	}
+}
+
 // sleepCtx waits for d or ctx's end, and reports whether d passed.
 func sleepCtx(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
@@ -357,25 +438,26 @@ func (s *Server) notifyDrop(r DropReason) {
 }
 
 // Serve accepts connections from ln (which yields TLS conns) and serves each in its own
-// goroutine. It returns when ln fails or ctx ends, after its connections have ended.
+// goroutine, accepting only while the server has room (Admit). It returns when ln fails or
+// ctx ends, after its connections have ended.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.mu.Lock()
 	if s.shutdown {
 		s.mu.Unlock()
 		return errClosed
 	}
-	s.lns[ln] = struct{}{}
+	al := s.Admit(ln)
+	s.lns[al] = struct{}{} // Shutdown closes it, which also ends a wait for room
 	s.mu.Unlock()
-	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	stop := context.AfterFunc(ctx, func() { al.Close() })
 	defer stop()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
-		s.WaitAccept(ctx)
-		nc, err := ln.Accept()
+		nc, err := al.Accept()
 		if err != nil {
 			s.mu.Lock()
-			delete(s.lns, ln)
+			delete(s.lns, al)
 			shut := s.shutdown
 			s.mu.Unlock()
 			if shut || ctx.Err() != nil {
@@ -390,15 +472,6 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		}()
 	}
 }
-
-// WaitAccept returns when the server can take another connection, or when ctx ends. An
-// accept loop calls it before each Accept: past 2 × MaxHandshakes connections that are
-// not serving HTTP/2 yet (in their handshake, or evicted and on their way out), and until
-// the connection let in before has started, the connections wait in the kernel's backlog
-// (costing nothing, their handshake deadline not yet running) instead of in goroutines.
-// It does not wait for handshakes queued for the CPU (the gate): past MaxHandshakes the
-// oldest are evicted unserved, so the newest, an honest client's, still gets in.
-func (s *Server) WaitAccept(ctx context.Context) { s.fair.waitRoom(ctx) }
 
 // Shutdown stops accepting, sends GOAWAY on every connection, lets open streams finish
 // until ctx ends, then closes everything.

@@ -64,7 +64,10 @@ type Stream struct {
 	// Server side, guarded by c.mu: pending until the handler answers (a reset before
 	// that is an early reset, limits.go); cancel ends the Request's context.
 	pending bool
-	cancel  context.CancelCauseFunc
+	// unearned: its handler spent a stream start of its peer's (fair.go) that the stream
+	// gives back at its first byte either way; guarded by c.mu.
+	unearned bool
+	cancel   context.CancelCauseFunc
 
 	rstWritten bool // guarded by c.wmu
 }
@@ -420,6 +423,9 @@ func (s *Stream) reserveSend(want int64) (int64, error) {
 		if n := min(want, int64(c.peerMaxFrame), s.sendAvail, c.sendConnAvail); n > 0 {
 			s.sendAvail -= n
 			c.sendConnAvail -= n
+			if s.unearned {
+				c.earnedLocked(s)
+			}
 			return n, nil
 		}
 		s.waitWindowLocked()

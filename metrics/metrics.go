@@ -83,9 +83,9 @@ type Metrics struct {
 	// HBONEDrops counts, by reason (hbone.DropReason's names: refused, reset_unanswered,
 	// enhance_your_calm, handshake_evicted, and the per-node budgets' source_handshakes,
 	// source_handshake_rate, source_failed_handshakes, peer_connection_rate, peer_streams,
-	// peer_dials_waited), the streams dropped before a handler answered them and the
-	// connections closed for abuse or refused by a budget. Such streams get no access-log
-	// record of their own.
+	// peer_dials_waited, peer_stream_starts_waited), the streams dropped or delayed before a
+	// handler answered them and the connections closed for abuse or refused by a budget.
+	// Such streams get no access-log record of their own.
 	HBONEDrops *prometheus.CounterVec
 	// HBONEKernelTLS counts HBONE connections by where their TLS records are handled:
 	// result = "kernel" (kernel TLS), or why not (hbone.TLSInfo.Reason: no_kernel_tls,

@@ -42,7 +42,7 @@ func withOrigDst(c *net.TCPConn) net.Conn {
 }
 
 // serveInboundTLS serves one connection accepted on 15008: mTLS, then HTTP/2 CONNECT
-// streams, each handled by serveHBONE. acceptLoop has registered c for the drain deadline.
+// streams, each handled by serveHBONE. handleTracked has registered c for the drain deadline.
 func (p *Proxy) serveInboundTLS(ctx context.Context, c *net.TCPConn) {
 	err := p.server.ServeTLS(ctx, withOrigDst(c), p.serverTLS)
 	var he *hbone.HandshakeError

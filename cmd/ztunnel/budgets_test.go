@@ -33,6 +33,7 @@ func TestBudgetSettings(t *testing.T) {
 		{env: "HBONE_PEER_CONNECTION_RATE", val: "100", get: func(c hbone.Config) float64 { return c.PeerConnRate }, want: 100},
 		{env: "HBONE_PEER_STREAMS", val: "4000", get: func(c hbone.Config) float64 { return float64(c.PeerStreams) }, want: 4000},
 		{env: "HBONE_PEER_DIALS", val: "-1", get: func(c hbone.Config) float64 { return float64(c.PeerDials) }, want: -1},
+		{env: "HBONE_PEER_STREAM_START_RATE", val: "off", get: func(c hbone.Config) float64 { return c.PeerStreamStarts }, want: -1},
 		{env: "HBONE_HANDSHAKE_WORKERS", val: "3", get: func(c hbone.Config) float64 { return float64(c.HandshakeWorkers) }, want: 3},
 	} {
 		t.Run(tc.env+"="+tc.val, func(t *testing.T) {

@@ -91,6 +91,7 @@ type config struct {
 	TLS12Enabled              bool    // TLS12_ENABLED
 	CRLPath                   string  // CRL_PATH
 	rust                      rustEnv // the Rust ztunnel's own variables, until resolveRust
+	maxHandshakes             int     // hbone.Config.MaxHandshakes; no variable, set by tests
 }
 
 // setting is one row of the configuration table: it drives parsing, --help and
@@ -472,6 +473,7 @@ func proxyConfig(c *config) proxy.Config {
 			IdleTimeout:       c.PoolUnusedRelease,
 			DisableKernelTLS:  !c.KernelTLS,
 
+			MaxHandshakes:          c.maxHandshakes,
 			HandshakeWorkers:       c.HandshakeWorkers,
 			SourceHandshakes:       c.SourceHandshakes,
 			SourceHandshakeRate:    c.SourceHandshakeRate,
@@ -479,6 +481,7 @@ func proxyConfig(c *config) proxy.Config {
 			PeerConnRate:           c.PeerConnRate,
 			PeerStreams:            c.PeerStreams,
 			PeerDials:              c.PeerDials,
+			PeerStreamStarts:       c.PeerStreamStarts,
 		},
 		PacketMark:        c.PacketMark,
 		OrigSrc:           c.EnableOrigSrc == "true",

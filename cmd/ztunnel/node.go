@@ -48,6 +48,12 @@ type node struct {
 	quitOnce sync.Once
 	quit     chan struct{} // closed by POST /quitquitquit
 
+	// Background work (config sources, certificate prefetch, the metrics sweep, node mode's
+	// DNS proxy) runs on goroutines of bgWG until stopBG ends bg (goBG).
+	bg     context.Context
+	stopBG context.CancelFunc
+	bgWG   sync.WaitGroup
+
 	addrs map[string]net.Addr // bound listener addresses by setting name, e.g. "ADMIN_ADDR"
 }
 
@@ -62,12 +68,52 @@ const (
 // run starts a node and blocks until ctx ends or /quitquitquit is called, then drains:
 // listeners stop, HBONE peers get GOAWAY, live connections have CONNECTION_TERMINATION_DEADLINE
 // to finish. started, if not nil, is called once every listener is bound.
+//
+// Its phases: construct (what every mode shares: metrics, the background goroutines, the
+// config sources, the CA client and certificates), start the node's proxies (node and
+// dedicated mode's listeners and DNS proxy, or in-pod mode's pod proxies), start the admin,
+// metrics and readiness servers, then serve until told to stop and drain. Whatever a phase
+// opens goes on one cleanup stack, which undoes it, last first, however run returns.
 func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*node)) error {
 	if limit, err := sockopt.RaiseFileLimit(); err != nil {
 		slog.Warn("could not raise the open-file limit", "err", err)
 	} else {
 		slog.Debug("open-file limit", "soft", limit)
 	}
+	n := newNode(cfg, logLevel)
+	var undo cleanups
+	defer undo.run()
+	if err := n.construct(ctx, &undo); err != nil {
+		return err
+	}
+	start := n.startNodeMode
+	if n.local.Mode == state.ModeShared {
+		start = n.startInPod
+	}
+	if err := start(&undo); err != nil {
+		return err
+	}
+	servers, err := n.startHTTP()
+	if err != nil {
+		return err
+	}
+	return n.serveAndDrain(ctx, servers, started)
+}
+
+// cleanups is a stack of what to undo when run returns.
+type cleanups []func()
+
+func (c *cleanups) push(f func()) { *c = append(*c, f) }
+
+// run undoes everything pushed, last first.
+func (c *cleanups) run() {
+	for i := len(*c) - 1; i >= 0; i-- {
+		(*c)[i]()
+	}
+	*c = nil
+}
+
+func newNode(cfg *config, logLevel *logLevels) *node {
 	n := &node{
 		cfg:      cfg,
 		local:    cfg.local(),
@@ -83,79 +129,66 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		mopts = append(mopts, metrics.WithWorkloadManager())
 	}
 	n.metrics = metrics.New(n.registry, version, mopts...)
+	n.bg, n.stopBG = context.WithCancel(context.Background())
+	return n
+}
 
-	// Background work (config sources, certificate prefetch) runs on bg until the node stops.
-	bg, stopBG := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer stopBG()
-	goBG := func(name string, fn func(context.Context) error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := fn(bg); err != nil && bg.Err() == nil {
-				slog.Error("stopped", "component", name, "err", err)
-			}
-		}()
-	}
+// goBG runs fn on a background goroutine until the node stops (n.bg ends), logging its
+// error if it stops before that.
+func (n *node) goBG(name string, fn func(context.Context) error) {
+	n.bgWG.Go(func() {
+		if err := fn(n.bg); err != nil && n.bg.Err() == nil {
+			slog.Error("stopped", "component", name, "err", err)
+		}
+	})
+}
 
-	if err := n.startConfigSources(goBG); err != nil {
+// construct starts what every mode shares: the config sources, the CA client, the CRL and
+// the certificate manager, and the background goroutines.
+func (n *node) construct(ctx context.Context, undo *cleanups) error {
+	undo.push(func() {
+		n.stopBG()
+		n.bgWG.Wait()
+	})
+	if err := n.startConfigSources(); err != nil {
 		return err
 	}
-	caClient, err := ca.New(ctx, caConfig(cfg))
+	caClient, err := ca.New(ctx, caConfig(n.cfg))
 	if err != nil {
 		return err
 	}
-	defer caClient.Close()
-	if cfg.CRLPath != "" {
-		if n.crl, err = certs.OpenCRL(cfg.CRLPath, nil); err != nil {
+	undo.push(func() { caClient.Close() })
+	if n.cfg.CRLPath != "" {
+		if n.crl, err = certs.OpenCRL(n.cfg.CRLPath, nil); err != nil {
 			return fmt.Errorf("CRL_PATH: %w", err)
 		}
-		defer n.crl.Close() // Watch starts below, once the proxies its callback closes exist
+		undo.push(func() { n.crl.Close() }) // Watch starts in serveAndDrain, once the proxies its callback closes exist
 		n.registry.MustRegister(crlCollector{n.crl})
 	}
 	csrFailures := newCSRFailures()
-	n.certs = certs.New(certs.Config{PQCOnly: cfg.Compliance == "pqc", TLS12: cfg.TLS12Enabled, CRL: n.crl,
+	n.certs = certs.New(certs.Config{PQCOnly: n.cfg.Compliance == "pqc", TLS12: n.cfg.TLS12Enabled, CRL: n.crl,
 		OnFetchFailure: func(reason string) { csrFailures.WithLabelValues(reason).Inc() }}, caClient)
-	defer n.certs.Close()
+	undo.push(func() { n.certs.Close() })
 	n.registry.MustRegister(csrFailures, certCollector{n.certs})
-
-	goBG("metrics sweep", n.forgetGoneWorkloads)
+	n.goBG("metrics sweep", n.forgetGoneWorkloads)
 	if n.resolver, err = dns.NewResolver(dns.ResolverConfig{}); err != nil {
 		slog.Warn("workloads known only by hostname cannot be reached: no nameserver for on-demand DNS", "err", err)
 	}
+	return nil
+}
 
-	inPod := n.local.Mode == state.ModeShared
-	if !inPod {
-		// In-pod mode has no node-level proxy: every pod's listeners open inside its netns
-		// (podproxies.go), so the node opens none of its own.
-		pcfg := proxyConfig(cfg)
-		if n.xds != nil && cfg.XDSOnDemand {
-			pcfg.Demand = n.xds.DemandAddress
-		}
-		n.withResolver(&pcfg)
-		n.proxy = proxy.New(pcfg, n.store, n.certs, n.metrics)
+// startNodeMode binds node and dedicated mode's listeners (unless none is configured) and
+// their DNS proxy, and starts prefetching the served workloads' certificates.
+func (n *node) startNodeMode(undo *cleanups) error {
+	cfg := n.cfg
+	pcfg := proxyConfig(cfg)
+	if n.xds != nil && cfg.XDSOnDemand {
+		pcfg.Demand = n.xds.DemandAddress
 	}
-	if inPod {
-		if err := netns.CheckCapabilities(); err != nil {
-			return fmt.Errorf("PROXY_MODE=shared (in-pod) cannot enter pod namespaces or mark sockets: %w", err)
-		}
-		pods, err := newPodProxies(n)
-		if err != nil {
-			return err
-		}
-		n.pods = pods
-		if self, ok := newSelfProxy(n); ok {
-			if err := self.Listen(); err != nil {
-				n.pods.close()
-				return fmt.Errorf("self-proxy (POD_NAME, POD_NAMESPACE, SERVICE_ACCOUNT): %w", err)
-			}
-			n.self = self
-			n.addrs["SELF_PROXY"] = self.Addrs()[proxy.ListenerInbound]
-		}
-		n.ready.add(taskCerts)
-		goBG("certificate prefetch", n.prefetchCertificates)
-	} else if cfg.enableProxy() {
+	n.withResolver(&pcfg)
+	n.proxy = proxy.New(pcfg, n.store, n.certs, n.metrics)
+	undo.push(func() { n.proxy.Shutdown(context.Background()) }) // drained already, unless the start failed
+	if cfg.enableProxy() {
 		if err := n.proxy.Listen(); err != nil {
 			return err
 		}
@@ -164,27 +197,51 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		}
 		n.ready.watch(taskAccept, n.proxy.AcceptError) // out of file descriptors, say
 		n.ready.add(taskCerts)
-		goBG("certificate prefetch", n.prefetchCertificates)
+		n.goBG("certificate prefetch", n.prefetchCertificates)
 	}
-
-	if cfg.DNSProxyAddr != "" && !inPod {
+	if cfg.DNSProxyAddr != "" {
 		d := dns.New(n.dnsConfig(n.local), n.store, n.metrics)
 		if err := d.Listen(); err != nil {
-			n.proxy.Shutdown(context.Background())
 			return fmt.Errorf("DNS_PROXY_ADDR: %w", err)
 		}
-		defer d.Close()
+		undo.push(func() { d.Close() })
 		n.addrs["DNS_PROXY_ADDR"] = d.Addr()
-		goBG("dns proxy", d.Serve)
+		n.goBG("dns proxy", d.Serve)
 	}
-	servers, err := n.startHTTP()
+	return nil
+}
+
+// startInPod readies in-pod mode: no node-level listeners (every pod's open inside its
+// netns, podproxies.go), ztunnel's own 15008 if the chart named its pod, and certificate
+// prefetch. The pods arrive over ZDS once serveAndDrain starts the workload manager.
+func (n *node) startInPod(undo *cleanups) error {
+	if err := netns.CheckCapabilities(); err != nil {
+		return fmt.Errorf("PROXY_MODE=shared (in-pod) cannot enter pod namespaces or mark sockets: %w", err)
+	}
+	pods, err := newPodProxies(n)
 	if err != nil {
-		n.shutdownProxies(context.Background())
-		if n.pods != nil {
-			n.pods.close()
-		}
 		return err
 	}
+	n.pods = pods
+	undo.push(n.pods.close) // after the workload manager has drained them, or at once if the start failed
+	if self, ok := newSelfProxy(n); ok {
+		if err := self.Listen(); err != nil {
+			return fmt.Errorf("self-proxy (POD_NAME, POD_NAMESPACE, SERVICE_ACCOUNT): %w", err)
+		}
+		n.self = self
+		undo.push(func() { self.Shutdown(context.Background()) }) // drained already, unless the start failed
+		n.addrs["SELF_PROXY"] = self.Addrs()[proxy.ListenerInbound]
+	}
+	n.ready.add(taskCerts)
+	n.goBG("certificate prefetch", n.prefetchCertificates)
+	return nil
+}
+
+// serveAndDrain serves the node's proxies (and in-pod mode's workload manager) until ctx
+// ends or /quitquitquit, then drains within CONNECTION_TERMINATION_DEADLINE: the pods'
+// proxies and the node's own, then the HTTP servers and the background goroutines.
+func (n *node) serveAndDrain(ctx context.Context, servers []*http.Server, started func(*node)) error {
+	cfg := n.cfg
 	proxyCtx, stopProxy := context.WithCancel(context.Background())
 	defer stopProxy()
 	proxyDone := make(chan struct{})
@@ -196,7 +253,7 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		}
 		wg.Wait()
 	}()
-	if inPod {
+	if n.pods != nil {
 		n.inpod = inpod.New(inpod.Config{Path: cfg.InpodUDS, Metrics: n.metrics}, n.pods)
 		n.ready.watch(taskInpod, n.inpodReady)
 		n.ready.watch(taskAccept, func() error {
@@ -206,7 +263,6 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 			return n.pods.acceptError()
 		})
 	}
-
 	if n.crl != nil {
 		n.crl.Watch(n.closeRevoked)
 	}
@@ -215,11 +271,11 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 	if started != nil {
 		started(n)
 	}
-
 	select {
 	case <-ctx.Done():
 	case <-n.quit:
 	}
+
 	slog.Info("draining", "deadline", cfg.TerminationDeadline)
 	drainCtx, cancel := context.WithTimeout(context.Background(), cfg.TerminationDeadline)
 	defer cancel()
@@ -227,22 +283,22 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*no
 		n.inpod.Close() // drains every pod's proxy, in the background...
 		n.pods.close()  // ...each within CONNECTION_TERMINATION_DEADLINE
 	}
-	err = n.shutdownProxies(drainCtx)
+	err := n.shutdownProxies(drainCtx)
 	stopProxy()
 	<-proxyDone
 	for _, s := range servers {
 		_ = s.Shutdown(drainCtx)
 		s.Close()
 	}
-	stopBG()
-	wg.Wait()
+	n.stopBG()
+	n.bgWG.Wait()
 	slog.Info("ztunnel stopped")
 	return err
 }
 
 // startConfigSources loads the local file (synchronously: a bad file stops the start) and
 // starts the xDS client.
-func (n *node) startConfigSources(goBG func(string, func(context.Context) error)) error {
+func (n *node) startConfigSources() error {
 	cfg := n.cfg
 	if cfg.LocalXDSPath == "" && cfg.XDSAddress == "" {
 		return errors.New("config: no workload source: set LOCAL_XDS_PATH (a local YAML file) or XDS_ADDRESS (a control plane)")
@@ -252,7 +308,7 @@ func (n *node) startConfigSources(goBG func(string, func(context.Context) error)
 		if err != nil {
 			return fmt.Errorf("LOCAL_XDS_PATH: %w", err)
 		}
-		goBG("local config", file.Run)
+		n.goBG("local config", file.Run)
 	}
 	if cfg.XDSAddress != "" {
 		xc := xdsConfig(cfg)
@@ -263,8 +319,8 @@ func (n *node) startConfigSources(goBG func(string, func(context.Context) error)
 		}
 		n.xds = client
 		n.ready.add(taskState)
-		goBG("xds", client.Run)
-		goBG("xds readiness", func(ctx context.Context) error {
+		n.goBG("xds", client.Run)
+		n.goBG("xds readiness", func(ctx context.Context) error {
 			select {
 			case <-client.Synced():
 				n.ready.done(taskState)

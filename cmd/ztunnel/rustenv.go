@@ -43,7 +43,8 @@ var notInRust = map[string]bool{
 	"LOG_LEVEL": true, "INPOD_ENABLED": true,
 	"HBONE_HANDSHAKE_WORKERS": true, "HBONE_SOURCE_HANDSHAKES": true, "HBONE_SOURCE_HANDSHAKE_RATE": true,
 	"HBONE_SOURCE_FAILED_HANDSHAKE_RATE": true, "HBONE_PEER_CONNECTION_RATE": true, "HBONE_PEER_STREAMS": true,
-	"HBONE_PEER_DIALS": true,
+	"HBONE_PEER_DIALS":             true,
+	"HBONE_PEER_STREAM_START_RATE": true,
 }
 
 // rustEnv holds the raw Rust-only variables until resolveRust maps them.

@@ -48,6 +48,7 @@ var Rules = []Rule{
 	{Pkg: "*", Forbid: []string{"cmd...", "bench..."}, Why: "nothing imports a command or the load generator"},
 	{Pkg: "*", Forbid: []string{"internal/netns/netnstest"}, Why: "test namespaces are for tests; production enters namespaces with internal/netns"},
 	{Pkg: "*", Forbid: []string{"hbone/hbonetest"}, Why: "the test east-west gateway is for tests"},
+	{Pkg: "*", Forbid: []string{"internal/attack"}, Why: "attack traffic is for tests and benchmarks"},
 	{Pkg: "cmd/ztunnel", Forbid: []string{"internal/netns/netnstest", "inpod/inpodtest", "inpod/zdsagent"}, Why: "the node binary links no test helper and no node agent stand-in"},
 	{Pkg: "inpod", Forbid: []string{"inpod/zdsagent", "inpod/inpodtest"}, Why: "the ZDS client does not link the agent that stands in for istio-cni"},
 	{Pkg: "cmd/ztunnel", External: buildTooling, Why: "the node binary links no image or chart tooling (cmd/mkimage, tools/)"},

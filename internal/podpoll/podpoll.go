@@ -39,7 +39,9 @@
 // A socket whose accept or read fails with something other than "nothing there" (out of
 // file descriptors, say) is taken out of the set and put back after a delay, doubling from
 // 5 ms to 1 s while it keeps failing, as a per-socket accept loop would back off; the
-// callback is told each failure.
+// callback is told each failure. A listener that implements Gate (hbone's AdmitListener,
+// its handshake backpressure) is asked before each accept; while it says no, the socket is
+// out of the set and its connections wait in the kernel's backlog, until the gate wakes it.
 package podpoll
 
 import (
@@ -61,6 +63,15 @@ const batch = 16
 // maxDatagram is the read buffer, shared by every packet socket: the largest UDP payload.
 const maxDatagram = 65535
 
+// Gate is what a watched listener may implement to hold accepts back.
+type Gate interface {
+	// Room reports whether another connection may be accepted now; if not, wake is called
+	// once, from another goroutine and never during Room, when there may be room.
+	Room(wake func()) bool
+	// Accepted tells the gate that a connection was accepted after Room said yes.
+	Accepted()
+}
+
 // Poller waits on watched sockets. Create it with New, add sockets with Watch and
 // WatchPacket, and Close it once every watch has stopped.
 type Poller struct {
@@ -79,11 +90,13 @@ type watch struct {
 	token  uint64
 	rc     syscall.RawConn
 	accept func(net.Conn, error)               // for a listener
+	gate   Gate                                // the listener's, or nil
 	read   func([]byte, netip.AddrPort, error) // for a packet socket
 
 	mu      sync.Mutex
 	stopped bool          // guarded by mu: stop has run
 	failing bool          // guarded by mu: out of the set after an error, until retry
+	gated   bool          // guarded by mu: out of the set until the gate wakes it (open)
 	delay   time.Duration // guarded by mu: the next back-off
 }
 
@@ -119,10 +132,11 @@ func (p *Poller) Close() error {
 // Watch calls accepted with each connection ln accepts, a *net.TCPConn with no keepalive
 // (as a net.ListenConfig with KeepAlive -1 would accept it), or with the error of a failed
 // accept, until stop is called. ln must be a *net.TCPListener (or another listener with
-// SyscallConn whose accepted sockets are TCP). accepted runs on the poller's goroutine: it
-// must not block.
+// SyscallConn whose accepted sockets are TCP); if it is a Gate, each accept waits for its
+// room. accepted runs on the poller's goroutine: it must not block.
 func (p *Poller) Watch(ln net.Listener, accepted func(net.Conn, error)) (stop func(), err error) {
-	return p.add(ln, &watch{accept: accepted})
+	g, _ := ln.(Gate)
+	return p.add(ln, &watch{accept: accepted, gate: g})
 }
 
 // WatchPacket calls read with each datagram pc receives and its sender, or with the error
@@ -182,7 +196,7 @@ func (w *watch) stop() {
 	w.mu.Lock()
 	if !w.stopped {
 		w.stopped = true
-		if !w.failing {
+		if !w.failing && !w.gated {
 			// Fails harmlessly when the owner has closed the socket (it left the set then)
 			// or the poller is closed.
 			_ = w.ctl(unix.EPOLL_CTL_DEL)
@@ -227,7 +241,7 @@ func (p *Poller) run() {
 func (w *watch) serve(buf []byte) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.stopped || w.failing {
+	if w.stopped || w.failing || w.gated {
 		return
 	}
 	var err error
@@ -244,14 +258,19 @@ func (w *watch) serve(buf []byte) {
 }
 
 // acceptBatch accepts up to batch connections and hands them over. It returns the error of
-// a failed accept4 (after telling the callback), nil when the queue is empty or the batch
-// done.
+// a failed accept4 (after telling the callback), nil when the queue is empty, the batch
+// done or the gate closed.
 func (w *watch) acceptBatch() error {
 	var fds [batch]int
 	n := 0
 	var aerr error
+	refused := false // by the gate
 	cerr := w.rc.Control(func(fd uintptr) {
 		for n < batch {
+			if w.gate != nil && !w.gate.Room(w.open) {
+				refused = true
+				return
+			}
 			// Blocking, so that os.NewFile below does not register the fd with the
 			// netpoller only for FileConn to register its dup.
 			nfd, _, err := unix.Accept4(int(fd), unix.SOCK_CLOEXEC)
@@ -259,6 +278,9 @@ func (w *watch) acceptBatch() error {
 			case nil:
 				fds[n] = nfd
 				n++
+				if w.gate != nil {
+					w.gate.Accepted()
+				}
 				continue
 			case unix.EINTR, unix.ECONNABORTED:
 				continue
@@ -271,6 +293,9 @@ func (w *watch) acceptBatch() error {
 	})
 	if cerr != nil {
 		return nil // the owner closed the listener; its stop follows
+	}
+	if refused {
+		w.closeLocked() // open, which the gate calls, waits for mu: it cannot come first
 	}
 	for _, fd := range fds[:n] {
 		c, err := fileConn(fd)
@@ -341,6 +366,27 @@ func (w *watch) backOffLocked() {
 	}
 	w.failing = true
 	time.AfterFunc(w.delay, w.retry)
+}
+
+// closeLocked takes a listener whose gate has no room out of the set until open.
+func (w *watch) closeLocked() {
+	if err := w.ctl(unix.EPOLL_CTL_DEL); err != nil {
+		return // closed under us
+	}
+	w.gated = true
+}
+
+// open puts a listener its gate held back in the set again.
+func (w *watch) open() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped || !w.gated {
+		return
+	}
+	w.gated = false
+	if err := w.ctl(unix.EPOLL_CTL_ADD); err != nil && !errors.Is(err, unix.EEXIST) {
+		w.gated = true // closed: leave it out
+	}
 }
 
 // retry puts a socket that failed back in the set.

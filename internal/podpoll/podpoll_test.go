@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/podpoll"
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 func newPoller(t *testing.T) *podpoll.Poller {
@@ -370,5 +372,84 @@ func TestAcceptBackoff(t *testing.T) {
 		got.Close()
 	case <-time.After(5 * time.Second):
 		t.Fatal("the waiting connection was not accepted once descriptors were free")
+	}
+}
+
+// gate is a listener that holds accepts back until let is called.
+type gate struct {
+	*net.TCPListener
+	mu       sync.Mutex
+	open     bool
+	wake     func()
+	refused  int // guarded by mu
+	accepted atomic.Int64
+}
+
+func (g *gate) Room(wake func()) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.open {
+		g.refused++
+		g.wake = wake
+	}
+	return g.open
+}
+
+func (g *gate) Accepted() { g.accepted.Add(1) }
+
+func (g *gate) refusals() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.refused
+}
+
+func (g *gate) let() {
+	g.mu.Lock()
+	g.open = true
+	wake := g.wake
+	g.mu.Unlock()
+	wake()
+}
+
+// A listener that is a Gate is asked before each accept: while it has no room, the poller
+// takes nothing (its connections wait in the backlog) and asks no more until woken; woken,
+// it accepts them all, each counted by Accepted.
+func TestGate(t *testing.T) {
+	p := newPoller(t)
+	g := &gate{TCPListener: listen(t)}
+	conns, stop := accepts(t, p, g)
+	defer stop()
+	dial := func(ln net.Listener) {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	dial(g)
+	testutil.Eventually(t, "the gate to be asked", func() bool { return g.refusals() == 1 })
+	dial(g)
+	dial(g)
+	// A round of the poller over another listener: the gated one is out of the set, so
+	// its new connections make it ask nothing.
+	other := listen(t)
+	others, stopOther := accepts(t, p, other)
+	defer stopOther()
+	dial(other)
+	recv(t, others)
+	select {
+	case c := <-conns:
+		t.Fatalf("a connection from %v accepted while the gate had no room", c.RemoteAddr())
+	default:
+	}
+	if n := g.refusals(); n != 1 {
+		t.Errorf("the gate was asked %d times while closed; want 1", n)
+	}
+	g.let()
+	for range 3 {
+		recv(t, conns)
+	}
+	if n := g.accepted.Load(); n != 3 {
+		t.Errorf("Accepted told %d times; want 3", n)
 	}
 }

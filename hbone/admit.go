@@ -1,0 +1,160 @@
+package hbone
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// The accept side's backpressure (doc.go, "Limits": Handshakes). Past 2 × MaxHandshakes
+// connections not yet serving HTTP/2 (in their handshake, or evicted and on their way
+// out), and until the goroutine of the connection let in last has started, a Server's
+// listeners take no more: the rest wait in the kernel's backlog, where they cost nothing
+// and their handshake deadline has not started, instead of in goroutines. It does not wait
+// for handshakes queued for the CPU (the gate): past MaxHandshakes the oldest are evicted
+// unserved, so the newest, an honest client's, still gets in.
+//
+// It reaches every accept loop through AdmitListener: a goroutine blocked in Accept waits
+// there, and a poller that accepts on the socket itself (internal/podpoll) asks Room first.
+
+// acceptRoom counts the connections a Server's listeners have let in that are not serving
+// HTTP/2 yet, and wakes the accept loops waiting for room.
+type acceptRoom struct {
+	limit int64
+	// pending: connections inside Server.serve that are not serving HTTP/2 yet.
+	pending atomic.Int64
+	// unstarted: a listener has let a connection in and its serving goroutine has not
+	// counted itself in pending yet (goroutines the scheduler has not run are counted
+	// nowhere else).
+	unstarted atomic.Bool
+
+	mu     sync.Mutex
+	wakes  []func()    // guarded by mu: called once each when room may have come
+	expire *time.Timer // guarded by mu: gives up on an unstarted connection after maxStartWait
+}
+
+// maxStartWait bounds how long the accept side waits for the last connection's goroutine
+// to start (it may never: the accept's owner can close the connection first).
+const maxStartWait = 10 * time.Millisecond
+
+func (r *acceptRoom) free() bool { return !r.unstarted.Load() && r.pending.Load() < r.limit }
+
+// room reports whether a listener may let another connection in now. If not, wake is
+// called once, from another goroutine and never during room, when there may be room.
+func (r *acceptRoom) room(wake func()) bool {
+	if r.free() {
+		return true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.free() { // tell takes mu after changing the counts, so it sees wake if this misses
+		return true
+	}
+	r.wakes = append(r.wakes, wake)
+	if r.unstarted.Load() && r.expire == nil {
+		r.expire = time.AfterFunc(maxStartWait, func() {
+			r.mu.Lock()
+			r.expire = nil
+			r.mu.Unlock()
+			r.unstarted.Store(false)
+			r.tell()
+		})
+	}
+	return false
+}
+
+// admitted records that a listener let a connection in.
+func (r *acceptRoom) admitted() { r.unstarted.Store(true) }
+
+// enter counts a connection's serving goroutine in pending.
+func (r *acceptRoom) enter() {
+	r.pending.Add(1)
+	if r.unstarted.Swap(false) {
+		r.tell()
+	}
+}
+
+// left takes a connection off pending (once it serves HTTP/2, or leaves).
+func (r *acceptRoom) left() {
+	r.pending.Add(-1)
+	r.tell()
+}
+
+// tell calls the waiting wakes.
+func (r *acceptRoom) tell() {
+	r.mu.Lock()
+	wakes := r.wakes
+	r.wakes = nil
+	r.mu.Unlock()
+	for _, wake := range wakes {
+		wake()
+	}
+}
+
+// AdmitListener is a Server's listener: Accept waits while the server has no room for
+// another connection (the shape of x/net/netutil.LimitListener), and an accept loop that
+// takes connections off the socket by itself asks Room first and tells Accepted after.
+type AdmitListener struct {
+	net.Listener
+	r         *acceptRoom
+	done      chan struct{} // closed by Close: ends the waits in Accept
+	closeOnce sync.Once
+}
+
+// Admit wraps ln so that connections are accepted only while s has room for them.
+func (s *Server) Admit(ln net.Listener) *AdmitListener {
+	return &AdmitListener{Listener: ln, r: &s.fair.room, done: make(chan struct{})}
+}
+
+// Accept waits for room, then accepts.
+func (l *AdmitListener) Accept() (net.Conn, error) {
+	var wake chan struct{}
+	for {
+		if wake == nil {
+			wake = make(chan struct{}, 1)
+		}
+		if l.r.room(func() {
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		}) {
+			break
+		}
+		select {
+		case <-wake:
+		case <-l.done:
+			return nil, net.ErrClosed
+		}
+	}
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.r.admitted()
+	}
+	return c, err
+}
+
+// Room reports whether a connection may be accepted now; if not, wake is called once,
+// from another goroutine and never during Room, when there may be room.
+func (l *AdmitListener) Room(wake func()) bool { return l.r.room(wake) }
+
+// Accepted tells the server that a connection was accepted after Room said yes.
+func (l *AdmitListener) Accepted() { l.r.admitted() }
+
+// Close closes the listener and ends an Accept waiting for room.
+func (l *AdmitListener) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// SyscallConn is the wrapped listener's, so that a poller can watch its socket.
+func (l *AdmitListener) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := l.Listener.(syscall.Conn)
+	if !ok {
+		return nil, fmt.Errorf("hbone: %T has no file descriptor", l.Listener)
+	}
+	return sc.SyscallConn()
+}
