@@ -14,8 +14,16 @@ import (
 // checkResetsInPod: in in-pod mode (pod A's 15001, HBONE, pod B's 15008), a reset at
 // either end reaches the other end as a reset (RST_STREAM(CONNECT_ERROR) between the
 // proxies), and a connection pod B's policy denies is reset by pod A's proxy rather than
-// closed with a FIN.
-func checkResetsInPod(t *testing.T, clientPod, serverPod *netnstest.NS, serverIP, port, deniedPort string) {
+// closed with a FIN. From outside the mesh (the node's namespace: plain TCP captured on
+// pod B's 15006, TCP to the app) a reset crosses the one proxy the same way, and a denied
+// connection is reset by pod B's.
+func checkResetsInPod(t *testing.T, clientPod, outside, serverPod *netnstest.NS, serverIP, port, deniedPort string) {
+	t.Helper()
+	t.Run("over HBONE", func(t *testing.T) { checkResets(t, clientPod, serverPod, serverIP, port, deniedPort) })
+	t.Run("plaintext from outside the mesh", func(t *testing.T) { checkResets(t, outside, serverPod, serverIP, port, deniedPort) })
+}
+
+func checkResets(t *testing.T, clientPod, serverPod *netnstest.NS, serverIP, port, deniedPort string) {
 	t.Helper()
 	var ln net.Listener
 	if err := serverPod.Do(func() (err error) {
