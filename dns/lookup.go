@@ -171,6 +171,17 @@ func (s *Server) familyAllowed(svc *state.Service, v6 bool) bool {
 	return true
 }
 
+// hasFamily reports whether w has an address of the family (v6: IPv6), or has no address
+// at all to tell by.
+func hasFamily(w *state.Workload, v6 bool) bool {
+	for _, a := range w.Addresses {
+		if a.Unmap().Is6() == v6 {
+			return true
+		}
+	}
+	return len(w.Addresses) == 0
+}
+
 // addresses returns the service's addresses of one family, shuffled: VIPs on the client's
 // network, or for a headless service the first address of that family of each endpoint
 // workload that may receive traffic.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"runtime"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gozt/gozt/internal/attack"
 	"github.com/gozt/gozt/internal/leaktest"
 )
 
@@ -52,24 +52,6 @@ func acceptEnv(t *testing.T, cfg Config) (*Server, netip.AddrPort) {
 	return srv, netip.MustParseAddrPort(ln.Addr().String())
 }
 
-// clientHello is the first flight of a TLS client of identity clientID: what a peer
-// that starts TLS and stalls sends.
-func clientHello(t *testing.T) []byte {
-	a, b := net.Pipe()
-	defer a.Close()
-	defer b.Close()
-	go tls.Client(a, cliTLS).Handshake()
-	hdr := make([]byte, 5)
-	if _, err := io.ReadFull(b, hdr); err != nil {
-		t.Fatal(err)
-	}
-	body := make([]byte, int(hdr[3])<<8|int(hdr[4]))
-	if _, err := io.ReadFull(b, body); err != nil {
-		t.Fatal(err)
-	}
-	return append(hdr, body...)
-}
-
 // A flood of connections that start TLS and stall (each sends a ClientHello, which the
 // server must answer with a key exchange, then nothing more) and of bare TCP
 // connections that never start it: the accept loop waits while 2 × MaxHandshakes
@@ -79,7 +61,7 @@ func TestAcceptBoundedUnderHandshakeFlood(t *testing.T) {
 	leaktest.Check(t)
 	const maxHands, flood = 16, 600
 	srv, addr := acceptEnv(t, Config{HandshakeWorkers: 1, MaxHandshakes: maxHands, DialTimeout: time.Minute, SourceFailedHandshakes: -1})
-	hello := clientHello(t)
+	hello := attack.ClientHello(cliTLS) // what a peer that starts TLS and stalls sends
 	g0 := runtime.NumGoroutine()
 	stopPeaks := peaks(t)
 	var mostPending int64

@@ -177,17 +177,24 @@ func (f *fairness) admitPeer(id identity.ID, relay bool) (ps *peerState, wait ti
 // next connections are refused until the rate pays them back.
 const calmPenalty = 500 * time.Millisecond
 
-// calmed charges calmPenalty to src and to ps (nil: no identity).
+// calmed charges calmPenalty to src and to ps (nil: no identity): their next connections
+// and, for the identity, its next stream starts come that much later, so the work a peer
+// being calmed makes the node do waits behind everyone else's.
 func (f *fairness) calmed(src netip.Addr, ps *peerState) {
 	cfg := f.cfg
 	now := time.Now()
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if st := f.sources[src]; st != nil && cfg.SourceHandshakeRate > 0 {
 		st.rate.penalize(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate, calmPenalty)
 	}
 	if ps != nil && cfg.PeerConnRate > 0 {
 		ps.rate.penalize(now, cfg.PeerConnRate*peerBurst, cfg.PeerConnRate, calmPenalty)
+	}
+	f.mu.Unlock()
+	if rate := cfg.PeerStreamStarts; ps != nil && rate > 0 {
+		ps.startMu.Lock()
+		ps.starts.penalize(now, rate*startBurst, rate, calmPenalty)
+		ps.startMu.Unlock()
 	}
 }
 

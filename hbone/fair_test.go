@@ -187,6 +187,25 @@ func TestPeerStreamStartsBudget(t *testing.T) {
 	}
 }
 
+// A calm close charges the identity's stream starts too: with its burst still unspent, the
+// calmed identity's next stream waits about calmPenalty, another identity's does not.
+func TestCalmPenalizesStreamStarts(t *testing.T) {
+	cfg := Config{PeerStreamStarts: 100}.withDefaults()
+	f := newFairness(&cfg)
+	calmed, other := &peerState{}, &peerState{}
+	if ok, _ := calmed.takeStart(cfg.PeerStreamStarts); !ok {
+		t.Fatal("a fresh identity has no stream start")
+	}
+	f.calmed(netip.Addr{}, calmed)
+	ok, wait := calmed.takeStart(cfg.PeerStreamStarts)
+	if ok || wait < calmPenalty*9/10 || wait > calmPenalty+50*time.Millisecond {
+		t.Errorf("calmed identity: start %v, wait %v; want none for about %v", ok, wait, calmPenalty)
+	}
+	if ok, _ := other.takeStart(cfg.PeerStreamStarts); !ok {
+		t.Error("another identity has no stream start")
+	}
+}
+
 // New connections of one identity are bounded by PeerConnRate (a burst of 4 s of it):
 // past the burst one waits for the next token, up to a second, and the others are
 // closed; another identity connects at once meanwhile.

@@ -133,7 +133,8 @@ func NewServer(cfg Config, h Handler) *Server {
 // ServeTLS runs the TLS server handshake itself over raw (a TCP conn) so that outgoing
 // TLS records are coalesced into fewer writes; otherwise it is ServeConn.
 //
-// raw is a *net.TCPConn, or a ktls.TCPWrapper around one, for kernel TLS (see doc.go).
+// raw is a *net.TCPConn, or a connection over one whose Read and Write go straight to
+// it and that returns it from a TCP() *net.TCPConn method, for kernel TLS (see doc.go).
 func (s *Server) ServeTLS(ctx context.Context, raw net.Conn, cfg *tls.Config) error {
 	return s.serve(ctx, raw, nil, startTLS(raw, cfg, true, &s.cfg, &s.kernel))
 }

@@ -31,24 +31,29 @@ type Labels struct {
 	SourceRegion, SourceZone, DestinationRegion, DestinationZone string
 }
 
-// withDefaults fills empty labels with Istio's defaults.
-func (l Labels) withDefaults() Labels {
-	for _, f := range []*string{
+// fields are l's fields in trafficLabelNames order (which has response_flags too).
+func (l *Labels) fields() [26]*string {
+	return [26]*string{
 		&l.Reporter,
 		&l.SourceWorkload, &l.SourceCanonicalService, &l.SourceCanonicalRevision, &l.SourceWorkloadNamespace,
 		&l.SourcePrincipal, &l.SourceApp, &l.SourceVersion, &l.SourceCluster,
 		&l.DestinationService, &l.DestinationServiceNamespace, &l.DestinationServiceName,
 		&l.DestinationWorkload, &l.DestinationCanonicalService, &l.DestinationCanonicalRevision,
 		&l.DestinationWorkloadNamespace, &l.DestinationPrincipal, &l.DestinationApp, &l.DestinationVersion,
-		&l.DestinationCluster, &l.ConnectionSecurityPolicy,
+		&l.DestinationCluster, &l.RequestProtocol, &l.ConnectionSecurityPolicy,
 		&l.SourceRegion, &l.SourceZone, &l.DestinationRegion, &l.DestinationZone,
-	} {
+	}
+}
+
+// withDefaults fills empty labels with Istio's defaults.
+func (l Labels) withDefaults() Labels {
+	if l.RequestProtocol == "" {
+		l.RequestProtocol = "tcp"
+	}
+	for _, f := range l.fields() {
 		if *f == "" {
 			*f = Unknown
 		}
-	}
-	if l.RequestProtocol == "" {
-		l.RequestProtocol = "tcp"
 	}
 	return l
 }
@@ -110,7 +115,7 @@ func (m *Metrics) lookup(k *seriesKey) *series {
 	}
 	// Create only the series this key can move, so that scrapes show no zero-valued
 	// opened{response_flags="DENY"} or failed{response_flags="-"} series.
-	vs := k.values(k.flag)
+	vs := m.keptValues(k.values(k.flag))
 	s = &series{
 		key:       *k,
 		closed:    m.closed.WithLabelValues(vs...),
@@ -138,6 +143,7 @@ func (m *Metrics) lookup(k *seriesKey) *series {
 type Conn struct {
 	m      *Metrics
 	s      *series // series for the labels without a flag; s.key holds the labels
+	labels *Labels // every label, for the access log, when s.key has some dropped; else nil
 	log    ConnLog
 	start  time.Time
 	closed atomic.Bool
@@ -151,7 +157,13 @@ func (m *Metrics) Open(l Labels, log ConnLog) *Conn {
 		return nil
 	}
 	k := seriesKey{Labels: l.withDefaults(), flag: NoFlag}
-	c := &Conn{m: m, s: m.lookup(&k), log: log, start: time.Now()}
+	var full *Labels
+	if m.kept != nil {
+		full = new(Labels)
+		*full = k.Labels
+		m.maskLabels(&k.Labels)
+	}
+	c := &Conn{m: m, s: m.lookup(&k), labels: full, log: log, start: time.Now()}
 	if c.log.Direction == "" {
 		c.log.Direction = "inbound"
 		if k.Reporter == ReporterSource {
@@ -161,7 +173,7 @@ func (m *Metrics) Open(l Labels, log ConnLog) *Conn {
 	c.s.opened.Inc()
 	c.s.sockets.Inc()
 	c.s.open.Add(1)
-	if ctx := context.Background(); m.log.Enabled(ctx, slog.LevelDebug) {
+	if ctx := context.Background(); m.logFilter == nil && m.log.Enabled(ctx, slog.LevelDebug) {
 		var buf [20]slog.Attr
 		m.logAccess(ctx, slog.LevelDebug, "connection opened", c.appendAttrs(buf[:0]))
 	}
@@ -202,7 +214,7 @@ func (c *Conn) Close(sent, received int64, flag string, err error) {
 		level = slog.LevelError
 	}
 	ctx := context.Background()
-	if !c.m.log.Enabled(ctx, level) {
+	if !c.m.log.Enabled(ctx, level) || (c.m.logFilter != nil && !c.m.logFilter.logs(flag, err)) {
 		return
 	}
 	// Istio's byte metrics are from the server's point of view; the access log reports them
@@ -236,6 +248,9 @@ func (m *Metrics) logAccess(ctx context.Context, level slog.Level, msg string, a
 // appendAttrs adds ztunnel's access-log fields, leaving out unknown ones as ztunnel does.
 func (c *Conn) appendAttrs(a []slog.Attr) []slog.Attr {
 	l := &c.s.key.Labels
+	if c.labels != nil {
+		l = c.labels
+	}
 	mtls := l.ConnectionSecurityPolicy == MutualTLS
 	a = appendKnown(a, "src.addr", c.log.SrcAddr)
 	a = appendKnown(a, "src.workload", orKnown(l.SourceWorkload, l.SourceCanonicalService))

@@ -60,8 +60,10 @@ var dnsLabelNames = []string{"request_query_type", "request_protocol", "source_c
 // those events (DNS proxy, xDS client, in-pod workload manager); TCP traffic goes through
 // Open and Conn.Close.
 type Metrics struct {
-	log *slog.Logger
-	reg *prometheus.Registry
+	log       *slog.Logger
+	logFilter *AccessLogFilter // nil: every connection (WithAccessLogFilter)
+	kept      []bool           // by trafficLabelNames index; nil: every label (WithDroppedLabels)
+	reg       *prometheus.Registry
 
 	opened, closed, received, sent, failed *prometheus.CounterVec
 	socketsOpen                            *prometheus.GaugeVec
@@ -149,11 +151,12 @@ func New(reg *prometheus.Registry, version string, opts ...Option) *Metrics {
 		reg.MustRegister(v)
 		return v
 	}
-	m.opened = counter("istio_tcp_connections_opened_total", "The total number of TCP connections opened", trafficLabelNames)
-	m.closed = counter("istio_tcp_connections_closed_total", "The total number of TCP connections closed", trafficLabelNames)
-	m.received = counter("istio_tcp_received_bytes_total", "The size of total bytes received during request in case of a TCP connection", trafficLabelNames)
-	m.sent = counter("istio_tcp_sent_bytes_total", "The size of total bytes sent during response in case of a TCP connection", trafficLabelNames)
-	m.failed = counter("istio_tcp_connections_failed_total", "The total number of TCP connections that failed to establish (unstable)", trafficLabelNames)
+	traffic := m.keptNames()
+	m.opened = counter("istio_tcp_connections_opened_total", "The total number of TCP connections opened", traffic)
+	m.closed = counter("istio_tcp_connections_closed_total", "The total number of TCP connections closed", traffic)
+	m.received = counter("istio_tcp_received_bytes_total", "The size of total bytes received during request in case of a TCP connection", traffic)
+	m.sent = counter("istio_tcp_sent_bytes_total", "The size of total bytes sent during response in case of a TCP connection", traffic)
+	m.failed = counter("istio_tcp_connections_failed_total", "The total number of TCP connections that failed to establish (unstable)", traffic)
 	m.socketsOpen = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "istio_tcp_sockets_open", Help: "The current number of open TCP sockets (unstable)"}, []string{"reporter"})
 	reg.MustRegister(m.socketsOpen)
 

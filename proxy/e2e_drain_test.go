@@ -66,6 +66,9 @@ func TestDrainWithLiveConnection(t *testing.T) {
 	// The live one keeps flowing while the deadline has not passed.
 	for i := 0; time.Since(began) < deadline/2; i++ {
 		if err := ping(fmt.Sprintf("during drain %d", i)); err != nil {
+			if time.Since(began) >= deadline { // a loaded machine's ping outlived the deadline
+				break
+			}
 			t.Fatalf("live connection broke during drain after %v: %v", time.Since(began), err)
 		}
 		time.Sleep(50 * time.Millisecond)

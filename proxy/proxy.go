@@ -70,7 +70,10 @@ type Config struct {
 	// Acceptor, when set, accepts on the listeners; nil: a goroutine per listener.
 	Acceptor Acceptor
 
-	PacketMark uint32 // SO_MARK on dialed sockets (0 = none)
+	// PacketMark is SO_MARK on the sockets the proxy dials itself (0 = none). With
+	// Sockets it is not used: the socket factory marks what it opens (internal/netns), so
+	// SO_MARK has one owner.
+	PacketMark uint32
 	// OrigSrc makes inbound dials to a workload leave from the client's IP (IP_TRANSPARENT),
 	// so the application sees who connected. Needs CAP_NET_ADMIN, and for clients on other
 	// hosts the policy routing istio-cni installs, or the replies bypass this node.
@@ -122,6 +125,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Sockets != nil {
+		c.PacketMark = 0
 	}
 	if c.HBONE.Control == nil && c.PacketMark != 0 {
 		c.HBONE.Control = sockopt.Control(c.PacketMark)

@@ -1,28 +1,16 @@
 package proxy_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
-	"fmt"
 	"io"
 	"net"
-	"os"
-	"os/exec"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"golang.org/x/net/http2"
-	"golang.org/x/sys/unix"
 
 	"github.com/gozt/gozt/identity"
 	"github.com/gozt/gozt/internal/attack"
@@ -67,7 +55,7 @@ func BenchmarkVictimUnderAttackNodes(b *testing.B) {
 				}
 			}
 			roundTrip()
-			var a *nodeAttacker
+			var a *attack.Attacker
 			if !strings.HasPrefix(name, "none") {
 				a = startNodeAttacker(b, strings.TrimSuffix(name, "-again"), m.serverIP+":15008", target, certPEM)
 			}
@@ -80,7 +68,7 @@ func BenchmarkVictimUnderAttackNodes(b *testing.B) {
 			}
 			b.StopTimer()
 			if a != nil {
-				b.ReportMetric(a.stop(b), "attack-ops/s")
+				b.ReportMetric(a.Stop(b), "attack-ops/s")
 			}
 			slices.Sort(lat)
 			p99 := lat[len(lat)*99/100]
@@ -114,136 +102,27 @@ func attackerPEM(b *testing.B, m *mesh) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	key, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	pem, err := attack.CertPEM(*c)
 	if err != nil {
 		b.Fatal(err)
 	}
-	var out []byte
-	for _, der := range c.Certificate {
-		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
-	}
-	return string(append(out, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key})...))
+	return pem
 }
 
-// Set by the benchmark in the attacker process it starts.
-const (
-	nodeAttackEnv   = "GOZT_NODE_ATTACK"        // attack name
-	nodeAttackAddr  = "GOZT_NODE_ATTACK_ADDR"   // node B's 15008
-	nodeAttackDst   = "GOZT_NODE_ATTACK_TARGET" // the backend, as a CONNECT authority
-	nodeAttackCreds = "GOZT_NODE_ATTACK_CERT"   // PEM chain and key
-)
+// startNodeAttacker starts the attacker process (attack.Main) against node B's 15008.
+func startNodeAttacker(b *testing.B, kind, addr, target, certPEM string) *attack.Attacker {
+	return attack.Start(b, "TestNodeAttackerProcess", kind, addr, target, certPEM)
+}
 
-// TestNodeAttackerProcess is not a test: it is the attacker process of
-// BenchmarkVictimUnderAttackNodes. It attacks until its standard input closes, then
-// prints its operations a second.
+// TestNodeAttackerProcess is not a test: it is the attacker process of the victim
+// benchmarks (attack.Main).
 func TestNodeAttackerProcess(t *testing.T) {
-	name := os.Getenv(nodeAttackEnv)
-	if name == "" {
-		t.Skip("run by BenchmarkVictimUnderAttackNodes")
+	if !attack.Child() {
+		t.Skip("run by BenchmarkVictimUnderAttackNodes and BenchmarkVictimOpenStreams")
 	}
-	creds := []byte(os.Getenv(nodeAttackCreds))
-	cert, err := tls.X509KeyPair(creds, creds)
-	if err != nil {
+	if err := attack.Main(); err != nil {
 		t.Fatal(err)
 	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, NextProtos: []string{http2.NextProtoTLS}}
-	addr, dst := os.Getenv(nodeAttackAddr), os.Getenv(nodeAttackDst)
-	stop := make(chan struct{})
-	var ops atomic.Int64
-	var wg sync.WaitGroup
-	run := func(n int, f func()) {
-		for range n {
-			wg.Add(1)
-			go func() { defer wg.Done(); f() }()
-		}
-	}
-	switch name {
-	case "spin":
-		run(2, func() {
-			runtime.LockOSThread() // SCHED_IDLE on this thread only
-			unix.SchedSetAttr(0, &unix.SchedAttr{Policy: unix.SCHED_IDLE}, 0)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-					ops.Add(1)
-				}
-			}
-		})
-	case "connect-flood":
-		run(4, func() { attack.H2Flood(addr, dst, cfg, time.Millisecond, false, stop, &ops) })
-	case "rapid-reset":
-		run(4, func() { attack.H2Flood(addr, dst, cfg, 0, true, stop, &ops) })
-	case "open-streams":
-		run(4, func() { attack.H2Flood(addr, dst, cfg, 0, false, stop, &ops) })
-	case "stalled-tls":
-		run(1, func() { attack.StalledTLS(addr, cfg, 2000, stop, &ops) })
-	default:
-		t.Fatalf("unknown attack %q", name)
-	}
-	for ops.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	start, ops0 := time.Now(), ops.Load()
-	fmt.Println("ready")
-	io.Copy(io.Discard, os.Stdin)
-	n := ops.Load() - ops0
-	close(stop)
-	wg.Wait()
-	fmt.Printf("ops/s %g\n", float64(n)/time.Since(start).Seconds())
-}
-
-// nodeAttacker is an attacker process started by startNodeAttacker.
-type nodeAttacker struct {
-	cmd   *exec.Cmd
-	stdin io.Closer
-	out   *bufio.Scanner
-}
-
-func startNodeAttacker(b *testing.B, name, addr, target, certPEM string) *nodeAttacker {
-	b.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		b.Fatal(err)
-	}
-	a := &nodeAttacker{cmd: exec.Command(exe, "-test.run=^TestNodeAttackerProcess$", "-test.v=false", "-test.cpuprofile=")}
-	a.cmd.Env = append(os.Environ(), nodeAttackEnv+"="+name, nodeAttackAddr+"="+addr, nodeAttackDst+"="+target, nodeAttackCreds+"="+certPEM)
-	a.cmd.Stderr = os.Stderr
-	stdin, err := a.cmd.StdinPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	stdout, err := a.cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	a.stdin, a.out = stdin, bufio.NewScanner(stdout)
-	if err := a.cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	if !a.out.Scan() || a.out.Text() != "ready" {
-		stdin.Close()
-		a.cmd.Wait()
-		b.Fatalf("attacker %s did not start: %q", name, a.out.Text())
-	}
-	return a
-}
-
-// stop ends the attack and returns its operations a second.
-func (a *nodeAttacker) stop(b *testing.B) float64 {
-	b.Helper()
-	a.stdin.Close()
-	var rate float64
-	for a.out.Scan() {
-		if _, err := fmt.Sscanf(a.out.Text(), "ops/s %g", &rate); err == nil {
-			break
-		}
-	}
-	if err := a.cmd.Wait(); err != nil {
-		b.Fatalf("attacker: %v", err)
-	}
-	return rate
 }
 
 // BenchmarkVictimOpenStreams measures the open-streams flood of issue 50 end to end: an
@@ -268,7 +147,7 @@ func BenchmarkVictimOpenStreams(b *testing.B) {
 				b.Fatalf("victim: socks5 code %d: %v", code, err)
 			}
 			defer victim.Close()
-			var a *nodeAttacker
+			var a *attack.Attacker
 			if name == "open-streams" {
 				a = startNodeAttacker(b, name, m.serverIP+":15008", target, certPEM)
 			}
@@ -277,7 +156,7 @@ func BenchmarkVictimOpenStreams(b *testing.B) {
 				b.Fatal(err)
 			}
 			if a != nil {
-				b.ReportMetric(a.stop(b), "attack-ops/s")
+				b.ReportMetric(a.Stop(b), "attack-ops/s")
 			}
 			if name == "none" {
 				noneP99 = v.P99

@@ -14,6 +14,7 @@ import (
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/certs"
 	"github.com/gozt/gozt/internal/istiogrpc"
+	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/proxy"
 	"github.com/gozt/gozt/xds"
 	"github.com/gozt/gozt/xds/state"
@@ -26,7 +27,11 @@ type config struct {
 	AdminAddr, StatsAddr, ReadinessAddr                         string
 	OutboundAddr, InboundPlaintextAddr, InboundAddr, Socks5Addr string
 	DNSProxyAddr                                                string
-	EnableSocks5                                                bool
+	DNSAllFamilies                                              bool
+
+	AccessLog    metrics.AccessLogFilter // ACCESS_LOG_FILTER, ACCESS_LOG_SAMPLE
+	DropLabels   []string                // METRICS_DROP_LABELS
+	EnableSocks5 bool
 
 	ProxyMode         state.Mode // shared (in-pod) | node | dedicated
 	InpodUDS          string
@@ -117,6 +122,7 @@ func settings() []setting {
 		addr("INBOUND_ADDR", "[::]:15008", "inbound HBONE (mTLS HTTP/2 CONNECT); peers always dial port 15008 of a pod IP", func(c *config) *string { return &c.InboundAddr }),
 		addr("SOCKS5_ADDR", "127.0.0.1:15080", "SOCKS5 outbound; on when UNSTABLE_ENABLE_SOCKS5=true or this is set", func(c *config) *string { return &c.Socks5Addr }),
 		addr("DNS_PROXY_ADDR", "localhost:15053", "DNS proxy (UDP and TCP)", func(c *config) *string { return &c.DNSProxyAddr }),
+		boolean("DNS_PROXY_ALL_FAMILIES", "false", "gozt only. The DNS proxy answers a mesh name with addresses of every family the service has, as the Rust ztunnel does; false: only families the asking workload has an address of (an IPv4-only pod gets an empty AAAA answer for a dual-stack service)", func(c *config) *bool { return &c.DNSAllFamilies }),
 		boolean("UNSTABLE_ENABLE_SOCKS5", "false", "start the SOCKS5 listener", func(c *config) *bool { return &c.EnableSocks5 }),
 
 		{env: "PROXY_MODE", def: string(state.ModeShared), form: modesForm(), help: "shared: in-pod mode, as in Istio: istio-cni hands over each pod's network namespace on INPOD_UDS and the pod's listeners open inside it; node: every workload on NODE_NAME, captured by node-level redirection into ztunnel's own namespace (hosts without istio-cni); dedicated: the one workload of PROXY_WORKLOAD_INFO", set: func(c *config, v string) (err error) {
@@ -176,6 +182,24 @@ func settings() []setting {
 
 		enum("LOG_LEVEL", "info", "log level (also settable at run time: POST /logging?level=)", []string{"debug", "info", "warn", "error"}, func(c *config) *string { return &c.LogLevel }),
 		enum("LOG_FORMAT", "plain", "log format", []string{"plain", "json"}, func(c *config) *string { return &c.LogFormat }),
+		enum("ACCESS_LOG_FILTER", "", "gozt only. Which connections get an access-log record: empty every one (and \"connection opened\" at debug), failed (an error or a response flag), denied (response flag DENY)", []string{"", "failed", "denied"}, func(c *config) *string { return &c.AccessLog.Only }),
+		{env: "ACCESS_LOG_SAMPLE", def: "1", form: "a fraction from 0 to 1", help: "gozt only. The fraction of successful connections that get an access-log record (failed ones always do); below 1, no \"connection opened\" records", set: func(c *config, v string) error {
+			f, err := strconv.ParseFloat(v, 64)
+			if err == nil {
+				c.AccessLog.Sample = f
+				err = metrics.CheckAccessLogFilter(metrics.AccessLogFilter{Sample: f})
+			}
+			return err
+		}},
+		{env: "METRICS_DROP_LABELS", form: "comma-separated istio_tcp_* label names", help: "gozt only. Labels left out of every istio_tcp_* family, so a big mesh's series stay bounded (connections that differ only in them share a series); the access log keeps every field. Not reporter or response_flags", set: func(c *config, v string) error {
+			c.DropLabels = nil
+			for _, n := range strings.Split(v, ",") {
+				if n = strings.TrimSpace(n); n != "" {
+					c.DropLabels = append(c.DropLabels, n)
+				}
+			}
+			return metrics.CheckDroppedLabels(c.DropLabels)
+		}},
 		{env: "ZTUNNEL_WORKER_THREADS", form: "N, N% of the cores, 0 for every core, or empty", help: "threads running Go code at once (GOMAXPROCS); empty: the container's CPU limit or GOMAXPROCS if set, else a quarter of the cores, at least 2", set: func(c *config, v string) (err error) {
 			c.WorkerThreads, err = parseWorkerThreads(v)
 			return err

@@ -124,6 +124,10 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{env: map[string]string{"UNSTABLE_ENABLE_SOCKS5": "yes please"}, want: []string{"UNSTABLE_ENABLE_SOCKS5", "true or false"}},
 		{env: map[string]string{"PROXY_MODE": "dedicated"}, want: []string{"PROXY_WORKLOAD_INFO", "namespace/name/serviceaccount"}},
 		{env: map[string]string{"PROXY_WORKLOAD_INFO": "a//b"}, want: []string{"PROXY_WORKLOAD_INFO", "three"}},
+		{env: map[string]string{"METRICS_DROP_LABELS": "source_principal,destination_wrkload"}, want: []string{"METRICS_DROP_LABELS", "destination_wrkload", "not an istio_tcp_* label"}},
+		{env: map[string]string{"METRICS_DROP_LABELS": "reporter"}, want: []string{"METRICS_DROP_LABELS", "reporter cannot be dropped"}},
+		{env: map[string]string{"ACCESS_LOG_FILTER": "errors"}, want: []string{"ACCESS_LOG_FILTER", "failed"}},
+		{env: map[string]string{"ACCESS_LOG_SAMPLE": "1.5"}, want: []string{"ACCESS_LOG_SAMPLE", "fraction"}},
 		{args: []string{"--no-such-flag"}, want: []string{"no-such-flag", "--help"}},
 		{args: []string{"stray"}, want: []string{"stray"}},
 	} {

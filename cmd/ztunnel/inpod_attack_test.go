@@ -3,22 +3,14 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
-	"fmt"
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"golang.org/x/net/http2"
 
 	"github.com/gozt/gozt/identity"
 	"github.com/gozt/gozt/inpod/inpodtest"
@@ -63,9 +55,9 @@ func TestInPodOpenStreamsBench(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var stop func() float64
+			var a *attack.Attacker
 			if name == "open-streams" || name == "burn" {
-				stop = startPodAttacker(t, node, name, inPodB+":15008", echoAddr, certPEM)
+				a = attack.Start(t, "TestInPodAttackerProcess", name, inPodB+":15008", echoAddr, certPEM, "ip", "netns", "exec", node.Name)
 			}
 			v, err := attack.RoundTrips(victim, trips, 500, 1024)
 			victim.Close()
@@ -73,8 +65,8 @@ func TestInPodOpenStreamsBench(t *testing.T) {
 				t.Fatalf("round %d %s: victim: %v", r, name, err)
 			}
 			ops := 0.0
-			if stop != nil {
-				ops = stop()
+			if a != nil {
+				ops = a.Stop(t)
 			}
 			if name == "none" {
 				noneP99 = v.P99
@@ -122,100 +114,20 @@ func identityPEM(t *testing.T, n *node, id string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	pem, err := attack.CertPEM(*c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []byte
-	for _, der := range c.Certificate {
-		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
-	}
-	return string(append(out, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key})...))
-}
-
-// Set by TestInPodOpenStreamsBench in the attacker process it starts.
-const (
-	podAttack      = "GOZT_POD_ATTACK"        // open-streams or burn
-	podAttackAddr  = "GOZT_POD_ATTACK_ADDR"   // pod B's 15008
-	podAttackDst   = "GOZT_POD_ATTACK_TARGET" // the CONNECT authority
-	podAttackCreds = "GOZT_POD_ATTACK_CERT"   // PEM chain and key
-)
-
-// startPodAttacker runs this test binary as the attacker process in ns; the returned
-// function stops it and returns its CONNECTs a second.
-func startPodAttacker(t *testing.T, ns *netnstest.NS, name, addr, dst, certPEM string) (stop func() float64) {
-	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("ip", "netns", "exec", ns.Name, exe, "-test.run=^TestInPodAttackerProcess$", "-test.v=false")
-	cmd.Env = append(os.Environ(), podAttack+"="+name, podAttackAddr+"="+addr, podAttackDst+"="+dst, podAttackCreds+"="+certPEM)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	out := bufio.NewScanner(stdout)
-	if !out.Scan() || out.Text() != "ready" {
-		stdin.Close()
-		cmd.Wait()
-		t.Fatalf("attacker did not start: %q", out.Text())
-	}
-	return func() float64 {
-		stdin.Close()
-		var rate float64
-		for out.Scan() {
-			if _, err := fmt.Sscanf(out.Text(), "ops/s %g", &rate); err == nil {
-				break
-			}
-		}
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("attacker: %v", err)
-		}
-		return rate
-	}
+	return pem
 }
 
 // TestInPodAttackerProcess is not a test: it is TestInPodOpenStreamsBench's attacker
-// process. It attacks until its standard input closes, then prints its operations a
-// second (CONNECTs, or a burner's turns).
+// process (attack.Main).
 func TestInPodAttackerProcess(t *testing.T) {
-	addr := os.Getenv(podAttackAddr)
-	if addr == "" {
+	if !attack.Child() {
 		t.Skip("run by TestInPodOpenStreamsBench")
 	}
-	creds := []byte(os.Getenv(podAttackCreds))
-	cert, err := tls.X509KeyPair(creds, creds)
-	if err != nil {
+	if err := attack.Main(); err != nil {
 		t.Fatal(err)
 	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, NextProtos: []string{http2.NextProtoTLS}}
-	stop := make(chan struct{})
-	var ops atomic.Int64
-	var wg sync.WaitGroup
-	for range 4 {
-		if os.Getenv(podAttack) == "burn" {
-			wg.Go(func() { attack.Burn(stop, &ops) })
-		} else {
-			wg.Go(func() { attack.H2Flood(addr, os.Getenv(podAttackDst), cfg, 0, false, stop, &ops) })
-		}
-	}
-	for ops.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	start, ops0 := time.Now(), ops.Load()
-	fmt.Println("ready")
-	io.Copy(io.Discard, os.Stdin)
-	n := ops.Load() - ops0
-	close(stop)
-	wg.Wait()
-	fmt.Printf("ops/s %g\n", float64(n)/time.Since(start).Seconds())
 }

@@ -5,7 +5,6 @@ package main
 import (
 	"crypto/tls"
 	"errors"
-	"io"
 	"net"
 	"runtime"
 	"slices"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/inpod/inpodtest"
+	"github.com/gozt/gozt/internal/attack"
 	"github.com/gozt/gozt/internal/leaktest"
 )
 
@@ -44,9 +44,9 @@ func TestNetnsInPodHandshakeFlood(t *testing.T) {
 		t.Fatalf("readiness after the snapshot: %d %q", code, body)
 	}
 
-	hello := tlsClientHello(t)
+	hello := attack.ClientHello(&tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}})
 	g0 := runtime.NumGoroutine()
-	stopPeaks := goroutinePeak()
+	stopPeaks := attack.GoroutinePeak()
 	// From dialers at once, so that connections arrive faster than the node starts
 	// goroutines: what the admission has to hold back.
 	conns := make([][]net.Conn, dialers)
@@ -112,44 +112,4 @@ func TestNetnsInPodHandshakeFlood(t *testing.T) {
 		t.Errorf("pod A's requests on the pooled connection took %v (p50) during the flood, want under 1 s", p50)
 	}
 	t.Logf("flood of %d: goroutines peaked at %d (from %d); pod A's first request %v, p50 %v", flood, gPeak, g0, first, lat[len(lat)/2])
-}
-
-// tlsClientHello is the first flight of a TLS client: what a peer that starts TLS and
-// stalls sends.
-func tlsClientHello(t *testing.T) []byte {
-	t.Helper()
-	a, b := net.Pipe()
-	defer a.Close()
-	defer b.Close()
-	go tls.Client(a, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}}).Handshake()
-	hdr := make([]byte, 5)
-	if _, err := io.ReadFull(b, hdr); err != nil {
-		t.Fatal(err)
-	}
-	body := make([]byte, int(hdr[3])<<8|int(hdr[4]))
-	if _, err := io.ReadFull(b, body); err != nil {
-		t.Fatal(err)
-	}
-	return append(hdr, body...)
-}
-
-// goroutinePeak samples this process's goroutines every 2 ms until the returned function
-// is called, which returns the most seen.
-func goroutinePeak() (stop func() int) {
-	done := make(chan struct{})
-	peak := 0
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		tick := time.NewTicker(2 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			peak = max(peak, runtime.NumGoroutine())
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-			}
-		}
-	})
-	return func() int { close(done); wg.Wait(); return peak }
 }

@@ -124,7 +124,11 @@ func newNode(cfg *config, logLevel *logLevels) *node {
 		addrs:    map[string]net.Addr{},
 		store:    state.NewStoreWith(state.Options{Network: cfg.Network, PreferredServiceNamespace: cfg.PreferredServiceNamespace}),
 	}
-	mopts := []metrics.Option{metrics.WithAccessLog(slog.Default().With("scope", "access"))}
+	mopts := []metrics.Option{
+		metrics.WithAccessLog(slog.Default().With("scope", "access")),
+		metrics.WithAccessLogFilter(cfg.AccessLog),
+		metrics.WithDroppedLabels(cfg.DropLabels),
+	}
 	if n.local.Mode == state.ModeShared {
 		mopts = append(mopts, metrics.WithWorkloadManager())
 	}
@@ -413,5 +417,6 @@ func (n *node) dnsConfig(local state.Local) dns.Config {
 		Local:         local,
 		FixedSearch:   n.local.Dedicated(), // a dedicated ztunnel shares its workload's resolv.conf
 		DisableIPv6:   !n.cfg.IPv6Enabled,
+		AllFamilies:   n.cfg.DNSAllFamilies,
 	}
 }

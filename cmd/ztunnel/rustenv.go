@@ -45,6 +45,10 @@ var notInRust = map[string]bool{
 	"HBONE_SOURCE_FAILED_HANDSHAKE_RATE": true, "HBONE_PEER_CONNECTION_RATE": true, "HBONE_PEER_STREAMS": true,
 	"HBONE_PEER_DIALS":             true,
 	"HBONE_PEER_STREAM_START_RATE": true,
+	"DNS_PROXY_ALL_FAMILIES":       true,
+	"ACCESS_LOG_FILTER":            true,
+	"ACCESS_LOG_SAMPLE":            true,
+	"METRICS_DROP_LABELS":          true,
 }
 
 // rustEnv holds the raw Rust-only variables until resolveRust maps them.

@@ -26,7 +26,7 @@ func RoundTrips(c net.Conn, n, rate, size int) (Victim, error) {
 	msg := bytes.Repeat([]byte("v"), size)
 	buf := make([]byte, size)
 	sched0 := schedLatencies()
-	stopPeak := goroutinePeak()
+	stopPeak := GoroutinePeak()
 	lat := make([]time.Duration, 0, n)
 	next := time.Now()
 	for range n {
@@ -50,9 +50,9 @@ func RoundTrips(c net.Conn, n, rate, size int) (Victim, error) {
 	}, nil
 }
 
-// goroutinePeak samples this process's goroutines every 2 ms until the returned function
+// GoroutinePeak samples this process's goroutines every 2 ms until the returned function
 // is called, which returns the most seen.
-func goroutinePeak() (stop func() int) {
+func GoroutinePeak() (stop func() int) {
 	done := make(chan struct{})
 	peak := 0
 	var wg sync.WaitGroup
