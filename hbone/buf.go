@@ -1,8 +1,10 @@
 package hbone
 
 import (
+	"encoding/binary"
 	"net"
 	"sync"
+	"sync/atomic"
 )
 
 // Buffers are pointers to fixed-size arrays so Put/Get do not allocate (a []byte in a
@@ -25,20 +27,52 @@ var (
 // bufConn buffers writes under crypto/tls so that the records of a group of frames leave
 // in one write(2). The owning conn flushes it when the last queued writer releases the
 // write lock. Writes larger than flushAt go out at once to bound memory.
+//
+// Under crypto/tls it also counts the TLS records each way from the connection's first
+// byte (the handshake's few included), for the key limits (keylimit.go).
 type bufConn struct {
 	net.Conn
 	buffering bool // off during the handshake
-	buf       []byte
+	count     bool // Conn carries TLS records: count them
+	// mu guards buf: crypto/tls writes from the frame reader too (its answer to a peer's
+	// KeyUpdate(update_requested)) holding its own lock, not the conn's write lock.
+	mu     sync.Mutex
+	buf    []byte
+	tx, rx recordCounter // tx: under crypto/tls's write lock; rx: its read lock
+	// held: the conn's write lock is held, so what is written now is flushed when it is
+	// released. A write without it is crypto/tls answering a KeyUpdate from the frame
+	// reader: it goes out at once (after what is buffered), or it would wait for the next
+	// frame we send, up to a PING interval.
+	held atomic.Bool
 }
 
 const flushAt = 256 << 10
 
+func (b *bufConn) Read(p []byte) (int, error) {
+	n, err := b.Conn.Read(p)
+	if b.count {
+		b.rx.add(p[:n])
+	}
+	return n, err
+}
+
 func (b *bufConn) Write(p []byte) (int, error) {
+	if b.count {
+		b.tx.add(p)
+	}
 	if !b.buffering {
 		return b.Conn.Write(p)
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.held.Load() {
+		if err := b.flushLocked(); err != nil {
+			return 0, err
+		}
+		return b.Conn.Write(p)
+	}
 	if len(b.buf)+len(p) > flushAt {
-		if err := b.Flush(); err != nil {
+		if err := b.flushLocked(); err != nil {
 			return 0, err
 		}
 		if len(p) > flushAt {
@@ -51,12 +85,61 @@ func (b *bufConn) Write(p []byte) (int, error) {
 
 // Flush writes the buffered records. Called with the conn's write lock held.
 func (b *bufConn) Flush() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.flushLocked()
+}
+
+func (b *bufConn) flushLocked() error {
 	if len(b.buf) == 0 {
 		return nil
 	}
 	_, err := b.Conn.Write(b.buf)
 	b.buf = b.buf[:0]
 	return err
+}
+
+// trim drops an empty buffer grown past trimKeep.
+func (b *bufConn) trim() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.buf) == 0 && cap(b.buf) > trimKeep {
+		b.buf = nil
+	}
+}
+
+func (b *bufConn) capacity() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return cap(b.buf)
+}
+
+// recordCounter counts the TLS records of a byte stream read from its first byte: each
+// a 5-byte header (type, version, length) and length bytes. One goroutine at a time
+// adds; n is read from any.
+type recordCounter struct {
+	n    atomic.Uint64
+	hdr  [5]byte
+	hoff int // header bytes of the current record seen
+	left int // body bytes of the current record still to come
+}
+
+func (r *recordCounter) add(p []byte) {
+	for len(p) > 0 {
+		if r.left > 0 {
+			k := min(len(p), r.left)
+			r.left -= k
+			p = p[k:]
+			continue
+		}
+		k := copy(r.hdr[r.hoff:], p)
+		r.hoff += k
+		p = p[k:]
+		if r.hoff == len(r.hdr) {
+			r.hoff, r.left = 0, int(binary.BigEndian.Uint16(r.hdr[3:]))
+			r.n.Add(1)
+		}
+	}
 }
 
 // copyBuf lends ReadFrom a pooled buffer sized by what the socket has been giving: 16 KiB

@@ -64,6 +64,21 @@ type Config struct {
 	// OnKernelTLSEnd, if set, is told when a kernel TLS connection ends how many DATA
 	// payload bytes it spliced (never in user space) and copied, each way.
 	OnKernelTLSEnd func(KernelTLSBytes)
+	// Key limits (keylimit.go) of the connections this package runs the handshake of:
+	// zero means the default in brackets, a negative value turns the limit off.
+	// KeyDrainRecords: once a connection has sent, or (under kernel TLS, or on TLS 1.2)
+	// received, this many TLS records under one key, it drains: new streams go to a fresh
+	// connection, the open ones finish. [half the record count at which rustls sends a
+	// KeyUpdate: 2^22 on AES-256-GCM, 2^23 on AES-128-GCM; off on ChaCha20-Poly1305]
+	KeyDrainRecords int64
+	// KeyMaxRecords: a connection that has sent this many records under one key is closed,
+	// its remaining streams failing. [RFC 8446 §5.5's AES-GCM limit, 2^24.5 = 23726566;
+	// off on ChaCha20-Poly1305]
+	KeyMaxRecords int64
+	// OnKeyLimit, if set, is told when a connection drains for its key's record limit,
+	// and when one ends at a limit or at the peer's KeyUpdate under kernel TLS. It runs on
+	// the frame reader; it must not block.
+	OnKeyLimit func(KeyLimit)
 }
 
 // TLSInfo is what Config.OnTLS hears of one connection.

@@ -63,6 +63,7 @@ type conn struct {
 	readMax    atomic.Int64  // the largest frame the current read Framer read
 
 	// The frame reader's alone.
+	keys keyLimits     // keylimit.go
 	rfr  *http2.Framer // replaced when trimmed
 	src  io.Reader     // what rfr reads: frameReader over nc, or kt.reader
 	hdec *hpack.Decoder
@@ -183,6 +184,7 @@ func newConn(cfg Config, server bool, nc net.Conn, bc *bufConn, kc *ktls.Conn) *
 			c.peer = id
 		}
 	}
+	c.setKeyLimits()
 	return c
 }
 

@@ -24,6 +24,7 @@
 //	HEADERS  :status=200 [baggage=...]          (anything else: the tunnel failed)
 //	DATA ... DATA(END_STREAM)                    each direction independently (half-close)
 //	RST_STREAM(CANCEL)                            abort; from the peer before its END_STREAM, a read error
+//	RST_STREAM(CONNECT_ERROR)                     Stream.Reset: the proxy's TCP peer reset (RFC 9113 §8.5)
 //
 // Defaults follow the Rust ztunnel: 4 MiB stream and 16 MiB connection windows, 1 MiB
 // frames, 100 streams per pooled client connection, 200 advertised by the server, PING
@@ -87,7 +88,24 @@
 //
 // A peer's KeyUpdate, which kernel TLS here cannot follow, ends the connection (its
 // streams fail; the pool dials a new one); so does any alert. closeWith closes the
-// socket, not the kernel TLS conn, whose close_notify would bypass the write lock.
+// socket, not the kernel TLS conn, whose close_notify would bypass the write lock. So a
+// kernel TLS connection counts the records it receives (the kernel's sequence number) and
+// drains long before the peer's KeyUpdate is due (below).
+//
+// # Key limits
+//
+// No TLS stack under this package rekeys by itself: crypto/tls sends no KeyUpdate of its
+// own, kernel TLS here neither sends nor follows one. So each connection counts the records
+// its keys protected (keylimit.go) and drains at Config.KeyDrainRecords (default half of
+// what rustls, the Rust ztunnel's TLS, rekeys at: 2^22 records on AES-256-GCM, 2^23 on
+// AES-128-GCM), sent records on every path, received ones under kernel TLS (where the
+// peer's KeyUpdate would end the connection) and on TLS 1.2: a server sends GOAWAY, a
+// client leaves the pool, new streams go to a fresh connection, the open ones finish. A
+// stream that outlives the drain by as many records again fails with ErrConnClosed at the
+// peer's KeyUpdate (kernel TLS) or at KeyMaxRecords sent (RFC 8446 §5.5's 2^24.5), never
+// with a clean EOF, and Config.OnKeyLimit hears of it. On the user-space path a peer's
+// KeyUpdate is followed by crypto/tls, and its answer to update_requested leaves at once
+// (bufConn writes through when the write lock is not held).
 //
 // # Limits
 //
@@ -239,6 +257,7 @@
 //   - read.go: the frame reader (readLoop) and what each frame does.
 //   - trim.go: a connection that carried bulk data gives its large buffers (the read
 //     Framer's, the coalescing buffer) back once idle for half a second to a second.
+//   - keylimit.go: draining a connection before its TLS keys' record limit.
 //   - flow.go: windows and SETTINGS; limits.go: what a peer may make a connection do;
 //     fair.go: what a source IP or a peer identity may make the whole server do.
 //   - Kernel TLS: ktls.go (the handshake, the move to the kernel, the fallback, what a

@@ -53,3 +53,12 @@ type connError struct {
 func (e connError) Error() string {
 	return fmt.Sprintf("hbone: connection error %s: %s", e.Code, e.Reason)
 }
+
+// HandshakeError is a server connection's failed TLS handshake, as Serve, ServeConn and
+// ServeTLS return it (wrapped, with the peer's address): Err is crypto/tls's error, or
+// what the *tls.Config's verification returned. A caller tells a peer that failed its
+// handshake from one refused or gone later by it.
+type HandshakeError struct{ Err error }
+
+func (e *HandshakeError) Error() string { return e.Err.Error() }
+func (e *HandshakeError) Unwrap() error { return e.Err }

@@ -50,6 +50,12 @@ type env struct {
 
 func newEnv(t testing.TB, cfg Config, h Handler) *env {
 	t.Helper()
+	return newEnvConfigs(t, cfg, cfg, h)
+}
+
+// newEnvConfigs is newEnv with the server's Config and the pool's apart.
+func newEnvConfigs(t testing.TB, cfg, poolCfg Config, h Handler) *env {
+	t.Helper()
 	testCA()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -80,7 +86,7 @@ func newEnv(t testing.TB, cfg Config, h Handler) *env {
 			}()
 		}
 	}()
-	e.pool = NewPool(cfg, func(ctx context.Context, k Key) (*tls.Config, error) { return cliTLS, nil })
+	e.pool = NewPool(poolCfg, func(ctx context.Context, k Key) (*tls.Config, error) { return cliTLS, nil })
 	e.key = NewKey(identity.MustParse(clientID), []identity.ID{identity.MustParse(serverID)}, e.addr, netip.Addr{})
 	t.Cleanup(func() {
 		e.pool.Close()

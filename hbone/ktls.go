@@ -63,7 +63,7 @@ var kernelAvailable = ktls.Available
 // startTLS prepares the handshake over raw: through internal/ktls when kernel TLS is
 // worth trying, else crypto/tls as before.
 func startTLS(raw net.Conn, cfg *tls.Config, server bool, hc *Config, memo *kernelMemo) *tlsStart {
-	t := &tlsStart{raw: raw, bc: &bufConn{Conn: raw}, info: TLSInfo{Server: server}}
+	t := &tlsStart{raw: raw, bc: &bufConn{Conn: raw, count: true}, info: TLSInfo{Server: server}}
 	tcp := tcpOf(raw)
 	switch {
 	case hc.DisableKernelTLS:

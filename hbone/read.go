@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gozt/gozt/internal/ktls"
 	"github.com/gozt/gozt/internal/reuse"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -45,9 +46,15 @@ func (c *conn) readLoop() error {
 			if errors.Is(err, http2.ErrFrameTooLarge) {
 				return connError{http2.ErrCodeFrameSize, "frame too large"}
 			}
+			if errors.Is(err, ktls.ErrKeyUpdate) {
+				c.keyEvent("peer_key_update")
+			}
 			return err
 		}
 		if err := c.handleFrame(f); err != nil && !c.calmDrain(err) {
+			return err
+		}
+		if err := c.checkKeys(); err != nil {
 			return err
 		}
 		if c.flooded.Load() {

@@ -289,7 +289,7 @@ func (s *Server) handshake(ctx context.Context, a *admitted, nc net.Conn, ts *tl
 	}
 	if tc != nil {
 		if err := handshake(ctx); err != nil {
-			return nil, nil, nil, fmt.Errorf("hbone: tls handshake with %s: %w", raw.RemoteAddr(), err)
+			return nil, nil, nil, fmt.Errorf("hbone: tls handshake with %s: %w", raw.RemoteAddr(), &HandshakeError{err})
 		}
 		if p := tc.ConnectionState().NegotiatedProtocol; p != http2.NextProtoTLS {
 			return nil, nil, nil, fmt.Errorf("hbone: %s negotiated ALPN %q, want h2", raw.RemoteAddr(), p)

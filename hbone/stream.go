@@ -643,7 +643,14 @@ func (s *Stream) CloseWrite() error {
 
 // Close ends the stream; if either direction has not finished it sends RST_STREAM(CANCEL).
 // Idempotent.
-func (s *Stream) Close() error {
+func (s *Stream) Close() error { return s.closeCode(http2.ErrCodeCancel) }
+
+// Reset ends the stream as Close does, with RST_STREAM(code) if either direction has not
+// finished: a proxy whose TCP peer reset its connection sends CONNECT_ERROR (RFC 9113
+// §8.5), which the peer's proxy turns back into a TCP reset. After Close, a no-op.
+func (s *Stream) Reset(code http2.ErrCode) error { return s.closeCode(code) }
+
+func (s *Stream) closeCode(code http2.ErrCode) error {
 	c := s.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -652,7 +659,7 @@ func (s *Stream) Close() error {
 	}
 	s.localClosed = true
 	if !s.done {
-		c.queueLocked(ctrlOp{kind: opRST, id: s.id, val: uint32(http2.ErrCodeCancel), s: s})
+		c.queueLocked(ctrlOp{kind: opRST, id: s.id, val: uint32(code), s: s})
 		c.streamDoneLocked(s)
 	}
 	if s.rb.n > 0 {

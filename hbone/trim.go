@@ -159,8 +159,8 @@ func (c *conn) trimIfIdle(last *uint64) bool {
 	}
 	if c.writeGrown.Swap(false) {
 		c.lockWrite()
-		if c.bc != nil && len(c.bc.buf) == 0 && cap(c.bc.buf) > trimKeep {
-			c.bc.buf = nil
+		if c.bc != nil {
+			c.bc.trim()
 		}
 		if c.bigWrites {
 			c.bigWrites = false
@@ -178,7 +178,7 @@ func (c *conn) retainedBuffers() int {
 	n := int(c.readMax.Load())
 	c.wmu.Lock() // not lockWrite: that counts as activity
 	if c.bc != nil {
-		n += cap(c.bc.buf)
+		n += c.bc.capacity()
 	}
 	if c.bigWrites {
 		n += int(c.cfg.MaxFrameSize)

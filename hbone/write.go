@@ -51,6 +51,9 @@ func (c *conn) lockWrite() {
 	c.wmu.Lock()
 	c.waiters.Add(-1)
 	c.activity.Add(1)
+	if c.bc != nil {
+		c.bc.held.Store(true)
+	}
 }
 
 // unlockWrite flushes the coalesced records if nobody else is queued to write.
@@ -58,9 +61,12 @@ func (c *conn) unlockWrite() error {
 	var err error
 	if c.bc != nil && c.waiters.Load() == 0 {
 		err = c.bc.Flush()
-		if cap(c.bc.buf) > trimKeep && !c.writeGrown.Load() {
+		if c.bc.capacity() > trimKeep && !c.writeGrown.Load() {
 			c.noteWriteGrown()
 		}
+	}
+	if c.bc != nil {
+		c.bc.held.Store(false)
 	}
 	c.wmu.Unlock()
 	return err

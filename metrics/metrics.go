@@ -97,6 +97,16 @@ type Metrics struct {
 	// labelled direction = sent|received and path = spliced (never in user space) or
 	// copied.
 	HBONEKernelTLSBytes *prometheus.CounterVec
+	// HBONEKeyLimit counts HBONE connections that met a TLS key's record limit, by event:
+	// drain (new streams moved to a fresh connection), tx_limit (closed at RFC 8446's
+	// limit), peer_key_update (a peer's KeyUpdate the kernel cannot follow ended it).
+	// HBONEKeyLimitStreams counts the streams the last two reset.
+	HBONEKeyLimit, HBONEKeyLimitStreams *prometheus.CounterVec
+	// HBONEHandshakeFailures counts failed inbound HBONE TLS handshakes by reason
+	// (identity/certs.HandshakeFailure's: no_client_certificate, unknown_ca, expired,
+	// bad_certificate, revoked, wrong_trust_domain, cipher, no_local_identity, peer_alert,
+	// protocol, timeout, peer_closed, other).
+	HBONEHandshakeFailures *prometheus.CounterVec
 	// In-pod (shared) mode workload manager.
 	ActiveProxies, PendingProxies  prometheus.Gauge
 	ProxiesStarted, ProxiesStopped prometheus.Counter
@@ -160,6 +170,9 @@ func New(reg *prometheus.Registry, version string, opts ...Option) *Metrics {
 	m.HBONEDrops = counter("hbone_dropped_total", "HBONE streams refused or reset by the peer before they were answered, and HBONE connections closed with ENHANCE_YOUR_CALM (gozt)", []string{"reason"})
 	m.HBONEKernelTLS = counter("hbone_kernel_tls_connections_total", "HBONE connections by where their TLS records are handled: result=kernel, or the reason they stayed in user space (gozt)", []string{"result"})
 	m.HBONEKernelTLSBytes = counter("hbone_kernel_tls_bytes_total", "DATA payload bytes of ended kernel TLS HBONE connections, by direction and by path: spliced (never in user space) or copied (gozt)", []string{"direction", "path"})
+	m.HBONEKeyLimit = counter("hbone_tls_key_limit_total", "HBONE connections that met their TLS key's record limit, by event: drain, tx_limit, peer_key_update (gozt)", []string{"event"})
+	m.HBONEKeyLimitStreams = counter("hbone_tls_key_limit_reset_streams_total", "HBONE streams reset because their connection ended at a TLS key limit, by event: tx_limit, peer_key_update (gozt)", []string{"event"})
+	m.HBONEHandshakeFailures = counter("hbone_tls_handshake_failures_total", "Failed inbound HBONE TLS handshakes, by reason (gozt)", []string{"reason"})
 	m.DNSRequests = counter("istio_dns_requests_total", "Total number of DNS requests (unstable)", dnsLabelNames)
 	m.DNSUpstreamRequests = counter("istio_dns_upstream_requests_total", "Total number of DNS requests forwarded to upstream (unstable)", dnsLabelNames)
 	m.DNSUpstreamFailures = counter("istio_dns_upstream_failures_total", "Total number of DNS failures forwarding to upstream (unstable)", dnsLabelNames)

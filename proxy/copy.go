@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/gozt/gozt/hbone"
+	"golang.org/x/net/http2"
 )
 
 // halfCloser is a connection whose write side can be shut on its own: *net.TCPConn (FIN)
@@ -38,7 +39,7 @@ func (p *Proxy) handOff(client, server halfCloser, tc *tracked, done func(receiv
 		defer remove()
 		defer client.Close()
 		defer server.Close()
-		done(copyBoth(client, server))
+		done(copyBoth(client, server, !p.cfg.DisableResetPropagation))
 	})
 }
 
@@ -50,26 +51,31 @@ func (p *Proxy) handOff(client, server halfCloser, tc *tracked, done func(receiv
 //
 // Plain TCP legs stay *net.TCPConn so io.Copy splices them; hbone.Stream implements
 // ReaderFrom/WriterTo so the HTTP/2 leg takes its own fast path.
-func copyBoth(client, server halfCloser) (received, sent int64, err error) {
+//
+// With resets, a TCP peer's reset is carried as a reset (RFC 9113 §8.5): to an HBONE
+// stream as RST_STREAM(CONNECT_ERROR), which the peer's proxy turns back into a reset of
+// its TCP leg, and to a TCP leg as a reset (abort). The copy still ends without an error,
+// as a reset did before: the peer went away, the proxy did not fail.
+func copyBoth(client, server halfCloser, resets bool) (received, sent int64, err error) {
 	if st, ok := server.(*hbone.Stream); ok {
 		if tc, ok := client.(*net.TCPConn); ok {
-			return copyStream(tc, st)
+			return copyStream(tc, st, resets)
 		}
 	}
 	if st, ok := client.(*hbone.Stream); ok {
 		if tc, ok := server.(*net.TCPConn); ok {
-			sent, received, err = copyStream(tc, st)
+			sent, received, err = copyStream(tc, st, resets)
 			return received, sent, err
 		}
 	}
 	up := func() error {
 		var err error
-		received, err = copyHalf(server, client)
+		received, err = copyHalf(server, client, resets)
 		return err
 	}
 	down := func() error {
 		var err error
-		sent, err = copyHalf(client, server)
+		sent, err = copyHalf(client, server, resets)
 		return err
 	}
 	var wg sync.WaitGroup
@@ -93,13 +99,18 @@ func copyBoth(client, server halfCloser) (received, sent int64, err error) {
 // caller's copies the socket into the stream while the stream's frame reader delivers the
 // other way (hbone.Stream.DeliverTo), so an idle proxied connection holds one goroutine
 // stack, not two. It returns the bytes copied tc→st and st→tc.
-func copyStream(tc *net.TCPConn, st *hbone.Stream) (toStream, fromStream int64, err error) {
+func copyStream(tc *net.TCPConn, st *hbone.Stream, resets bool) (toStream, fromStream int64, err error) {
 	type result struct {
 		n   int64
 		err error
 	}
 	downc := make(chan result, 1)
 	derr := st.DeliverTo(tc, func(n int64, err error) {
+		if resets && tcpReset(err) {
+			resetBoth(tc, st) // tc's peer reset it: so does the stream's
+			downc <- result{n, nil}
+			return
+		}
 		if err = endHalf(tc, err); err != nil {
 			abort(tc, st) // unblock the other direction
 		}
@@ -111,17 +122,47 @@ func copyStream(tc *net.TCPConn, st *hbone.Stream) (toStream, fromStream int64, 
 	// ReadFrom directly: io.Copy would reach it through five frames of the net package's
 	// WriteTo plumbing, all on the stack under every TLS write this goroutine makes.
 	toStream, uerr := st.ReadFrom(tc)
-	if uerr = endHalf(st, uerr); uerr != nil {
+	if resets && tcpReset(uerr) {
+		resetBoth(tc, st)
+		uerr = nil
+	} else if uerr = endHalf(st, uerr); uerr != nil {
 		abort(tc, st)
 	}
 	down := <-downc
 	return toStream, down.n, errors.Join(down.err, uerr)
 }
 
-// copyHalf copies src to dst, then half-closes dst.
-func copyHalf(dst, src halfCloser) (int64, error) {
+// copyHalf copies src to dst, then half-closes dst; with resets, a reset of src's or
+// dst's TCP peer resets both.
+func copyHalf(dst, src halfCloser, resets bool) (int64, error) {
 	n, err := io.Copy(dst, src)
+	if resets && tcpReset(err) {
+		resetBoth(dst, src)
+		return n, nil
+	}
 	return n, endHalf(dst, err)
+}
+
+// tcpReset reports whether err is a TCP peer's reset of one of the copy's sockets
+// (ECONNRESET reading, ECONNRESET or EPIPE writing), not an HBONE connection's failure.
+// (A stream's write after its peer's RST_STREAM fails with EPIPE too: resetting both legs
+// is right for it as well. A *hbone.ResetError wraps neither.)
+func tcpReset(err error) bool {
+	if err == nil || err == io.EOF || errors.Is(err, hbone.ErrConnClosed) {
+		return false
+	}
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// resetBoth ends both legs with a reset: RST_STREAM(CONNECT_ERROR) on an HBONE stream
+// (RFC 9113 §8.5), a TCP reset (SO_LINGER 0) on a socket.
+func resetBoth(a, b net.Conn) {
+	for _, c := range []net.Conn{a, b} {
+		if st, ok := c.(*hbone.Stream); ok {
+			st.Reset(http2.ErrCodeConnect)
+		}
+	}
+	abort(a, b)
 }
 
 // endHalf ends one direction whose copy into dst returned err: a clean end half-closes
@@ -146,6 +187,16 @@ func abort(a, b net.Conn) {
 		}
 		c.Close()
 	}
+}
+
+// refuse closes a client connection the proxy accepted but cannot serve (no route, a
+// failed dial, a policy denial): with a reset, unless reset propagation is off, so the
+// client sees a failure where a FIN would pass for a server that answered nothing.
+func (p *Proxy) refuse(c *net.TCPConn) {
+	if !p.cfg.DisableResetPropagation {
+		c.SetLinger(0)
+	}
+	c.Close()
 }
 
 // cleanEnd reports errors that mean "the peer went away", which a proxy treats as the end

@@ -44,7 +44,13 @@ func withOrigDst(c *net.TCPConn) net.Conn {
 // serveInboundTLS serves one connection accepted on 15008: mTLS, then HTTP/2 CONNECT
 // streams, each handled by serveHBONE. handleTracked has registered c for the drain deadline.
 func (p *Proxy) serveInboundTLS(ctx context.Context, c *net.TCPConn) {
-	if err := p.server.ServeTLS(ctx, withOrigDst(c), p.serverTLS); err != nil && !cleanEnd(err) {
+	err := p.server.ServeTLS(ctx, withOrigDst(c), p.serverTLS)
+	var he *hbone.HandshakeError
+	if errors.As(err, &he) {
+		p.handshakeFailed(c.RemoteAddr(), he.Err)
+		return
+	}
+	if err != nil && !cleanEnd(err) {
 		p.log.Debug("proxy: inbound hbone connection", "peer", c.RemoteAddr(), "err", err)
 	}
 }
@@ -341,13 +347,13 @@ func (p *Proxy) servePlaintext(ctx context.Context, c *net.TCPConn) {
 		ierr = p.authorize(t, identity.ID{}, client.Addr())
 	}
 	if ierr != nil {
-		c.Close()
+		p.refuse(c)
 		p.metrics.Open(labels, log).Close(0, 0, ierr.flag, ierr.err)
 		return
 	}
 	up, err := p.dialInbound(ctx, t, client, identity.ID{})
 	if err != nil {
-		c.Close()
+		p.refuse(c)
 		p.metrics.Open(labels, log).Close(0, 0, metrics.FlagConnect, err)
 		return
 	}

@@ -57,7 +57,7 @@ func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Wo
 		if answered {
 			closeRefused(client) // so the answer is not lost to a reset
 		} else {
-			client.Close()
+			p.refuse(client)
 		}
 		p.log.Debug("proxy: outbound", "src", clientAddr, "dst", dst, "err", err)
 		return

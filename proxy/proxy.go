@@ -95,6 +95,16 @@ type Config struct {
 	// ServiceEntry with DNS resolution), on demand; nil refuses such destinations.
 	Resolver HostResolver
 	Logger   *slog.Logger // [slog.Default()]
+	// DisableResetPropagation keeps today's Rust ztunnel behaviour: a TCP peer's reset
+	// ends the other side with a FIN (END_STREAM), and a connection refused after it was
+	// accepted (no route, dial failure, policy) is closed with a FIN. By default a reset is
+	// carried as a reset (RFC 9113 §8.5: RST ↔ RST_STREAM(CONNECT_ERROR)) and such a
+	// connection gets a reset, so a client can tell a cut stream from a whole one.
+	DisableResetPropagation bool
+	// HandshakeFailure names why an inbound TLS handshake failed, in one word of a bounded
+	// set (identity/certs.HandshakeFailure, for the configs it makes), or "" for a
+	// connection we closed ourselves; nil: every failure is "other".
+	HandshakeFailure func(error) string
 }
 
 func (c *Config) setDefaults() {
@@ -149,9 +159,11 @@ type Proxy struct {
 	serverTLS *tls.Config
 	dialer    net.Dialer
 
-	listeners map[string]net.Listener
-	conns     tracker
-	drops     dropLog
+	listeners  map[string]net.Listener
+	conns      tracker
+	drops      dropLog
+	keyLimits  keyLimitLog
+	handshakes handshakeLog
 
 	acceptMu      sync.Mutex
 	acceptFailing map[string]acceptFailure // guarded by acceptMu: listener -> its last accept error
@@ -185,6 +197,7 @@ func New(cfg Config, store *state.Store, certs CertSource, m *metrics.Metrics) *
 	cfg.HBONE.OnDrop = also(p.onDrop, cfg.HBONE.OnDrop)
 	cfg.HBONE.OnTLS = also(p.onTLS, cfg.HBONE.OnTLS)
 	cfg.HBONE.OnKernelTLSEnd = also(p.onKernelTLSEnd, cfg.HBONE.OnKernelTLSEnd)
+	cfg.HBONE.OnKeyLimit = also(p.onKeyLimit, cfg.HBONE.OnKeyLimit)
 	if cfg.HBONE.SourceRelays == nil {
 		// A network gateway's connections carry many clients' double HBONE: budgeting
 		// them as one source would let a few clients' failures shut out every other.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gozt/gozt/hbone"
 	"github.com/gozt/gozt/identity/ca"
+	"github.com/gozt/gozt/identity/certs"
 	"github.com/gozt/gozt/internal/istiogrpc"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/proxy"
@@ -69,6 +70,7 @@ type config struct {
 	ConnWindow          uint32
 	FrameSize           uint32
 	KernelTLS           bool
+	ResetPropagation    bool
 	TerminationDeadline time.Duration
 	PacketMark          uint32
 	EnableOrigSrc       string // true | false | "" (best effort)
@@ -165,6 +167,7 @@ func settings() []setting {
 		size("HTTP2_CONNECTION_WINDOW_SIZE", "16Mi", "HTTP/2 connection flow-control window", func(c *config) *uint32 { return &c.ConnWindow }),
 		size("HTTP2_FRAME_SIZE", "1Mi", "HTTP/2 max frame size", func(c *config) *uint32 { return &c.FrameSize }),
 		boolean("KERNEL_TLS", "true", "after the TLS 1.3 handshake, hand HBONE connections' TLS records to the Linux kernel (kernel TLS, tls.ko) and splice DATA payloads, where the kernel offers it; connections it cannot take stay in user space (one INFO line per reason, metric hbone_kernel_tls_connections_total). false: always user space", func(c *config) *bool { return &c.KernelTLS }),
+		boolean("ENABLE_RESET_PROPAGATION", "true", "carry a TCP reset as a reset (RFC 9113 §8.5): a peer's RST becomes RST_STREAM(CONNECT_ERROR) and back, and a connection refused after it was accepted (no route, dial failure, policy) gets a RST. false: a FIN in each case, as the Rust ztunnel does", func(c *config) *bool { return &c.ResetPropagation }),
 		duration("CONNECTION_TERMINATION_DEADLINE", "5s", "on shutdown, how long live connections may finish before they are closed", func(c *config) *time.Duration { return &c.TerminationDeadline }),
 		{env: "PACKET_MARK", def: "1337", form: "integer", help: "SO_MARK on every dialed socket so redirection rules skip it (0 = none)", set: func(c *config, v string) error {
 			n, err := strconv.ParseUint(v, 0, 32)
@@ -511,6 +514,9 @@ func proxyConfig(c *config) proxy.Config {
 		KeepaliveInterval: c.KeepaliveInterval,
 		KeepaliveRetries:  c.KeepaliveRetries,
 		UserTimeout:       c.userTimeout(),
+		HandshakeFailure:  certs.HandshakeFailure,
+
+		DisableResetPropagation: !c.ResetPropagation,
 	}
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/gozt/gozt/internal/ktls"
 	"github.com/gozt/gozt/proxy"
 	"github.com/gozt/gozt/xds/state"
 )
@@ -35,14 +36,17 @@ func (n *node) configDump() map[string]any {
 		}
 	}
 	if n.proxy != nil || n.inpod != nil {
-		d["kernelTls"] = kernelTLSDump(n.cfg.KernelTLS, conns)
+		d["kernelTls"] = kernelTLSDump(n.cfg.KernelTLS, n.cfg.KernelTLS && ktls.KernelRekeys(), conns)
 	}
 	return d
 }
 
 // kernelTLSDump is /config_dump's kernelTls (a gozt section): whether KERNEL_TLS is on,
-// and the proxied connections whose HBONE leg runs in kernel TLS and in user space.
-func kernelTLSDump(enabled bool, conns [][]proxy.ConnInfo) map[string]any {
+// the proxied connections whose HBONE leg runs in kernel TLS and in user space, and
+// keyUpdates: whether the kernel could take a peer's TLS 1.3 KeyUpdate (Linux 6.14+) and
+// whether gozt follows it (not yet: a kernel TLS connection drains before the peer's
+// KeyUpdate instead, hbone/keylimit.go).
+func kernelTLSDump(enabled, kernelRekeys bool, conns [][]proxy.ConnInfo) map[string]any {
 	counts := map[string]int{"kernel": 0, "user": 0}
 	for _, cs := range conns {
 		for _, c := range cs {
@@ -51,5 +55,6 @@ func kernelTLSDump(enabled bool, conns [][]proxy.ConnInfo) map[string]any {
 			}
 		}
 	}
-	return map[string]any{"enabled": enabled, "proxiedConnections": counts}
+	return map[string]any{"enabled": enabled, "proxiedConnections": counts,
+		"keyUpdates": map[string]bool{"kernelSupports": kernelRekeys, "followed": false}}
 }

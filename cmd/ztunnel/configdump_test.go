@@ -361,12 +361,12 @@ func TestConfigDumpIstioctl(t *testing.T) {
 // TestKernelTLSDump: the kernelTls section counts proxied connections by where their
 // HBONE leg's TLS runs; plain TCP ones are not counted.
 func TestKernelTLSDump(t *testing.T) {
-	got := kernelTLSDump(true, [][]proxy.ConnInfo{
+	got := kernelTLSDump(true, false, [][]proxy.ConnInfo{
 		{{Protocol: "HBONE", TLS: "kernel"}, {Protocol: "TCP"}},
 		{{Protocol: "HBONE", TLS: "user"}, {Protocol: "HBONE", TLS: "kernel"}},
 	})
 	b, _ := json.Marshal(got)
-	if want := `{"enabled":true,"proxiedConnections":{"kernel":2,"user":1}}`; string(b) != want {
+	if want := `{"enabled":true,"keyUpdates":{"followed":false,"kernelSupports":false},"proxiedConnections":{"kernel":2,"user":1}}`; string(b) != want {
 		t.Errorf("kernelTls = %s, want %s", b, want)
 	}
 }

@@ -256,6 +256,8 @@ func TestNetnsInPod(t *testing.T) {
 		}, 1)
 	})
 
+	t.Run("resets carried as resets", func(t *testing.T) { checkResetsInPod(t, nsA, node, nsB, podB, "8083", "8081") })
+
 	t.Run("workloadState in config_dump", func(t *testing.T) {
 		_, body := get(t, "http://"+n.addrs["ADMIN_ADDR"].String()+"/config_dump")
 		var dump struct {

@@ -169,8 +169,11 @@ func (n *node) construct(ctx context.Context, undo *cleanups) error {
 		undo.push(func() { n.crl.Close() }) // Watch starts in serveAndDrain, once the proxies its callback closes exist
 		n.registry.MustRegister(crlCollector{n.crl})
 	}
-	n.certs = certs.New(certs.Config{PQCOnly: n.cfg.Compliance == "pqc", TLS12: n.cfg.TLS12Enabled, CRL: n.crl}, caClient)
+	csrFailures := newCSRFailures()
+	n.certs = certs.New(certs.Config{PQCOnly: n.cfg.Compliance == "pqc", TLS12: n.cfg.TLS12Enabled, CRL: n.crl,
+		OnFetchFailure: func(reason string) { csrFailures.WithLabelValues(reason).Inc() }}, caClient)
 	undo.push(func() { n.certs.Close() })
+	n.registry.MustRegister(csrFailures, certCollector{n.certs})
 	n.goBG("metrics sweep", n.forgetGoneWorkloads)
 	if n.resolver, err = dns.NewResolver(dns.ResolverConfig{}); err != nil {
 		slog.Warn("workloads known only by hostname cannot be reached: no nameserver for on-demand DNS", "err", err)

@@ -39,7 +39,7 @@ func rustSettings() []setting {
 var notInRust = map[string]bool{
 	"ADMIN_ADDR": true, "STATS_ADDR": true, "READINESS_ADDR": true, "OUTBOUND_ADDR": true,
 	"INBOUND_PLAINTEXT_ADDR": true, "INBOUND_ADDR": true, "SOCKS5_ADDR": true, "DNS_PROXY_ADDR": true,
-	"CA_PROVIDER": true, "CA_DIR": true, "SPIFFE_ENDPOINT_SOCKET": true, "KERNEL_TLS": true,
+	"CA_PROVIDER": true, "CA_DIR": true, "SPIFFE_ENDPOINT_SOCKET": true, "KERNEL_TLS": true, "ENABLE_RESET_PROPAGATION": true,
 	"LOG_LEVEL": true, "INPOD_ENABLED": true,
 	"HBONE_HANDSHAKE_WORKERS": true, "HBONE_SOURCE_HANDSHAKES": true, "HBONE_SOURCE_HANDSHAKE_RATE": true,
 	"HBONE_SOURCE_FAILED_HANDSHAKE_RATE": true, "HBONE_PEER_CONNECTION_RATE": true, "HBONE_PEER_STREAMS": true,

@@ -31,6 +31,10 @@ type Config struct {
 	TLS12        bool          // TLS12_ENABLED: accept TLS 1.2 (ECDHE, AES-GCM) beside 1.3, for peers limited to it (FIPS)
 	CRL          *CRL          // CRL_PATH: refuse peers it revokes; nil: no revocation checks
 	Logger       *slog.Logger  // [slog.Default()]
+	// OnFetchFailure, if set, is told of every failed CSR with its reason, one of the
+	// CSRFail* words (a metric label). It runs with the manager's lock held: it must only
+	// count.
+	OnFetchFailure func(reason string)
 }
 
 // Backoff bounds for a failing fetch: start, factor 2, ±20% jitter, cap.
@@ -318,10 +322,10 @@ func (m *Manager) fetch(e *entry, w *waiter) {
 		m.slots.release()
 		if err == nil {
 			if got, ierr := iss.Identity(); ierr != nil || got != e.id {
-				err = fmt.Errorf("certs: CA returned a certificate for %v, asked for %s", got, e.id)
+				err = fmt.Errorf("certs: CA returned a certificate for %v, asked for %s: %w", got, e.id, errBadIssued)
 			} else if !time.Now().Before(iss.NotAfter) {
-				err = fmt.Errorf("certs: CA returned a certificate for %s that expired at %s (is this host's clock ahead?)",
-					e.id, iss.NotAfter.UTC().Format(time.RFC3339))
+				err = fmt.Errorf("certs: CA returned a certificate for %s that expired at %s (is this host's clock ahead?): %w",
+					e.id, iss.NotAfter.UTC().Format(time.RFC3339), errBadIssued)
 			}
 		}
 		if err == nil {
@@ -354,6 +358,9 @@ func (m *Manager) fetch(e *entry, w *waiter) {
 		d := jitter(e.backoff)
 		if m.ctx.Err() == nil {
 			m.cfg.Logger.Log(m.ctx, level, "certs: fetch failed", "identity", e.id, "err", err, "retryIn", d, "serving", e.cur.valid(now))
+			if m.cfg.OnFetchFailure != nil {
+				m.cfg.OnFetchFailure(fetchFailure(err))
+			}
 		}
 		m.scheduleLocked(e, d, true)
 	}

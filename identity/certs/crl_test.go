@@ -39,6 +39,7 @@ func TestCRL(t *testing.T) {
 	}
 	r := handshake(t, peer(revoked.Certificate), sc)
 	wantErr(t, "server", r.serverErr, "is revoked by the CRL")
+	wantReason(t, r.serverErr, certs.FailRevoked)
 	fresh := g.root.Issue(t, idA, now.Add(-time.Minute), now.Add(time.Hour))
 	if r := handshake(t, peer(fresh.Certificate), sc); r.serverErr != nil || r.clientErr != nil {
 		t.Fatalf("a certificate the CRL does not list: %v %v", r.clientErr, r.serverErr)

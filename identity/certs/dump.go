@@ -68,3 +68,24 @@ func info(c *x509.Certificate) CertInfo {
 		ExpirationTime: c.NotAfter.UTC().Format(time.RFC3339),
 	}
 }
+
+// Expiry is when one identity's certificate in use expires.
+type Expiry struct {
+	Identity string
+	NotAfter time.Time
+}
+
+// Expiries returns each identity's certificate expiry, for a gauge an operator alerts on
+// before a node's certificates lapse (a CA that keeps failing, an expired token): an
+// identity that has no certificate yet is left out.
+func (m *Manager) Expiries() []Expiry {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Expiry, 0, len(m.entries))
+	for id, e := range m.entries {
+		if e.cur != nil {
+			out = append(out, Expiry{id.String(), e.cur.iss.NotAfter})
+		}
+	}
+	return out
+}

@@ -20,6 +20,8 @@ import (
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/logtest"
 	"github.com/gozt/gozt/internal/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 var (
@@ -568,5 +570,50 @@ func TestCAOutageFailFastAndRecovery(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestFetchFailureReasons: each failed CSR is reported with a bounded reason, the one an
+// operator needs to tell an expired token from a CA that is down; Expiries names the
+// certificate in use per identity, and an identity that has none yet is left out.
+func TestFetchFailureReasons(t *testing.T) {
+	leaktest.Check(t)
+	g := newGated(t, time.Hour)
+	var mu sync.Mutex
+	var reasons []string
+	m := certs.New(certs.Config{FetchTimeout: 5 * time.Second, OnFetchFailure: func(r string) {
+		mu.Lock()
+		reasons = append(reasons, r)
+		mu.Unlock()
+	}}, g)
+	defer m.Close()
+	for _, c := range []struct {
+		fail error
+		want string
+	}{
+		{fmt.Errorf("ca: create certificate: %w", status.Error(codes.Unauthenticated, "token expired")), certs.CSRFailUnauthenticated},
+		{status.Error(codes.PermissionDenied, "no"), certs.CSRFailPermissionDenied},
+		{fmt.Errorf("ca: create certificate: %w", status.Error(codes.Unavailable, "connection refused")), certs.CSRFailUnavailable},
+		{fmt.Errorf("ca: create certificate: %w", context.DeadlineExceeded), certs.CSRFailTimeout},
+		{errors.New("ca: response for x has 1 chain elements, want leaf and root"), certs.CSRFailInvalidResponse},
+		{errDown, certs.CSRFailOther},
+	} {
+		g.set(c.fail, nil)
+		id := identity.MustParse("spiffe://cluster.local/ns/a/sa/" + c.want)
+		if _, err := m.Certificate(context.Background(), id); err == nil {
+			t.Fatalf("%v: Certificate succeeded", c.fail)
+		}
+		testutil.Eventually(t, "the failure reported", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(reasons) > 0 && reasons[len(reasons)-1] == c.want
+		})
+		m.Forget(id)
+	}
+	g.set(nil, nil)
+	iss := mustCert(t, m, idA)
+	exp := m.Expiries()
+	if len(exp) != 1 || exp[0].Identity != idA.String() || !exp[0].NotAfter.Equal(iss.NotAfter) {
+		t.Fatalf("Expiries = %+v; want %v until %v alone", exp, idA, iss.NotAfter)
 	}
 }

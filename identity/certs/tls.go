@@ -56,14 +56,14 @@ func checkSuite(cs tls.ConnectionState) error {
 	if cs.Version == tls.VersionTLS12 && slices.Contains(tls12Suites, cs.CipherSuite) {
 		return nil
 	}
-	return fmt.Errorf("certs: negotiated cipher suite %s is not AES-GCM", tls.CipherSuiteName(cs.CipherSuite))
+	return &cipherError{cs.CipherSuite}
 }
 
 // verifyPeer checks that chain (leaf first) chains to h's bundle now, and that no certificate
 // of the verified chain is revoked by crl (nil: none), and returns the leaf's mesh identity.
 func verifyPeer(h *held, crl *CRL, chain []*x509.Certificate) (identity.ID, error) {
 	if len(chain) == 0 {
-		return identity.ID{}, errors.New("certs: peer presented no certificate")
+		return identity.ID{}, errNoPeerCert
 	}
 	leaf := chain[0]
 	inter := x509.NewCertPool()
@@ -217,7 +217,7 @@ func (m *Manager) ServerConfig(local func(*tls.ClientHelloInfo) (identity.ID, er
 		GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
 			id, err := local(hello)
 			if err != nil {
-				return nil, fmt.Errorf("certs: no local identity for %v: %w", hello.Conn.LocalAddr(), err)
+				return nil, fmt.Errorf("certs: no local identity for %v: %w: %w", hello.Conn.LocalAddr(), errNoLocalIdentity, err)
 			}
 			h, err := m.get(hello.Context(), id)
 			if err != nil {
@@ -248,7 +248,7 @@ func (h *held) serverConfig(id identity.ID, m *Manager) *tls.Config {
 					return err
 				}
 				if peer.TrustDomain() != id.TrustDomain() {
-					return fmt.Errorf("certs: client %s is not in trust domain %q", peer, id.TrustDomain())
+					return &trustDomainError{peer, id.TrustDomain()}
 				}
 				return nil
 			},

@@ -237,23 +237,29 @@ func TestHandshakeRejected(t *testing.T) {
 		r := handshake(t, clientCfg(t, m, otherTD, idB), sc)
 		wantErr(t, "server", r.serverErr, `client `+otherTD.String()+` is not in trust domain "cluster.local"`)
 		wantErr(t, "client", r.clientErr, "bad certificate")
+		wantReason(t, r.serverErr, certs.FailTrustDomain)
+		wantReason(t, r.clientErr, certs.FailPeerAlert)
 	})
 	t.Run("expired client leaf", func(t *testing.T) {
 		r := handshake(t, raw(g.root.Issue(t, idA, now.Add(-2*time.Hour), now.Add(-time.Hour)).Certificate), sc)
 		wantErr(t, "server", r.serverErr, "expired")
+		wantReason(t, r.serverErr, certs.FailExpired)
 	})
 	t.Run("client leaf from another root", func(t *testing.T) {
 		r := handshake(t, raw(other.Issue(t, idA, now, now.Add(time.Hour)).Certificate), sc)
 		wantErr(t, "server", r.serverErr, "unknown authority")
+		wantReason(t, r.serverErr, certs.FailUnknownCA)
 	})
 	t.Run("no client certificate", func(t *testing.T) {
 		r := handshake(t, raw(), sc)
 		wantErr(t, "server", r.serverErr, "didn't provide a certificate")
 		wantErr(t, "client", r.clientErr, "certificate required")
+		wantReason(t, r.serverErr, certs.FailNoClientCert)
 	})
 	t.Run("TLS 1.2 client", func(t *testing.T) {
 		r := handshake(t, tls12, sc)
 		wantErr(t, "server", r.serverErr, "unsupported versions")
+		wantReason(t, r.serverErr, certs.FailProtocol)
 	})
 	t.Run("server from another root", func(t *testing.T) {
 		bad := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{other.Issue(t, idB, now, now.Add(time.Hour)).Certificate}}
@@ -269,7 +275,16 @@ func TestHandshakeRejected(t *testing.T) {
 		sc := m.ServerConfig(func(*tls.ClientHelloInfo) (identity.ID, error) { return identity.ID{}, net.ErrClosed })
 		r := handshake(t, clientCfg(t, m, idA, idB), sc)
 		wantErr(t, "server", r.serverErr, "no local identity")
+		wantReason(t, r.serverErr, certs.FailNoLocalIdentity)
 	})
+}
+
+// wantReason checks HandshakeFailure's reason for a handshake's error.
+func wantReason(t *testing.T, err error, want string) {
+	t.Helper()
+	if got := certs.HandshakeFailure(err); got != want {
+		t.Errorf("HandshakeFailure(%v) = %q; want %q", err, got, want)
+	}
 }
 
 // TestHandshakePicksUpRotation: one ClientConfig and one ServerConfig, kept across a
@@ -370,6 +385,45 @@ func BenchmarkHandshake(b *testing.B) {
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "handshakes/s")
 			ln.Close()
 			<-done
+		})
+	}
+}
+
+// TestHandshakeFailureTransport: what a client that is not speaking TLS, leaves or
+// stalls mid-handshake makes the server's handshake fail with is told apart from a
+// certificate's failure.
+func TestHandshakeFailureTransport(t *testing.T) {
+	leaktest.Check(t)
+	_, _, sc := setup(t)
+	for _, c := range []struct {
+		name   string
+		client func(net.Conn)
+		want   string
+	}{
+		{"not TLS", func(c net.Conn) { c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n")) }, certs.FailProtocol},
+		{"closed", func(c net.Conn) { c.Close() }, certs.FailPeerClosed},
+		{"stalled", func(net.Conn) {}, certs.FailTimeout},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			cl, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			conn, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			c.client(cl)
+			conn.SetDeadline(time.Now().Add(200 * time.Millisecond))
+			err = tls.Server(conn, sc).Handshake()
+			wantReason(t, err, c.want)
 		})
 	}
 }

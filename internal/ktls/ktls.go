@@ -22,13 +22,16 @@
 // drops NewSessionTicket messages. Not handled: TLS 1.2 (refused), a handshake not run
 // through Handoff.Handshake (refused), 0-RTT (crypto/tls does not offer it).
 //
-// What the kernel is not asked to follow: a TLS 1.3 KeyUpdate from the peer. Linux 6.1
-// (the kernel tested) cannot take new RX keys mid-stream, and this package does not try
-// on kernels that can; Read reports it as ErrKeyUpdate, other alerts as *RecordError,
-// close_notify as io.EOF, and the caller closes the connection. This package never sends
-// KeyUpdate either, so a connection must end before RFC 8446 §5.5's per-key limit for
-// AES-GCM (2^24.5 full records, about 390 GB one way); a caller that needs rekeying stays
-// on crypto/tls.
+// What the kernel is not asked to follow: a TLS 1.3 KeyUpdate from the peer. Linux gained
+// key updates in 6.14 (the series "tls: implement key updates for TLS1.3", merged into
+// net-next in December 2024); before it (the VM's Debian 12 kernel, 6.1, is tested) a
+// socket cannot take new RX keys mid-stream, and this package does not try on kernels
+// that can (KernelRekeys says which this is). Read reports the KeyUpdate as ErrKeyUpdate,
+// other alerts as *RecordError, close_notify as io.EOF, and the caller closes the
+// connection. This package never sends KeyUpdate either, so a connection must end before
+// RFC 8446 §5.5's per-key limit for AES-GCM (2^24.5 full records, about 390 GB one way).
+// Conn.Records gives the kernel's record sequence numbers both ways, by which hbone drains
+// a connection well before either limit (hbone/keylimit.go).
 //
 // Splicer moves bytes socket → pipe → socket with splice(2), so a payload read from a TCP
 // socket reaches a kernel TLS socket (and back) without crossing user space. FillFD,

@@ -78,7 +78,7 @@ func enable(tcp *net.TCPConn, k *trafficKeys, st tls.ConnectionState) (*Conn, er
 	if ferr != nil {
 		return nil, ferr
 	}
-	c := &Conn{tcp: tcp, rc: rc, state: st}
+	c := &Conn{tcp: tcp, rc: rc, state: st, infoLen: len(tx)}
 	c.recvFn, c.sendFn = c.recvCall, c.sendCall
 	return c, nil
 }
@@ -100,9 +100,10 @@ var cmsgSpace = unix.CmsgSpace(1)
 // dropped, close_notify reads as io.EOF, KeyUpdate as ErrKeyUpdate, anything else as a
 // *RecordError. Those three end the read side for good.
 type Conn struct {
-	tcp   *net.TCPConn
-	rc    syscall.RawConn
-	state tls.ConnectionState
+	tcp     *net.TCPConn
+	rc      syscall.RawConn
+	state   tls.ConnectionState
+	infoLen int // the size of this cipher's crypto_info, which getsockopt must be given exactly
 
 	rmu  sync.Mutex // serializes Read, guards the fields below
 	oob  [64]byte
@@ -255,6 +256,41 @@ func (c *Conn) control(typ uint8, data []byte) error {
 
 func (c *Conn) Write(b []byte) (int, error) { return c.tcp.Write(b) }
 
+// Records returns the kernel's record sequence numbers, the count of records each
+// direction has protected under its current key (getsockopt TLS_TX and TLS_RX return the
+// crypto_info, rec_seq last). The caller drains a connection before a key's limit with
+// it: the kernel here follows no KeyUpdate, so a key lives as long as the connection.
+func (c *Conn) Records() (tx, rx uint64, err error) {
+	var buf [64]byte
+	info := buf[:c.infoLen]
+	defer clear(buf[:]) // the key is in it
+	serr := c.rc.Control(func(fd uintptr) {
+		for i, opt := range [2]int{tlsTX, tlsRX} {
+			n := uint32(len(info))
+			_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_TLS, uintptr(opt),
+				uintptr(unsafe.Pointer(&info[0])), uintptr(unsafe.Pointer(&n)), 0)
+			if errno != 0 {
+				err = fmt.Errorf("ktls: getsockopt %d: %w", opt, errno)
+				return
+			}
+			if int(n) != len(info) {
+				err = fmt.Errorf("ktls: getsockopt %d: %d bytes, want %d", opt, n, len(info))
+				return
+			}
+			seq := binary.BigEndian.Uint64(info[len(info)-tlsRecordSeqBytes:])
+			if i == 0 {
+				tx = seq
+			} else {
+				rx = seq
+			}
+		}
+	})
+	if err == nil {
+		err = serr
+	}
+	return tx, rx, err
+}
+
 // WriteMore writes b with MSG_MORE: the kernel keeps the TLS record open, so what the
 // next Write or Splicer.Drain sends joins it. A 9-byte HTTP/2 frame header written this
 // way shares its record with the payload spliced after it instead of costing a record
@@ -336,3 +372,45 @@ func (c *Conn) SetReadDeadline(t time.Time) error  { return c.tcp.SetReadDeadlin
 func (c *Conn) SetWriteDeadline(t time.Time) error { return c.tcp.SetWriteDeadline(t) }
 
 var _ net.Conn = (*Conn)(nil)
+
+// KernelRekeys reports whether the kernel can take a new key on a kernel TLS socket that
+// already has one (TLS 1.3 key updates, Linux 6.14's "tls: implement key updates for
+// TLS1.3"): a second setsockopt(TLS_RX) succeeds there and fails with EBUSY before. It
+// asks once, on a loopback connection of its own, with a throwaway key. This package does
+// not follow KeyUpdates even where the kernel could (see the package doc): the answer is
+// for operators, in /config_dump.
+var KernelRekeys = sync.OnceValue(kernelRekeys)
+
+func kernelRekeys() bool {
+	ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		return false
+	}
+	defer ln.Close()
+	c, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	s, err := ln.AcceptTCP()
+	if err != nil {
+		return false
+	}
+	defer s.Close()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return false
+	}
+	info := cryptoInfo(suite{tlsCipherAESGCM128, 16, nil}, make([]byte, 16), make([]byte, 12))
+	ok := false
+	rc.Control(func(fd uintptr) {
+		if setULP(int(fd)) != nil {
+			return
+		}
+		if unix.SetsockoptString(int(fd), unix.SOL_TLS, tlsRX, string(info)) != nil {
+			return
+		}
+		ok = unix.SetsockoptString(int(fd), unix.SOL_TLS, tlsRX, string(info)) == nil
+	})
+	return ok
+}

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"runtime"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"golang.org/x/sys/unix"
 )
 
 // These tests need kernel TLS: `make test-ktls` runs them in a VM (scripts/ktls-vm.sh).
@@ -350,4 +352,62 @@ func TestKTLSAvailableFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	exchange(t, mustEnable(t, side{ctc, ch}), mustEnable(t, side{stc, sh}), 1<<20)
+}
+
+// TestKTLSRecords: Records reports the kernel's record sequence numbers, the records each
+// direction protected under its key: what the caller drains a connection by before a
+// key's limit. crypto/tls writes one record per Write of under 16 KiB; the kernel one
+// per Write too (no MSG_MORE). (crypto/tls picks the TLS 1.3 suite itself: the one
+// negotiated here.)
+func TestKTLSRecords(t *testing.T) {
+	needKernelTLS(t)
+	ccfg, scfg := testConfigs(t)
+	client, server := handshake(t, ccfg, scfg, true, false)
+	kc := mustEnable(t, client)
+	t.Logf("suite %s", tls.CipherSuiteName(kc.ConnectionState().CipherSuite))
+	tx, rx, err := kc.Records()
+	if err != nil || tx != 0 || rx != 0 {
+		t.Fatalf("Records after the switch: %d, %d, %v; want 0, 0, nil", tx, rx, err)
+	}
+	const in, out = 37, 11
+	go func() {
+		for range in {
+			server.tc.Write([]byte("0123456789"))
+		}
+	}()
+	if _, err := io.ReadFull(kc, make([]byte, in*10)); err != nil {
+		t.Fatal(err)
+	}
+	for range out {
+		if _, err := kc.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := io.ReadFull(server.tc, make([]byte, out)); err != nil {
+		t.Fatal(err)
+	}
+	if tx, rx, err = kc.Records(); err != nil || tx != out || rx != in {
+		t.Fatalf("Records: tx %d, rx %d, %v; want %d, %d", tx, rx, err, out, in)
+	}
+}
+
+// TestKTLSKernelRekeys: the probe says what the kernel's release says: key updates from
+// Linux 6.14 on (the VM's Debian 12 kernel is 6.1: false). A distribution kernel with the
+// series backported would fail this; the VM's does not have it.
+func TestKTLSKernelRekeys(t *testing.T) {
+	needKernelTLS(t)
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	release := unix.ByteSliceToString(u.Release[:])
+	var major, minor int
+	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err != nil {
+		t.Fatalf("release %q: %v", release, err)
+	}
+	want := major > 6 || major == 6 && minor >= 14
+	if got := KernelRekeys(); got != want {
+		t.Fatalf("KernelRekeys on %s: %v; want %v", release, got, want)
+	}
+	t.Logf("kernel %s: key updates %v", release, want)
 }

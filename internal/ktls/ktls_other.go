@@ -30,11 +30,15 @@ func (c *Conn) Write(b []byte) (int, error)           { return 0, errors.ErrUnsu
 func (c *Conn) WriteMore(b []byte) (int, error)       { return 0, errors.ErrUnsupported }
 func (c *Conn) CloseWrite() error                     { return errors.ErrUnsupported }
 func (c *Conn) Close() error                          { return c.tcp.Close() }
+func (c *Conn) Records() (tx, rx uint64, err error)   { return 0, 0, errors.ErrUnsupported }
 func (c *Conn) LocalAddr() net.Addr                   { return c.tcp.LocalAddr() }
 func (c *Conn) RemoteAddr() net.Addr                  { return c.tcp.RemoteAddr() }
 func (c *Conn) SetDeadline(t time.Time) error         { return c.tcp.SetDeadline(t) }
 func (c *Conn) SetReadDeadline(t time.Time) error     { return c.tcp.SetReadDeadline(t) }
 func (c *Conn) SetWriteDeadline(t time.Time) error    { return c.tcp.SetWriteDeadline(t) }
+
+// KernelRekeys is Linux's: false elsewhere.
+func KernelRekeys() bool { return false }
 
 // ErrNotData is Linux's.
 var ErrNotData = errors.New("ktls: splice: next record is not application data")
