@@ -140,6 +140,11 @@ type Server struct {
 	serving   bool
 	closed    bool
 	done      chan struct{} // closed when Serve returns (or by Close if Serve never ran)
+	// stopping is closed by Shutdown; drain (set before) bounds the wait for the queries in
+	// flight. Serve owns what happens next.
+	stopping     chan struct{}
+	stoppingOnce sync.Once
+	drain        context.Context
 }
 
 // New returns a Server answering from store. m may be nil (no metrics).
@@ -165,7 +170,7 @@ func New(cfg Config, store *state.Store, m *metrics.Metrics) *Server {
 		cfg: cfg, store: store, m: m, log: log.With("scope", "dns"),
 		svcSuffix: ".svc." + cfg.ClusterDomain, tcpTimeout: tcpTimeout,
 		dial: cfg.Dial,
-		done: make(chan struct{}),
+		done: make(chan struct{}), stopping: make(chan struct{}), drain: context.Background(),
 	}
 	if s.dial == nil {
 		var d net.Dialer
@@ -361,18 +366,26 @@ func (s *Server) Serve(ctx context.Context) error {
 
 	var err error
 	running := len(servers)
+	drain := false
 	select {
 	case <-ctx.Done():
 	case <-s.ctx.Done(): // Close
+	case <-s.stopping: // Shutdown
+		drain = true
 	case err = <-errc:
 		running--
 		err = fmt.Errorf("dns: serve: %w", err)
 	}
-	s.cancel() // abort forwarding in flight
+	if !drain {
+		s.cancel() // abort forwarding in flight
+	}
+	dctx := s.drainCtx()
 	for i, srv := range servers {
 		select {
 		case <-started[i]:
-			srv.Shutdown() // unblocks reads, waits for handlers, closes the socket
+			// Unblocks reads, waits for handlers (until Shutdown's context ends), closes
+			// the socket.
+			srv.ShutdownContext(dctx)
 		default:
 			// Never started (it failed); closing is all that is left.
 			if srv.PacketConn != nil {
@@ -385,6 +398,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	for ; running > 0; running-- {
 		<-errc
 	}
+	s.cancel()
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
@@ -394,6 +408,32 @@ func (s *Server) Serve(ctx context.Context) error {
 // runServer runs one miekg server until it is shut down; errc gets its result.
 func runServer(srv *dns.Server, errc chan<- error) {
 	errc <- srv.ActivateAndServe()
+}
+
+// Shutdown stops reading queries, lets those already read (forwards to the upstream
+// included) be answered until ctx ends, then stops as Close does: a draining pod's DNS
+// proxy answers what it has taken instead of dropping it, while the kernel sends new
+// queries to a new ztunnel's sockets in the same SO_REUSEPORT group.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.stoppingOnce.Do(func() {
+		s.mu.Lock()
+		serving := s.serving
+		s.drain = ctx
+		s.mu.Unlock()
+		close(s.stopping)
+		if !serving {
+			s.Close()
+		}
+	})
+	<-s.done
+	return nil
+}
+
+// drainCtx is Shutdown's context (Background before it).
+func (s *Server) drainCtx() context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.drain
 }
 
 // Close stops Serve and releases the sockets; it returns after Serve has returned.

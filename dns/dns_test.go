@@ -22,6 +22,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/xds/state"
 )
@@ -114,6 +115,9 @@ func startUpstream(t testing.TB) *upstream {
 			resp.Answer = append(resp.Answer, mustRR(t, `external.test. 60 IN TXT "hello"`))
 		case q.Name == "svc1.ns1.svc.cluster.local." && q.Qtype == dns.TypeTXT:
 			resp.Answer = append(resp.Answer, mustRR(t, `svc1.ns1.svc.cluster.local. 60 IN TXT "from-upstream"`))
+		case q.Name == "slow.test.":
+			time.Sleep(300 * time.Millisecond)
+			resp.Answer = append(resp.Answer, mustRR(t, "slow.test. 60 IN A 192.0.2.30"))
 		case q.Name == "big.test." && !tcp:
 			resp.Truncated = true
 		case q.Name == "big.test.":
@@ -877,5 +881,44 @@ func TestUnknownSourceWaits(t *testing.T) {
 	}
 	if d := time.Since(began); d < 200*time.Millisecond || d > 10*time.Second {
 		t.Errorf("SERVFAIL after %v; want after the 200ms wait (and not much later)", d)
+	}
+}
+
+// Shutdown answers the queries already taken, a forward to a slow upstream included, before
+// it releases the sockets (a draining pod's proxy); Close aborts them.
+func TestShutdownAnswersQueriesInFlight(t *testing.T) {
+	for _, poller := range []bool{true, false} {
+		t.Run(fmt.Sprintf("poller=%v", poller), func(t *testing.T) {
+			leaktest.Check(t)
+			e := start(t, "client1", func(c *Config) {
+				if !poller {
+					c.Poller = nil
+				}
+			})
+			got := make(chan string, 1)
+			go func() {
+				req := new(dns.Msg)
+				req.SetQuestion("slow.test.", dns.TypeA)
+				resp, _, err := (&dns.Client{Net: "udp", Timeout: 5 * time.Second}).Exchange(req, e.addr)
+				if err != nil {
+					got <- err.Error()
+					return
+				}
+				got <- summary(resp)
+			}()
+			testutil.Eventually(t, "the query to reach the upstream", func() bool { return e.up.udp.Load() >= 1 })
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := e.srv.Shutdown(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if g := <-got; g != "NOERROR [slow.test. A 192.0.2.30]" {
+				t.Errorf("query in flight at Shutdown: %s; want the upstream's answer", g)
+			}
+			if c, err := net.Dial("tcp", e.addr); err == nil {
+				c.Close()
+				t.Error("TCP socket still accepting after Shutdown")
+			}
+		})
 	}
 }

@@ -66,10 +66,13 @@ func (s *Server) servePolled(ctx context.Context) error {
 		}
 		stops = append(stops, stop)
 	}
+	drain := false
 	if err == nil {
 		select {
 		case <-ctx.Done():
 		case <-s.ctx.Done(): // Close
+		case <-s.stopping: // Shutdown
+			drain = true
 		}
 	} else {
 		err = fmt.Errorf("dns: serve: %w", err)
@@ -77,13 +80,27 @@ func (s *Server) servePolled(ctx context.Context) error {
 	for _, stop := range stops {
 		stop()
 	}
-	s.cancel() // abort forwarding in flight
+	if !drain {
+		s.cancel() // abort forwarding in flight
+	}
 	s.mu.Lock()
 	s.closed = true
 	for c := range s.conns {
 		c.SetReadDeadline(time.Unix(1, 0)) // an answer being written still goes out
 	}
 	s.mu.Unlock()
+	if drain { // the queries taken are answered until Shutdown's context ends
+		answered := make(chan struct{})
+		go func() {
+			inflight.Wait()
+			close(answered)
+		}()
+		select {
+		case <-answered:
+		case <-s.drainCtx().Done():
+		}
+		s.cancel()
+	}
 	inflight.Wait()
 	s.mu.Lock()
 	s.closeListenersLocked()

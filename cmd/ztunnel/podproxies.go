@@ -154,18 +154,22 @@ func (pp *podProxies) end(uid string, deadline time.Duration) {
 	go pp.shutdownPod(pod, deadline)
 }
 
-// shutdownPod stops the pod's listeners, lets connections finish until deadline, then
-// releases the pod's network namespace.
+// shutdownPod stops the pod's listeners, lets connections finish and DNS queries already
+// taken be answered until deadline, then releases the pod's network namespace. (A DNS
+// proxy closed at once loses the queries it is forwarding: a cluster's ztunnel upgrade
+// caught a client's lookup timing out that way.)
 func (pp *podProxies) shutdownPod(pod *podProxy, deadline time.Duration) {
 	defer pp.wg.Done()
-	if pod.dns != nil {
-		pod.dns.Close()
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
+	var dnsDone sync.WaitGroup
+	if pod.dns != nil {
+		dnsDone.Go(func() { pod.dns.Shutdown(ctx) })
+	}
 	if err := pod.proxy.Shutdown(ctx); err != nil {
 		slog.Warn("pod proxy shutdown", "uid", pod.uid, "err", err)
 	}
+	dnsDone.Wait()
 	pod.cancel()
 	<-pod.served
 	pod.ns.Close()
