@@ -71,7 +71,7 @@ func TestAcceptBoundedUnderHandshakeFlood(t *testing.T) {
 	go func() {
 		defer sampler.Done()
 		for {
-			mostPending = max(mostPending, srv.fair.room.pending.Load())
+			mostPending = max(mostPending, srv.adm.room.pending.Load())
 			select {
 			case <-done:
 				return

@@ -106,7 +106,7 @@ type AdmitListener struct {
 
 // Admit wraps ln so that connections are accepted only while s has room for them.
 func (s *Server) Admit(ln net.Listener) *AdmitListener {
-	return &AdmitListener{Listener: ln, r: &s.fair.room, done: make(chan struct{})}
+	return &AdmitListener{Listener: ln, r: &s.adm.room, done: make(chan struct{})}
 }
 
 // Accept waits for room, then accepts.

@@ -25,17 +25,17 @@ import (
 // writeLoop, so two peers that both write bulk data cannot deadlock each other.
 type conn struct {
 	// Set by newConn (handler and onClose before the goroutines start), then read-only.
-	cfg     Config
-	server  bool
-	handler Handler
-	nc      net.Conn // what frames are written to (and read from, but in kernel TLS): *tls.Conn, or bc over kt.conn
-	bc      *bufConn // coalescing layer (under crypto/tls, or over kt.conn), nil when the caller built the TLS conn
-	peer    identity.ID
-	tls     tls.ConnectionState // the handshake's; zero for h2c (CloseMatching)
-	fr      *http2.Framer       // the write side's, under wmu (replaced by trimIfIdle)
-	onClose func(*conn)         // pool bookkeeping: the connection leaves the pool; see leavePool
-	fair    *peerState          // server: its peer identity's budgets (fair.go), nil without an identity
-	onCalm  func()              // server: charges the calm to the source and identity (fair.go); set before the reader starts
+	cfg        Config
+	server     bool
+	handler    Handler
+	nc         net.Conn // what frames are written to (and read from, but in kernel TLS): *tls.Conn, or bc over kt.conn
+	bc         *bufConn // coalescing layer (under crypto/tls, or over kt.conn), nil when the caller built the TLS conn
+	peer       identity.ID
+	tls        tls.ConnectionState // the handshake's; zero for h2c (CloseMatching)
+	fr         *http2.Framer       // the write side's, under wmu (replaced by trimIfIdle)
+	onClose    func(*conn)         // pool bookkeeping: the connection leaves the pool; see leavePool
+	peerBudget *peerState          // server: its peer identity's budgets (admission.go), nil without an identity
+	onCalm     func()              // server: charges the calm to the source and identity (admission.go); set before the reader starts
 	// ctx is the parent of every server stream's Request context; cancelCtx ends it in
 	// closeWith. Set before the frame reader starts (server only).
 	ctx       context.Context
@@ -110,8 +110,8 @@ type conn struct {
 	resetBudget    rateBudget  // server: refused and early-reset streams (limits.go)
 	starts         rateBudget  // server: handler starts not yet earned (StreamStarts, limits.go)
 	junkBudget     rateBudget  // frames that carry nothing (limits.go)
-	fairStreams    int64       // server: its streams counted in fair.streams (fair.go)
-	fairDone       bool        // server: serve has taken fairStreams off fair.streams
+	budgetStreams  int64       // server: its streams counted in peerBudget.streams (admission.go)
+	budgetDone     bool        // server: serve has taken budgetStreams off peerBudget.streams
 	calmErr        error       // server: the budget the peer ran out of; GOAWAY(ENHANCE_YOUR_CALM) sent, draining
 	calmRefused    int         // server: streams refused after the calm GOAWAY
 	calmAcked      bool        // server: the peer acked the PING sent after the calm GOAWAY: it has read the GOAWAY

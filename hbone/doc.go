@@ -160,7 +160,7 @@
 //     first-come first-served, every queued ClientHello would get its key exchange, and
 //     a full backlog drops SYNs (an honest client then retries after a second), where
 //     eviction sheds the oldest unserved and lets the newest in.
-//   - Per-node budgets (server, fair.go): the limits above are per connection, so a peer
+//   - Per-node budgets (server, admission.go): the limits above are per connection, so a peer
 //     with N connections would get N times them, and a reconnect after each
 //     ENHANCE_YOUR_CALM buys a fresh handshake (~0.7 ms of CPU) per cycle. These hold
 //     across a Server's connections; a zero Config field is the default, a negative one
@@ -226,7 +226,7 @@
 //
 // Taken in this order, never the other way: Pool.mu → conn.mu; Stream.wmu → conn.wmu →
 // conn.mu; Stream.rmu → conn.mu. Server.mu is never held with a conn's lock, nor
-// fairness.mu (fair.go) with any other. conn.wmu
+// admission.mu (admission.go) with any other. conn.wmu
 // (the write lock: the Framer's write side, the HPACK encoder, the coalescing buffer)
 // is held by whoever writes frames; functions that need it end in WLocked. conn.mu (the
 // state lock: streams, windows, settings, the control-frame queue) guards the rest of
@@ -259,7 +259,7 @@
 //     Framer's, the coalescing buffer) back once idle for half a second to a second.
 //   - keylimit.go: draining a connection before its TLS keys' record limit.
 //   - flow.go: windows and SETTINGS; limits.go: what a peer may make a connection do;
-//     fair.go: what a source IP or a peer identity may make the whole server do.
+//     admission.go: what a source IP or a peer identity may make the whole server do.
 //   - Kernel TLS: ktls.go (the handshake, the move to the kernel, the fallback, what a
 //     connection reports), ksend.go (the send side: writev and the splice into the
 //     socket, the pipes' free list), kread.go (the receive side: the frame reader's

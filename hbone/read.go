@@ -284,9 +284,9 @@ func (c *conn) streamDoneLocked(s *Stream) {
 	s.done = true
 	delete(c.streams, s.id)
 	c.active--
-	if c.fair != nil && !c.fairDone {
-		c.fairStreams--
-		c.fair.streams.Add(-1)
+	if c.peerBudget != nil && !c.budgetDone {
+		c.budgetStreams--
+		c.peerBudget.streams.Add(-1)
 	}
 	if c.active == 0 {
 		c.idleSince = time.Now()
@@ -393,8 +393,8 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 		c.queueLocked(ctrlOp{kind: opRST, id: id, val: uint32(http2.ErrCodeRefusedStream)})
 		return c.droppedLocked(DropRefused)
 	}
-	if c.fair != nil && c.cfg.PeerStreams > 0 && c.fair.streams.Load() >= int64(c.cfg.PeerStreams) {
-		// The peer identity's connections together hold PeerStreams (fair.go).
+	if c.peerBudget != nil && c.cfg.PeerStreams > 0 && c.peerBudget.streams.Load() >= int64(c.cfg.PeerStreams) {
+		// The peer identity's connections together hold PeerStreams (admission.go).
 		c.queueLocked(ctrlOp{kind: opRST, id: id, val: uint32(http2.ErrCodeRefusedStream)})
 		return c.droppedLocked(DropPeerStreams)
 	}
@@ -408,9 +408,9 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 		return nil
 	}
 	s := c.newStreamLocked(id)
-	if c.fair != nil && !c.fairDone {
-		c.fairStreams++
-		c.fair.streams.Add(1)
+	if c.peerBudget != nil && !c.budgetDone {
+		c.budgetStreams++
+		c.peerBudget.streams.Add(1)
 	}
 	s.gotResp = true
 	s.recvEnd = f.StreamEnded()
@@ -528,13 +528,13 @@ func (c *conn) runHandler(r *Request) {
 		gone := r.s.done // reset before its handler could start: nothing to do for it
 		c.mu.Unlock()
 		if !gone {
-			ok := c.fair.tryDial()
-			if !ok { // the identity has PeerDials unanswered (fair.go): wait for one
+			ok := c.peerBudget.tryDial()
+			if !ok { // the identity has PeerDials unanswered (admission.go): wait for one
 				c.notifyDrop(DropPeerDials)
-				ok = c.fair.waitDial(r.ctx)
+				ok = c.peerBudget.waitDial(r.ctx)
 			}
 			if ok {
-				r.dialHeld.Store(c.fair != nil && c.fair.dials != nil)
+				r.dialHeld.Store(c.peerBudget != nil && c.peerBudget.dials != nil)
 				c.handler(r)
 				r.leaveDial()
 			}

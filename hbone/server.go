@@ -30,7 +30,7 @@ type Request struct {
 	s        *Stream
 	ctx      context.Context
 	answered atomic.Bool
-	dialHeld atomic.Bool // it holds a place of its peer's PeerDials (fair.go)
+	dialHeld atomic.Bool // it holds a place of its peer's PeerDials (admission.go)
 }
 
 // Accept sends 200 with h and returns the stream.
@@ -113,7 +113,7 @@ type Server struct {
 	cfg    Config
 	h      Handler
 	kernel kernelMemo
-	fair   *fairness // per-source and per-identity budgets (fair.go); has its own lock
+	adm    *admission // per-source and per-identity budgets (admission.go); has its own lock
 
 	mu       sync.Mutex
 	raws     map[net.Conn]*conn // every connection inside ServeConn, from before its handshake; nil until it serves HTTP/2
@@ -126,7 +126,7 @@ type Server struct {
 // NewServer returns a server calling h for every valid CONNECT.
 func NewServer(cfg Config, h Handler) *Server {
 	s := &Server{cfg: cfg.withDefaults(), h: h, raws: make(map[net.Conn]*conn), lns: make(map[net.Listener]struct{})}
-	s.fair = newFairness(&s.cfg)
+	s.adm = newAdmission(&s.cfg)
 	return s
 }
 
@@ -192,11 +192,11 @@ func (s *Server) admit(ctx context.Context, raw net.Conn) (*admitted, error) {
 		return nil, errClosed
 	}
 	a := &admitted{s: s, raw: raw, src: sourceOf(raw), failed: true}
-	s.fair.room.enter()
+	s.adm.room.enter()
 	a.pending = true
 	a.onLeave(a.leavePending)
 	a.relay = a.src.IsValid() && s.cfg.SourceRelays != nil && s.cfg.SourceRelays(a.src)
-	release, wait, reason, ok := s.fair.admitSource(a.src, a.relay)
+	release, wait, reason, ok := s.adm.admitSource(a.src, a.relay)
 	if !ok {
 		refuse(raw)
 		s.notifyDrop(reason)
@@ -246,7 +246,7 @@ func (a *admitted) leave() {
 func (a *admitted) leavePending() {
 	if a.pending {
 		a.pending = false
-		a.s.fair.room.left()
+		a.s.adm.room.left()
 	}
 }
 
@@ -259,7 +259,7 @@ func (a *admitted) handshook() {
 	a.release(false)
 }
 
-// handshake runs the TLS handshake (through the handshake gate, fair.go) and the move to
+// handshake runs the TLS handshake (through the handshake gate, admission.go) and the move to
 // kernel TLS for ServeTLS, or the handshake of a *tls.Conn for ServeConn, and reads the
 // client preface, all within DialTimeout. It returns what serves HTTP/2: nc, with its
 // coalescing buffer (bc) or kernel TLS conn (kc) for ServeTLS.
@@ -273,10 +273,10 @@ func (s *Server) handshake(ctx context.Context, a *admitted, nc net.Conn, ts *tl
 	var tc *tls.Conn
 	if ts != nil {
 		tc, handshake = ts.tc, ts.handshake
-		if s.fair.gate != nil {
-			// Only so many handshakes compute at once (fair.go); the connection reads
+		if s.adm.gate != nil {
+			// Only so many handshakes compute at once (admission.go); the connection reads
 			// through the gate until its handshake is over, then straight through it.
-			g := &gatedConn{Conn: raw, f: s.fair, ctx: a.hctx}
+			g := &gatedConn{Conn: raw, f: s.adm, ctx: a.hctx}
 			ts.bc.Conn = g
 			handshake = func(ctx context.Context) error {
 				err := ts.handshake(ctx)
@@ -318,21 +318,21 @@ func (s *Server) run(ctx context.Context, a *admitted, nc net.Conn, bc *bufConn,
 	raw := a.raw
 	c := newConn(s.cfg, true, nc, bc, kc)
 	c.handler = s.h
-	c.onCalm = func() { s.fair.calmed(a.src, c.fair) }
+	c.onCalm = func() { s.adm.calmed(a.src, c.peerBudget) }
 	if !c.peer.IsZero() { // h2c or no client certificate: no identity to count by
-		ps, wait, ok := s.fair.admitPeer(c.peer, a.relay)
+		ps, wait, ok := s.adm.admitPeer(c.peer, a.relay)
 		if !ok {
 			raw.Close()
 			s.notifyDrop(DropPeerConnRate)
 			return fmt.Errorf("hbone: %s (%v) refused: %v", raw.RemoteAddr(), c.peer, DropPeerConnRate)
 		}
-		c.fair = ps
+		c.peerBudget = ps
 		defer func() {
 			c.mu.Lock()
-			n := c.fairStreams
-			c.fairStreams, c.fairDone = 0, true
+			n := c.budgetStreams
+			c.budgetStreams, c.budgetDone = 0, true
 			c.mu.Unlock()
-			s.fair.leavePeer(ps, n)
+			s.adm.leavePeer(ps, n)
 		}()
 		if wait > 0 && !sleepCtx(ctx, wait) {
 			raw.Close()

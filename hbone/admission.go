@@ -25,8 +25,8 @@ const maxFairWait = time.Second
 // buckets have refilled are forgotten.
 const sweepAt = 4096
 
-// fairness holds a Server's per-source and per-identity budgets.
-type fairness struct {
+// admission holds a Server's per-source and per-identity budgets.
+type admission struct {
 	cfg *Config
 	// gate: handshakes computing (not waiting for the network) at once.
 	gate chan struct{}
@@ -41,7 +41,7 @@ type fairness struct {
 	sweepPeer int                         // guarded by mu: len(peers) that triggers the next sweep
 }
 
-// sourceState is one source IP's budgets; its fields are guarded by fairness.mu.
+// sourceState is one source IP's budgets; its fields are guarded by admission.mu.
 type sourceState struct {
 	inFlight int        // connections from it in their handshake
 	rate     rateBudget // new connections
@@ -50,15 +50,15 @@ type sourceState struct {
 
 // peerState is one peer identity's budgets.
 type peerState struct {
-	conns int        // guarded by fairness.mu: its connections serving HTTP/2
-	rate  rateBudget // guarded by fairness.mu: its new connections
+	conns int        // guarded by admission.mu: its connections serving HTTP/2
+	rate  rateBudget // guarded by admission.mu: its new connections
 
 	streams atomic.Int64  // its open streams, across its connections
 	dials   chan struct{} // a semaphore: its streams whose handler has not answered
 }
 
-func newFairness(cfg *Config) *fairness {
-	f := &fairness{
+func newAdmission(cfg *Config) *admission {
+	f := &admission{
 		cfg:       cfg,
 		sources:   make(map[netip.Addr]*sourceState),
 		peers:     make(map[identity.ID]*peerState),
@@ -84,7 +84,7 @@ func sourceOf(c net.Conn) netip.Addr {
 // reason), admitted at once, or admitted after wait. An admitted connection holds one
 // of src's handshake places until the returned release is called (idempotent).
 // A relay's connections (Config.SourceRelays) are admitted at once.
-func (f *fairness) admitSource(src netip.Addr, relay bool) (release func(failed bool), wait time.Duration, refused DropReason, ok bool) {
+func (f *admission) admitSource(src netip.Addr, relay bool) (release func(failed bool), wait time.Duration, refused DropReason, ok bool) {
 	cfg := f.cfg
 	if !src.IsValid() || relay {
 		return func(bool) {}, 0, 0, true
@@ -139,7 +139,7 @@ func (f *fairness) admitSource(src netip.Addr, relay bool) (release func(failed 
 // admitSource does. An admitted connection is counted until leavePeer. One that came
 // through a relay is not held to PeerConnRate: double HBONE makes a connection per
 // proxied connection, which no pool amortises.
-func (f *fairness) admitPeer(id identity.ID, relay bool) (ps *peerState, wait time.Duration, ok bool) {
+func (f *admission) admitPeer(id identity.ID, relay bool) (ps *peerState, wait time.Duration, ok bool) {
 	cfg := f.cfg
 	now := time.Now()
 	f.mu.Lock()
@@ -174,7 +174,7 @@ func (f *fairness) admitPeer(id identity.ID, relay bool) (ps *peerState, wait ti
 const calmPenalty = 500 * time.Millisecond
 
 // calmed charges calmPenalty to src and to ps (nil: no identity).
-func (f *fairness) calmed(src netip.Addr, ps *peerState) {
+func (f *admission) calmed(src netip.Addr, ps *peerState) {
 	cfg := f.cfg
 	now := time.Now()
 	f.mu.Lock()
@@ -189,7 +189,7 @@ func (f *fairness) calmed(src netip.Addr, ps *peerState) {
 
 // leavePeer ends what admitPeer began, taking the connection's remaining open streams
 // (n) off the identity's count.
-func (f *fairness) leavePeer(ps *peerState, n int64) {
+func (f *admission) leavePeer(ps *peerState, n int64) {
 	ps.streams.Add(-n)
 	f.mu.Lock()
 	ps.conns--
@@ -198,7 +198,7 @@ func (f *fairness) leavePeer(ps *peerState, n int64) {
 
 // sweepSourcesLocked forgets sources with nothing in flight whose buckets have refilled
 // (f.mu held), and sets the size that triggers the next sweep.
-func (f *fairness) sweepSourcesLocked(now time.Time) {
+func (f *admission) sweepSourcesLocked(now time.Time) {
 	cfg := f.cfg
 	for a, st := range f.sources {
 		if st.inFlight == 0 && st.rate.full(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate) &&
@@ -210,7 +210,7 @@ func (f *fairness) sweepSourcesLocked(now time.Time) {
 }
 
 // sweepPeersLocked is sweepSourcesLocked for identities.
-func (f *fairness) sweepPeersLocked(now time.Time) {
+func (f *admission) sweepPeersLocked(now time.Time) {
 	cfg := f.cfg
 	for id, ps := range f.peers {
 		if ps.conns == 0 && ps.rate.full(now, cfg.PeerConnRate*peerBurst, cfg.PeerConnRate) {
@@ -232,7 +232,7 @@ const (
 // enterHandshake takes a place in the handshake gate, waiting while every place is
 // taken; it fails only when ctx (the connection's: it ends when the connection is evicted
 // past MaxHandshakes) ends first.
-func (f *fairness) enterHandshake(ctx context.Context) bool {
+func (f *admission) enterHandshake(ctx context.Context) bool {
 	select {
 	case f.gate <- struct{}{}:
 		return true
@@ -246,7 +246,7 @@ func (f *fairness) enterHandshake(ctx context.Context) bool {
 	return false
 }
 
-func (f *fairness) leaveHandshake() { <-f.gate }
+func (f *admission) leaveHandshake() { <-f.gate }
 
 // gatedConn is the raw connection under a server handshake: it holds a place in the
 // handshake gate while the handshake computes and gives it up while it waits for the
@@ -255,7 +255,7 @@ func (f *fairness) leaveHandshake() { <-f.gate }
 // holds none.
 type gatedConn struct {
 	net.Conn
-	f    *fairness
+	f    *admission
 	ctx  context.Context
 	held bool // a place is held; only the handshake's goroutine reads and writes it
 	// over: the handshake is over and reads pass straight through. Set by the serving
@@ -336,6 +336,6 @@ func (ps *peerState) waitDial(ctx context.Context) bool {
 // it is answered or its handler returns, whichever comes first.
 func (r *Request) leaveDial() {
 	if r.dialHeld.Swap(false) {
-		<-r.s.c.fair.dials
+		<-r.s.c.peerBudget.dials
 	}
 }
