@@ -35,7 +35,7 @@ func (p *Proxy) handOff(client, server halfCloser, tc *tracked, done func(receiv
 	tc.client, tc.server = client, server
 	remove := p.conns.add(tc)
 	tc.closeWith(client, server)
-	p.conns.handOff(func() {
+	p.conns.goEvenDraining(func() {
 		defer remove()
 		defer client.Close()
 		defer server.Close()

@@ -111,13 +111,13 @@ func (t *tracker) goTracked(fn func()) bool {
 	if t.draining {
 		return false
 	}
-	t.handOff(fn)
+	t.goEvenDraining(fn)
 	return true
 }
 
-// handOff runs fn in a goroutine the tracker waits for, even while draining: a
+// goEvenDraining runs fn in a goroutine the tracker waits for, even while draining: a
 // connection's own goroutine, already tracked, hands its copy over before it exits.
-func (t *tracker) handOff(fn func()) {
+func (t *tracker) goEvenDraining(fn func()) {
 	t.wg.Add(1)
 	go func() {
 		defer t.wg.Done()
