@@ -7,7 +7,7 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 RUN_DIR   ?= .tmp/run
 
-.PHONY: all build image helm kube-apiserver kubectl istio-tools coredns cluster-tools cluster-images cluster-up cluster-check cluster-down cluster-load manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale bench-pods bench-conns
+.PHONY: all build image helm kube-apiserver kubectl istio-tools coredns cluster-tools cluster-images cluster-up cluster-check cluster-down cluster-load cluster-rss manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale bench-pods bench-conns
 
 all: build
 
@@ -112,6 +112,10 @@ cluster-check:
 
 cluster-down:
 	deploy/cluster/down.sh
+
+# Resident memory of every process and container of the cluster.
+cluster-rss:
+	@deploy/cluster/rss.sh
 
 # Imports an image archive (docker-archive or OCI) into every node, as kind load image-archive.
 cluster-load:

@@ -38,12 +38,16 @@ waitfor() {
 	fail "$what" "$log"
 }
 # start NAME LOG CMD...: a background process, recorded by pid (in a node: nsenter first).
+# (start NAME LOG innode NODE CMD...: in the node's network, mount and PID namespaces.)
 start() {
 	local name=$1 log=$2; shift 2
+	if [ "$1" = innode ]; then
+		local n=$2; shift 2
+		set -- nsenter --net=/run/netns/gozt-$n --mount="$C/ns/$n.mnt" --pid="$C/ns/$n.pid" "$@"
+	fi
 	setsid "$@" > "$log" 2>&1 < /dev/null &
 	rec pid "$!" "$name"
 }
-innode() { local n=$1; shift; nsenter --net=/run/netns/gozt-$n --mount="$C/ns/$n.mnt" "$@"; }
 
 t0=$(date +%s.%N)
 phase() { printf 'cluster-up: %-34s %5.1fs\n' "$1" "$(echo "$(date +%s.%N) - $t0" | bc)"; }
@@ -150,8 +154,20 @@ for n in "${NODES[@]}"; do
 	ip route add "$(nodecidr "$n")" via "$ip" && rec route "$(nodecidr "$n")"
 	for d in "${NODE_DIRS[@]}"; do mkdir -p "$nr$d"; done
 	cp /usr/lib/cni/* "$nr/opt/cni/bin/"
-	touch "$C/ns/$n.mnt"
-	unshare --mount="$C/ns/$n.mnt" --propagation private true && rec mount "$C/ns/$n.mnt"
+	# The node's PID namespace and mount namespace, held by its init (bin/cluster/app init,
+	# which reaps the shims), with a /proc of its own: istio-cni's agent enters the node's
+	# network namespace as /proc/1/ns/net, so PID 1 of the node must be in it, as in kind.
+	# Stopping the init kills every process of the node.
+	touch "$C/ns/$n.mnt" "$C/ns/$n.pid"
+	start "init-$n" "$C/logs/init-$n.log" nsenter --net=/run/netns/gozt-$n unshare --mount="$C/ns/$n.mnt" \
+		--pid="$C/ns/$n.pid" --fork --mount-proc --propagation private "$ROOT/bin/cluster/app" init
+	rec mount "$C/ns/$n.mnt"
+	rec mount "$C/ns/$n.pid"
+	waitfor "init-$n (node namespaces)" "$C/logs/init-$n.log" 10 sh -c "findmnt -n '$C/ns/$n.pid' && findmnt -n '$C/ns/$n.mnt'"
+	# Shared inside the node (a peer group of its own, not the host's), as kind makes its
+	# nodes' root: containerd refuses mountPropagation (istio-cni's /var/run/netns) on a
+	# path whose mount, "/" for /var/run/netns as it does not follow the /var/run link, is private.
+	nsenter --mount="$C/ns/$n.mnt" mount --make-rshared /
 	for d in "${NODE_DIRS[@]}"; do
 		nsenter --mount="$C/ns/$n.mnt" sh -c "mount --bind '$nr$d' '$d' && mount --make-shared '$d'"
 	done
@@ -178,7 +194,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
     runtime_type = "io.containerd.runc.v2"
 EOCTR
-	start "containerd-$n" "$C/logs/containerd-$n.log" nsenter --net=/run/netns/gozt-$n --mount="$C/ns/$n.mnt" containerd --config "$C/$n/containerd.toml"
+	start "containerd-$n" "$C/logs/containerd-$n.log" innode "$n" containerd --config "$C/$n/containerd.toml"
 done
 for n in "${NODES[@]}"; do
 	sock=$C/$n/root/run/containerd/containerd.sock
@@ -221,7 +237,7 @@ imageGCLowThresholdPercent: 99
 podPidsLimit: -1
 maxPods: 60
 EOKL
-	start "kubelet-$n" "$C/logs/kubelet-$n.log" nsenter --net=/run/netns/gozt-$n --mount="$C/ns/$n.mnt" "$T/kubelet" \
+	start "kubelet-$n" "$C/logs/kubelet-$n.log" innode "$n" "$T/kubelet" \
 		--config "$C/$n/kubelet.yaml" --kubeconfig "$P/$n.kubeconfig" --hostname-override "$n" --node-ip "$ip" --v 1
 	cat > "$C/$n/kube-proxy.yaml" <<EOKP
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -235,7 +251,7 @@ healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
 conntrack: {maxPerCore: 0}
 EOKP
-	start "kube-proxy-$n" "$C/logs/kube-proxy-$n.log" nsenter --net=/run/netns/gozt-$n --mount="$C/ns/$n.mnt" "$T/kube-proxy" --config "$C/$n/kube-proxy.yaml"
+	start "kube-proxy-$n" "$C/logs/kube-proxy-$n.log" innode "$n" "$T/kube-proxy" --config "$C/$n/kube-proxy.yaml"
 done
 K="$T/kubectl --kubeconfig $C/kubeconfig"
 for n in "${NODES[@]}"; do
@@ -256,5 +272,5 @@ cluster-up: two nodes ($(printf '%s ' "${NODES[@]}")) up in $(printf '%.0f' "$(e
   istioctl ztunnel-config workloads         (once Istio is installed: make cluster-istio)
   make cluster-load IMAGE=file.tar          (import an image into both nodes)
   make cluster-down                         (stops and removes everything it made)
-Logs: $C/logs/. A node's view: nsenter --net=/run/netns/gozt-node1 --mount=$C/ns/node1.mnt sh
+Logs: $C/logs/. A node's view: nsenter --net=/run/netns/gozt-node1 --mount=$C/ns/node1.mnt --pid=$C/ns/node1.pid sh
 EOM

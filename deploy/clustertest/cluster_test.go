@@ -475,6 +475,19 @@ func TestCluster(t *testing.T) {
 				}
 				return nil
 			})
+			if c.node == "node1" {
+				// istio-cni's in-pod rules send the client's DNS to gozt's proxy (15053),
+				// which answers the service's name from xDS.
+				body, err := get("http://" + stats + "/metrics")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if v, k := metric(body, "istio_dns_requests_total", nil); v < 1 {
+					t.Errorf("istio_dns_requests_total on node1 = %v (%d series): the client's DNS did not go through gozt", v, k)
+				} else {
+					t.Logf("gozt's DNS proxy on node1 answered %v requests", v)
+				}
+			}
 			logs := must(t, "kubectl", "-n", "istio-system", "logs", zt[c.node].Metadata.Name)
 			if !strings.Contains(logs, src) || !strings.Contains(logs, dst) {
 				t.Errorf("ztunnel on %s: no access log naming %s and %s", c.node, src, dst)

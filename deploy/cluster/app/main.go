@@ -3,6 +3,7 @@
 // pods with kubectl exec.
 //
 //	app pause                  sleep until SIGTERM/SIGINT (also when run as /pause: the sandbox)
+//	app init                   as pause, and reap every child: a cluster node's PID 1
 //	app serve ADDR             echo every byte back on each TCP connection to ADDR
 //	app echo ADDR BYTES        send BYTES of a pattern, read them back, check them; prints "ok N"
 //	app loop ADDR BYTES DUR    app echo on a new connection every 50 ms for DUR; prints "ok N" or
@@ -38,6 +39,8 @@ func main() {
 	switch os.Args[1] {
 	case "pause":
 		pause()
+	case "init":
+		initLoop()
 	case "serve":
 		if len(os.Args) != 3 {
 			usage()
@@ -75,7 +78,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: app pause | serve ADDR | echo ADDR BYTES | loop ADDR BYTES DURATION | hold ADDR DURATION")
+	fmt.Fprintln(os.Stderr, "usage: app pause | init | serve ADDR | echo ADDR BYTES | loop ADDR BYTES DURATION | hold ADDR DURATION")
 	os.Exit(2)
 }
 
@@ -83,6 +86,25 @@ func pause() {
 	c := make(chan os.Signal, 1)
 	signal.Notify(c, syscall.SIGTERM, syscall.SIGINT)
 	<-c
+}
+
+// initLoop is PID 1 of a node's PID namespace (deploy/cluster/up.sh): it reaps the processes
+// that re-parent to it (containerd's shims) until SIGTERM/SIGINT; when it returns, the kernel
+// kills every process left in the namespace.
+func initLoop() {
+	c := make(chan os.Signal, 16)
+	signal.Notify(c, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT)
+	for sig := range c {
+		if sig != syscall.SIGCHLD {
+			return
+		}
+		for {
+			pid, err := syscall.Wait4(-1, nil, syscall.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+		}
+	}
 }
 
 func serve(addr string) error {
