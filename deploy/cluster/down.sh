@@ -44,6 +44,7 @@ tac "$REC" | while read -r kind a rest; do
 	route) ip route del "$a" 2>/dev/null ;;
 	iptables) iptables -w -D $a $rest 2>/dev/null ;;
 	dir) rmdir "$a" 2>/dev/null ;;
+	cgroup) find "$a" -depth -type d -exec rmdir {} + 2>/dev/null ;;
 	esac
 done
 rm -f "$REC"

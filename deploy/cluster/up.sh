@@ -206,15 +206,25 @@ done
 phase "node namespaces, containerd, images"
 for n in "${NODES[@]}"; do
 	ip=$(nodeip "$n")
+	# The node's cgroup root, in every v1 hierarchy: its kubelet's kubepods/<qos>/pod<uid>
+	# cgroups go under it, apart from the other node's (as a kind node's cgroup namespace
+	# makes them). istio-cni's agent needs the pod UID in a process's cgroup path to find a
+	# running pod's network namespace when it restarts (cgroupsPerQOS: false leaves it out).
+	for h in /sys/fs/cgroup/*/; do
+		[ "$(stat -f -c %T "$h")" = cgroupfs ] || continue
+		[ -f "$h/cgroup.procs" ] || continue
+		mkdir -p "$h/gozt-$n" && rec cgroup "$h/gozt-$n"
+	done
 	cat > "$C/$n/kubelet.yaml" <<EOKL
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # cgroup v1 on this machine: Kubernetes 1.31+ kubelets refuse it unless told not to; no
-# systemd, and this process sits in a nested memory cgroup, so no QoS cgroups and no
+# systemd (cgroupfs driver); QoS and pod cgroups under the node's own root; no
 # node-allocatable enforcement.
 failCgroupV1: false
 cgroupDriver: cgroupfs
-cgroupsPerQOS: false
+cgroupsPerQOS: true
+cgroupRoot: /gozt-$n
 enforceNodeAllocatable: []
 failSwapOn: false
 containerRuntimeEndpoint: unix:///run/containerd/containerd.sock

@@ -156,7 +156,7 @@ func onePerNode(namespace, selector string, nodes ...string) (map[string]pod, er
 // forward is kubectl port-forward to a pod's port; it returns the local address.
 func forward(t *testing.T, p pod, port int) string {
 	t.Helper()
-	cmd := exec.Command(tool("kubectl"), "-n", p.Metadata.Namespace, "port-forward", "pod/"+p.Metadata.Name, fmt.Sprintf("127.0.0.1::%d", port))
+	cmd := exec.Command(tool("kubectl"), "-n", p.Metadata.Namespace, "port-forward", "--address", "127.0.0.1", "pod/"+p.Metadata.Name, fmt.Sprintf(":%d", port))
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -279,7 +279,7 @@ func metric(text, family string, want map[string]string) (float64, int) {
 	var sum float64
 	var n int
 	for _, line := range strings.Split(text, "\n") {
-		if !strings.HasPrefix(line, family+"{") {
+		if !strings.HasPrefix(line, family+"{") && !strings.HasPrefix(line, family+" ") {
 			continue
 		}
 		ok := true
@@ -814,13 +814,19 @@ func upgrade(t *testing.T) {
 	})
 	// deploy/charts/ztunnel as the README's "Run on Kubernetes" says.
 	under("helm upgrade to deploy/charts/ztunnel", 90*time.Second, func() {
-		must(t, "helm", "upgrade", "ztunnel", filepath.Join(root, "deploy/charts/ztunnel"), "-n", "istio-system", "--reuse-values", "--set", "image=localhost/gozt/ztunnel:v1", "--wait", "--timeout", "3m")
+		must(t, "helm", "upgrade", "ztunnel", filepath.Join(root, "deploy/charts/ztunnel"), "-n", "istio-system", "--reset-then-reuse-values", "--set", "image=localhost/gozt/ztunnel:v1", "--wait", "--timeout", "3m")
 		must(t, "kubectl", "-n", "istio-system", "rollout", "status", "ds/ztunnel", "--timeout=3m")
 	})
 	cur = ztunnelPods(t)
 	if img := cur["node1"].Spec.Containers[0].Image; img != "localhost/gozt/ztunnel:v1" {
 		t.Errorf("after the swap to deploy/charts/ztunnel, ztunnel runs %s", img)
 	}
+	// and back to Istio's chart as cluster-up installed it (revision 1), as the README says.
+	under("helm rollback ztunnel 1 (Istio's chart, tag v1)", 90*time.Second, func() {
+		must(t, "helm", "rollback", "ztunnel", "1", "-n", "istio-system", "--wait", "--timeout", "3m")
+		must(t, "kubectl", "-n", "istio-system", "rollout", "status", "ds/ztunnel", "--timeout=3m")
+	})
+	cur = ztunnelPods(t)
 	// kubectl delete pod of node1's ztunnel: how long until new connections work again.
 	start := time.Now()
 	must(t, "kubectl", "-n", "istio-system", "delete", "pod", cur["node1"].Metadata.Name, "--wait=false")
