@@ -6,7 +6,8 @@
 //	app init                   as pause, and reap every child: a cluster node's PID 1
 //	app serve ADDR             echo every byte back on each TCP connection to ADDR
 //	app echo ADDR BYTES        send BYTES of a pattern, read them back, check them; prints "ok N"
-//	app loop ADDR BYTES DUR    app echo on a new connection every 50 ms for DUR; prints "ok N" or
+//	app loop ADDR BYTES DUR    app echo on a new connection every 50 ms for DUR (or until stdin
+//	                           ends, with DUR "stdin"); prints "ok N" or
 //	                           "fail N of M: first error", exits 1 on any failure
 //	app hold ADDR DUR          one connection, a byte echoed every 100 ms for DUR; prints "held"
 //	                           or exits 1 with "closed after Xs: error" when the connection ends
@@ -171,13 +172,25 @@ func loop(addr, size, dur string) error {
 	if err != nil {
 		return err
 	}
-	d, err := time.ParseDuration(dur)
-	if err != nil {
-		return err
+	stop := make(chan struct{})
+	if dur == "stdin" { // until stdin ends (kubectl exec -i, the caller closes it)
+		go func() { io.Copy(io.Discard, os.Stdin); close(stop) }()
+	} else {
+		d, err := time.ParseDuration(dur)
+		if err != nil {
+			return err
+		}
+		time.AfterFunc(d, func() { close(stop) })
 	}
 	var total, failed int
 	var first error
-	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+	for running := true; running; {
+		select {
+		case <-stop:
+			running = false
+			continue
+		case <-time.After(50 * time.Millisecond):
+		}
 		total++
 		if err := echo(addr, n); err != nil {
 			failed++
