@@ -279,7 +279,7 @@ cat <<EOM
 cluster-up: two nodes ($(printf '%s ' "${NODES[@]}")) up in $(printf '%.0f' "$(echo "$(date +%s.%N) - $t0" | bc)") s. Use it with:
   export KUBECONFIG=$C/kubeconfig PATH=$T:\$PATH
   kubectl get nodes,pods -A -o wide
-  istioctl ztunnel-config workloads         (once Istio is installed: make cluster-istio)
+  istioctl ztunnel-config workloads         (Istio: installed next by make cluster-up, deploy/cluster/istio.sh)
   make cluster-load IMAGE=file.tar          (import an image into both nodes)
   make cluster-down                         (stops and removes everything it made)
 Logs: $C/logs/. A node's view: nsenter --net=/run/netns/gozt-node1 --mount=$C/ns/node1.mnt --pid=$C/ns/node1.pid sh
