@@ -360,6 +360,8 @@ func TestCluster(t *testing.T) {
 			_, err := onePerNode("kube-system", "k8s-app=kube-dns")
 			return err
 		})
+		// A run before this one deletes its namespaces without waiting: wait for them to go.
+		must(t, "kubectl", "delete", "namespace", ns, "zt-plain", "--ignore-not-found", "--wait=true", "--timeout=3m")
 		apply(t, apps(ns, "ambient"))
 		eventually(t, "apps Ready", 3*time.Minute, func() error {
 			ps, err := pods(ns, "")
