@@ -806,14 +806,21 @@ func upgrade(t *testing.T) {
 			t.Logf("%s: no failed request (%s)", what, out)
 		}
 	}
+	// Istio's chart with only hub and tag set, to the tag the pods do not run (v2 after
+	// cluster-up; a run before this one may have left v2).
 	old := ztunnelPods(t)
-	under("helm upgrade ztunnel to tag v2", func() {
-		must(t, "helm", "upgrade", "ztunnel", charts+"/ztunnel", "-n", "istio-system", "--reuse-values", "--set", "tag=v2", "--wait", "--timeout", "3m")
+	next := "v2"
+	if strings.HasSuffix(old["node1"].Spec.Containers[0].Image, ":v2") {
+		next = "v1"
+	}
+	under("helm upgrade of Istio's ztunnel chart to tag "+next, func() {
+		must(t, "helm", "upgrade", "ztunnel", charts+"/ztunnel", "-n", "istio-system", "--reset-values",
+			"--set", "hub=localhost/gozt", "--set", "tag="+next, "--wait", "--timeout", "3m")
 		must(t, "kubectl", "-n", "istio-system", "rollout", "status", "ds/ztunnel", "--timeout=3m")
 	})
 	cur := ztunnelPods(t)
 	for n, p := range cur {
-		if !strings.HasSuffix(p.Spec.Containers[0].Image, ":v2") {
+		if p.Spec.Containers[0].Image != "localhost/gozt/ztunnel:"+next {
 			t.Errorf("ztunnel on %s runs %s after the upgrade", n, p.Spec.Containers[0].Image)
 		}
 		if p.Metadata.UID == old[n].Metadata.UID {
@@ -833,11 +840,14 @@ func upgrade(t *testing.T) {
 	if img := cur["node1"].Spec.Containers[0].Image; img != "localhost/gozt/ztunnel:v1" {
 		t.Errorf("after the swap to deploy/charts/ztunnel, ztunnel runs %s", img)
 	}
-	// and back to Istio's chart as cluster-up installed it (revision 1), as the README says.
-	under("helm rollback ztunnel 1 (Istio's chart, tag v1)", func() {
-		must(t, "helm", "rollback", "ztunnel", "1", "-n", "istio-system", "--wait", "--timeout", "3m")
+	// and back to Istio's ztunnel as the README says: helm rollback to the revision before.
+	under("helm rollback ztunnel (back to Istio's chart)", func() {
+		must(t, "helm", "rollback", "ztunnel", "-n", "istio-system", "--wait", "--timeout", "3m")
 		must(t, "kubectl", "-n", "istio-system", "rollout", "status", "ds/ztunnel", "--timeout=3m")
 	})
+	if out := must(t, "helm", "list", "-n", "istio-system", "-f", "^ztunnel$", "-o", "json"); !strings.Contains(out, `"chart":"ztunnel-1.0.0"`) {
+		t.Errorf("after helm rollback the release is not Istio's chart (ztunnel-1.0.0): %s", out)
+	}
 	cur = ztunnelPods(t)
 	// kubectl delete pod of node1's ztunnel: how long until new connections work again.
 	start := time.Now()

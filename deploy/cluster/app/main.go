@@ -9,6 +9,7 @@
 //	app loop ADDR BYTES DUR    app echo on a new connection every 50 ms for DUR (or until stdin
 //	                           ends, with DUR "stdin"); prints "ok N" or
 //	                           "fail N of M: first error", exits 1 on any failure
+//	app resolve NAME DUR       look NAME up every 10 ms for DUR; prints "ok N" or "fail N of M: ..."
 //	app hold ADDR DUR          one connection, a byte echoed every 100 ms for DUR; prints "held"
 //	                           or exits 1 with "closed after Xs: error" when the connection ends
 package main
@@ -64,6 +65,11 @@ func main() {
 			usage()
 		}
 		err = loop(os.Args[2], os.Args[3], os.Args[4])
+	case "resolve":
+		if len(os.Args) != 4 {
+			usage()
+		}
+		err = resolve(os.Args[2], os.Args[3])
 	case "hold":
 		if len(os.Args) != 4 {
 			usage()
@@ -79,7 +85,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: app pause | init | serve ADDR | echo ADDR BYTES | loop ADDR BYTES DURATION | hold ADDR DURATION")
+	fmt.Fprintln(os.Stderr, "usage: app pause | init | serve ADDR | echo ADDR BYTES | loop ADDR BYTES DURATION | resolve NAME DURATION | hold ADDR DURATION")
 	os.Exit(2)
 }
 
@@ -241,5 +247,29 @@ func hold(addr, dur string) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	fmt.Println("held")
+	return nil
+}
+
+// resolve looks name up with the system resolver (the pod's resolv.conf) every 10 ms.
+func resolve(name, dur string) error {
+	d, err := time.ParseDuration(dur)
+	if err != nil {
+		return err
+	}
+	var total, failed int
+	var first error
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		total++
+		if _, err := net.LookupHost(name); err != nil {
+			failed++
+			if first == nil {
+				first = fmt.Errorf("%s: %w", time.Now().UTC().Format(time.RFC3339Nano), err)
+			}
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("fail %d of %d: %w", failed, total, first)
+	}
+	fmt.Println("ok", total)
 	return nil
 }
