@@ -211,9 +211,10 @@ for n in "${NODES[@]}"; do
 	# makes them). istio-cni's agent needs the pod UID in a process's cgroup path to find a
 	# running pod's network namespace when it restarts (cgroupsPerQOS: false leaves it out).
 	for h in /sys/fs/cgroup/*/; do
-		[ "$(stat -f -c %T "$h")" = cgroupfs ] || continue
-		[ -f "$h/cgroup.procs" ] || continue
-		mkdir -p "$h/gozt-$n" && rec cgroup "$h/gozt-$n"
+		case $(stat -f -c %T "$h") in
+		cgroupfs) [ -f "$h/cgroup.procs" ] && mkdir -p "$h/gozt-$n" && rec cgroup "$h/gozt-$n" ;;
+		cgroup2fs) rec cgroup "$h/gozt-$n" ;; # the empty v2 mount: the kubelet makes its tree there too
+		esac
 	done
 	cat > "$C/$n/kubelet.yaml" <<EOKL
 apiVersion: kubelet.config.k8s.io/v1beta1
