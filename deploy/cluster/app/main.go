@@ -1,0 +1,275 @@
+// Command app is the cluster's workload image (make cluster-images): one static binary that
+// is the pod sandbox (pause), a TCP echo server, and the clients the cluster tests run in
+// pods with kubectl exec.
+//
+//	app pause                  sleep until SIGTERM/SIGINT (also when run as /pause: the sandbox)
+//	app init                   as pause, and reap every child: a cluster node's PID 1
+//	app serve ADDR             echo every byte back on each TCP connection to ADDR
+//	app echo ADDR BYTES        send BYTES of a pattern, read them back, check them; prints "ok N"
+//	app loop ADDR BYTES DUR    app echo on a new connection every 50 ms for DUR (or until stdin
+//	                           ends, with DUR "stdin"); prints "ok N" or
+//	                           "fail N of M: first error", exits 1 on any failure
+//	app resolve NAME DUR       look NAME up every 10 ms for DUR; prints "ok N" or "fail N of M: ..."
+//	app hold ADDR DUR          one connection, a byte echoed every 100 ms for DUR; prints "held"
+//	                           or exits 1 with "closed after Xs: error" when the connection ends
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if filepath.Base(os.Args[0]) == "pause" { // the sandbox image runs it as /pause, no arguments
+		pause()
+		return
+	}
+	if len(os.Args) < 2 {
+		usage()
+	}
+	var err error
+	switch os.Args[1] {
+	case "pause":
+		pause()
+	case "init":
+		initLoop()
+	case "serve":
+		if len(os.Args) != 3 {
+			usage()
+		}
+		err = serve(os.Args[2])
+	case "echo":
+		if len(os.Args) != 4 {
+			usage()
+		}
+		var n int
+		n, err = strconv.Atoi(os.Args[3])
+		if err == nil {
+			err = echo(os.Args[2], n)
+		}
+		if err == nil {
+			fmt.Println("ok", n)
+		}
+	case "loop":
+		if len(os.Args) != 5 {
+			usage()
+		}
+		err = loop(os.Args[2], os.Args[3], os.Args[4])
+	case "resolve":
+		if len(os.Args) != 4 {
+			usage()
+		}
+		err = resolve(os.Args[2], os.Args[3])
+	case "hold":
+		if len(os.Args) != 4 {
+			usage()
+		}
+		err = hold(os.Args[2], os.Args[3])
+	default:
+		usage()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "app:", err)
+		os.Exit(1)
+	}
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: app pause | init | serve ADDR | echo ADDR BYTES | loop ADDR BYTES DURATION | resolve NAME DURATION | hold ADDR DURATION")
+	os.Exit(2)
+}
+
+func pause() {
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGTERM, syscall.SIGINT)
+	<-c
+}
+
+// initLoop is PID 1 of a node's PID namespace (deploy/cluster/up.sh): it reaps the processes
+// that re-parent to it (containerd's shims) until SIGTERM/SIGINT; when it returns, the kernel
+// kills every process left in the namespace.
+func initLoop() {
+	c := make(chan os.Signal, 16)
+	signal.Notify(c, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT)
+	for sig := range c {
+		if sig != syscall.SIGCHLD {
+			return
+		}
+		for {
+			pid, err := syscall.Wait4(-1, nil, syscall.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+		}
+	}
+}
+
+func serve(addr string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	go func() { <-ctx.Done(); ln.Close() }()
+	fmt.Println("serving", ln.Addr())
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		go echoConn(c)
+	}
+}
+
+func echoConn(c net.Conn) {
+	defer c.Close()
+	io.Copy(c, c)
+}
+
+// echo sends n bytes of a pattern on one connection, half-closes, and checks what comes back.
+func echo(addr string, n int) error {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	want := make([]byte, n)
+	for i := range want {
+		want[i] = byte(i % 251)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Write(want)
+		if err == nil {
+			err = c.(*net.TCPConn).CloseWrite()
+		}
+		errc <- err
+	}()
+	got, err := io.ReadAll(c)
+	if werr := <-errc; werr != nil {
+		return fmt.Errorf("write: %w", werr)
+	}
+	if err != nil {
+		return fmt.Errorf("read after %d bytes: %w", len(got), err)
+	}
+	if !bytes.Equal(got, want) {
+		return fmt.Errorf("got %d bytes back, want %d equal to what was sent", len(got), n)
+	}
+	return nil
+}
+
+func loop(addr, size, dur string) error {
+	n, err := strconv.Atoi(size)
+	if err != nil {
+		return err
+	}
+	stop := make(chan struct{})
+	if dur == "stdin" { // until stdin ends (kubectl exec -i, the caller closes it)
+		go func() { io.Copy(io.Discard, os.Stdin); close(stop) }()
+	} else {
+		d, err := time.ParseDuration(dur)
+		if err != nil {
+			return err
+		}
+		time.AfterFunc(d, func() { close(stop) })
+	}
+	var total, failed int
+	var first error
+	for running := true; running; {
+		select {
+		case <-stop:
+			running = false
+			continue
+		case <-time.After(50 * time.Millisecond):
+		}
+		total++
+		if err := echo(addr, n); err != nil {
+			failed++
+			if first == nil {
+				first = fmt.Errorf("%s: %w", time.Now().UTC().Format(time.RFC3339Nano), err)
+			}
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("fail %d of %d: %w", failed, total, first)
+	}
+	if total == 0 {
+		return errors.New("no requests")
+	}
+	fmt.Println("ok", total)
+	return nil
+}
+
+// hold keeps one connection open, checking it with a one-byte echo every 100 ms.
+func hold(addr, dur string) error {
+	d, err := time.ParseDuration(dur)
+	if err != nil {
+		return err
+	}
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	start := time.Now()
+	b := []byte{0}
+	for i := 0; time.Since(start) < d; i++ {
+		b[0] = byte(i)
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, err := c.Write(b)
+		if err == nil {
+			_, err = io.ReadFull(c, b)
+		}
+		if err == nil && b[0] != byte(i) {
+			err = fmt.Errorf("got byte %d, want %d", b[0], byte(i))
+		}
+		if err != nil {
+			return fmt.Errorf("closed after %.1fs: %w", time.Since(start).Seconds(), err)
+		}
+		if i == 0 {
+			fmt.Println("connected")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	fmt.Println("held")
+	return nil
+}
+
+// resolve looks name up with the system resolver (the pod's resolv.conf) every 10 ms.
+func resolve(name, dur string) error {
+	d, err := time.ParseDuration(dur)
+	if err != nil {
+		return err
+	}
+	var total, failed int
+	var first error
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		total++
+		if _, err := net.LookupHost(name); err != nil {
+			failed++
+			if first == nil {
+				first = fmt.Errorf("%s: %w", time.Now().UTC().Format(time.RFC3339Nano), err)
+			}
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("fail %d of %d: %w", failed, total, first)
+	}
+	fmt.Println("ok", total)
+	return nil
+}
