@@ -52,7 +52,7 @@ var Rules = []Rule{
 	{Pkg: "cmd/ztunnel", Forbid: []string{"internal/netns/netnstest", "inpod/inpodtest", "inpod/zdsagent"}, Why: "the node binary links no test helper and no node agent stand-in"},
 	{Pkg: "inpod", Forbid: []string{"inpod/zdsagent", "inpod/inpodtest"}, Why: "the ZDS client does not link the agent that stands in for istio-cni"},
 	{Pkg: "cmd/ztunnel", External: buildTooling, Why: "the node binary links no image or chart tooling (cmd/mkimage, tools/)"},
-	{Pkg: "*", External: buildTooling, Why: "image and chart tooling is for cmd/mkimage and tools/ only"},
+	{Pkg: "*", External: buildTooling, Why: "image and chart tooling is for cmd/mkimage, the local cluster's image builder (deploy/cluster/mkimg) and tools/ only"},
 }
 
 var buildTooling = []string{"github.com/google/go-containerregistry...", "helm.sh/helm..."}
@@ -153,8 +153,8 @@ func (r Rule) applies(pkg string) bool {
 		return false
 	}
 	switch {
-	case r.Pkg == "*":
-		return !strings.HasPrefix(pkg, "bench") && !strings.HasPrefix(pkg, "cmd")
+	case r.Pkg == "*": // not the commands: cmd/..., bench, and the local cluster's (deploy/cluster/...)
+		return !strings.HasPrefix(pkg, "bench") && !strings.HasPrefix(pkg, "cmd") && !strings.HasPrefix(pkg, "deploy/cluster/")
 	case r.Subtree:
 		return pkg == r.Pkg || strings.HasPrefix(pkg, r.Pkg+"/")
 	default:
