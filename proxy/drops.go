@@ -7,23 +7,55 @@ import (
 	"github.com/gozt/gozt/hbone"
 )
 
-// dropSummaryEvery is how often at most the node logs a summary of one reason's dropped
-// HBONE streams or connections.
+// dropSummaryEvery is how often at most the node logs a summary line of one kind (a drop
+// reason, a handshake failure reason, a key limit event).
 const dropSummaryEvery = 10 * time.Second
 
-// dropLog counts HBONE streams dropped before they were answered, connections closed for
-// abuse and connections refused or delayed by a per-source or per-identity budget, and
-// logs one summary line per reason at most every dropSummaryEvery: a hostile peer makes
-// tens of thousands a second, and an access-log record for each was most of what such a
-// flood cost a node.
-type dropLog struct {
-	mu     sync.Mutex
-	counts [hbone.NumDropReasons]int       // guarded by mu: since that reason's last summary
-	last   [hbone.NumDropReasons]time.Time // guarded by mu: each reason's last summary
+// summaryLog decides when a rate-limited WARN line of one kind is due: the first
+// occurrence of a kind is logged, then at most one line a kind every dropSummaryEvery,
+// carrying what accumulated since. A hostile peer makes tens of thousands of drops a
+// second, and a node restarting with wrong roots makes every peer's handshake fail: a
+// line each would drown the log (and was most of what such a flood cost a node).
+type summaryLog struct {
+	mu    sync.Mutex
+	kinds map[string]*summary // guarded by mu; keys: a bounded set of reasons and events
+}
+
+// summary is one kind's counts since its last line.
+type summary struct {
+	n, extra int       // occurrences, and what add's callers sum beside them
+	last     time.Time // the last line (zero: none yet)
+}
+
+// add counts one occurrence of kind carrying extra. If a line is due it returns the
+// counts since the last line, this one included, and when that line was (zero the first
+// time), and starts counting again.
+func (l *summaryLog) add(kind string, extra int) (n, extraSum int, since time.Time, due bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.kinds == nil {
+		l.kinds = make(map[string]*summary)
+	}
+	s := l.kinds[kind]
+	if s == nil {
+		s = &summary{}
+		l.kinds[kind] = s
+	}
+	s.n++
+	s.extra += extra
+	now := time.Now()
+	if !s.last.IsZero() && now.Sub(s.last) < dropSummaryEvery {
+		return 0, 0, time.Time{}, false
+	}
+	n, extraSum, since = s.n, s.extra, s.last
+	s.n, s.extra, s.last = 0, 0, now
+	return n, extraSum, since, true
 }
 
 // onDrop is hbone's Config.OnDrop: it runs on a connection's frame reader (or its
-// serving or handler goroutine), so it only counts, and logs when a summary is due.
+// serving or handler goroutine), so it only counts, and logs when a summary is due. The
+// drops are HBONE streams dropped before they were answered, connections closed for
+// abuse and connections refused or delayed by a per-source or per-identity budget.
 func (p *Proxy) onDrop(r hbone.DropReason) {
 	if p.metrics != nil {
 		p.metrics.HBONEDrops.WithLabelValues(r.String()).Inc()
@@ -31,17 +63,10 @@ func (p *Proxy) onDrop(r hbone.DropReason) {
 	if r >= hbone.NumDropReasons {
 		return
 	}
-	d := &p.drops
-	d.mu.Lock()
-	d.counts[r]++
-	now := time.Now()
-	if now.Sub(d.last[r]) < dropSummaryEvery {
-		d.mu.Unlock()
+	n, _, since, due := p.drops.add(r.String(), 0)
+	if !due {
 		return
 	}
-	n, since := d.counts[r], d.last[r]
-	d.counts[r], d.last[r] = 0, now
-	d.mu.Unlock()
 	attrs := []any{"reason", r.String(), "count", n}
 	if !since.IsZero() {
 		attrs = append(attrs, "since", since.Format(time.RFC3339))

@@ -1,25 +1,6 @@
 package proxy
 
-import (
-	"net"
-	"sync"
-	"time"
-)
-
-// handshakeLog rate-limits the WARN lines of failed inbound TLS handshakes: the first of a
-// reason is logged with its peer and error, the next of that reason not before
-// dropSummaryEvery, with how many were left unlogged since. A client with a bad
-// certificate retries, and a node restarting with wrong roots makes every peer fail at
-// once; a line each would drown the log.
-type handshakeLog struct {
-	mu   sync.Mutex
-	seen map[string]*handshakeReason // guarded by mu; keys: a bounded set of reasons
-}
-
-type handshakeReason struct {
-	last       time.Time
-	suppressed int
-}
+import "net"
 
 // Reasons logged at DEBUG only: a peer that goes away or stalls mid-handshake is a port
 // probe, a load balancer's health check or a client giving up, not a misconfiguration.
@@ -41,25 +22,13 @@ func (p *Proxy) handshakeFailed(peer net.Addr, err error) {
 		p.log.Debug("proxy: inbound TLS handshake failed", "peer", peer, "reason", reason, "err", err)
 		return
 	}
-	h := &p.handshakes
-	h.mu.Lock()
-	if h.seen == nil {
-		h.seen = make(map[string]*handshakeReason)
-	}
-	r := h.seen[reason]
-	if r == nil {
-		r = &handshakeReason{}
-		h.seen[reason] = r
-	}
-	now := time.Now()
-	if !r.last.IsZero() && now.Sub(r.last) < dropSummaryEvery {
-		r.suppressed++
-		h.mu.Unlock()
+	// The first failure of a reason is logged with its peer and error; the next of that
+	// reason not before dropSummaryEvery, with how many were left unlogged since.
+	n, _, _, due := p.handshakes.add(reason, 0)
+	if !due {
 		return
 	}
-	suppressed := r.suppressed
-	r.last, r.suppressed = now, 0
-	h.mu.Unlock()
+	suppressed := n - 1
 	attrs := []any{"peer", peer, "reason", reason, "err", err}
 	if suppressed > 0 {
 		attrs = append(attrs, "alsoSince", suppressed) // failures of this reason not logged since its last line

@@ -161,9 +161,9 @@ type Proxy struct {
 
 	listeners  map[string]net.Listener
 	conns      tracker
-	drops      dropLog
-	keyLimits  keyLimitLog
-	handshakes handshakeLog
+	drops      summaryLog // by hbone.DropReason
+	keyLimits  summaryLog // by hbone.KeyLimit event
+	handshakes summaryLog // by handshake failure reason
 
 	acceptMu      sync.Mutex
 	acceptFailing map[string]acceptFailure // guarded by acceptMu: listener -> its last accept error
