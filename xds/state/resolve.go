@@ -25,6 +25,31 @@ var (
 // visibility and namespace preference), waypoints (weighted), load balancing by routing
 // preference and capacity, network gateways, else passthrough.
 func (s *Store) Resolve(src *Workload, dst netip.AddrPort) (Route, error) {
+	return s.ResolveAvoiding(src, dst, Avoid{})
+}
+
+// Avoid steers a service's endpoint pick away from endpoints the caller saw fail: the
+// endpoints a connection already tried, and those its outlier detection ejected. The zero
+// value steers nothing.
+type Avoid struct {
+	// Tried endpoints are never picked again.
+	Tried []*Workload
+	// Ejected, when set, names endpoints picked only when no other is left, so an outage
+	// of every endpoint still tries them.
+	Ejected func(*Workload) bool
+}
+
+func (a *Avoid) tried(w *Workload) bool {
+	for _, t := range a.Tried {
+		if t == w {
+			return true
+		}
+	}
+	return false
+}
+
+// ResolveAvoiding is Resolve with the endpoint pick steered by avoid (see Avoid).
+func (s *Store) ResolveAvoiding(src *Workload, dst netip.AddrPort, avoid Avoid) (Route, error) {
 	network, srcNs := s.opts.Network, ""
 	if src != nil {
 		network, srcNs = src.Network, src.Namespace
@@ -33,9 +58,9 @@ func (s *Store) Resolve(src *Workload, dst netip.AddrPort) (Route, error) {
 	defer s.mu.RUnlock()
 	if w := s.idx.byAddr.get(network, dst.Addr()); w != nil {
 		if w.Waypoint != nil && !s.isWaypointLocked(src, w.Waypoint) {
-			return s.waypointRouteLocked(src, network, w.Waypoint, nil, dst)
+			return s.waypointRouteLocked(src, network, w.Waypoint, nil, dst, &avoid)
 		}
-		r, err := s.directRouteLocked(src, network, nil, w, dst.Port(), dst)
+		r, err := s.directRouteLocked(src, network, nil, w, dst.Port(), dst, &avoid)
 		if err != nil {
 			return Route{}, err
 		}
@@ -47,7 +72,7 @@ func (s *Store) Resolve(src *Workload, dst netip.AddrPort) (Route, error) {
 		return Route{Kind: RoutePassthrough, Dial: dst}, nil
 	}
 	if wp := s.serviceWaypoint(svc); wp != nil && !s.isWaypointLocked(src, wp) {
-		return s.waypointRouteLocked(src, network, wp, svc, dst)
+		return s.waypointRouteLocked(src, network, wp, svc, dst, &avoid)
 	}
 	target, ok := svc.Ports[dst.Port()]
 	if !ok {
@@ -56,11 +81,11 @@ func (s *Store) Resolve(src *Workload, dst netip.AddrPort) (Route, error) {
 	if lb := svc.LoadBalancing; lb != nil && lb.Mode == LBPassthrough {
 		return Route{Kind: RoutePassthrough, Service: svc, Dial: dst}, nil
 	}
-	w, port := s.pickEndpointLocked(src, network, svc, dst.Port(), target)
+	w, port := s.pickEndpointLocked(src, network, svc, dst.Port(), target, &avoid)
 	if w == nil {
 		return Route{}, fmt.Errorf("%w for %s port %d", ErrNoHealthyEndpoint, svc.Key(), dst.Port())
 	}
-	r, err := s.directRouteLocked(src, network, svc, w, port, dst)
+	r, err := s.directRouteLocked(src, network, svc, w, port, dst, &avoid)
 	if err != nil {
 		return Route{}, err
 	}
@@ -138,7 +163,7 @@ func (s *Store) isWaypointLocked(src *Workload, g *GatewayAddress) bool {
 
 // gatewayWorkloadLocked resolves a gateway address to one workload: by IP, else through the
 // service it names (load balanced).
-func (s *Store) gatewayWorkloadLocked(src *Workload, network string, g *GatewayAddress) *Workload {
+func (s *Store) gatewayWorkloadLocked(src *Workload, network string, g *GatewayAddress, avoid *Avoid) *Workload {
 	if g.Address.IsValid() {
 		if w := s.idx.byAddr.get(g.Network, g.Address); w != nil {
 			return w
@@ -149,12 +174,12 @@ func (s *Store) gatewayWorkloadLocked(src *Workload, network string, g *GatewayA
 	if svc == nil {
 		return nil
 	}
-	w, _ := s.pickEndpointLocked(src, network, svc, 0, 0)
+	w, _ := s.pickEndpointLocked(src, network, svc, 0, 0, avoid)
 	return w
 }
 
-func (s *Store) waypointRouteLocked(src *Workload, network string, g *GatewayAddress, svc *Service, dst netip.AddrPort) (Route, error) {
-	wp := s.gatewayWorkloadLocked(src, network, g)
+func (s *Store) waypointRouteLocked(src *Workload, network string, g *GatewayAddress, svc *Service, dst netip.AddrPort, avoid *Avoid) (Route, error) {
+	wp := s.gatewayWorkloadLocked(src, network, g, avoid)
 	if wp == nil {
 		return Route{}, fmt.Errorf("%w: %s", ErrWaypointNotFound, g)
 	}
@@ -164,7 +189,7 @@ func (s *Store) waypointRouteLocked(src *Workload, network string, g *GatewayAdd
 		if svc == nil {
 			return Route{}, fmt.Errorf("%w: waypoint %s of %v is on network %q; only services cross networks", ErrRemoteWorkload, wp.UID, dst.Addr(), wp.Network)
 		}
-		r, err := s.doubleHBONELocked(src, svc, wp, dst)
+		r, err := s.doubleHBONELocked(src, svc, wp, dst, avoid)
 		if err != nil {
 			return Route{}, err
 		}
@@ -189,13 +214,13 @@ func (s *Store) waypointRouteLocked(src *Workload, network string, g *GatewayAdd
 }
 
 // directRouteLocked builds the route to workload w's targetPort, prefer being the dialed IP.
-func (s *Store) directRouteLocked(src *Workload, network string, svc *Service, w *Workload, targetPort uint16, dst netip.AddrPort) (Route, error) {
+func (s *Store) directRouteLocked(src *Workload, network string, svc *Service, w *Workload, targetPort uint16, dst netip.AddrPort, avoid *Avoid) (Route, error) {
 	prefer := dst.Addr()
 	if w.Network != network {
 		if svc == nil { // by IP only workloads of the source's network are found
 			return Route{}, fmt.Errorf("%w: %s is on network %q; only services cross networks", ErrRemoteWorkload, w.UID, w.Network)
 		}
-		return s.doubleHBONELocked(src, svc, w, dst)
+		return s.doubleHBONELocked(src, svc, w, dst, avoid)
 	}
 	ip, ok := chooseIP(w, prefer)
 	if !ok && w.Hostname != "" {
@@ -241,12 +266,12 @@ func (r Route) Resolved(ip netip.Addr) Route {
 // w's network gateway, as the Rust ztunnel's build_request_through_gateway: both CONNECTs
 // carry svc-hostname:dst-port (the gateway routes by it without opening the inner TLS),
 // the outer TLS expects the gateway's identities. The caller sets the inner ones.
-func (s *Store) doubleHBONELocked(src *Workload, svc *Service, w *Workload, dst netip.AddrPort) (Route, error) {
+func (s *Store) doubleHBONELocked(src *Workload, svc *Service, w *Workload, dst netip.AddrPort, avoid *Avoid) (Route, error) {
 	g := w.NetworkGateway
 	if g == nil {
 		return Route{}, fmt.Errorf("%w: %s on network %q", ErrNoGateway, w.UID, w.Network)
 	}
-	gw, dial, ids, err := s.networkGatewayLocked(src, g, dst)
+	gw, dial, ids, err := s.networkGatewayLocked(src, g, dst, avoid)
 	if err != nil {
 		return Route{}, err
 	}
@@ -267,7 +292,7 @@ func (s *Store) doubleHBONELocked(src *Workload, svc *Service, w *Workload, dst 
 // network, a hostname a service; a service is load-balanced on its port g.Port(). The
 // gateway must be known: its identity (and its service's SANs) is what the outer TLS
 // expects.
-func (s *Store) networkGatewayLocked(src *Workload, g *GatewayAddress, dst netip.AddrPort) (*Workload, netip.AddrPort, []identity.ID, error) {
+func (s *Store) networkGatewayLocked(src *Workload, g *GatewayAddress, dst netip.AddrPort, avoid *Avoid) (*Workload, netip.AddrPort, []identity.ID, error) {
 	var svc *Service
 	if g.Address.IsValid() {
 		if w := s.idx.byAddr.get(g.Network, g.Address); w != nil {
@@ -284,7 +309,7 @@ func (s *Store) networkGatewayLocked(src *Workload, g *GatewayAddress, dst netip
 	if !ok {
 		return nil, netip.AddrPort{}, nil, fmt.Errorf("%w: network gateway service %s has no port %d", ErrNoGateway, svc.Key(), g.Port())
 	}
-	w, port := s.pickEndpointLocked(src, g.Network, svc, g.Port(), target)
+	w, port := s.pickEndpointLocked(src, g.Network, svc, g.Port(), target, avoid)
 	if w == nil {
 		return nil, netip.AddrPort{}, nil, fmt.Errorf("%w: network gateway service %s has no healthy endpoint", ErrNoGateway, svc.Key())
 	}
@@ -366,18 +391,20 @@ func rank(prefs []LBScope, src, w *Workload) (n, r int) {
 // pickEndpointLocked load-balances over svc's endpoints for svcPort (0: any port) and returns
 // the workload and the target port. It applies the health policy, named-port and address
 // filters, FAILOVER/STRICT routing preference, then a random pick weighted by capacity.
-// Two passes over the endpoint map and no allocation: the first finds the best rank and the
-// total weight, the second walks to the drawn weight (map order does not bias a uniform draw).
-func (s *Store) pickEndpointLocked(src *Workload, network string, svc *Service, svcPort, target uint16) (*Workload, uint16) {
+// Health comes before routing preference: a healthy endpoint in another zone is picked
+// before an ejected or unhealthy one in the client's (see eligible). Two passes over the
+// endpoint map and no allocation: the first finds the best key and the total weight, the
+// second walks to the drawn weight (map order does not bias a uniform draw).
+func (s *Store) pickEndpointLocked(src *Workload, network string, svc *Service, svcPort, target uint16, avoid *Avoid) (*Workload, uint16) {
 	eps := s.idx.endpoints[svc.Key()]
 	best, n := -1, 0
 	var total uint64
 	for w, ports := range eps {
-		_, r, ok := s.eligible(src, network, svc, w, ports, svcPort, target)
+		_, key, ok := s.eligible(src, network, svc, w, ports, svcPort, target, avoid)
 		switch {
-		case !ok || r < best:
-		case r > best:
-			best, n, total = r, 1, uint64(w.Capacity)
+		case !ok || key < best:
+		case key > best:
+			best, n, total = key, 1, uint64(w.Capacity)
 		default:
 			n++
 			total += uint64(w.Capacity)
@@ -395,8 +422,8 @@ func (s *Store) pickEndpointLocked(src *Workload, network string, svc *Service, 
 	var last *Workload
 	var lastPort uint16
 	for w, ports := range eps {
-		port, r, ok := s.eligible(src, network, svc, w, ports, svcPort, target)
-		if !ok || r != best {
+		port, key, ok := s.eligible(src, network, svc, w, ports, svcPort, target, avoid)
+		if !ok || key != best {
 			continue
 		}
 		weight := uint64(w.Capacity)
@@ -412,14 +439,33 @@ func (s *Store) pickEndpointLocked(src *Workload, network string, svc *Service, 
 	return last, lastPort
 }
 
-// eligible filters one endpoint and returns its target port and routing-preference rank.
-func (s *Store) eligible(src *Workload, network string, svc *Service, w *Workload, ports map[uint16]uint16, svcPort, target uint16) (uint16, int, bool) {
+// Health classes of an endpoint; the pick takes the best class present. Healthy, then
+// healthy but ejected by the caller's outlier detection (one less), then UNHEALTHY in xDS
+// (terminating or not ready, with UnhealthyFallback), then UNHEALTHY and ejected.
+const (
+	classHealthy   = 3
+	classUnhealthy = 1
+)
+
+// eligible filters one endpoint and returns its target port and the key picks compare:
+// its health class, then its routing-preference rank.
+func (s *Store) eligible(src *Workload, network string, svc *Service, w *Workload, ports map[uint16]uint16, svcPort, target uint16, avoid *Avoid) (uint16, int, bool) {
 	lb := svc.LoadBalancing
+	class := classHealthy
 	if !w.Healthy && (lb == nil || lb.HealthPolicy != AllowAll) {
-		return 0, 0, false
+		if !s.opts.UnhealthyFallback {
+			return 0, 0, false
+		}
+		class = classUnhealthy
 	}
 	if len(w.Addresses) == 0 && w.Hostname == "" && (w.Network == network || w.NetworkGateway == nil) {
 		return 0, 0, false
+	}
+	if len(avoid.Tried) > 0 && avoid.tried(w) {
+		return 0, 0, false
+	}
+	if avoid.Ejected != nil && avoid.Ejected(w) {
+		class--
 	}
 	port := target
 	if svcPort != 0 {
@@ -432,12 +478,13 @@ func (s *Store) eligible(src *Workload, network string, svc *Service, w *Workloa
 			port = svcPort
 		}
 	}
+	key := class << 16
 	if lb == nil || src == nil || (lb.Mode != LBFailover && lb.Mode != LBStrict) {
-		return port, 0, true
+		return port, key, true
 	}
 	n, r := rank(lb.RoutingPreference, src, w)
 	if lb.Mode == LBStrict && n < len(lb.RoutingPreference) {
 		return 0, 0, false
 	}
-	return port, r, true
+	return port, key | r, true
 }

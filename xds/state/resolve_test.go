@@ -276,3 +276,70 @@ func TestResolveHostnameOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestResolveAvoiding: the proxy's retries and outlier detection steer the pick; health
+// comes before routing preference, and an outage of every endpoint still picks them.
+func TestResolveAvoiding(t *testing.T) {
+	client := wl("client", "10.0.0.1", func(w *Workload) { w.Locality = Locality{Region: "r", Zone: "z"} })
+	local := wl("local", "10.0.0.2", inSvc(echoKey, nil), func(w *Workload) { w.Locality = client.Locality })
+	remote := wl("remote", "10.0.0.3", inSvc(echoKey, nil), func(w *Workload) { w.Locality = Locality{Region: "r", Zone: "other"} })
+	gone := wl("gone", "10.0.0.4", inSvc(echoKey, nil), func(w *Workload) { w.Locality = client.Locality; w.Healthy = false })
+	failover := func(s *Service) {
+		s.LoadBalancing = &LoadBalancing{Mode: LBFailover, RoutingPreference: []LBScope{LBScopeRegion, LBScopeZone}}
+	}
+	picks := func(s *Store, avoid Avoid) map[string]int {
+		t.Helper()
+		seen := map[string]int{}
+		for range 200 {
+			r, err := s.ResolveAvoiding(client, ap("10.96.0.10:80"), avoid)
+			if err != nil {
+				seen[err.Error()]++
+				continue
+			}
+			seen[r.Workload.Name]++
+		}
+		return seen
+	}
+	ejected := func(names ...string) func(*Workload) bool {
+		return func(w *Workload) bool {
+			for _, n := range names {
+				if w.Name == n {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	s := NewStore()
+	s.Apply(&Batch{Workloads: []*Workload{client, local, remote, gone}, Services: []*Service{echo(failover)}})
+	for _, tc := range []struct {
+		name  string
+		avoid Avoid
+		want  string
+	}{
+		{"nothing avoided: the best rank", Avoid{}, "local"},
+		{"the local endpoint ejected: the healthy remote one", Avoid{Ejected: ejected("local")}, "remote"},
+		{"the local endpoint tried: the remote one", Avoid{Tried: []*Workload{local}}, "remote"},
+		{"every healthy endpoint ejected: still picked, best rank first", Avoid{Ejected: ejected("local", "remote")}, "local"},
+		{"tried and ejected", Avoid{Tried: []*Workload{local}, Ejected: ejected("remote")}, "remote"},
+	} {
+		if got := picks(s, tc.avoid); got[tc.want] != 200 {
+			t.Errorf("%s: picks %v; want only %s", tc.name, got, tc.want)
+		}
+	}
+	if got := picks(s, Avoid{Tried: []*Workload{local, remote}}); got[ErrNoHealthyEndpoint.Error()+" for "+echoKey+" port 80"] != 200 {
+		t.Errorf("every healthy endpoint tried, no fallback: %v; want no healthy endpoint", got)
+	}
+
+	fb := NewStoreWith(Options{UnhealthyFallback: true})
+	fb.Apply(&Batch{Workloads: []*Workload{client, local, remote, gone}, Services: []*Service{echo(failover)}})
+	if got := picks(fb, Avoid{Ejected: ejected("local", "remote")}); got["local"] != 200 {
+		t.Errorf("fallback on, healthy ones ejected: %v; want the ejected healthy local one before the unhealthy one", got)
+	}
+	if got := picks(fb, Avoid{Tried: []*Workload{local, remote}}); got["gone"] != 200 {
+		t.Errorf("fallback on, healthy ones tried: %v; want the unhealthy one", got)
+	}
+	if got := picks(fb, Avoid{Tried: []*Workload{local, remote, gone}}); got["local"] != 0 || got["gone"] != 0 {
+		t.Errorf("fallback on, every endpoint tried: %v; want none", got)
+	}
+}

@@ -36,6 +36,12 @@ type Options struct {
 	Network string
 	// PreferredServiceNamespace breaks VIP/hostname ties (PREFERED_SERVICE_NAMESPACE).
 	PreferredServiceNamespace string
+	// UnhealthyFallback picks an unhealthy endpoint when a service has no healthy one left,
+	// as Kubernetes' ProxyTerminatingEndpoints sends to terminating endpoints
+	// (ENDPOINT_UNHEALTHY_FALLBACK). istiod marks terminating and not-ready pods alike
+	// UNHEALTHY, so this is the nearest the workload API allows. Off: such a service has
+	// no endpoint (ErrNoHealthyEndpoint), as in the Rust ztunnel.
+	UnhealthyFallback bool
 }
 
 // Batch is one push, applied by Store.Apply. Upserts replace by key (uid,
