@@ -35,6 +35,7 @@ var Rules = []Rule{
 	{Pkg: "hbone", Subtree: true, Forbid: []string{"xds...", "proxy...", "identity/certs"}, Why: "the wire protocol knows nothing of workloads or where certificates come from"},
 	{Pkg: "proxy", Forbid: []string{"xds", "identity/certs...", "identity/ca..."}, Why: "the data plane gets state and certificates through interfaces, not from their sources"},
 	{Pkg: "proxy/rbac", Forbid: []string{"*"}, Allow: []string{"identity", "xds/state"}, Direct: []string{"net", "net/http", "os", "io", "log/slog"}, Why: "pure authorization: no I/O"},
+	{Pkg: "proxy/outlier", Forbid: []string{"*"}, Allow: []string{"identity", "xds/state"}, Direct: []string{"net", "os", "io", "log/slog"}, Why: "endpoint bookkeeping only: the proxy does the I/O and the logging"},
 	{Pkg: "xds", Forbid: []string{"proxy...", "hbone...", "identity/certs..."}, Why: "the control-plane client feeds the cache, nothing else"},
 	{Pkg: "identity/ca/capb", Forbid: []string{"*"}, Why: "generated CA protos and gRPC stubs are a leaf"},
 	{Pkg: "identity/ca", Subtree: true, Forbid: []string{"proxy...", "xds...", "hbone..."}, Why: "CA clients know nothing of the data plane"},
