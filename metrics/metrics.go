@@ -107,6 +107,9 @@ type Metrics struct {
 	// bad_certificate, revoked, wrong_trust_domain, cipher, no_local_identity, peer_alert,
 	// protocol, timeout, peer_closed, other).
 	HBONEHandshakeFailures *prometheus.CounterVec
+	// ConnectRetries and EndpointEjections count the proxy's endpoint retries and outlier
+	// ejections by destination_service (gozt).
+	ConnectRetries, EndpointEjections *prometheus.CounterVec
 	// In-pod (shared) mode workload manager.
 	ActiveProxies, PendingProxies  prometheus.Gauge
 	ProxiesStarted, ProxiesStopped prometheus.Counter
@@ -173,6 +176,8 @@ func New(reg *prometheus.Registry, version string, opts ...Option) *Metrics {
 	m.HBONEKeyLimit = counter("hbone_tls_key_limit_total", "HBONE connections that met their TLS key's record limit, by event: drain, tx_limit, peer_key_update (gozt)", []string{"event"})
 	m.HBONEKeyLimitStreams = counter("hbone_tls_key_limit_reset_streams_total", "HBONE streams reset because their connection ended at a TLS key limit, by event: tx_limit, peer_key_update (gozt)", []string{"event"})
 	m.HBONEHandshakeFailures = counter("hbone_tls_handshake_failures_total", "Failed inbound HBONE TLS handshakes, by reason (gozt)", []string{"reason"})
+	m.ConnectRetries = counter("outbound_connect_retries_total", "Outbound connections tried on another endpoint of their service after one failed before any byte moved, by the service (gozt)", []string{"destination_service"})
+	m.EndpointEjections = counter("outbound_endpoint_ejections_total", "Service endpoints ejected from picks after consecutive failed connects, by the service (gozt)", []string{"destination_service"})
 	m.DNSRequests = counter("istio_dns_requests_total", "Total number of DNS requests (unstable)", dnsLabelNames)
 	m.DNSUpstreamRequests = counter("istio_dns_upstream_requests_total", "Total number of DNS requests forwarded to upstream (unstable)", dnsLabelNames)
 	m.DNSUpstreamFailures = counter("istio_dns_upstream_failures_total", "Total number of DNS failures forwarding to upstream (unstable)", dnsLabelNames)

@@ -7,6 +7,8 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"slices"
+	"time"
 
 	"github.com/gozt/gozt/hbone"
 	"github.com/gozt/gozt/metrics"
@@ -72,9 +74,15 @@ func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Wo
 
 // connect routes and dials an outbound connection, then calls ready. A failure is recorded
 // in the metrics here; on success the returned record is open.
+//
+// A service's connection whose endpoint fails before any byte has moved (dial, TLS, a 5xx
+// CONNECT answer) is tried on another endpoint, up to ConnectRetries more times within
+// DialTimeout; each endpoint's outcome goes to the outlier detector, whose ejections steer
+// later picks. The client sees one connection: only its last attempt is in the metrics.
 func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, dst netip.AddrPort, ready func(error)) (halfCloser, *metrics.Conn, error) {
-	labels := metrics.Labels{Reporter: metrics.ReporterSource, SourcePrincipal: src.Identity().String()}
-	sourceLabels(&labels, src)
+	base := metrics.Labels{Reporter: metrics.ReporterSource, SourcePrincipal: src.Identity().String()}
+	sourceLabels(&base, src)
+	labels := base
 	log := metrics.ConnLog{SrcAddr: clientAddr.String(), DstAddr: dst.String(), Direction: "outbound"}
 	fail := func(flag string, err error) (halfCloser, *metrics.Conn, error) {
 		ready(err)
@@ -88,16 +96,68 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 		return fail(metrics.FlagConnect, errSelfCall)
 	}
 	p.demand(ctx, dst.Addr())
-	route, err := p.store.Resolve(src, dst)
-	if err == nil && route.Hostname != "" {
-		route, err = p.resolveHostname(ctx, src, route, dst)
+	var avoid state.Avoid
+	if p.cfg.Outliers != nil {
+		avoid.Ejected = p.cfg.Outliers.Ejected
 	}
-	if err != nil {
-		return fail(metrics.FlagConnect, err)
+	deadline := time.Now().Add(p.cfg.DialTimeout)
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		route, err := p.store.ResolveAvoiding(src, dst, avoid)
+		if err == nil && route.Hostname != "" {
+			route, err = p.resolveHostname(ctx, src, route, dst)
+		}
+		if attempt > 0 && (err != nil || slices.Contains(avoid.Tried, route.Workload)) {
+			// Out of endpoints (or a waypoint addressed by IP, the same one again): the
+			// client hears why the last one failed.
+			return fail(connectFlag(lastErr), lastErr)
+		}
+		if err != nil {
+			return fail(metrics.FlagConnect, err)
+		}
+		labels, log.DstAddr, log.HBONEAddr = base, dst.String(), ""
+		destLabels(&labels, route.Workload, route.Service)
+		upstream, err := p.dialRoute(ctx, src, clientAddr, route, &labels, &log)
+		if err == nil {
+			if p.cfg.Outliers != nil && route.Workload != nil {
+				p.cfg.Outliers.Succeeded(route.Workload)
+			}
+			ready(nil)
+			return upstream, p.metrics.Open(labels, log), nil
+		}
+		lastErr = err
+		if !p.endpointFailed(ctx, route, err) || attempt >= p.cfg.ConnectRetries || time.Now().After(deadline) {
+			return fail(connectFlag(err), err)
+		}
+		p.metrics.ConnectRetries.WithLabelValues(route.Service.Hostname).Inc()
+		p.log.Debug("proxy: outbound: retrying on another endpoint", "src", clientAddr, "dst", dst, "endpoint", route.Workload.UID, "err", err)
+		avoid.Tried = append(avoid.Tried, route.Workload)
 	}
-	destLabels(&labels, route.Workload, route.Service)
+}
 
-	var upstream halfCloser
+// endpointFailed reports whether err, from connecting route, says its endpoint could not be
+// reached, and records it for outlier detection; only then is the connection retried. A
+// CONNECT answered 4xx (a policy denial, a bad target) would be answered the same by any
+// endpoint; a context ended by the client or shutdown is not the endpoint's fault; a
+// route without a service has no other endpoint.
+func (p *Proxy) endpointFailed(ctx context.Context, route state.Route, err error) bool {
+	if route.Service == nil || route.Workload == nil || ctx.Err() != nil {
+		return false
+	}
+	var se *hbone.StatusError
+	if errors.As(err, &se) && se.Code < 500 {
+		return false
+	}
+	if p.cfg.Outliers != nil && p.cfg.Outliers.Failed(route.Workload, route.Service.Key()) {
+		p.metrics.EndpointEjections.WithLabelValues(route.Service.Hostname).Inc()
+		p.log.Info("proxy: endpoint ejected after failed connects", "endpoint", route.Workload.UID, "service", route.Service.Key(), "err", err)
+	}
+	return true
+}
+
+// dialRoute opens the upstream leg of route and fills in the labels and log fields that
+// depend on it.
+func (p *Proxy) dialRoute(ctx context.Context, src *state.Workload, clientAddr netip.AddrPort, route state.Route, labels *metrics.Labels, log *metrics.ConnLog) (halfCloser, error) {
 	switch route.Kind {
 	case state.RouteHBONE, state.RouteWaypoint:
 		labels.ConnectionSecurityPolicy = metrics.MutualTLS
@@ -108,33 +168,23 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 		key := hbone.NewKey(src.Identity(), route.Identities, route.Dial, p.sourceIP(src))
 		s, err := p.pool.Dial(ctx, key, route.Authority, hboneHeaders(src, clientAddr, route.Service))
 		if err != nil {
-			fail(connectFlag(err), err)
-			return nil, nil, fmt.Errorf("proxy: hbone to %v (%s): %w", route.Dial, route.Authority, err)
+			return nil, fmt.Errorf("proxy: hbone to %v (%s): %w", route.Dial, route.Authority, err)
 		}
-		upstream = s
+		return s, nil
 	case state.RouteTCP, state.RoutePassthrough:
 		log.DstAddr = route.Dial.String()
 		s, err := p.dialTCP(ctx, route.Dial)
 		if err != nil {
-			fail(metrics.FlagConnect, err)
-			return nil, nil, fmt.Errorf("proxy: dial %v: %w", route.Dial, err)
+			return nil, fmt.Errorf("proxy: dial %v: %w", route.Dial, err)
 		}
-		upstream = s
+		return s, nil
 	case state.RouteDoubleHBONE:
 		labels.ConnectionSecurityPolicy = metrics.MutualTLS
 		labels.DestinationPrincipal = route.Workload.Identity().String()
 		log.DstAddr, log.HBONEAddr = route.Dial.String(), route.Authority
-		s, err := p.dialThroughGateway(ctx, src, clientAddr, route)
-		if err != nil {
-			fail(connectFlag(err), err)
-			return nil, nil, err
-		}
-		upstream = s
-	default:
-		return fail("", fmt.Errorf("proxy: unknown route kind %v", route.Kind))
+		return p.dialThroughGateway(ctx, src, clientAddr, route)
 	}
-	ready(nil)
-	return upstream, p.metrics.Open(labels, log), nil
+	return nil, fmt.Errorf("proxy: unknown route kind %v", route.Kind)
 }
 
 // dialThroughGateway opens double HBONE to a destination on another network, as the Rust

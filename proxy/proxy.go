@@ -19,6 +19,7 @@ import (
 	"github.com/gozt/gozt/internal/reuse"
 	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/metrics"
+	"github.com/gozt/gozt/proxy/outlier"
 	"github.com/gozt/gozt/xds/state"
 )
 
@@ -77,8 +78,15 @@ type Config struct {
 	// OrigSrc makes inbound dials to a workload leave from the client's IP (IP_TRANSPARENT),
 	// so the application sees who connected. Needs CAP_NET_ADMIN, and for clients on other
 	// hosts the policy routing istio-cni installs, or the replies bypass this node.
-	OrigSrc           bool
-	DialTimeout       time.Duration // [10s] plain TCP dials
+	OrigSrc     bool
+	DialTimeout time.Duration // [10s] plain TCP dials; also bounds an outbound connection's retries
+	// ConnectRetries is how many other endpoints of a service an outbound connection tries
+	// when its endpoint fails before any byte has moved (ENDPOINT_CONNECT_RETRIES; 0: none,
+	// as the Rust ztunnel).
+	ConnectRetries int
+	// Outliers, when set, ejects endpoints whose connects keep failing from service picks
+	// for a while (ENDPOINT_EJECTION_FAILURES); shared by every proxy of a node.
+	Outliers          *outlier.Detector
 	KeepaliveDisabled bool
 	KeepaliveTime     time.Duration // [180s]
 	KeepaliveInterval time.Duration // [180s]

@@ -71,6 +71,9 @@ type config struct {
 	FrameSize           uint32
 	KernelTLS           bool
 	ResetPropagation    bool
+	ConnectRetries      int  // ENDPOINT_CONNECT_RETRIES
+	EjectionFailures    int  // ENDPOINT_EJECTION_FAILURES (0: off)
+	UnhealthyFallback   bool // ENDPOINT_UNHEALTHY_FALLBACK
 	TerminationDeadline time.Duration
 	PacketMark          uint32
 	EnableOrigSrc       string // true | false | "" (best effort)
@@ -168,6 +171,9 @@ func settings() []setting {
 		size("HTTP2_FRAME_SIZE", "1Mi", "HTTP/2 max frame size", func(c *config) *uint32 { return &c.FrameSize }),
 		boolean("KERNEL_TLS", "true", "after the TLS 1.3 handshake, hand HBONE connections' TLS records to the Linux kernel (kernel TLS, tls.ko) and splice DATA payloads, where the kernel offers it; connections it cannot take stay in user space (one INFO line per reason, metric hbone_kernel_tls_connections_total). false: always user space", func(c *config) *bool { return &c.KernelTLS }),
 		boolean("ENABLE_RESET_PROPAGATION", "true", "carry a TCP reset as a reset (RFC 9113 §8.5): a peer's RST becomes RST_STREAM(CONNECT_ERROR) and back, and a connection refused after it was accepted (no route, dial failure, policy) gets a RST. false: a FIN in each case, as the Rust ztunnel does", func(c *config) *bool { return &c.ResetPropagation }),
+		count("ENDPOINT_CONNECT_RETRIES", "2", "gozt only. An outbound connection to a service whose endpoint fails before any byte has moved (dial, TLS, a 5xx CONNECT answer such as the backend refusing) is tried on up to this many other endpoints within the dial timeout; never once bytes have flowed. 0: fail at once, as the Rust ztunnel does (metric outbound_connect_retries_total)", func(c *config) *int { return &c.ConnectRetries }),
+		count("ENDPOINT_EJECTION_FAILURES", "3", "gozt only. A service endpoint this many outbound connects in a row failed on is picked only when no other is left, for 5s, doubling with each ejection in a row up to 2m; its next success ends it (passive outlier detection; metric outbound_endpoint_ejections_total, ejected endpoints in /config_dump). 0: off, as the Rust ztunnel", func(c *config) *int { return &c.EjectionFailures }),
+		boolean("ENDPOINT_UNHEALTHY_FALLBACK", "true", "gozt only. A service with no healthy endpoint left uses its unhealthy ones (istiod marks terminating pods unhealthy), as Kubernetes' ProxyTerminatingEndpoints does; false: the connection fails, as in the Rust ztunnel", func(c *config) *bool { return &c.UnhealthyFallback }),
 		duration("CONNECTION_TERMINATION_DEADLINE", "5s", "on shutdown, how long live connections may finish before they are closed", func(c *config) *time.Duration { return &c.TerminationDeadline }),
 		{env: "PACKET_MARK", def: "1337", form: "integer", help: "SO_MARK on every dialed socket so redirection rules skip it (0 = none)", set: func(c *config, v string) error {
 			n, err := strconv.ParseUint(v, 0, 32)
@@ -358,6 +364,18 @@ func integer(env, def, help string, f func(*config) *int) setting {
 	}}
 }
 
+// count is an integer setting where 0 turns a feature off.
+func count(env, def, help string, f func(*config) *int) setting {
+	return setting{env: env, def: def, form: "0 or a positive integer", help: help, set: func(c *config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err == nil && (n < 0 || n > 1<<20) {
+			err = errors.New("out of range")
+		}
+		*f(c) = n
+		return err
+	}}
+}
+
 func duration(env, def, help string, f func(*config) *time.Duration) setting {
 	return setting{env: env, def: def, form: "a Go duration such as 5s, 10m, 24h", help: help, set: func(c *config, v string) error {
 		d, err := time.ParseDuration(v)
@@ -517,6 +535,7 @@ func proxyConfig(c *config) proxy.Config {
 		HandshakeFailure:  certs.HandshakeFailure,
 
 		DisableResetPropagation: !c.ResetPropagation,
+		ConnectRetries:          c.ConnectRetries,
 	}
 }
 

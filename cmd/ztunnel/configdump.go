@@ -23,6 +23,9 @@ func (n *node) configDump() map[string]any {
 	if sd, ok := n.store.Dump().(*state.Dump); ok {
 		d["workloads"], d["services"], d["policies"] = sd.Workloads, sd.Services, sd.Policies
 	}
+	if n.outliers != nil {
+		d["ejectedEndpoints"] = n.outliers.Dump() // a gozt section: endpoints picked last, and until when
+	}
 	var conns [][]proxy.ConnInfo
 	if n.proxy != nil {
 		in, out := n.proxy.Connections()

@@ -22,6 +22,7 @@ import (
 	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/proxy"
+	"github.com/gozt/gozt/proxy/outlier"
 	"github.com/gozt/gozt/xds"
 	"github.com/gozt/gozt/xds/state"
 )
@@ -36,7 +37,8 @@ type node struct {
 	registry *prometheus.Registry
 	metrics  *metrics.Metrics
 	store    *state.Store
-	xds      *xds.Client // nil without XDS_ADDRESS
+	outliers *outlier.Detector // shared by every proxy of the node; nil with ENDPOINT_EJECTION_FAILURES=0
+	xds      *xds.Client       // nil without XDS_ADDRESS
 	certs    *certs.Manager
 	crl      *certs.CRL     // nil without CRL_PATH
 	resolver *dns.Resolver  // hostname-only workloads' on-demand DNS; nil without a nameserver
@@ -122,7 +124,11 @@ func newNode(cfg *config, logLevel *logLevels) *node {
 		registry: prometheus.NewRegistry(),
 		quit:     make(chan struct{}),
 		addrs:    map[string]net.Addr{},
-		store:    state.NewStoreWith(state.Options{Network: cfg.Network, PreferredServiceNamespace: cfg.PreferredServiceNamespace}),
+		store: state.NewStoreWith(state.Options{Network: cfg.Network, PreferredServiceNamespace: cfg.PreferredServiceNamespace,
+			UnhealthyFallback: cfg.UnhealthyFallback}),
+	}
+	if cfg.EjectionFailures > 0 {
+		n.outliers = outlier.New(outlier.Config{Failures: cfg.EjectionFailures})
 	}
 	mopts := []metrics.Option{
 		metrics.WithAccessLog(slog.Default().With("scope", "access")),
@@ -186,6 +192,7 @@ func (n *node) construct(ctx context.Context, undo *cleanups) error {
 func (n *node) startNodeMode(undo *cleanups) error {
 	cfg := n.cfg
 	pcfg := proxyConfig(cfg)
+	pcfg.Outliers = n.outliers
 	if n.xds != nil && cfg.XDSOnDemand {
 		pcfg.Demand = n.xds.DemandAddress
 	}

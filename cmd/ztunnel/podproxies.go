@@ -68,6 +68,7 @@ func (pp *podProxies) Start(p inpod.Pod) error {
 	sockets := netns.Sockets{NS: p.NetNS, Mark: cfg.PacketMark, ReusePort: cfg.InpodPortReuse, Transparent: true}
 	local := pp.n.local.Pod(state.WorkloadRef{Namespace: p.Info.Namespace, Name: p.Info.Name, ServiceAccount: p.Info.ServiceAccount})
 	pcfg := proxyConfig(cfg)
+	pcfg.Outliers = pp.n.outliers
 	pcfg.Local = local
 	pcfg.OutboundAddr = podAddr(cfg.OutboundAddr, cfg.IPv6Enabled)
 	pcfg.InboundPlaintextAddr = podAddr(cfg.InboundPlaintextAddr, cfg.IPv6Enabled)

@@ -43,12 +43,15 @@ var notInRust = map[string]bool{
 	"LOG_LEVEL": true, "INPOD_ENABLED": true,
 	"HBONE_HANDSHAKE_WORKERS": true, "HBONE_SOURCE_HANDSHAKES": true, "HBONE_SOURCE_HANDSHAKE_RATE": true,
 	"HBONE_SOURCE_FAILED_HANDSHAKE_RATE": true, "HBONE_PEER_CONNECTION_RATE": true, "HBONE_PEER_STREAMS": true,
-	"HBONE_PEER_DIALS":        true,
-	"HBONE_STREAM_START_RATE": true,
-	"DNS_PROXY_ALL_FAMILIES":  true,
-	"ACCESS_LOG_FILTER":       true,
-	"ACCESS_LOG_SAMPLE":       true,
-	"METRICS_DROP_LABELS":     true,
+	"HBONE_PEER_DIALS":            true,
+	"HBONE_STREAM_START_RATE":     true,
+	"DNS_PROXY_ALL_FAMILIES":      true,
+	"ACCESS_LOG_FILTER":           true,
+	"ACCESS_LOG_SAMPLE":           true,
+	"METRICS_DROP_LABELS":         true,
+	"ENDPOINT_CONNECT_RETRIES":    true,
+	"ENDPOINT_EJECTION_FAILURES":  true,
+	"ENDPOINT_UNHEALTHY_FALLBACK": true,
 }
 
 // rustEnv holds the raw Rust-only variables until resolveRust maps them.

@@ -30,6 +30,7 @@ func newSelfProxy(n *node) (*proxy.Proxy, bool) {
 	}
 	slog.Info("ztunnel self-proxy", "identity", "spiffe://"+n.cfg.TrustDomain+"/ns/"+ref.Namespace+"/sa/"+ref.ServiceAccount, "workload", ref.Namespace+"/"+ref.Name)
 	pcfg := proxyConfig(n.cfg)
+	pcfg.Outliers = n.outliers
 	pcfg.Local = n.local.Pod(ref)
 	pcfg.OutboundAddr, pcfg.InboundPlaintextAddr, pcfg.Socks5Addr = "", "", ""
 	pcfg.InboundAddr = addr
