@@ -15,6 +15,7 @@ import (
 	"github.com/gozt/gozt/identity/certs"
 	"github.com/gozt/gozt/internal/istiogrpc"
 	"github.com/gozt/gozt/metrics"
+	"github.com/gozt/gozt/metrics/otlp"
 	"github.com/gozt/gozt/proxy"
 	"github.com/gozt/gozt/xds"
 	"github.com/gozt/gozt/xds/state"
@@ -29,9 +30,10 @@ type config struct {
 	DNSProxyAddr                                                string
 	DNSAllFamilies                                              bool
 
-	AccessLog    metrics.AccessLogFilter // ACCESS_LOG_FILTER, ACCESS_LOG_SAMPLE
-	DropLabels   []string                // METRICS_DROP_LABELS
-	EnableSocks5 bool
+	AccessLog     metrics.AccessLogFilter // ACCESS_LOG_FILTER, ACCESS_LOG_SAMPLE
+	AccessLogOTLP string                  // ACCESS_LOG_OTLP_ENDPOINT
+	DropLabels    []string                // METRICS_DROP_LABELS
+	EnableSocks5  bool
 
 	ProxyMode         state.Mode // shared (in-pod) | node | dedicated
 	InpodUDS          string
@@ -189,6 +191,12 @@ func settings() []setting {
 		enum("LOG_LEVEL", "info", "log level (also settable at run time: POST /logging?level=)", []string{"debug", "info", "warn", "error"}, func(c *config) *string { return &c.LogLevel }),
 		enum("LOG_FORMAT", "plain", "log format", []string{"plain", "json"}, func(c *config) *string { return &c.LogFormat }),
 		enum("ACCESS_LOG_FILTER", "", "gozt only. Which connections get an access-log record: empty every one (and \"connection opened\" at debug), failed (an error or a response flag), denied (response flag DENY)", []string{"", "failed", "denied"}, func(c *config) *string { return &c.AccessLog.Only }),
+		{env: "ACCESS_LOG_OTLP_ENDPOINT", form: "http://host:port or https://host:port", help: "gozt only. Also export the access log (INFO and up, after ACCESS_LOG_FILTER and ACCESS_LOG_SAMPLE) over OpenTelemetry OTLP/gRPC to this collector: the same fields as log attributes, resource service.name=ztunnel and the node and pod; the SDK's OTEL_EXPORTER_OTLP_* variables set headers, timeout and certificates", set: func(c *config, v string) error {
+			if c.AccessLogOTLP = v; v == "" {
+				return nil // off
+			}
+			return otlp.CheckEndpoint(v)
+		}},
 		{env: "ACCESS_LOG_SAMPLE", def: "1", form: "a fraction from 0 to 1", help: "gozt only. The fraction of successful connections that get an access-log record (failed ones always do); below 1, no \"connection opened\" records", set: func(c *config, v string) error {
 			f, err := strconv.ParseFloat(v, 64)
 			if err == nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/gozt/gozt/dns"
 	"github.com/gozt/gozt/identity/ca"
@@ -21,6 +22,7 @@ import (
 	"github.com/gozt/gozt/internal/netns"
 	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/metrics"
+	"github.com/gozt/gozt/metrics/otlp"
 	"github.com/gozt/gozt/proxy"
 	"github.com/gozt/gozt/proxy/outlier"
 	"github.com/gozt/gozt/xds"
@@ -38,6 +40,7 @@ type node struct {
 	metrics  *metrics.Metrics
 	store    *state.Store
 	outliers *outlier.Detector // shared by every proxy of the node; nil with ENDPOINT_EJECTION_FAILURES=0
+	otlp     *otlp.Exporter    // the access log's OTLP export; nil without ACCESS_LOG_OTLP_ENDPOINT
 	xds      *xds.Client       // nil without XDS_ADDRESS
 	certs    *certs.Manager
 	crl      *certs.CRL     // nil without CRL_PATH
@@ -130,8 +133,18 @@ func newNode(cfg *config, logLevel *logLevels) *node {
 	if cfg.EjectionFailures > 0 {
 		n.outliers = outlier.New(outlier.Config{Failures: cfg.EjectionFailures})
 	}
+	accessLog := slog.Default().With("scope", "access")
+	if cfg.AccessLogOTLP != "" {
+		exp, err := otlp.New(context.Background(), cfg.AccessLogOTLP, "access", otlpResource(cfg)...)
+		if err != nil {
+			slog.Error("ACCESS_LOG_OTLP_ENDPOINT: access log not exported", "err", err)
+		} else {
+			n.otlp = exp
+			accessLog = slog.New(slog.NewMultiHandler(accessLog.Handler(), exp.Handler()))
+		}
+	}
 	mopts := []metrics.Option{
-		metrics.WithAccessLog(slog.Default().With("scope", "access")),
+		metrics.WithAccessLog(accessLog),
 		metrics.WithAccessLogFilter(cfg.AccessLog),
 		metrics.WithDroppedLabels(cfg.DropLabels),
 	}
@@ -141,6 +154,17 @@ func newNode(cfg *config, logLevel *logLevels) *node {
 	n.metrics = metrics.New(n.registry, version, mopts...)
 	n.bg, n.stopBG = context.WithCancel(context.Background())
 	return n
+}
+
+// otlpResource names this process in exported records, with OpenTelemetry's attribute names.
+func otlpResource(cfg *config) []attribute.KeyValue {
+	attrs := []attribute.KeyValue{attribute.String("service.name", "ztunnel"), attribute.String("service.version", version)}
+	for _, kv := range [][2]string{{"k8s.node.name", cfg.NodeName}, {"k8s.pod.name", cfg.PodName}, {"k8s.namespace.name", cfg.PodNamespace}} {
+		if kv[1] != "" {
+			attrs = append(attrs, attribute.String(kv[0], kv[1]))
+		}
+	}
+	return attrs
 }
 
 // goBG runs fn on a background goroutine until the node stops (n.bg ends), logging its
@@ -156,6 +180,15 @@ func (n *node) goBG(name string, fn func(context.Context) error) {
 // construct starts what every mode shares: the config sources, the CA client, the CRL and
 // the certificate manager, and the background goroutines.
 func (n *node) construct(ctx context.Context, undo *cleanups) error {
+	if n.otlp != nil { // first in, last out: after the proxies' last records
+		undo.push(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := n.otlp.Shutdown(ctx); err != nil {
+				slog.Warn("access log: OTLP export did not flush", "err", err)
+			}
+		})
+	}
 	undo.push(func() {
 		n.stopBG()
 		n.bgWG.Wait()

@@ -49,6 +49,7 @@ var notInRust = map[string]bool{
 	"ACCESS_LOG_FILTER":           true,
 	"ACCESS_LOG_SAMPLE":           true,
 	"METRICS_DROP_LABELS":         true,
+	"ACCESS_LOG_OTLP_ENDPOINT":    true,
 	"ENDPOINT_CONNECT_RETRIES":    true,
 	"ENDPOINT_EJECTION_FAILURES":  true,
 	"ENDPOINT_UNHEALTHY_FALLBACK": true,
