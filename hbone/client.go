@@ -212,7 +212,7 @@ func (p *Pool) dial(ctx context.Context, k Key) (*conn, error) {
 	return c, nil
 }
 
-// h2Config is k's TLS client config with h2 in its ALPN.
+// h2Config is k's TLS client config with h2 in its ALPN, after NextProtoNoKeyUpdate.
 func (p *Pool) h2Config(ctx context.Context, k Key) (*tls.Config, error) {
 	tc, err := p.tlsConfig(ctx, k)
 	if err != nil {
@@ -221,6 +221,9 @@ func (p *Pool) h2Config(ctx context.Context, k Key) (*tls.Config, error) {
 	tc = tc.Clone()
 	if !slices.Contains(tc.NextProtos, http2.NextProtoTLS) {
 		tc.NextProtos = append(tc.NextProtos, http2.NextProtoTLS)
+	}
+	if !slices.Contains(tc.NextProtos, NextProtoNoKeyUpdate) {
+		tc.NextProtos = append([]string{NextProtoNoKeyUpdate}, tc.NextProtos...)
 	}
 	return tc, nil
 }
@@ -233,7 +236,7 @@ func (p *Pool) startOver(ctx context.Context, raw net.Conn, tc *tls.Config, k Ke
 		raw.Close()
 		return nil, dialErr(k, fmt.Errorf("%s: %w", what, err), ctx)
 	}
-	if ts.tc.ConnectionState().NegotiatedProtocol != http2.NextProtoTLS {
+	if h2, _ := negotiatedH2(ts.tc); !h2 {
 		raw.Close()
 		return nil, fmt.Errorf("hbone: dial %s: peer did not negotiate ALPN h2", k.Addr)
 	}

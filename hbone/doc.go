@@ -86,11 +86,14 @@
 //   - File descriptors: each connection's frame reader keeps a pipe (two), and a stream
 //     borrows one from the free list only while it sends.
 //
-// A peer's KeyUpdate, which kernel TLS here cannot follow, ends the connection (its
-// streams fail; the pool dials a new one); so does any alert. closeWith closes the
-// socket, not the kernel TLS conn, whose close_notify would bypass the write lock. So a
-// kernel TLS connection counts the records it receives (the kernel's sequence number) and
-// drains long before the peer's KeyUpdate is due (below).
+// Kernel TLS here follows no KeyUpdate, so only a connection whose peer promised never to
+// send one moves to it: the peer negotiated NextProtoNoKeyUpdate ("gozt-h2", HTTP/2 from
+// gozt) rather than "h2" (the Rust ztunnel's rustls sends KeyUpdates); every other
+// connection stays in crypto/tls, which follows them, with TLSInfo.Reason
+// "peer_may_update_keys". A KeyUpdate that arrives anyway ends the connection (its streams
+// fail; the pool dials a new one); so does any alert. closeWith closes the socket, not the
+// kernel TLS conn, whose close_notify would bypass the write lock. A kernel TLS connection
+// also counts the records it receives (the kernel's sequence number) and drains (below).
 //
 // # Key limits
 //
@@ -98,12 +101,12 @@
 // own, kernel TLS here neither sends nor follows one. So each connection counts the records
 // its keys protected (keylimit.go) and drains at Config.KeyDrainRecords (default half of
 // what rustls, the Rust ztunnel's TLS, rekeys at: 2^22 records on AES-256-GCM, 2^23 on
-// AES-128-GCM), sent records on every path, received ones under kernel TLS (where the
-// peer's KeyUpdate would end the connection) and on TLS 1.2: a server sends GOAWAY, a
-// client leaves the pool, new streams go to a fresh connection, the open ones finish. A
-// stream that outlives the drain by as many records again fails with ErrConnClosed at the
-// peer's KeyUpdate (kernel TLS) or at KeyMaxRecords sent (RFC 8446 §5.5's 2^24.5), never
-// with a clean EOF, and Config.OnKeyLimit hears of it. On the user-space path a peer's
+// AES-128-GCM), sent records on every path, received ones under kernel TLS (where a
+// KeyUpdate from a peer that broke its promise would end the connection) and on TLS 1.2:
+// a server sends GOAWAY, a client leaves the pool, new streams go to a fresh connection,
+// the open ones finish. A stream that outlives the drain fails with ErrConnClosed at
+// KeyMaxRecords sent (RFC 8446 §5.5's 2^24.5) or at such a KeyUpdate, never with a clean
+// EOF, and Config.OnKeyLimit hears of it. On the user-space path a peer's
 // KeyUpdate is followed by crypto/tls, and its answer to update_requested leaves at once
 // (bufConn writes through when the write lock is not held).
 //

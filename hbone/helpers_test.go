@@ -25,6 +25,15 @@ var (
 	cliTLS *tls.Config
 )
 
+// xnetTLS is the client config as an x/net HTTP/2 client (Istio's Go HBONE) has it: ALPN
+// "h2" only, so it gets HTTP/2 from a peer that may send KeyUpdates, in user-space TLS.
+func xnetTLS() *tls.Config {
+	testCA()
+	c := cliTLS.Clone()
+	c.NextProtos = []string{"h2"}
+	return c
+}
+
 func testCA() *testcert.CA {
 	caOnce.Do(func() {
 		ca = testcert.NewCA()
@@ -57,6 +66,12 @@ func newEnv(t testing.TB, cfg Config, h Handler) *env {
 func newEnvConfigs(t testing.TB, cfg, poolCfg Config, h Handler) *env {
 	t.Helper()
 	testCA()
+	return newEnvTLS(t, cfg, poolCfg, h, srvTLS)
+}
+
+// newEnvTLS is newEnvConfigs with the server's TLS config given.
+func newEnvTLS(t testing.TB, cfg, poolCfg Config, h Handler, serverTLS *tls.Config) *env {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +97,7 @@ func newEnvConfigs(t testing.TB, cfg, poolCfg Config, h Handler) *env {
 			cwg.Add(1)
 			go func() {
 				defer cwg.Done()
-				e.srv.ServeTLS(ctx, raw, srvTLS)
+				e.srv.ServeTLS(ctx, raw, serverTLS)
 			}()
 		}
 	}()

@@ -123,7 +123,7 @@ func TestInteropXNetTransportWithServer(t *testing.T) {
 		io.Copy(s, s)
 		s.CloseWrite()
 	})
-	tr := &http2.Transport{TLSClientConfig: cliTLS}
+	tr := &http2.Transport{TLSClientConfig: xnetTLS()}
 	defer tr.CloseIdleConnections()
 	url := "https://" + e.addr.String()
 

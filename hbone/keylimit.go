@@ -9,9 +9,11 @@ package hbone
 //   - Received records, under kernel TLS: the kernel here follows no KeyUpdate (Linux
 //     gained that in 6.14), and rustls (the Rust ztunnel's TLS) sends one when its write
 //     sequence reaches its confidentiality limit, 2^23 records on AES-256-GCM and 2^24 on
-//     AES-128-GCM; the KeyUpdate would end the connection and every stream on it. On the
-//     user-space path crypto/tls follows it, so received records are not counted, except
-//     on TLS 1.2, which has no KeyUpdate (rustls closes the connection there instead).
+//     AES-128-GCM. Such peers negotiate "h2" and stay on the user-space path, where
+//     crypto/tls follows the KeyUpdate (ktls.go, NextProtoNoKeyUpdate); a kernel TLS
+//     connection's peer promised no KeyUpdate, and the count guards against one that
+//     breaks it. Received records are also counted on TLS 1.2, which has no KeyUpdate
+//     (rustls closes the connection there instead).
 //
 // Counts run from the connection's first record (on the user-space path the handshake's
 // few are in them) and never restart: after crypto/tls answers a peer's update_requested

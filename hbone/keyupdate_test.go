@@ -254,7 +254,10 @@ type keyUpdatePeer struct {
 	conns chan *updatingConn
 }
 
-func startKeyUpdatePeer(t *testing.T) *keyUpdatePeer {
+// startKeyUpdatePeer starts a server that can send KeyUpdates, offering the ALPN protocols
+// protos: ["h2"] as the Rust ztunnel's rustls, or NextProtoNoKeyUpdate first as gozt (a
+// peer breaking that promise).
+func startKeyUpdatePeer(t *testing.T, protos ...string) *keyUpdatePeer {
 	t.Helper()
 	testCA()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -279,6 +282,7 @@ func startKeyUpdatePeer(t *testing.T) *keyUpdatePeer {
 				var l secretLog
 				cfg := srvTLS.Clone()
 				cfg.KeyLogWriter, cfg.SessionTicketsDisabled, cfg.MinVersion = &l, true, tls.VersionTLS13
+				cfg.NextProtos = protos
 				tc := tls.Server(&exactConn{Conn: raw}, cfg)
 				if err := tc.HandshakeContext(ctx); err != nil {
 					raw.Close()
@@ -308,15 +312,18 @@ func startKeyUpdatePeer(t *testing.T) *keyUpdatePeer {
 // with update_requested, while 4 MiB go each way. On the user-space path (crypto/tls)
 // the pool's connection follows both, answers the request with its own KeyUpdate (which
 // the peer follows), and every byte comes back: hashed at both ends. (Under kernel TLS,
-// which follows no KeyUpdate here, TestKernelTLSPeerKeyUpdate.)
+// TestKernelTLSPeerKeyUpdate.)
 func TestPeerKeyUpdate(t *testing.T) {
 	leaktest.Check(t)
-	testPeerKeyUpdate(t, true)
+	testPeerKeyUpdate(t, false, "h2")
 }
 
-func testPeerKeyUpdate(t *testing.T, userSpace bool) {
-	peer := startKeyUpdatePeer(t)
-	pool := NewPool(Config{DisableKernelTLS: userSpace}, func(context.Context, Key) (*tls.Config, error) { return cliTLS, nil })
+// testPeerKeyUpdate runs TestPeerKeyUpdate's stream with the pool on kernel TLS or not,
+// against a peer offering protos. The connection moves to the kernel only when both ask
+// for it and the peer promised NextProtoNoKeyUpdate.
+func testPeerKeyUpdate(t *testing.T, kernelTLS bool, protos ...string) {
+	peer := startKeyUpdatePeer(t, protos...)
+	pool := NewPool(Config{DisableKernelTLS: !kernelTLS}, func(context.Context, Key) (*tls.Config, error) { return cliTLS, nil })
 	defer pool.Close()
 	addr := netip.MustParseAddrPort(peer.addr)
 	k := NewKey(mustID(clientID), ids(serverID), addr, z0)
@@ -326,6 +333,7 @@ func testPeerKeyUpdate(t *testing.T, userSpace bool) {
 	}
 	defer s.Close()
 	u := <-peer.conns
+	userSpace := !kernelTLS || protos[0] != NextProtoNoKeyUpdate
 	if got := s.KernelTLS(); got == userSpace {
 		t.Fatalf("kernel TLS %v; want %v", got, !userSpace)
 	}
@@ -371,8 +379,9 @@ func testPeerKeyUpdate(t *testing.T, userSpace bool) {
 	}
 	werr := <-writeErr
 	if !userSpace {
-		// Kernel TLS here cannot follow: the connection ends at the first KeyUpdate, the
-		// stream fails (never a clean EOF), and the pool dials a fresh connection.
+		// A peer that promised no KeyUpdate and sent one: kernel TLS cannot follow, the
+		// connection ends at the first KeyUpdate, the stream fails (never a clean EOF), and
+		// the pool dials a fresh connection.
 		if !errors.Is(readErr, ErrConnClosed) || !errors.Is(readErr, ktls.ErrKeyUpdate) {
 			t.Fatalf("stream read after the peer's KeyUpdate: %v (%d of %d bytes); want ErrConnClosed for ktls.ErrKeyUpdate", readErr, got, size)
 		}

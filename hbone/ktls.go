@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/net/http2"
+
 	"github.com/gozt/gozt/internal/ktls"
 )
 
@@ -113,10 +115,41 @@ func (t *tlsStart) handshake(ctx context.Context) error {
 	return t.tc.HandshakeContext(ctx)
 }
 
-// finish switches to kernel TLS if it can, tells hc.OnTLS, and returns what frames go
-// through (always a coalescing bufConn) and the kernel TLS conn (nil on the user-space
-// path). An error means the connection is unusable.
+// NextProtoNoKeyUpdate is the ALPN protocol by which gozt tells its HBONE peer it will
+// never initiate a TLS KeyUpdate: HTTP/2, exactly as "h2", from a peer that keeps its keys.
+// A Pool offers it before "h2"; a Server selects it when its tls.Config lists it (gozt's
+// certificate manager does). Only a connection that negotiated it moves to kernel TLS: the
+// kernel follows no KeyUpdate (see internal/ktls), and a peer that may send one — the Rust
+// ztunnel's rustls does at its confidentiality limit, update_requested included — would end
+// the connection and every stream on it. With such a peer crypto/tls keeps the records and
+// follows its KeyUpdates both ways, so no stream is lost. A later gozt that sends KeyUpdates
+// must stop offering this protocol (or follow them under kernel TLS).
+const NextProtoNoKeyUpdate = "gozt-h2"
+
+// reasonPeerMayRekey is TLSInfo.Reason for a connection kept in user space because its
+// peer did not promise NextProtoNoKeyUpdate.
+const reasonPeerMayRekey = "peer_may_update_keys"
+
+// negotiatedH2 reports whether tc negotiated HTTP/2, and whether with a peer that keeps
+// its keys (NextProtoNoKeyUpdate).
+func negotiatedH2(tc *tls.Conn) (h2, keepsKeys bool) {
+	switch tc.ConnectionState().NegotiatedProtocol {
+	case NextProtoNoKeyUpdate:
+		return true, true
+	case http2.NextProtoTLS:
+		return true, false
+	}
+	return false, false
+}
+
+// finish switches to kernel TLS if it can and the peer keeps its keys, tells hc.OnTLS, and
+// returns what frames go through (always a coalescing bufConn) and the kernel TLS conn (nil
+// on the user-space path). An error means the connection is unusable.
 func (t *tlsStart) finish(hc *Config, memo *kernelMemo) (nc net.Conn, bc *bufConn, kc *ktls.Conn, err error) {
+	if _, keepsKeys := negotiatedH2(t.tc); t.h != nil && !keepsKeys {
+		t.h = nil // the ULP stays installed without keys: a plain socket under crypto/tls
+		t.info.Reason = reasonPeerMayRekey
+	}
 	if t.h != nil {
 		kc, err = t.h.Enable()
 		var fe *ktls.FallbackError

@@ -85,12 +85,16 @@ func TestKernelTLSKeyLimit(t *testing.T) {
 	}
 }
 
-// TestKernelTLSPeerKeyUpdate: testPeerKeyUpdate with the pool on kernel TLS, which here
-// follows no KeyUpdate: the stream fails loudly and the pool moves on.
+// TestKernelTLSPeerKeyUpdate: testPeerKeyUpdate with the pool on kernel TLS. A peer that
+// may send KeyUpdates (ALPN "h2", as the Rust ztunnel) keeps the connection in user space,
+// where every KeyUpdate is followed and no byte is lost; one that promised not to
+// (NextProtoNoKeyUpdate) and sends one anyway gets kernel TLS, which follows none: the
+// stream fails loudly and the pool moves on.
 func TestKernelTLSPeerKeyUpdate(t *testing.T) {
 	leaktest.Check(t)
 	if !kernelHasTLS(t) {
 		t.Skip("no kernel TLS here: run `make test-ktls`")
 	}
-	testPeerKeyUpdate(t, false)
+	t.Run("peer may update keys", func(t *testing.T) { testPeerKeyUpdate(t, true, "h2") })
+	t.Run("peer broke its promise", func(t *testing.T) { testPeerKeyUpdate(t, true, NextProtoNoKeyUpdate, "h2") })
 }

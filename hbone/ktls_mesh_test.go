@@ -287,7 +287,7 @@ func TestKernelTLSWithXNetPeers(t *testing.T) {
 		t.Run("xnet-to-"+n.name, func(t *testing.T) {
 			const up, down = 1<<20 + 17, 512<<10 + 19
 			hB, served, _ := n.backend(t, "10.8.8.8:80")
-			tr := &http2.Transport{TLSClientConfig: cliTLS}
+			tr := &http2.Transport{TLSClientConfig: xnetTLS()}
 			defer tr.CloseIdleConnections()
 			pr, pw := io.Pipe()
 			req, _ := http.NewRequest("CONNECT", "https://"+n.env.addr.String(), pr)

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"io"
 	"net"
 	"runtime"
@@ -504,5 +505,42 @@ func TestKernelTLSFallbackAfterHandshake(t *testing.T) {
 	}
 	if !kernel && s.c.bc == nil {
 		t.Error("the fallback lost its coalescing layer")
+	}
+}
+
+// TestKernelTLSOnlyWithPeersThatKeepKeys: a connection moves to kernel TLS only when the
+// peer negotiated NextProtoNoKeyUpdate (gozt both ends); with a server that offers only
+// "h2" (the Rust ztunnel) both ends stay in crypto/tls, which follows KeyUpdates, and say
+// why. (The question before the handshake is skipped, so a kernel without kernel TLS
+// reaches the decision too.)
+func TestKernelTLSOnlyWithPeersThatKeepKeys(t *testing.T) {
+	leaktest.Check(t)
+	defer func(f func(*net.TCPConn) error) { kernelAvailable = f }(kernelAvailable)
+	kernelAvailable = func(*net.TCPConn) error { return nil }
+	testCA()
+	h2Only := srvTLS.Clone()
+	h2Only.NextProtos = []string{"h2"}
+	for _, tc := range []struct {
+		name      string
+		serverTLS *tls.Config
+		protocol  string
+	}{{"gozt peer", srvTLS, NextProtoNoKeyUpdate}, {"h2-only peer", h2Only, "h2"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var infos tlsInfos
+			e := newEnvTLS(t, Config{OnTLS: infos.add}, Config{OnTLS: infos.add}, echo, tc.serverTLS)
+			s := e.dial(t, "10.0.0.1:80")
+			defer s.Close()
+			hashEcho(t, s, 3, 64<<10)
+			got := infos.take()
+			if len(got) != 2 {
+				t.Fatalf("OnTLS heard %+v; want two reports", got)
+			}
+			for _, i := range got {
+				kept := !i.Kernel && i.Reason == reasonPeerMayRekey
+				if want := tc.protocol == "h2"; kept != want {
+					t.Errorf("server %v: %+v; want kept in user space for the peer: %v", i.Server, i, want)
+				}
+			}
+		})
 	}
 }

@@ -291,8 +291,8 @@ func (s *Server) handshake(ctx context.Context, a *admitted, nc net.Conn, ts *tl
 		if err := handshake(ctx); err != nil {
 			return nil, nil, nil, fmt.Errorf("hbone: tls handshake with %s: %w", raw.RemoteAddr(), &HandshakeError{err})
 		}
-		if p := tc.ConnectionState().NegotiatedProtocol; p != http2.NextProtoTLS {
-			return nil, nil, nil, fmt.Errorf("hbone: %s negotiated ALPN %q, want h2", raw.RemoteAddr(), p)
+		if h2, _ := negotiatedH2(tc); !h2 {
+			return nil, nil, nil, fmt.Errorf("hbone: %s negotiated ALPN %q, want h2", raw.RemoteAddr(), tc.ConnectionState().NegotiatedProtocol)
 		}
 	}
 	if ts != nil {

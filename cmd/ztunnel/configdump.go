@@ -48,7 +48,8 @@ func (n *node) configDump() map[string]any {
 // the proxied connections whose HBONE leg runs in kernel TLS and in user space, and
 // keyUpdates: whether the kernel could take a peer's TLS 1.3 KeyUpdate (Linux 6.14+) and
 // whether gozt follows it (not yet: a kernel TLS connection drains before the peer's
-// KeyUpdate instead, hbone/keylimit.go).
+// KeyUpdate instead, hbone/keylimit.go; a peer that may send one, the Rust ztunnel, keeps
+// its connections in user space, hbone.NextProtoNoKeyUpdate).
 func kernelTLSDump(enabled, kernelRekeys bool, conns [][]proxy.ConnInfo) map[string]any {
 	counts := map[string]int{"kernel": 0, "user": 0}
 	for _, cs := range conns {

@@ -29,6 +29,11 @@ func (m *Manager) curves() []tls.CurveID {
 // ALPN is the only application protocol the mesh speaks over mTLS (HBONE is HTTP/2).
 const ALPN = "h2"
 
+// alpns are the protocols offered and accepted, best first: "gozt-h2" is HTTP/2 from a
+// peer that never initiates a TLS KeyUpdate (hbone.NextProtoNoKeyUpdate, which decides
+// whether a connection may move to kernel TLS), then plain "h2" for every other peer.
+var alpns = []string{"gozt-h2", ALPN}
+
 // tls12Suites are the TLS 1.2 suites TLS12_ENABLED accepts, the Rust ztunnel's: ECDHE with
 // AES-GCM (TLS 1.3's suites are not configurable and stay AES-GCM by checkSuite).
 var tls12Suites = []uint16{
@@ -172,7 +177,7 @@ func (m *Manager) ClientConfig(ctx context.Context, src identity.ID, expected []
 	expected = slices.Clone(expected)
 	return m.versions(&tls.Config{
 		CurvePreferences: m.curves(),
-		NextProtos:       []string{ALPN},
+		NextProtos:       alpns,
 		// Verification is VerifyConnection's: chain to the mesh bundle and SPIFFE URI SAN,
 		// not a host name.
 		InsecureSkipVerify:     true,
@@ -211,7 +216,7 @@ func (m *Manager) ClientConfig(ctx context.Context, src identity.ID, expected []
 func (m *Manager) ServerConfig(local func(*tls.ClientHelloInfo) (identity.ID, error)) *tls.Config {
 	return m.versions(&tls.Config{
 		CurvePreferences:       m.curves(),
-		NextProtos:             []string{ALPN},
+		NextProtos:             alpns,
 		SessionTicketsDisabled: true,
 		ClientAuth:             tls.RequireAnyClientCert,
 		GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
@@ -233,7 +238,7 @@ func (h *held) serverConfig(id identity.ID, m *Manager) *tls.Config {
 	h.once.Do(func() {
 		h.server = m.versions(&tls.Config{
 			CurvePreferences:       m.curves(),
-			NextProtos:             []string{ALPN},
+			NextProtos:             alpns,
 			SessionTicketsDisabled: true,
 			Certificates:           []tls.Certificate{h.iss.Certificate},
 			// RequireAny + VerifyConnection: the bundle check is ours (Go's would also demand

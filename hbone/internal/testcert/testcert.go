@@ -71,7 +71,7 @@ func (ca *CA) ServerConfig(id string) *tls.Config {
 		ClientAuth:   tls.RequireAndVerifyClientCert,
 		ClientCAs:    ca.Pool,
 		MinVersion:   tls.VersionTLS13,
-		NextProtos:   []string{"h2"},
+		NextProtos:   []string{"gozt-h2", "h2"}, // hbone.NextProtoNoKeyUpdate first
 	}
 }
 
@@ -92,6 +92,6 @@ func (ca *CA) ClientConfig(id string) *tls.Config {
 			return err
 		},
 		MinVersion: tls.VersionTLS13,
-		NextProtos: []string{"h2"},
+		NextProtos: []string{"gozt-h2", "h2"},
 	}
 }
