@@ -200,9 +200,13 @@ func TestKernelTLSMesh(t *testing.T) {
 }
 
 // xnetEchoServer is x/net/http2's Server over crypto/tls, answering CONNECT by echoing
-// the request body.
-func xnetEchoServer(t *testing.T) netip.AddrPort {
+// the request body, offering the ALPN protocols protos: "h2" as an x/net server (Istio's
+// Go HBONE) does, or NextProtoNoKeyUpdate first, which brings gozt's side to kernel TLS
+// (x/net's Server does not look at the protocol; it never sends a KeyUpdate either).
+func xnetEchoServer(t *testing.T, protos ...string) netip.AddrPort {
 	testCA()
+	cfg := srvTLS.Clone()
+	cfg.NextProtos = protos
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -231,7 +235,7 @@ func xnetEchoServer(t *testing.T) netip.AddrPort {
 			go func() {
 				defer cwg.Done()
 				defer raw.Close()
-				tc := tls.Server(raw, srvTLS)
+				tc := tls.Server(raw, cfg)
 				if tc.Handshake() != nil {
 					return
 				}
@@ -252,11 +256,35 @@ func xnetEchoServer(t *testing.T) netip.AddrPort {
 }
 
 // TestKernelTLSWithXNetPeers: nodes on kernel TLS and on crypto/tls dial an x/net/http2
-// server, and an x/net/http2 Transport dials them.
+// server, and an x/net/http2 Transport dials them. Peers that speak "h2", not
+// NextProtoNoKeyUpdate, stay in user-space TLS, which follows the KeyUpdates such a peer
+// may send; the x/net server offering NextProtoNoKeyUpdate shows kernel TLS framing
+// against x/net's HTTP/2.
 func TestKernelTLSWithXNetPeers(t *testing.T) {
 	leaktest.Check(t)
-	xs := xnetEchoServer(t)
+	xs, xsKeeps := xnetEchoServer(t, "h2"), xnetEchoServer(t, NextProtoNoKeyUpdate, "h2")
 	for _, n := range []*meshNode{newMeshNode(t, "a", true), newMeshNode(t, "c", false)} {
+		t.Run(n.name+"-to-xnet-keeping-keys", func(t *testing.T) {
+			const size = 64<<10 + 13
+			s, err := n.env.pool.Dial(context.Background(), n.keyFor(xsKeeps), "10.9.9.9:80", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			cA, cB := tcpPair(t)
+			got := recvHashed(cB)
+			ready := make(chan struct{})
+			sent := gatedHashed(cB, 5, size, ready)
+			if up, down, err := relayReady(s, cA, func() { close(ready) }); err != nil || up != size || down != size {
+				t.Fatalf("relay: %d up, %d down, %v; want %d each way", up, down, err, size)
+			}
+			if a, b := <-sent, <-got; a != b {
+				t.Error("echo hashes differ")
+			}
+			if s.KernelTLS() != (n.kernel && kernelHasTLS(t)) {
+				t.Errorf("KernelTLS() = %v", s.KernelTLS())
+			}
+		})
 		t.Run(n.name+"-to-xnet", func(t *testing.T) {
 			const size = 1<<20 + 13
 			s, err := n.env.pool.Dial(context.Background(), n.keyFor(xs), "10.9.9.9:80", nil)
@@ -278,8 +306,8 @@ func TestKernelTLSWithXNetPeers(t *testing.T) {
 				t.Error("echo hashes differ")
 			}
 			b := sub(s.KernelTLSBytes(), before)
-			if s.KernelTLS() != (n.kernel && kernelHasTLS(t)) {
-				t.Errorf("KernelTLS() = %v", s.KernelTLS())
+			if s.KernelTLS() {
+				t.Errorf("KernelTLS() = true with an h2-only peer")
 			}
 			checkZeroCopy(t, n.name+" to x/net", s.KernelTLS(), b, size, size, roomy)
 			t.Logf("kernel %v %+v", s.KernelTLS(), b)
@@ -335,8 +363,8 @@ func TestKernelTLSWithXNetPeers(t *testing.T) {
 			if r.err != nil {
 				t.Fatal(r.err)
 			}
-			if r.kernel != (n.kernel && kernelHasTLS(t)) {
-				t.Errorf("server stream KernelTLS() = %v", r.kernel)
+			if r.kernel {
+				t.Errorf("server stream KernelTLS() = true with an h2-only peer")
 			}
 			if r.kernel && (r.bytes.SplicedOut != down || r.bytes.CopiedOut != 0) {
 				t.Errorf("server sent %+v; want %d spliced", r.bytes, down)
