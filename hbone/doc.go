@@ -245,8 +245,9 @@
 // # Files
 //
 // The API: client.go (Pool, Dial), server.go (Server, Handler, Request, Serve, ServeConn,
-// ServeTLS, Shutdown), stream.go (Stream: Read/Write, ReadFrom and WriteTo, DeliverTo,
-// half-close, reset, deadlines), config.go (Config and its defaults, Key, TLSInfo,
+// ServeTLS, Shutdown), stream.go (Stream: Read/Write, half-close, reset, deadlines),
+// deliver.go (the receive side handed to a consumer: WriteTo, DeliverTo), readfrom.go (the
+// send side fed from a reader: ReadFrom), config.go (Config and its defaults, Key, TLSInfo,
 // KernelTLSBytes, DropReason), errors.go (StatusError, ResetError, GoAwayError, the
 // connection errors). Below it, by direction:
 //
