@@ -48,13 +48,13 @@ type env struct {
 	raws  []net.Conn // those connections, for abrupt-close tests
 }
 
-func newEnv(t testing.TB, cfg Config, h Handler) *env {
+func newEnv(t testing.TB, cfg ServerConfig, h Handler) *env {
 	t.Helper()
-	return newEnvConfigs(t, cfg, cfg, h)
+	return newEnvConfigs(t, cfg, ClientConfig{Config: cfg.Config}, h)
 }
 
-// newEnvConfigs is newEnv with the server's Config and the pool's apart.
-func newEnvConfigs(t testing.TB, cfg, poolCfg Config, h Handler) *env {
+// newEnvConfigs is newEnv with the pool's configuration apart from the server's.
+func newEnvConfigs(t testing.TB, cfg ServerConfig, poolCfg ClientConfig, h Handler) *env {
 	t.Helper()
 	testCA()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -122,7 +122,7 @@ func TestKeyLimitDrain(t *testing.T) {
 			if side == "client" {
 				scfg, ccfg = off, limited
 			}
-			e := newEnvConfigs(t, scfg, ccfg, echo)
+			e := newEnvConfigs(t, ServerConfig{Config: scfg}, ClientConfig{Config: ccfg}, echo)
 			s1 := e.dial(t, "10.0.0.1:80")
 			defer s1.Close()
 			if err := pingPong(t, s1, 10, 'a'); err != nil {
@@ -171,7 +171,7 @@ func TestKeyLimitMax(t *testing.T) {
 	scfg := Config{KeyDrainRecords: 32, KeyMaxRecords: 96, OnKeyLimit: ev.on, DisableKernelTLS: true}
 	ccfg := Config{KeyDrainRecords: -1, KeyMaxRecords: -1, DisableKernelTLS: true}
 	handlerErr := make(chan error, 1)
-	e := newEnvConfigs(t, scfg, ccfg, func(r *Request) {
+	e := newEnvConfigs(t, ServerConfig{Config: scfg}, ClientConfig{Config: ccfg}, func(r *Request) {
 		s, err := r.Accept(nil)
 		if err != nil {
 			handlerErr <- err

@@ -262,7 +262,7 @@ func startKeyUpdatePeer(t *testing.T) *keyUpdatePeer {
 		t.Fatal(err)
 	}
 	p := &keyUpdatePeer{addr: ln.Addr().String(), conns: make(chan *updatingConn, 4)}
-	srv := NewServer(Config{}, echo)
+	srv := NewServer(ServerConfig{}, echo)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -316,7 +316,7 @@ func TestPeerKeyUpdate(t *testing.T) {
 
 func testPeerKeyUpdate(t *testing.T, userSpace bool) {
 	peer := startKeyUpdatePeer(t)
-	pool := NewPool(Config{DisableKernelTLS: userSpace}, func(context.Context, Key) (*tls.Config, error) { return cliTLS, nil })
+	pool := NewPool(ClientConfig{Config: Config{DisableKernelTLS: userSpace}}, func(context.Context, Key) (*tls.Config, error) { return cliTLS, nil })
 	defer pool.Close()
 	addr := netip.MustParseAddrPort(peer.addr)
 	k := NewKey(mustID(clientID), ids(serverID), addr, z0)

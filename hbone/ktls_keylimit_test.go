@@ -29,7 +29,7 @@ func TestKernelTLSKeyLimit(t *testing.T) {
 	scfg := Config{KeyDrainRecords: 64, OnKeyLimit: ev.on, OnTLS: infos.add}
 	ccfg := Config{KeyDrainRecords: -1, KeyMaxRecords: -1, DisableKernelTLS: true}
 	conns := make(chan *conn, 4)
-	e := newEnvConfigs(t, scfg, ccfg, func(r *Request) {
+	e := newEnvConfigs(t, ServerConfig{Config: scfg}, ClientConfig{Config: ccfg}, func(r *Request) {
 		s, err := r.Accept(nil)
 		if err != nil {
 			return

@@ -90,7 +90,7 @@ func TestKernelTLSOrFallback(t *testing.T) {
 	leaktest.Check(t)
 	kernel := kernelHasTLS(t)
 	var infos tlsInfos
-	e := newEnv(t, Config{OnTLS: infos.add}, echo)
+	e := newEnv(t, ServerConfig{Config: Config{OnTLS: infos.add}}, echo)
 	check := func(t *testing.T, s *Stream, memo bool) {
 		t.Helper()
 		got := infos.take()
@@ -131,7 +131,7 @@ func TestKernelTLSOrFallback(t *testing.T) {
 // TestKernelTLSDisabled: DisableKernelTLS keeps connections in crypto/tls, and says so.
 func TestKernelTLSDisabled(t *testing.T) {
 	var infos tlsInfos
-	e := newEnv(t, Config{DisableKernelTLS: true, OnTLS: infos.add}, echo)
+	e := newEnv(t, ServerConfig{Config: Config{DisableKernelTLS: true, OnTLS: infos.add}}, echo)
 	s := e.dial(t, "10.0.0.1:80")
 	defer s.Close()
 	hashEcho(t, s, 3, 1<<20)
@@ -154,18 +154,18 @@ func TestKernelTLSDisabled(t *testing.T) {
 func TestKernelTLSNotTCP(t *testing.T) {
 	testCA()
 	var infos tlsInfos
-	srv := NewServer(Config{OnTLS: infos.add}, echo)
+	srv := NewServer(ServerConfig{Config: Config{OnTLS: infos.add}}, echo)
 	a, b := net.Pipe()
 	done := make(chan error, 1)
 	go func() { done <- srv.ServeTLS(context.Background(), b, srvTLS) }()
-	pool := NewPool(Config{DisableKernelTLS: true}, nil)
+	pool := NewPool(ClientConfig{Config: Config{DisableKernelTLS: true}}, nil)
 	defer pool.Close()
 	// The client side over the pipe, as a pooled connection would be.
-	ts := startTLS(a, cliTLS, false, &pool.cfg, &pool.kernel)
+	ts := startTLS(a, cliTLS, false, &pool.cfg.Config, &pool.kernel)
 	if err := ts.handshake(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	nc, bc, kc, err := ts.finish(&pool.cfg, &pool.kernel)
+	nc, bc, kc, err := ts.finish(&pool.cfg.Config, &pool.kernel)
 	if err != nil || kc != nil {
 		t.Fatalf("finish: %v, %v", kc, err)
 	}
@@ -282,7 +282,7 @@ func TestKernelTLSSplice(t *testing.T) {
 	}
 	served := make(chan result, 1)
 	hA, hB := tcpPair(t) // the server's backend: the handler relays to hA, the test is hB
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		st, err := r.Accept(nil)
 		if err != nil {
 			served <- result{err: err}
@@ -360,7 +360,7 @@ func TestKernelTLSSpliceFullSink(t *testing.T) {
 	leaktest.Check(t)
 	const size = 2<<20 + 11
 	served := make(chan *Stream, 1)
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		st, err := r.Accept(nil)
 		if err != nil {
 			return
@@ -429,7 +429,7 @@ func TestKernelTLSRelayAllocs(t *testing.T) {
 	leaktest.Check(t)
 	hA, hB := tcpPair(t)
 	served := make(chan struct{})
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		defer close(served)
 		st, err := r.Accept(nil)
 		if err != nil {
@@ -486,7 +486,7 @@ func TestKernelTLSFallbackAfterHandshake(t *testing.T) {
 	kernelAvailable = func(*net.TCPConn) error { return nil }
 	kernel := kernelHasTLS(t)
 	var infos tlsInfos
-	e := newEnv(t, Config{OnTLS: infos.add}, echo)
+	e := newEnv(t, ServerConfig{Config: Config{OnTLS: infos.add}}, echo)
 	s := e.dial(t, "10.0.0.1:80")
 	defer s.Close()
 	hashEcho(t, s, 9, 1<<20+1)

@@ -142,7 +142,7 @@ func calm(reason string) error { return connError{http2.ErrCodeEnhanceYourCalm, 
 // early-reset budget (c.mu held).
 func (c *conn) droppedLocked(r DropReason) error {
 	c.notifyDrop(r)
-	burst := float64(earlyResetBurstPerSlot * c.cfg.ServerMaxStreams)
+	burst := float64(earlyResetBurstPerSlot * c.cfg.MaxConcurrentStreams)
 	if !c.resetBudget.take(time.Now(), burst, earlyResetRate) {
 		return calm("too many streams refused or reset before they were answered")
 	}

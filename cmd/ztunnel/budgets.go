@@ -7,9 +7,9 @@ import (
 	"time"
 )
 
-// The per-node budgets of the HBONE server (hbone.Config; hbone/doc.go, "Limits"). Istio
-// has no variables for them: the names are gozt's own. Each takes the hbone.Config
-// convention: 0 is the default, a negative value turns the budget off.
+// The per-node budgets of the HBONE server (hbone.AdmissionConfig; hbone/doc.go, "Limits").
+// Istio has no variables for them: the names are gozt's own. Each takes the
+// hbone.AdmissionConfig convention: 0 is the default, a negative value turns the budget off.
 
 // budgetForm is the accepted forms of every budget variable.
 const budgetForm = `a positive number, 0 or unset for the default, "off" or a negative number for no budget`
@@ -27,7 +27,7 @@ func budgetSettings() []setting {
 	}
 }
 
-// budgets are the settings of budgetSettings, as hbone.Config takes them.
+// budgets are the settings of budgetSettings, as hbone.AdmissionConfig takes them.
 type budgets struct {
 	HandshakeWorkers, SourceHandshakes, PeerStreams, PeerDials int
 	SourceHandshakeRate, SourceFailedHandshakes, PeerConnRate  float64

@@ -96,7 +96,7 @@ type config struct {
 	TLS12Enabled              bool    // TLS12_ENABLED
 	CRLPath                   string  // CRL_PATH
 	rust                      rustEnv // the Rust ztunnel's own variables, until resolveRust
-	maxHandshakes             int     // hbone.Config.MaxHandshakes; no variable, set by tests
+	maxHandshakes             int     // hbone.ServerConfig.MaxHandshakes; no variable, set by tests
 }
 
 // setting is one row of the configuration table: it drives parsing, --help and
@@ -483,29 +483,36 @@ func (c *config) enableProxy() bool {
 }
 
 func proxyConfig(c *config) proxy.Config {
+	conn := hbone.Config{
+		StreamWindow:     c.StreamWindow,
+		ConnWindow:       c.ConnWindow,
+		MaxFrameSize:     c.FrameSize,
+		DisableKernelTLS: !c.KernelTLS,
+	}
 	return proxy.Config{
 		Local:                c.local(),
 		OutboundAddr:         c.OutboundAddr,
 		InboundPlaintextAddr: c.InboundPlaintextAddr,
 		InboundAddr:          c.InboundAddr,
 		Socks5Addr:           c.Socks5Addr,
-		HBONE: hbone.Config{
-			StreamWindow:      c.StreamWindow,
-			ConnWindow:        c.ConnWindow,
-			MaxFrameSize:      c.FrameSize,
+		HBONEClient: hbone.ClientConfig{
+			Config:            conn,
 			MaxStreamsPerConn: c.PoolMaxStreams,
 			IdleTimeout:       c.PoolUnusedRelease,
-			DisableKernelTLS:  !c.KernelTLS,
-
-			MaxHandshakes:          c.maxHandshakes,
-			HandshakeWorkers:       c.HandshakeWorkers,
-			SourceHandshakes:       c.SourceHandshakes,
-			SourceHandshakeRate:    c.SourceHandshakeRate,
-			SourceFailedHandshakes: c.SourceFailedHandshakes,
-			PeerConnRate:           c.PeerConnRate,
-			PeerStreams:            c.PeerStreams,
-			PeerDials:              c.PeerDials,
-			StreamStarts:           c.StreamStarts,
+		},
+		HBONEServer: hbone.ServerConfig{
+			Config:        conn,
+			MaxHandshakes: c.maxHandshakes,
+			Admission: hbone.AdmissionConfig{
+				HandshakeWorkers:       c.HandshakeWorkers,
+				SourceHandshakes:       c.SourceHandshakes,
+				SourceHandshakeRate:    c.SourceHandshakeRate,
+				SourceFailedHandshakes: c.SourceFailedHandshakes,
+				PeerConnRate:           c.PeerConnRate,
+				PeerStreams:            c.PeerStreams,
+				PeerDials:              c.PeerDials,
+				StreamStarts:           c.StreamStarts,
+			},
 		},
 		PacketMark:        c.PacketMark,
 		OrigSrc:           c.EnableOrigSrc == "true",
