@@ -83,7 +83,7 @@ type conn struct {
 	nextID         uint32      // client: next stream id to open
 	lastPeerID     uint32      // highest peer-initiated stream id seen
 	active         int         // open or half-closed streams
-	handlers       int         // server: handlers running, at most ServerMaxStreams (limits.go)
+	handlers       int         // server: handlers running, at most MaxConcurrentStreams (limits.go)
 	waiting        []*Request  // server: open streams waiting for a handler, FIFO (limits.go)
 	startTimer     *time.Timer // server: starts the waiting streams once a stream start is back (limits.go)
 	reserved       int         // client: slots promised by the pool, not yet opened

@@ -434,7 +434,7 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 	// Every handler may be busy, some of them for streams the peer has already reset,
 	// or the connection past its stream starts: then the stream waits, without a
 	// goroutine, for a handler to return or a start (limits.go). Waiting streams
-	// are open ones, so there are never more than ServerMaxStreams.
+	// are open ones, so there are never more than MaxConcurrentStreams.
 	c.waiting = append(c.waiting, req)
 	c.startWaitingLocked()
 	return nil
