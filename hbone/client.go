@@ -201,7 +201,7 @@ func (p *Pool) dial(ctx context.Context, k Key) (*conn, error) {
 	if err != nil {
 		return nil, dialErr(k, err, ctx)
 	}
-	c, err := p.startOver(ctx, raw, tc, k, "tls handshake")
+	c, err := p.handshakeOver(ctx, raw, tc, k, "tls handshake")
 	if err != nil {
 		return nil, err
 	}
@@ -225,9 +225,9 @@ func (p *Pool) h2Config(ctx context.Context, k Key) (*tls.Config, error) {
 	return tc, nil
 }
 
-// startOver runs the TLS client handshake over raw, checks the peer chose h2 and starts
+// handshakeOver runs the TLS client handshake over raw, checks the peer chose h2 and starts
 // the HTTP/2 connection; on error raw is closed. what names the handshake in errors.
-func (p *Pool) startOver(ctx context.Context, raw net.Conn, tc *tls.Config, k Key, what string) (*conn, error) {
+func (p *Pool) handshakeOver(ctx context.Context, raw net.Conn, tc *tls.Config, k Key, what string) (*conn, error) {
 	ts := startTLS(raw, tc, false, &p.cfg.Config, &p.kernel)
 	if err := ts.handshake(ctx); err != nil {
 		raw.Close()
@@ -260,7 +260,7 @@ func (p *Pool) DialOver(ctx context.Context, raw net.Conn, k Key, authority stri
 		raw.Close()
 		return nil, err
 	}
-	c, err := p.startOver(dctx, raw, tc, k, "inner tls handshake")
+	c, err := p.handshakeOver(dctx, raw, tc, k, "inner tls handshake")
 	if err != nil {
 		return nil, err
 	}
