@@ -355,7 +355,7 @@ func (p *Proxy) setupLoop(ctx context.Context, c *net.TCPConn, handle func(conte
 // for its workload) is closed at the deadline instead of holding Shutdown until its own
 // timeout.
 func (p *Proxy) handleTracked(ctx context.Context, c *net.TCPConn, handle func(context.Context, *net.TCPConn)) {
-	tc := &tracked{}
+	tc := &liveConn{}
 	defer p.conns.add(tc)()
 	tc.closeWith(c)
 	p.tuneSocket(c)
