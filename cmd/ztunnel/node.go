@@ -401,8 +401,6 @@ func (n *node) listenerSummary() string {
 	return strings.Join(parts, " ")
 }
 
-// dnsConfig answers for the workloads this node serves (the dedicated one, or the local
-// workload with the client's IP) from local.
 // withResolver gives a proxy the node's on-demand resolver, if it has one (a nil
 // *dns.Resolver must not become a non-nil proxy.HostResolver).
 func (n *node) withResolver(pcfg *proxy.Config) {
@@ -411,6 +409,8 @@ func (n *node) withResolver(pcfg *proxy.Config) {
 	}
 }
 
+// dnsConfig answers for the workloads this node serves (the dedicated one, or the local
+// workload with the client's IP) from local.
 func (n *node) dnsConfig(local state.Local) dns.Config {
 	return dns.Config{
 		Addr:          n.cfg.DNSProxyAddr,
