@@ -21,7 +21,7 @@ func chartSettings() []setting {
 		str("ZTUNNEL_RESOURCE_CPU_LIMIT", "", "the chart's resources.limits.cpu (a quantity: 2, 500m), rounded up to cores; same use as ZTUNNEL_CPU_LIMIT", func(c *config) *string { return &c.chart.resourceCPULimit }),
 		chartOnly("ZTUNNEL_RESOURCE_CPU_REQUEST", "the chart's resources.requests.cpu; not used (threads follow the limit)"),
 		str("SERVICE_ACCOUNT", "", "ztunnel's service account: with POD_NAME and POD_NAMESPACE, in shared mode, ztunnel serves HBONE on INBOUND_ADDR's port in its own network namespace as its own workload (the self-proxy), so a meshed client such as Prometheus reaches its stats port over mTLS", func(c *config) *string { return &c.ServiceAccount }),
-		chartOnly("INPOD_ENABLED", "set by the chart; not used (in-pod mode follows PROXY_MODE, as in the Rust ztunnel today)"),
+		goztOnly(chartOnly("INPOD_ENABLED", "set by the chart; not used (in-pod mode follows PROXY_MODE, as in the Rust ztunnel today)")),
 		chartOnly("RUST_BACKTRACE", "set by the chart; not used (Go prints every goroutine's stack on a crash; see GOTRACEBACK)"),
 	}
 }

@@ -33,24 +33,6 @@ func rustSettings() []setting {
 	}
 }
 
-// notInRust are the variables of gozt's table that the Rust ztunnel does not read (its
-// listeners' addresses are fixed; the rest are gozt's own features). The configuration table
-// says so in its "Rust ztunnel" column.
-var notInRust = map[string]bool{
-	"ADMIN_ADDR": true, "STATS_ADDR": true, "READINESS_ADDR": true, "OUTBOUND_ADDR": true,
-	"INBOUND_PLAINTEXT_ADDR": true, "INBOUND_ADDR": true, "SOCKS5_ADDR": true, "DNS_PROXY_ADDR": true,
-	"CA_PROVIDER": true, "CA_DIR": true, "SPIFFE_ENDPOINT_SOCKET": true, "KERNEL_TLS": true, "ENABLE_RESET_PROPAGATION": true,
-	"LOG_LEVEL": true, "INPOD_ENABLED": true,
-	"HBONE_HANDSHAKE_WORKERS": true, "HBONE_SOURCE_HANDSHAKES": true, "HBONE_SOURCE_HANDSHAKE_RATE": true,
-	"HBONE_SOURCE_FAILED_HANDSHAKE_RATE": true, "HBONE_PEER_CONNECTION_RATE": true, "HBONE_PEER_STREAMS": true,
-	"HBONE_PEER_DIALS":        true,
-	"HBONE_STREAM_START_RATE": true,
-	"DNS_PROXY_ALL_FAMILIES":  true,
-	"ACCESS_LOG_FILTER":       true,
-	"ACCESS_LOG_SAMPLE":       true,
-	"METRICS_DROP_LABELS":     true,
-}
-
 // rustEnv holds the raw Rust-only variables until resolveRust maps them.
 type rustEnv struct {
 	fakeCA, userTimeout      bool
