@@ -25,30 +25,7 @@ func acceptEnv(t *testing.T, cfg ServerConfig) (*Server, netip.AddrPort) {
 		t.Fatal(err)
 	}
 	srv := NewServer(cfg, echo)
-	al := srv.Admit(ln)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			raw, err := al.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				srv.ServeTLS(ctx, raw, srvTLS)
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		al.Close()
-		srv.Close()
-		cancel()
-		wg.Wait()
-	})
+	serveEach(t, srv.Admit(ln), srv, func(ctx context.Context, raw net.Conn) { srv.ServeTLS(ctx, raw, srvTLS) })
 	return srv, netip.MustParseAddrPort(ln.Addr().String())
 }
 

@@ -98,6 +98,29 @@ func newEnvConfigs(t testing.TB, cfg ServerConfig, poolCfg ClientConfig, h Handl
 	return e
 }
 
+// serveEach accepts on ln until it is closed, serving each connection with serve on a
+// goroutine of its own; at t's cleanup it closes ln and srv, ends serve's ctx and waits
+// for the accept loop and every serve.
+func serveEach(t testing.TB, ln net.Listener, srv *Server, serve func(ctx context.Context, raw net.Conn)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			raw, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() { serve(ctx, raw) })
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		srv.Close()
+		cancel()
+		wg.Wait()
+	})
+}
+
 func (e *env) serverConns() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -263,43 +263,23 @@ func startKeyUpdatePeer(t *testing.T) *keyUpdatePeer {
 	}
 	p := &keyUpdatePeer{addr: ln.Addr().String(), conns: make(chan *updatingConn, 4)}
 	srv := NewServer(ServerConfig{}, echo)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			raw, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var l secretLog
-				cfg := srvTLS.Clone()
-				cfg.KeyLogWriter, cfg.SessionTicketsDisabled, cfg.MinVersion = &l, true, tls.VersionTLS13
-				tc := tls.Server(&exactConn{Conn: raw}, cfg)
-				if err := tc.HandshakeContext(ctx); err != nil {
-					raw.Close()
-					return
-				}
-				u, err := newUpdatingConn(tc, raw, &l, true)
-				if err != nil {
-					t.Error(err)
-					raw.Close()
-					return
-				}
-				p.conns <- u
-				srv.ServeConn(ctx, u)
-			}()
+	serveEach(t, ln, srv, func(ctx context.Context, raw net.Conn) {
+		var l secretLog
+		cfg := srvTLS.Clone()
+		cfg.KeyLogWriter, cfg.SessionTicketsDisabled, cfg.MinVersion = &l, true, tls.VersionTLS13
+		tc := tls.Server(&exactConn{Conn: raw}, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			raw.Close()
+			return
 		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		srv.Close()
-		cancel()
-		wg.Wait()
+		u, err := newUpdatingConn(tc, raw, &l, true)
+		if err != nil {
+			t.Error(err)
+			raw.Close()
+			return
+		}
+		p.conns <- u
+		srv.ServeConn(ctx, u)
 	})
 	return p
 }
