@@ -86,7 +86,7 @@ type config struct {
 	WorkerThreads workerThreads
 	CPULimit      int // whole cores, from the chart's CPU limit variables; 0 = none given
 
-	chart chartEnv // Istio chart variables, mapped by resolveChart
+	chart chartEnv // Istio chart variables, mapped by resolveSources
 
 	XDSHeaders map[string]string // XDS_HEADER_<NAME>
 	CAHeaders  map[string]string // CA_HEADER_<NAME>
@@ -95,7 +95,7 @@ type config struct {
 	PreferredServiceNamespace string  // PREFERED_SERVICE_NAMESPACE
 	TLS12Enabled              bool    // TLS12_ENABLED
 	CRLPath                   string  // CRL_PATH
-	rust                      rustEnv // the Rust ztunnel's own variables, until resolveRust
+	rust                      rustEnv // the Rust ztunnel's own variables, until resolveSources
 	maxHandshakes             int     // hbone.ServerConfig.MaxHandshakes; no variable, set by tests
 }
 
@@ -284,19 +284,8 @@ func loadConfigMesh(getenv func(string) (string, bool), environ []string, args [
 			c.chart.unused = append(c.chart.unused, s.env+": "+s.help)
 		}
 	}
-	if err := resolveChart(c, explicit); err != nil {
+	if err := resolveSources(c, explicit, meshPath); err != nil {
 		return nil, err
-	}
-	pc, err := readProxyConfig(meshPath, c.rust.proxyConfig)
-	if err != nil {
-		return nil, err
-	}
-	pc.apply(c, explicit)
-	if err := resolveRust(c, explicit); err != nil {
-		return nil, err
-	}
-	if !c.EnableSocks5 && !explicit["SOCKS5_ADDR"] {
-		c.Socks5Addr = "" // SOCKS5 is opt-in
 	}
 	if c.local().Dedicated() && c.ProxyWorkloadInfo.IsZero() {
 		return nil, errors.New("config: PROXY_WORKLOAD_INFO is required when PROXY_MODE=dedicated; accepted: namespace/name/serviceaccount")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 )
@@ -33,7 +32,7 @@ func rustSettings() []setting {
 	}
 }
 
-// rustEnv holds the raw Rust-only variables until resolveRust maps them.
+// rustEnv holds the raw Rust-only variables until resolveSources maps them.
 type rustEnv struct {
 	fakeCA, userTimeout      bool
 	dnsCapture, dnsProxyAddr string
@@ -62,37 +61,4 @@ func refusedIfSet(env, help, why string) setting {
 		}
 		return nil
 	}}
-}
-
-// resolveRust maps the Rust-only variables onto gozt settings; a gozt variable set explicitly
-// wins.
-func resolveRust(c *config, explicit map[string]bool) error {
-	for name := range c.rust.metaJSON {
-		c.chart.unused = append(c.chart.unused, "ISTIO_METAJSON_"+name+": JSON proxy metadata; not used (gozt sends ISTIO_META_* only)")
-	}
-	if c.rust.fakeCA && !explicit["CA_PROVIDER"] {
-		c.CAProvider = "builtin"
-	}
-	if !explicit["DNS_PROXY_ADDR"] {
-		if v := c.rust.dnsProxyAddr; v != "" {
-			if _, err := strconv.ParseUint(v, 10, 16); err == nil {
-				v = "localhost:" + v
-			}
-			// Parsed as DNS_PROXY_ADDR is, into its field.
-			dns := addr("ISTIO_META_DNS_PROXY_ADDR", "", "", func(c *config) *string { return &c.DNSProxyAddr })
-			if err := dns.set(c, v); err != nil {
-				return fmt.Errorf("config: ISTIO_META_DNS_PROXY_ADDR=%q: %v; accepted: a port, or %s", c.rust.dnsProxyAddr, err, dns.form)
-			}
-		}
-		if v := c.rust.dnsCapture; v != "" {
-			on, err := strconv.ParseBool(v)
-			if err != nil {
-				return fmt.Errorf("config: ISTIO_META_DNS_CAPTURE=%q: %v; accepted: true or false", v, err)
-			}
-			if !on {
-				c.DNSProxyAddr = ""
-			}
-		}
-	}
-	return nil
 }
