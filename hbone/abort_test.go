@@ -31,7 +31,7 @@ func TestAbortsKeepWindowsWhole(t *testing.T) {
 	leaktest.Check(t)
 	backend := abortingEcho(t)
 	var handled atomic.Int32
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		defer handled.Add(1)
 		proxyDeliver(r, backend, rand.IntN(3) == 0)
 	})
@@ -191,7 +191,7 @@ func abortingClient(t *testing.T, e *env, seed uint64) {
 // connection (and its goroutines) forever.
 func TestPoolUnderConnectionBreaks(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{MaxStreamsPerConn: 4, IdleTimeout: 20 * time.Millisecond}, echo)
+	e := newEnvConfigs(t, ServerConfig{}, ClientConfig{MaxStreamsPerConn: 4, IdleTimeout: 20 * time.Millisecond}, echo)
 	keys := []Key{e.key}
 	for _, src := range []string{"spiffe://cluster.local/ns/a/sa/one", "spiffe://cluster.local/ns/a/sa/two"} {
 		keys = append(keys, NewKey(mustID(src), e.key.Expected(), e.addr, netip.Addr{}))
@@ -278,7 +278,7 @@ func TestConnectionBrokenBeforePooled(t *testing.T) {
 			c.Close()
 		}
 	}()
-	pool := NewPool(Config{}, func(context.Context, Key) (*tls.Config, error) { return cliTLS, nil })
+	pool := NewPool(ClientConfig{}, func(context.Context, Key) (*tls.Config, error) { return cliTLS, nil })
 	defer pool.Close()
 	addr := netip.MustParseAddrPort(ln.Addr().String())
 	k := NewKey(mustID(clientID), []identity.ID{mustID(serverID)}, addr, netip.Addr{})

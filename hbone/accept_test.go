@@ -17,7 +17,7 @@ import (
 
 // acceptEnv serves ServeTLS on a listener from an accept loop shaped like the proxy's: the
 // server's AdmitListener, a goroutine per connection.
-func acceptEnv(t *testing.T, cfg Config) (*Server, netip.AddrPort) {
+func acceptEnv(t *testing.T, cfg ServerConfig) (*Server, netip.AddrPort) {
 	t.Helper()
 	testCA()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -25,30 +25,7 @@ func acceptEnv(t *testing.T, cfg Config) (*Server, netip.AddrPort) {
 		t.Fatal(err)
 	}
 	srv := NewServer(cfg, echo)
-	al := srv.Admit(ln)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			raw, err := al.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				srv.ServeTLS(ctx, raw, srvTLS)
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		al.Close()
-		srv.Close()
-		cancel()
-		wg.Wait()
-	})
+	serveEach(t, srv.Admit(ln), srv, func(ctx context.Context, raw net.Conn) { srv.ServeTLS(ctx, raw, srvTLS) })
 	return srv, netip.MustParseAddrPort(ln.Addr().String())
 }
 
@@ -60,7 +37,7 @@ func acceptEnv(t *testing.T, cfg Config) (*Server, netip.AddrPort) {
 func TestAcceptBoundedUnderHandshakeFlood(t *testing.T) {
 	leaktest.Check(t)
 	const maxHands, flood = 16, 600
-	srv, addr := acceptEnv(t, Config{HandshakeWorkers: 1, MaxHandshakes: maxHands, DialTimeout: time.Minute, SourceFailedHandshakes: -1})
+	srv, addr := acceptEnv(t, ServerConfig{Config: Config{DialTimeout: time.Minute}, MaxHandshakes: maxHands, Admission: AdmissionConfig{HandshakeWorkers: 1, SourceFailedHandshakes: -1}})
 	hello := attack.ClientHello(cliTLS) // what a peer that starts TLS and stalls sends
 	g0 := runtime.NumGoroutine()
 	stopPeaks := peaks(t)

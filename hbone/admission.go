@@ -27,7 +27,7 @@ const sweepAt = 4096
 
 // admission holds a Server's per-source and per-identity budgets.
 type admission struct {
-	cfg *Config
+	cfg *AdmissionConfig
 	// gate: handshakes computing (not waiting for the network) at once.
 	gate chan struct{}
 	// room: the accept side's backpressure (admit.go), MaxHandshakes in their handshake
@@ -57,17 +57,17 @@ type peerState struct {
 	dials   chan struct{} // a semaphore: its streams whose handler has not answered
 }
 
-func newAdmission(cfg *Config) *admission {
+func newAdmission(cfg *ServerConfig) *admission {
 	f := &admission{
-		cfg:       cfg,
+		cfg:       &cfg.Admission,
 		sources:   make(map[netip.Addr]*sourceState),
 		peers:     make(map[identity.ID]*peerState),
 		sweepSrc:  sweepAt,
 		sweepPeer: sweepAt,
 		room:      acceptRoom{limit: 2 * int64(cfg.MaxHandshakes)},
 	}
-	if cfg.HandshakeWorkers > 0 {
-		f.gate = make(chan struct{}, cfg.HandshakeWorkers)
+	if cfg.Admission.HandshakeWorkers > 0 {
+		f.gate = make(chan struct{}, cfg.Admission.HandshakeWorkers)
 	}
 	return f
 }
@@ -83,7 +83,7 @@ func sourceOf(c net.Conn) netip.Addr {
 // admitSource decides on a new connection from src before its handshake: refused (a
 // reason), admitted at once, or admitted after wait. An admitted connection holds one
 // of src's handshake places until the returned release is called (idempotent).
-// A relay's connections (Config.SourceRelays) are admitted at once.
+// A relay's connections (AdmissionConfig.SourceRelays) are admitted at once.
 func (f *admission) admitSource(src netip.Addr, relay bool) (release func(failed bool), wait time.Duration, refused DropReason, ok bool) {
 	cfg := f.cfg
 	if !src.IsValid() || relay {
@@ -304,7 +304,7 @@ func refuse(c net.Conn) {
 	c.Close()
 }
 
-// handshakeWorkers is the default Config.HandshakeWorkers: one less than the Ps, so
+// handshakeWorkers is the default AdmissionConfig.HandshakeWorkers: one less than the Ps, so
 // handshakes never take every one of them.
 func handshakeWorkers() int { return max(1, runtime.GOMAXPROCS(0)-1) }
 

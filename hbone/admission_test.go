@@ -37,7 +37,7 @@ func (d *dropCounts) hook(r DropReason) { d[r].Add(1) }
 // a stream answered and echoed within a second.
 func honest(t *testing.T, e *env, src netip.Addr) {
 	t.Helper()
-	p := NewPool(Config{}, func(ctx context.Context, k Key) (*tls.Config, error) { return testCA().ClientConfig(honestID), nil })
+	p := NewPool(ClientConfig{}, func(ctx context.Context, k Key) (*tls.Config, error) { return testCA().ClientConfig(honestID), nil })
 	defer p.Close()
 	k := NewKey(identity.MustParse(honestID), []identity.ID{identity.MustParse(serverID)}, e.addr, src)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -84,7 +84,7 @@ func TestPeerStreamsBudget(t *testing.T) {
 	leaktest.Check(t)
 	var drops dropCounts
 	const budget, perConn = 6, 5
-	e := newEnv(t, Config{PeerStreams: budget, OnDrop: drops.hook}, echo)
+	e := newEnv(t, ServerConfig{Config: Config{OnDrop: drops.hook}, Admission: AdmissionConfig{PeerStreams: budget}}, echo)
 	accepted, refused := 0, 0
 	for range 2 {
 		p := floodPeer(t, e.addr.String())
@@ -130,7 +130,7 @@ func TestPeerDialsBudget(t *testing.T) {
 		}
 		echo(r)
 	}
-	e := newEnv(t, Config{PeerDials: budget, OnDrop: drops.hook}, h)
+	e := newEnv(t, ServerConfig{Config: Config{OnDrop: drops.hook}, Admission: AdmissionConfig{PeerDials: budget}}, h)
 	var once sync.Once
 	unblock := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(unblock) // before the server's cleanup, which waits for the handlers
@@ -156,7 +156,7 @@ func TestPeerConnRateBudget(t *testing.T) {
 	leaktest.Check(t)
 	var drops dropCounts
 	const rate, n = 1, 12
-	e := newEnv(t, Config{PeerConnRate: rate, OnDrop: drops.hook}, echo)
+	e := newEnv(t, ServerConfig{Config: Config{OnDrop: drops.hook}, Admission: AdmissionConfig{PeerConnRate: rate}}, echo)
 	for range n {
 		floodPeer(t, e.addr.String())
 	}
@@ -171,7 +171,7 @@ func TestSourceHandshakesBudget(t *testing.T) {
 	leaktest.Check(t)
 	var drops dropCounts
 	const budget, stalled = 5, 20
-	e := newEnv(t, Config{DialTimeout: time.Minute, SourceHandshakes: budget, SourceHandshakeRate: -1, OnDrop: drops.hook}, echo)
+	e := newEnv(t, ServerConfig{Config: Config{DialTimeout: time.Minute, OnDrop: drops.hook}, Admission: AdmissionConfig{SourceHandshakes: budget, SourceHandshakeRate: -1}}, echo)
 	for range stalled {
 		c, err := dialFrom(floodSrc, e.addr.String())
 		if err != nil {
@@ -192,7 +192,7 @@ func TestSourceFailedHandshakesBudget(t *testing.T) {
 	leaktest.Check(t)
 	var drops dropCounts
 	const rate, n = 0.5, 16 // a burst of 4; slow handshakes (-race, a loaded machine) earn a token every 2 s
-	e := newEnv(t, Config{SourceFailedHandshakes: rate, OnDrop: drops.hook}, echo)
+	e := newEnv(t, ServerConfig{Config: Config{OnDrop: drops.hook}, Admission: AdmissionConfig{SourceFailedHandshakes: rate}}, echo)
 	untrusted := testcert.NewCA().ClientConfig(clientID)
 	for range n {
 		raw, err := dialFrom(floodSrc, e.addr.String())
@@ -217,9 +217,9 @@ func TestSourceFailedHandshakesBudget(t *testing.T) {
 // source keeps working.
 func TestReconnectStormSlowed(t *testing.T) {
 	leaktest.Check(t)
-	storm := func(cfg Config, d time.Duration) (handshakes, refused int) {
+	storm := func(cfg ServerConfig, d time.Duration) (handshakes, refused int) {
 		var drops dropCounts
-		cfg.ServerMaxStreams, cfg.OnDrop = 10, drops.hook
+		cfg.MaxConcurrentStreams, cfg.OnDrop = 10, drops.hook
 		e := newEnv(t, cfg, echo)
 		for end := time.Now().Add(d); time.Now().Before(end); {
 			raw, err := dialFrom(floodSrc, e.addr.String())
@@ -250,9 +250,9 @@ func TestReconnectStormSlowed(t *testing.T) {
 		return handshakes, refused
 	}
 	const d = 1500 * time.Millisecond
-	free, _ := storm(Config{SourceHandshakeRate: -1, SourceFailedHandshakes: -1, PeerConnRate: -1}, d)
+	free, _ := storm(ServerConfig{Admission: AdmissionConfig{SourceHandshakeRate: -1, SourceFailedHandshakes: -1, PeerConnRate: -1}}, d)
 	const rate = 4 // a burst of 16
-	slowed, refused := storm(Config{SourceHandshakeRate: rate, SourceFailedHandshakes: -1, PeerConnRate: -1}, d)
+	slowed, refused := storm(ServerConfig{Admission: AdmissionConfig{SourceHandshakeRate: rate, SourceFailedHandshakes: -1, PeerConnRate: -1}}, d)
 	t.Logf("in %v: %d calm-and-reconnect cycles without the budget, %d with it (%d refused)", d, free, slowed, refused)
 	if most := 4*rate + int(d.Seconds()*rate) + 2; slowed > most {
 		t.Errorf("%d reconnects through a budget of %d/s; want at most %d", slowed, rate, most)
@@ -266,7 +266,7 @@ func TestReconnectStormSlowed(t *testing.T) {
 // place, handshakes stalled halfway by their peers leave it free for an honest one.
 func TestHandshakeGateNotHeldByStalled(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{HandshakeWorkers: 1, DialTimeout: time.Minute}, echo)
+	e := newEnv(t, ServerConfig{Config: Config{DialTimeout: time.Minute}, Admission: AdmissionConfig{HandshakeWorkers: 1}}, echo)
 	for range 5 {
 		c, err := dialFrom(floodSrc, e.addr.String())
 		if err != nil {
@@ -303,7 +303,7 @@ func TestRateBudgetReserve(t *testing.T) {
 // identity from another source connects at once.
 func TestCalmDelaysReconnect(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, echo)
+	e := newEnv(t, ServerConfig{}, echo)
 	var calmed time.Time // when the last calm close was seen: the penalty runs from the close
 	for round := range 2 {
 		p := floodPeer(t, e.addr.String())
@@ -326,14 +326,14 @@ func TestCalmDelaysReconnect(t *testing.T) {
 	}
 }
 
-// A relay's source (Config.SourceRelays: a network gateway forwarding double HBONE) is
+// A relay's source (AdmissionConfig.SourceRelays: a network gateway forwarding double HBONE) is
 // held to no per-source budget nor to PeerConnRate: the failures and connections of the
 // clients behind it add up to no one's budget.
 func TestSourceRelaysExempt(t *testing.T) {
 	leaktest.Check(t)
 	var drops dropCounts
 	relays := func(a netip.Addr) bool { return a == floodSrc }
-	e := newEnv(t, Config{SourceFailedHandshakes: 0.5, PeerConnRate: 1, SourceRelays: relays, OnDrop: drops.hook}, echo)
+	e := newEnv(t, ServerConfig{Config: Config{OnDrop: drops.hook}, Admission: AdmissionConfig{SourceFailedHandshakes: 0.5, PeerConnRate: 1, SourceRelays: relays}}, echo)
 	untrusted := testcert.NewCA().ClientConfig(clientID)
 	for range 12 { // a burst of 4 of each budget
 		raw, err := dialFrom(floodSrc, e.addr.String())
@@ -368,7 +368,7 @@ func TestNodeRestartFromOneIP(t *testing.T) {
 		identities = 100
 	}
 	var drops dropCounts
-	e := newEnv(t, Config{OnDrop: drops.hook}, echo)
+	e := newEnv(t, ServerConfig{Config: Config{OnDrop: drops.hook}}, echo)
 	cfgs := make(map[identity.ID]*tls.Config, identities)
 	var keys []Key
 	for i := range identities {
@@ -376,7 +376,7 @@ func TestNodeRestartFromOneIP(t *testing.T) {
 		cfgs[id] = testCA().ClientConfig(id.String())
 		keys = append(keys, NewKey(id, []identity.ID{identity.MustParse(serverID)}, e.addr, nodeSrc))
 	}
-	p := NewPool(Config{}, func(ctx context.Context, k Key) (*tls.Config, error) { return cfgs[k.Src], nil })
+	p := NewPool(ClientConfig{}, func(ctx context.Context, k Key) (*tls.Config, error) { return cfgs[k.Src], nil })
 	defer p.Close()
 	start := time.Now()
 	var wg sync.WaitGroup

@@ -40,7 +40,7 @@ func TestZeroAllocsPerDataFrame(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := NewServer(Config{}, echo)
+	srv := NewServer(ServerConfig{}, echo)
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
@@ -53,7 +53,7 @@ func TestZeroAllocsPerDataFrame(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool := NewPool(Config{}, nil)
+	pool := NewPool(ClientConfig{}, nil)
 	c, err := pool.startConn(context.Background(), Key{}, nc, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +80,7 @@ func TestAllocsOverTLSMatchPlainTLS(t *testing.T) {
 		t.Skip("allocation counts need a build without -race and -cover")
 	}
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, echo)
+	e := newEnv(t, ServerConfig{}, echo)
 	s := e.dial(t, "10.0.0.1:80")
 	defer s.Close()
 	hb := roundAllocs(t, s)

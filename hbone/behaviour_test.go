@@ -25,7 +25,7 @@ var long = flag.Bool("hbone.long", false, "run the 1 GiB transfer")
 func TestHalfCloseClientFirst(t *testing.T) {
 	leaktest.Check(t)
 	reply := bytes.Repeat([]byte("r"), 1<<20)
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		s, err := r.Accept(nil)
 		if err != nil {
 			return
@@ -57,7 +57,7 @@ func TestHalfCloseServerFirst(t *testing.T) {
 	leaktest.Check(t)
 	upload := bytes.Repeat([]byte("u"), 2<<20)
 	done := make(chan []byte, 1)
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		s, err := r.Accept(nil)
 		if err != nil {
 			return
@@ -91,7 +91,7 @@ func TestLargeTransferHashed(t *testing.T) {
 	if *long {
 		size = 1 << 30
 	}
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		s, err := r.Accept(nil)
 		if err != nil {
 			return
@@ -142,8 +142,7 @@ func hashOf(seed byte, size int64) []byte {
 
 func TestThousandStreamsOneConnection(t *testing.T) {
 	leaktest.Check(t)
-	cfg := Config{MaxStreamsPerConn: 1000, ServerMaxStreams: 1000}
-	e := newEnv(t, cfg, echo)
+	e := newEnvConfigs(t, ServerConfig{MaxConcurrentStreams: 1000}, ClientConfig{MaxStreamsPerConn: 1000}, echo)
 	e.dial(t, "10.0.0.1:80").Close() // warm: one connection
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -176,7 +175,7 @@ func TestThousandStreamsOneConnection(t *testing.T) {
 
 func TestConcurrentFirstDialsShareOneConnection(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, echo)
+	e := newEnv(t, ServerConfig{}, echo)
 	var wg sync.WaitGroup
 	for range 20 {
 		wg.Add(1)
@@ -199,14 +198,15 @@ func TestConcurrentFirstDialsShareOneConnection(t *testing.T) {
 func TestStreamCapacityOverflow(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		cfg  Config
+		srv  ServerConfig
+		cli  ClientConfig
 	}{
-		{"client limit", Config{MaxStreamsPerConn: 2}},
-		{"peer limit", Config{ServerMaxStreams: 2}},
+		{"client limit", ServerConfig{}, ClientConfig{MaxStreamsPerConn: 2}},
+		{"peer limit", ServerConfig{MaxConcurrentStreams: 2}, ClientConfig{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			leaktest.Check(t)
-			e := newEnv(t, tc.cfg, echo)
+			e := newEnvConfigs(t, tc.srv, tc.cli, echo)
 			var ss []*Stream
 			for range 3 {
 				ss = append(ss, e.dial(t, "10.0.0.1:80"))
@@ -233,7 +233,7 @@ func TestPeerStopsReading(t *testing.T) {
 	const window = 256 << 10
 	got := make(chan *Stream, 1)
 	release := make(chan struct{})
-	e := newEnv(t, Config{StreamWindow: window}, func(r *Request) {
+	e := newEnv(t, ServerConfig{Config: Config{StreamWindow: window}}, func(r *Request) {
 		s, err := r.Accept(nil)
 		if err != nil {
 			return
@@ -275,7 +275,7 @@ func TestPeerStopsReading(t *testing.T) {
 
 func TestReadDeadline(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, echo)
+	e := newEnv(t, ServerConfig{}, echo)
 	s := e.dial(t, "10.0.0.1:80")
 	defer s.Close()
 	s.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
@@ -293,7 +293,7 @@ func TestReadDeadline(t *testing.T) {
 func TestResetSemantics(t *testing.T) {
 	leaktest.Check(t)
 	serverErr := make(chan error, 1)
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		s, err := r.Accept(nil)
 		if err != nil {
 			return
@@ -327,7 +327,7 @@ func TestResetSemantics(t *testing.T) {
 
 func TestAbruptCloseMidStream(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, echo)
+	e := newEnv(t, ServerConfig{}, echo)
 	var ss []*Stream
 	for range 5 {
 		s := e.dial(t, "10.0.0.1:80")
@@ -379,7 +379,7 @@ func TestUnansweredConnectOnBrokenConnection(t *testing.T) {
 				mu   sync.Mutex
 				seen int
 			)
-			e = newEnv(t, Config{}, func(r *Request) {
+			e = newEnv(t, ServerConfig{}, func(r *Request) {
 				mu.Lock()
 				seen++
 				kill := seen > 1 && seen <= 1+tc.kills
@@ -420,7 +420,7 @@ func TestUnansweredConnectOnBrokenConnection(t *testing.T) {
 
 func TestGoAwayDrain(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, echo)
+	e := newEnv(t, ServerConfig{}, echo)
 	s := e.dial(t, "10.0.0.1:80")
 	defer s.Close()
 	shut := make(chan error, 1)
@@ -463,7 +463,7 @@ func TestGoAwayDrain(t *testing.T) {
 
 func TestIdleConnectionLeavesPool(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{IdleTimeout: 50 * time.Millisecond}, echo)
+	e := newEnvConfigs(t, ServerConfig{}, ClientConfig{IdleTimeout: 50 * time.Millisecond}, echo)
 	e.dial(t, "10.0.0.1:80").Close()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -502,7 +502,7 @@ func TestKeyCanonical(t *testing.T) {
 // every such race shrinks the connection's window until no stream on it can send.
 func TestResetRacingWriteReturnsWindow(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		s, err := r.Accept(nil)
 		if err != nil {
 			return

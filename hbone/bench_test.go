@@ -75,7 +75,7 @@ func BenchmarkBulk(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			got := make(chan int64, streams)
-			e := newEnv(b, Config{}, func(r *Request) {
+			e := newEnv(b, ServerConfig{}, func(r *Request) {
 				s, err := r.Accept(nil)
 				if err != nil {
 					return
@@ -156,7 +156,7 @@ func BenchmarkRoundTrip1K(b *testing.B) {
 		rt(b, c)
 	})
 	b.Run("hbone", func(b *testing.B) {
-		e := newEnv(b, Config{}, echo)
+		e := newEnv(b, ServerConfig{}, echo)
 		s := e.dial(b, "10.0.0.1:80")
 		defer s.Close()
 		rt(b, s)
@@ -166,7 +166,7 @@ func BenchmarkRoundTrip1K(b *testing.B) {
 // BenchmarkNewStream opens, half-closes both ways and closes one stream per op on a warm
 // pooled connection.
 func BenchmarkNewStream(b *testing.B) {
-	e := newEnv(b, Config{}, func(r *Request) {
+	e := newEnv(b, ServerConfig{}, func(r *Request) {
 		s, err := r.Accept(nil)
 		if err != nil {
 			return
@@ -205,7 +205,7 @@ func BenchmarkRoundTrip1KViaTCP(b *testing.B) {
 			directDelivery = direct
 			backend, stop := tcpEcho(b)
 			defer stop()
-			e := newEnv(b, Config{}, proxyTo(backend))
+			e := newEnv(b, ServerConfig{}, proxyTo(backend))
 			s := e.dial(b, "10.0.0.1:80")
 			defer s.Close()
 			out := make([]byte, 1024)
@@ -233,7 +233,7 @@ func BenchmarkBulkRatio(b *testing.B) {
 	defer tc.Close()
 	defer ts.Close()
 	got := make(chan int64)
-	e := newEnv(b, Config{}, func(r *Request) {
+	e := newEnv(b, ServerConfig{}, func(r *Request) {
 		s, err := r.Accept(nil)
 		if err != nil {
 			return

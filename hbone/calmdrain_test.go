@@ -40,7 +40,7 @@ func calmAfterPings(t *testing.T, p *rawPeer, keepGoing bool) {
 func TestCalmDrainFinishesOpenStreams(t *testing.T) {
 	leaktest.Check(t)
 	var drops dropCounts
-	p, done, stop := serveRaw(t, Config{OnDrop: drops.hook}, echo)
+	p, done, stop := serveRaw(t, ServerConfig{Config: Config{OnDrop: drops.hook}}, echo)
 	defer stop()
 	p.ackPings.Store(false)
 	calmAfterPings(t, p, false)
@@ -74,7 +74,7 @@ func TestCalmDrainFinishesOpenStreams(t *testing.T) {
 func TestCalmDrainClosesPeerThatKeepsGoing(t *testing.T) {
 	leaktest.Check(t)
 	var drops dropCounts
-	p, done, stop := serveRaw(t, Config{OnDrop: drops.hook}, echo)
+	p, done, stop := serveRaw(t, ServerConfig{Config: Config{OnDrop: drops.hook}}, echo)
 	defer stop()
 	p.ackPings.Store(false)
 	start := time.Now()
@@ -100,7 +100,7 @@ func TestCalmDrainClosesStreamsPastGoAway(t *testing.T) {
 	for _, read := range []bool{true, false} {
 		t.Run(fmt.Sprintf("read=%v", read), func(t *testing.T) {
 			leaktest.Check(t)
-			p, done, stop := serveRaw(t, Config{}, echo)
+			p, done, stop := serveRaw(t, ServerConfig{}, echo)
 			defer stop()
 			p.ackPings.Store(false)
 			calmAfterPings(t, p, false)
@@ -133,7 +133,7 @@ func TestCalmDrainClosesStreamsPastGoAway(t *testing.T) {
 // stream the server would refuse.
 func TestPoolLeavesCalmedConn(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, echo)
+	e := newEnv(t, ServerConfig{}, echo)
 	s1 := e.dial(t, "10.0.0.1:80")
 	defer s1.Close()
 	var sc *conn

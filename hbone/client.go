@@ -17,7 +17,7 @@ import (
 // Pool is the HBONE client: CONNECT streams over pooled mTLS HTTP/2 connections, one set
 // of connections per Key.
 type Pool struct {
-	cfg       Config
+	cfg       ClientConfig
 	tlsConfig func(ctx context.Context, k Key) (*tls.Config, error)
 	wg        sync.WaitGroup // connection goroutines
 
@@ -43,7 +43,7 @@ var maxCongestionDials = 4
 
 // NewPool returns a pool. tlsConfig is asked once per new connection for a client config
 // (client certificate, peer verification against k.Expected()); ALPN h2 is added if missing.
-func NewPool(cfg Config, tlsConfig func(ctx context.Context, k Key) (*tls.Config, error)) *Pool {
+func NewPool(cfg ClientConfig, tlsConfig func(ctx context.Context, k Key) (*tls.Config, error)) *Pool {
 	return &Pool{cfg: cfg.withDefaults(), tlsConfig: tlsConfig, keys: make(map[Key]*keyPool), all: make(map[*conn]struct{})}
 }
 
@@ -201,7 +201,7 @@ func (p *Pool) dial(ctx context.Context, k Key) (*conn, error) {
 	if err != nil {
 		return nil, dialErr(k, err, ctx)
 	}
-	c, err := p.startOver(ctx, raw, tc, k, "tls handshake")
+	c, err := p.handshakeOver(ctx, raw, tc, k, "tls handshake")
 	if err != nil {
 		return nil, err
 	}
@@ -228,10 +228,10 @@ func (p *Pool) h2Config(ctx context.Context, k Key) (*tls.Config, error) {
 	return tc, nil
 }
 
-// startOver runs the TLS client handshake over raw, checks the peer chose h2 and starts
+// handshakeOver runs the TLS client handshake over raw, checks the peer chose h2 and starts
 // the HTTP/2 connection; on error raw is closed. what names the handshake in errors.
-func (p *Pool) startOver(ctx context.Context, raw net.Conn, tc *tls.Config, k Key, what string) (*conn, error) {
-	ts := startTLS(raw, tc, false, &p.cfg, &p.kernel)
+func (p *Pool) handshakeOver(ctx context.Context, raw net.Conn, tc *tls.Config, k Key, what string) (*conn, error) {
+	ts := startTLS(raw, tc, false, &p.cfg.Config, &p.kernel)
 	if err := ts.handshake(ctx); err != nil {
 		raw.Close()
 		return nil, dialErr(k, fmt.Errorf("%s: %w", what, err), ctx)
@@ -240,7 +240,7 @@ func (p *Pool) startOver(ctx context.Context, raw net.Conn, tc *tls.Config, k Ke
 		raw.Close()
 		return nil, fmt.Errorf("hbone: dial %s: peer did not negotiate ALPN h2", k.Addr)
 	}
-	nc, bc, kc, err := ts.finish(&p.cfg, &p.kernel)
+	nc, bc, kc, err := ts.finish(&p.cfg.Config, &p.kernel)
 	if err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("hbone: dial %s: %w", k.Addr, err)
@@ -263,7 +263,7 @@ func (p *Pool) DialOver(ctx context.Context, raw net.Conn, k Key, authority stri
 		raw.Close()
 		return nil, err
 	}
-	c, err := p.startOver(dctx, raw, tc, k, "inner tls handshake")
+	c, err := p.handshakeOver(dctx, raw, tc, k, "inner tls handshake")
 	if err != nil {
 		return nil, err
 	}
@@ -284,7 +284,7 @@ func (p *Pool) DialOver(ctx context.Context, raw net.Conn, k Key, authority stri
 // startConn runs HTTP/2 on an established connection: preface and the connection's two
 // goroutines.
 func (p *Pool) startConn(ctx context.Context, k Key, nc net.Conn, bc *bufConn, kc *ktls.Conn) (*conn, error) {
-	c := newConn(p.cfg, false, nc, bc, kc)
+	c := newConn(p.cfg.conn(), false, nc, bc, kc)
 	c.onClose = func(c *conn) { p.remove(k, c) }
 	if err := c.writePreface(); err != nil {
 		nc.Close()

@@ -16,7 +16,7 @@ import (
 // connection keeps carrying bytes.
 func TestCloseMatching(t *testing.T) {
 	const otherID = "spiffe://cluster.local/ns/default/sa/other"
-	e := newEnv(t, Config{}, echo)
+	e := newEnv(t, ServerConfig{}, echo)
 	otherTLS := testCA().ClientConfig(otherID)
 	e.pool.tlsConfig = func(ctx context.Context, k Key) (*tls.Config, error) {
 		if k.Src == identity.MustParse(otherID) {

@@ -12,45 +12,24 @@ import (
 	"github.com/gozt/gozt/identity"
 )
 
-// Config holds the HTTP/2 and pool knobs. The zero value means the defaults in brackets,
-// which are the Rust ztunnel's.
+// Config holds what both sides of a connection use: the HTTP/2 windows and frame size, the
+// keepalive, kernel TLS, the TLS key limits, and the hooks that report on them. A Pool
+// takes a ClientConfig and a Server a ServerConfig, each embedding a Config, as
+// x/net/http2 keeps a Transport's knobs apart from a Server's; what only a Server budgets
+// across its connections is its AdmissionConfig. The zero value means the defaults in
+// brackets, which are the Rust ztunnel's.
 type Config struct {
-	StreamWindow      uint32        // [4 MiB] initial stream flow-control window we advertise
-	ConnWindow        uint32        // [16 MiB] connection window we advertise
-	MaxFrameSize      uint32        // [1 MiB] SETTINGS_MAX_FRAME_SIZE we accept
-	MaxStreamsPerConn int           // [100] client: streams per pooled connection (min with peer's MAX_CONCURRENT_STREAMS)
-	ServerMaxStreams  uint32        // [200] server: SETTINGS_MAX_CONCURRENT_STREAMS advertised
-	PingInterval      time.Duration // [10s]
-	PingTimeout       time.Duration // [20s] no PING ack within this -> connection dropped
-	IdleTimeout       time.Duration // [5m] pooled connection with no streams leaves the pool
-	DialTimeout       time.Duration // [10s] TCP+TLS dial; timeout error says "maybe a NetworkPolicy is blocking HBONE port 15008"; server: TLS handshake and preface
-	MaxHandshakes     int           // [1024] server: TLS handshakes in flight; past it the oldest is dropped (doc.go, "Limits")
-	// Per-node budgets of a Server across its connections (doc.go, "Limits"): zero means
-	// the default in brackets, a negative value turns the budget off.
-	HandshakeWorkers       int     // [GOMAXPROCS-1, at least 1] ServeTLS handshakes computing at once
-	SourceHandshakes       int     // [256] handshakes in flight from one source IP; past it a new connection is refused
-	SourceHandshakeRate    float64 // [32/s, burst 8 s of it] new connections from one source IP, a successful handshake's given back; past it one waits up to 1 s, then is refused
-	SourceFailedHandshakes float64 // [2/s, burst 8 s of it] failed handshakes of one source IP; past it its connections are refused before TLS
-	PeerConnRate           float64 // [32/s, burst 4 s of it] new HBONE connections of one peer identity; past it one waits up to 1 s, then is closed
-	PeerStreams            int     // [16384] open streams of one peer identity; past it a new one gets REFUSED_STREAM
-	PeerDials              int     // [256] streams of one peer identity whose handler has not answered; past it a new one waits
-	StreamStarts           float64 // [64/s, burst 1 s of it] handlers started for one connection's streams, each given back once its stream carries a byte; past it a new stream waits without a goroutine
-	// SourceRelays, if set, names source IPs that relay other clients' connections (a
-	// network gateway forwarding double HBONE): no per-source budget applies to them, nor
-	// PeerConnRate (a connection per proxied connection there); the other per-identity
-	// budgets do, each client having its own identity.
-	SourceRelays func(netip.Addr) bool
-	// Control is applied to dialed sockets (SO_MARK etc.); optional.
-	Control func(network, address string, c syscall.RawConn) error
-	// Dial, if set, opens the TCP connection under each pooled connection with d (which
-	// carries Control and the local address) instead of d.DialContext: in-pod mode dials
-	// from inside the pod's network namespace this way.
-	Dial func(ctx context.Context, d *net.Dialer, network, address string) (net.Conn, error)
+	StreamWindow uint32        // [4 MiB] initial stream flow-control window we advertise
+	ConnWindow   uint32        // [16 MiB] connection window we advertise
+	MaxFrameSize uint32        // [1 MiB] SETTINGS_MAX_FRAME_SIZE we accept
+	PingInterval time.Duration // [10s]
+	PingTimeout  time.Duration // [20s] no PING ack within this -> connection dropped
+	DialTimeout  time.Duration // [10s] client: TCP+TLS dial; timeout error says "maybe a NetworkPolicy is blocking HBONE port 15008"; server: TLS handshake and preface
 	// OnDrop, if set, is told of every stream dropped before it reached a handler's
-	// answer, of every connection closed for abuse, and of every connection or stream a
-	// per-node budget refused or delayed (see doc.go, "Limits"). It runs on the
-	// connection's frame reader, serving goroutine or handler goroutine: it must be quick
-	// and must not block.
+	// answer, of every connection closed for abuse (on either side), and of every
+	// connection or stream a per-node budget refused or delayed (see doc.go, "Limits"). It
+	// runs on the connection's frame reader, serving goroutine or handler goroutine: it
+	// must be quick and must not block.
 	OnDrop func(DropReason)
 	// DisableKernelTLS keeps every connection's TLS records in crypto/tls. By default the
 	// connections this package runs the handshake of (Pool's, ServeTLS's) hand the record
@@ -79,6 +58,68 @@ type Config struct {
 	// and when one ends at a limit or at the peer's KeyUpdate under kernel TLS. It runs on
 	// the frame reader; it must not block.
 	OnKeyLimit func(KeyLimit)
+}
+
+// ClientConfig is a Pool's configuration: the connection's Config and how the pool dials
+// and shares its connections.
+type ClientConfig struct {
+	Config
+	MaxStreamsPerConn int           // [100] streams per pooled connection (min with peer's MAX_CONCURRENT_STREAMS)
+	IdleTimeout       time.Duration // [5m] pooled connection with no streams leaves the pool
+	// Control is applied to dialed sockets (SO_MARK etc.); optional.
+	Control func(network, address string, c syscall.RawConn) error
+	// Dial, if set, opens the TCP connection under each pooled connection with d (which
+	// carries Control and the local address) instead of d.DialContext: in-pod mode dials
+	// from inside the pod's network namespace this way.
+	Dial func(ctx context.Context, d *net.Dialer, network, address string) (net.Conn, error)
+}
+
+// ServerConfig is a Server's configuration: the connection's Config, what one connection
+// may carry, and the Server's admission budgets across its connections.
+type ServerConfig struct {
+	Config
+	MaxConcurrentStreams uint32 // [200] SETTINGS_MAX_CONCURRENT_STREAMS advertised
+	MaxHandshakes        int    // [1024] TLS handshakes in flight; past it the oldest is dropped (doc.go, "Limits")
+	Admission            AdmissionConfig
+}
+
+// AdmissionConfig holds a Server's per-node budgets across its connections (admission.go;
+// doc.go, "Limits"): zero means the default in brackets, a negative value turns the
+// budget off.
+type AdmissionConfig struct {
+	HandshakeWorkers       int     // [GOMAXPROCS-1, at least 1] ServeTLS handshakes computing at once
+	SourceHandshakes       int     // [256] handshakes in flight from one source IP; past it a new connection is refused
+	SourceHandshakeRate    float64 // [32/s, burst 8 s of it] new connections from one source IP, a successful handshake's given back; past it one waits up to 1 s, then is refused
+	SourceFailedHandshakes float64 // [2/s, burst 8 s of it] failed handshakes of one source IP; past it its connections are refused before TLS
+	PeerConnRate           float64 // [32/s, burst 4 s of it] new HBONE connections of one peer identity; past it one waits up to 1 s, then is closed
+	PeerStreams            int     // [16384] open streams of one peer identity; past it a new one gets REFUSED_STREAM
+	PeerDials              int     // [256] streams of one peer identity whose handler has not answered; past it a new one waits
+	StreamStarts           float64 // [64/s, burst 1 s of it] handlers started for one connection's streams, each given back once its stream carries a byte; past it a new stream waits without a goroutine
+	// SourceRelays, if set, names source IPs that relay other clients' connections (a
+	// network gateway forwarding double HBONE): no per-source budget applies to them, nor
+	// PeerConnRate (a connection per proxied connection there); the other per-identity
+	// budgets do, each client having its own identity.
+	SourceRelays func(netip.Addr) bool
+}
+
+// connConfig is what one connection reads of its Pool's or Server's configuration: the
+// shared Config and its own side's fields (the other side's stay zero).
+type connConfig struct {
+	Config
+	MaxStreamsPerConn    int           // client
+	IdleTimeout          time.Duration // client
+	MaxConcurrentStreams uint32        // server
+	StreamStarts         float64       // server
+	PeerStreams          int           // server
+}
+
+func (c ClientConfig) conn() connConfig {
+	return connConfig{Config: c.Config, MaxStreamsPerConn: c.MaxStreamsPerConn, IdleTimeout: c.IdleTimeout}
+}
+
+func (c ServerConfig) conn() connConfig {
+	return connConfig{Config: c.Config, MaxConcurrentStreams: c.MaxConcurrentStreams,
+		StreamStarts: c.Admission.StreamStarts, PeerStreams: c.Admission.PeerStreams}
 }
 
 // TLSInfo is what Config.OnTLS hears of one connection.
@@ -187,27 +228,42 @@ func (c Config) withDefaults() Config {
 		c.MaxFrameSize = 1 << 20
 	}
 	c.MaxFrameSize = min(max(c.MaxFrameSize, minFrameSize), maxFrameSizeLimit)
-	if c.MaxStreamsPerConn <= 0 {
-		c.MaxStreamsPerConn = 100
-	}
-	if c.ServerMaxStreams == 0 {
-		c.ServerMaxStreams = 200
-	}
 	if c.PingInterval <= 0 {
 		c.PingInterval = 10 * time.Second
 	}
 	if c.PingTimeout <= 0 {
 		c.PingTimeout = 20 * time.Second
 	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = 10 * time.Second
+	}
+	return c
+}
+
+func (c ClientConfig) withDefaults() ClientConfig {
+	c.Config = c.Config.withDefaults()
+	if c.MaxStreamsPerConn <= 0 {
+		c.MaxStreamsPerConn = 100
+	}
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = 5 * time.Minute
+	}
+	return c
+}
+
+func (c ServerConfig) withDefaults() ServerConfig {
+	c.Config = c.Config.withDefaults()
+	if c.MaxConcurrentStreams == 0 {
+		c.MaxConcurrentStreams = 200
 	}
 	if c.MaxHandshakes <= 0 {
 		c.MaxHandshakes = 1024
 	}
-	if c.DialTimeout <= 0 {
-		c.DialTimeout = 10 * time.Second
-	}
+	c.Admission = c.Admission.withDefaults()
+	return c
+}
+
+func (c AdmissionConfig) withDefaults() AdmissionConfig {
 	if c.HandshakeWorkers == 0 {
 		c.HandshakeWorkers = handshakeWorkers()
 	}

@@ -77,7 +77,7 @@ func echoBulk(t *testing.T, s *Stream, size int64) {
 // than a whole connection window (which it could not, were it blocked there).
 func TestStalledStreamsDoNotBlockNewOnes(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, download)
+	e := newEnv(t, ServerConfig{}, download)
 	stalled := stallStreams(t, e, 4)
 	s := e.dial(t, "10.0.0.1:80")
 	echoBulk(t, s, 32<<20)
@@ -113,7 +113,7 @@ func TestCongestedConnectionsCapped(t *testing.T) {
 	leaktest.Check(t)
 	defer func(old int) { maxCongestionDials = old }(maxCongestionDials)
 	maxCongestionDials = 1
-	e := newEnv(t, Config{}, download)
+	e := newEnv(t, ServerConfig{}, download)
 	stalled := stallStreams(t, e, 4)                    // congest conn 1
 	stalled = append(stalled, stallStreams(t, e, 4)...) // then conn 2
 	defer func() {

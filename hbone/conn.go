@@ -25,7 +25,7 @@ import (
 // writeLoop, so two peers that both write bulk data cannot deadlock each other.
 type conn struct {
 	// Set by newConn (handler and onClose before the goroutines start), then read-only.
-	cfg        Config
+	cfg        connConfig
 	server     bool
 	handler    Handler
 	nc         net.Conn // what frames are written to (and read from, but in kernel TLS): *tls.Conn, or bc over kt.conn
@@ -83,7 +83,7 @@ type conn struct {
 	nextID         uint32      // client: next stream id to open
 	lastPeerID     uint32      // highest peer-initiated stream id seen
 	active         int         // open or half-closed streams
-	handlers       int         // server: handlers running, at most ServerMaxStreams (limits.go)
+	handlers       int         // server: handlers running, at most MaxConcurrentStreams (limits.go)
 	waiting        []*Request  // server: open streams waiting for a handler, FIFO (limits.go)
 	startTimer     *time.Timer // server: starts the waiting streams once a stream start is back (limits.go)
 	reserved       int         // client: slots promised by the pool, not yet opened
@@ -139,7 +139,7 @@ type ctrlOp struct {
 	data [8]byte
 }
 
-func newConn(cfg Config, server bool, nc net.Conn, bc *bufConn, kc *ktls.Conn) *conn {
+func newConn(cfg connConfig, server bool, nc net.Conn, bc *bufConn, kc *ktls.Conn) *conn {
 	c := &conn{
 		cfg:            cfg,
 		server:         server,

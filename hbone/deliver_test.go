@@ -57,7 +57,7 @@ func waitDone(t *testing.T, done chan deliverResult) deliverResult {
 func TestDeliverToCarriesEveryByte(t *testing.T) {
 	bothWays(t, &directDelivery, "direct", "buffered", func(t *testing.T) {
 		leaktest.Check(t)
-		e := newEnv(t, Config{}, echo)
+		e := newEnv(t, ServerConfig{}, echo)
 		s := e.dial(t, "10.0.0.1:80")
 		defer s.Close()
 		out, done := deliver(t, s)
@@ -96,7 +96,7 @@ func TestDeliverToCarriesEveryByte(t *testing.T) {
 // moving, the goroutine count does not grow with them.
 func TestDeliverToIdleHoldsNoGoroutine(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, echo)
+	e := newEnv(t, ServerConfig{}, echo)
 	const streams = 50
 	before := runtime.NumGoroutine()
 	var ss []*Stream
@@ -120,7 +120,7 @@ func TestDeliverToIdleHoldsNoGoroutine(t *testing.T) {
 func TestDeliverToEnds(t *testing.T) {
 	t.Run("peer reset", func(t *testing.T) {
 		leaktest.Check(t)
-		e := newEnv(t, Config{}, func(r *Request) {
+		e := newEnv(t, ServerConfig{}, func(r *Request) {
 			s, err := r.Accept(nil)
 			if err != nil {
 				return
@@ -142,7 +142,7 @@ func TestDeliverToEnds(t *testing.T) {
 	})
 	t.Run("local close", func(t *testing.T) {
 		leaktest.Check(t)
-		e := newEnv(t, Config{}, echo)
+		e := newEnv(t, ServerConfig{}, echo)
 		s := e.dial(t, "10.0.0.1:80")
 		_, done := deliver(t, s)
 		s.Close()
@@ -152,7 +152,7 @@ func TestDeliverToEnds(t *testing.T) {
 	})
 	t.Run("connection lost", func(t *testing.T) {
 		leaktest.Check(t)
-		e := newEnv(t, Config{}, echo)
+		e := newEnv(t, ServerConfig{}, echo)
 		s := e.dial(t, "10.0.0.1:80")
 		defer s.Close()
 		_, done := deliver(t, s)
@@ -167,7 +167,7 @@ func TestDeliverToEnds(t *testing.T) {
 	})
 	t.Run("second reader refused", func(t *testing.T) {
 		leaktest.Check(t)
-		e := newEnv(t, Config{}, echo)
+		e := newEnv(t, ServerConfig{}, echo)
 		s := e.dial(t, "10.0.0.1:80")
 		_, done := deliver(t, s)
 		a, _ := tcpPair(t)
@@ -183,7 +183,7 @@ func TestDeliverToEnds(t *testing.T) {
 // starting a goroutine only to call done costs a wakeup per proxied connection.
 func TestDeliverToEndsOnFrameReader(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, echo)
+	e := newEnv(t, ServerConfig{}, echo)
 	s := e.dial(t, "10.0.0.1:80")
 	defer s.Close()
 	a, b := tcpPair(t)
@@ -219,7 +219,7 @@ func TestDeliverToEndsOnFrameReader(t *testing.T) {
 func TestCloseDuringDirectWriteReleasesWindow(t *testing.T) {
 	leaktest.Check(t)
 	send := make(chan struct{})
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		s, err := r.Accept(nil)
 		if err != nil {
 			return
@@ -254,7 +254,7 @@ func TestCloseDuringDirectWriteReleasesWindow(t *testing.T) {
 // DeliverTo on a stream whose connection already closed delivers what was queued before
 // it returns, with no goroutine left behind.
 func TestDeliverToDrainsAreWaitedFor(t *testing.T) {
-	e := newEnv(t, Config{}, echo)
+	e := newEnv(t, ServerConfig{}, echo)
 	s := e.dial(t, "10.0.0.1:80")
 	out, done := deliver(t, s)
 	// Fill out's socket buffers so the rest waits in the stream's queue for a drain.
@@ -277,7 +277,7 @@ func TestDeliverToDrainsAreWaitedFor(t *testing.T) {
 	}
 
 	// A stream whose connection closed with data queued.
-	e2 := newEnv(t, Config{}, func(r *Request) {
+	e2 := newEnv(t, ServerConfig{}, func(r *Request) {
 		w, err := r.Accept(nil)
 		if err != nil {
 			return

@@ -20,11 +20,11 @@ import (
 func TestDialOverGateway(t *testing.T) {
 	leaktest.Check(t)
 	seen := make(chan *Request, 1)
-	dst := newEnv(t, Config{}, func(r *Request) {
+	dst := newEnv(t, ServerConfig{}, func(r *Request) {
 		seen <- r
 		echo(r)
 	})
-	gw := newEnv(t, Config{}, proxyTo(dst.addr.String()))
+	gw := newEnv(t, ServerConfig{}, proxyTo(dst.addr.String()))
 	outer := gw.dial(t, "echo.default.svc:80")
 	inner, err := gw.pool.DialOver(context.Background(), outer, dst.key, "echo.default.svc:80", http.Header{"X-Forwarded-Network": {"net1"}})
 	if err != nil {
@@ -59,7 +59,7 @@ func TestDialOverFailedHandshakeClosesOuter(t *testing.T) {
 	leaktest.Check(t)
 	backend, stop := tcpEcho(t) // not TLS: the handshake reads its own ClientHello back
 	defer stop()
-	gw := newEnv(t, Config{}, proxyTo(backend))
+	gw := newEnv(t, ServerConfig{}, proxyTo(backend))
 	outer := gw.dial(t, "echo.default.svc:80")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -166,7 +166,7 @@
 //   - Per-node budgets (server, admission.go): the limits above are per connection, so a peer
 //     with N connections would get N times them, and a reconnect after each
 //     ENHANCE_YOUR_CALM buys a fresh handshake (~0.7 ms of CPU) per cycle. These hold
-//     across a Server's connections; a zero Config field is the default, a negative one
+//     across a Server's connections; a zero AdmissionConfig field is the default, a negative one
 //     turns the budget off (the ztunnel binary sets them from its HBONE_* variables,
 //     docs/CONFIGURATION.md). Each refusal or wait goes to Config.OnDrop with its reason.
 //     Before the handshake, by source IP (nothing is read from a refused connection: it
@@ -190,7 +190,7 @@
 //     identities from one IP, all at once, each get a connection and an answered stream
 //     in 0.65 s with the defaults, none refused; with the earlier 64 in flight, 127 to 135
 //     of them were refused.) A network gateway's address is the exception: it relays many
-//     clients' double HBONE, so Config.SourceRelays exempts it from these and from
+//     clients' double HBONE, so AdmissionConfig.SourceRelays exempts it from these and from
 //     PeerConnRate below (the proxy names every gateway its workloads name).
 //     After the handshake, by peer identity (connections without one, h2c, are not
 //     counted): PeerConnRate (32/s, a burst of 128) new connections, past it one waits up
@@ -248,8 +248,10 @@
 // # Files
 //
 // The API: client.go (Pool, Dial), server.go (Server, Handler, Request, Serve, ServeConn,
-// ServeTLS, Shutdown), stream.go (Stream: Read/Write, ReadFrom and WriteTo, DeliverTo,
-// half-close, reset, deadlines), config.go (Config and its defaults, Key, TLSInfo,
+// ServeTLS, Shutdown), stream.go (Stream: Read/Write, half-close, reset, deadlines),
+// deliver.go (the receive side handed to a consumer: WriteTo, DeliverTo), readfrom.go (the
+// send side fed from a reader: ReadFrom), config.go (Config, what both sides use, and
+// ClientConfig, ServerConfig and AdmissionConfig around it, their defaults, Key, TLSInfo,
 // KernelTLSBytes, DropReason), errors.go (StatusError, ResetError, GoAwayError, the
 // connection errors). Below it, by direction:
 //

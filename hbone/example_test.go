@@ -38,7 +38,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	srv := hbone.NewServer(hbone.Config{}, func(r *hbone.Request) {
+	srv := hbone.NewServer(hbone.ServerConfig{}, func(r *hbone.Request) {
 		if r.Peer != clientID { // the SPIFFE ID of the client's verified certificate
 			r.Reject(http.StatusUnauthorized)
 			return
@@ -58,7 +58,7 @@ func Example() {
 	defer func() { stop(); <-served }()
 
 	// The client: one Pool; a Key names who we are, whom we expect and where they listen.
-	pool := hbone.NewPool(hbone.Config{}, spiffeClient(ca.Issue(clientID.String()), ca.Pool))
+	pool := hbone.NewPool(hbone.ClientConfig{}, spiffeClient(ca.Issue(clientID.String()), ca.Pool))
 	defer pool.Close()
 	key := hbone.NewKey(clientID, []identity.ID{serverID}, netip.MustParseAddrPort(ln.Addr().String()), netip.Addr{})
 	s, err := pool.Dial(ctx, key, "10.0.0.5:8080", nil)

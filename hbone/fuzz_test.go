@@ -53,7 +53,7 @@ func FuzzServer(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		leaktest.Check(t)
 		a, b := net.Pipe()
-		srv := NewServer(Config{PingInterval: time.Hour}, echo)
+		srv := NewServer(ServerConfig{Config: Config{PingInterval: time.Hour}}, echo)
 		done := make(chan error, 1)
 		go func() { done <- srv.ServeConn(context.Background(), a) }()
 		fr := http2.NewFramer(b, b)

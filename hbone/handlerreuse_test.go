@@ -25,7 +25,7 @@ func goid() string {
 func TestHandlerGoroutineReused(t *testing.T) {
 	leaktest.Check(t)
 	ids := make(chan string, 32)
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		ids <- goid()
 		s, err := r.Accept(nil)
 		if err != nil {

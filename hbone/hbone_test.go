@@ -15,7 +15,7 @@ import (
 func TestEchoHeadersAndIdentity(t *testing.T) {
 	leaktest.Check(t)
 	var gotReq *Request
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		gotReq = r
 		s, err := r.Accept(http.Header{"Baggage": {"k8s.namespace.name=server"}})
 		if err != nil {
@@ -56,7 +56,7 @@ func TestEchoHeadersAndIdentity(t *testing.T) {
 
 func TestStatusCodes(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		switch r.Authority {
 		case "1.1.1.1:401":
 			r.Reject(401)

@@ -57,20 +57,20 @@ type env struct {
 	raws  []net.Conn // those connections, for abrupt-close tests
 }
 
-func newEnv(t testing.TB, cfg Config, h Handler) *env {
+func newEnv(t testing.TB, cfg ServerConfig, h Handler) *env {
 	t.Helper()
-	return newEnvConfigs(t, cfg, cfg, h)
+	return newEnvConfigs(t, cfg, ClientConfig{Config: cfg.Config}, h)
 }
 
-// newEnvConfigs is newEnv with the server's Config and the pool's apart.
-func newEnvConfigs(t testing.TB, cfg, poolCfg Config, h Handler) *env {
+// newEnvConfigs is newEnv with the pool's configuration apart from the server's.
+func newEnvConfigs(t testing.TB, cfg ServerConfig, poolCfg ClientConfig, h Handler) *env {
 	t.Helper()
 	testCA()
 	return newEnvTLS(t, cfg, poolCfg, h, srvTLS)
 }
 
 // newEnvTLS is newEnvConfigs with the server's TLS config given.
-func newEnvTLS(t testing.TB, cfg, poolCfg Config, h Handler, serverTLS *tls.Config) *env {
+func newEnvTLS(t testing.TB, cfg ServerConfig, poolCfg ClientConfig, h Handler, serverTLS *tls.Config) *env {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -111,6 +111,29 @@ func newEnvTLS(t testing.TB, cfg, poolCfg Config, h Handler, serverTLS *tls.Conf
 		wg.Wait()
 	})
 	return e
+}
+
+// serveEach accepts on ln until it is closed, serving each connection with serve on a
+// goroutine of its own; at t's cleanup it closes ln and srv, ends serve's ctx and waits
+// for the accept loop and every serve.
+func serveEach(t testing.TB, ln net.Listener, srv *Server, serve func(ctx context.Context, raw net.Conn)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			raw, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() { serve(ctx, raw) })
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		srv.Close()
+		cancel()
+		wg.Wait()
+	})
 }
 
 func (e *env) serverConns() int {

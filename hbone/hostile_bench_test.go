@@ -352,7 +352,7 @@ func BenchmarkVictimUnderAttack(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			backend, stopBackend := tcpEcho(b)
 			defer stopBackend()
-			e := newEnv(b, Config{}, proxyTo(backend))
+			e := newEnv(b, ServerConfig{}, proxyTo(backend))
 			s := e.dial(b, "10.0.0.1:80")
 			defer s.Close()
 			msg := bytes.Repeat([]byte("v"), 1024)

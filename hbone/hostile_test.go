@@ -21,7 +21,7 @@ import (
 // bounded number of bytes, not when the peer stops.
 func TestContinuationFlood(t *testing.T) {
 	leaktest.Check(t)
-	p, done, stop := serveRaw(t, Config{}, echo)
+	p, done, stop := serveRaw(t, ServerConfig{}, echo)
 	defer stop()
 	p.hbuf.Reset()
 	p.enc.WriteField(hpack.HeaderField{Name: ":method", Value: "CONNECT"})
@@ -60,7 +60,7 @@ func TestContinuationFlood(t *testing.T) {
 // decoding at its header-list limit and answers 400; the connection lives.
 func TestHPACKBomb(t *testing.T) {
 	leaktest.Check(t)
-	p, _, stop := serveRaw(t, Config{}, echo)
+	p, _, stop := serveRaw(t, ServerConfig{}, echo)
 	defer stop()
 	var block bytes.Buffer
 	enc := hpack.NewEncoder(&block)
@@ -90,7 +90,7 @@ func TestHPACKBomb(t *testing.T) {
 func TestStalledHandshakesDropped(t *testing.T) {
 	leaktest.Check(t)
 	const deadline = 300 * time.Millisecond
-	e := newEnv(t, Config{DialTimeout: deadline, SourceHandshakes: -1, SourceHandshakeRate: -1, SourceFailedHandshakes: -1}, echo) // the per-source budgets: fair_test.go
+	e := newEnv(t, ServerConfig{Config: Config{DialTimeout: deadline}, Admission: AdmissionConfig{SourceHandshakes: -1, SourceHandshakeRate: -1, SourceFailedHandshakes: -1}}, echo) // the per-source budgets: admission_test.go
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
@@ -131,12 +131,12 @@ func TestStalledHandshakesEvicted(t *testing.T) {
 	const limit, stalled = 20, 100
 	var evicted atomic.Int64
 	// From one source, as here, the per-source budgets would refuse most of them first
-	// (fair_test.go); this is the node-wide limit.
-	e := newEnv(t, Config{DialTimeout: time.Minute, MaxHandshakes: limit, SourceHandshakes: -1, SourceHandshakeRate: -1, SourceFailedHandshakes: -1, OnDrop: func(r DropReason) {
+	// (admission_test.go); this is the node-wide limit.
+	e := newEnv(t, ServerConfig{Config: Config{DialTimeout: time.Minute, OnDrop: func(r DropReason) {
 		if r == DropHandshakeEvicted {
 			evicted.Add(1)
 		}
-	}}, echo)
+	}}, MaxHandshakes: limit, Admission: AdmissionConfig{SourceHandshakes: -1, SourceHandshakeRate: -1, SourceFailedHandshakes: -1}}, echo)
 	var conns []net.Conn
 	defer func() {
 		for _, c := range conns {

@@ -61,7 +61,7 @@ func TestInteropClientWithXNetServer(t *testing.T) {
 			}()
 		}
 	}()
-	pool := NewPool(Config{}, func(context.Context, Key) (*tls.Config, error) { return cliTLS, nil })
+	pool := NewPool(ClientConfig{}, func(context.Context, Key) (*tls.Config, error) { return cliTLS, nil })
 	defer func() {
 		pool.Close()
 		ln.Close()
@@ -109,7 +109,7 @@ func TestInteropClientWithXNetServer(t *testing.T) {
 // x/net/http2's Transport against our Server.
 func TestInteropXNetTransportWithServer(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		if r.Authority == "9.9.9.9:401" {
 			r.Reject(401)
 			return

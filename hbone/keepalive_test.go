@@ -19,7 +19,7 @@ func TestWindowUpdatesBatched(t *testing.T) {
 	leaktest.Check(t)
 	const frames = 192
 	read := make(chan int64, 1)
-	p, _, stop := serveRaw(t, Config{}, func(r *Request) {
+	p, _, stop := serveRaw(t, ServerConfig{}, func(r *Request) {
 		s, err := r.Accept(nil)
 		if err != nil {
 			return
@@ -61,7 +61,7 @@ func TestClientPingTimeout(t *testing.T) {
 	leaktest.Check(t)
 	synctest.Test(t, func(t *testing.T) {
 		a, b := net.Pipe()
-		pool := NewPool(Config{}, nil)
+		pool := NewPool(ClientConfig{}, nil)
 		defer pool.Close()
 		fr := http2.NewFramer(b, b)
 		go func() { // server: read the preface, send SETTINGS, keep reading, never answer

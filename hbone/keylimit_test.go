@@ -106,6 +106,28 @@ func waitLeaving(t *testing.T, s *Stream) {
 	}
 }
 
+// carriesOnAfterDrain checks what follows s1's connection's key drain: once it takes no
+// new stream, a new one goes to a fresh connection and carries data, and s1 carries on
+// across the drain. It returns the new stream, for the caller to close.
+func carriesOnAfterDrain(t *testing.T, e *env, s1 *Stream) *Stream {
+	t.Helper()
+	waitLeaving(t, s1)
+	s2 := e.dial(t, "10.0.0.1:80")
+	if s2.c == s1.c {
+		s2.Close()
+		t.Fatal("a new stream went to the drained connection")
+	}
+	if err := pingPong(t, s2, 5, 'c'); err != nil {
+		s2.Close()
+		t.Fatal(err)
+	}
+	if err := pingPong(t, s1, 20, 'd'); err != nil {
+		s2.Close()
+		t.Fatalf("the stream open across the drain: %v", err)
+	}
+	return s2
+}
+
 // TestKeyLimitDrain: a connection whose sent records reach KeyDrainRecords drains, on
 // either side: the server sends GOAWAY, the client leaves the pool. The next stream goes
 // to a fresh connection, and the stream open across the drain carries on to its end,
@@ -122,7 +144,7 @@ func TestKeyLimitDrain(t *testing.T) {
 			if side == "client" {
 				scfg, ccfg = off, limited
 			}
-			e := newEnvConfigs(t, scfg, ccfg, echo)
+			e := newEnvConfigs(t, ServerConfig{Config: scfg}, ClientConfig{Config: ccfg}, echo)
 			s1 := e.dial(t, "10.0.0.1:80")
 			defer s1.Close()
 			if err := pingPong(t, s1, 10, 'a'); err != nil {
@@ -138,19 +160,9 @@ func TestKeyLimitDrain(t *testing.T) {
 			if l.Server != (side == "server") || l.TX < 64 || l.Streams != 1 || l.Kernel {
 				t.Errorf("OnKeyLimit heard %+v; want the %s, TX >= 64, 1 stream, user space", l, side)
 			}
-			waitLeaving(t, s1)
-			s2 := e.dial(t, "10.0.0.1:80")
+			s2 := carriesOnAfterDrain(t, e, s1)
 			defer s2.Close()
-			if s2.c == s1.c {
-				t.Fatal("a new stream went to the drained connection")
-			}
-			if err := pingPong(t, s2, 5, 'c'); err != nil {
-				t.Fatal(err)
-			}
-			// The stream open across the drain goes on, and ends cleanly.
-			if err := pingPong(t, s1, 20, 'd'); err != nil {
-				t.Fatalf("the stream open across the drain: %v", err)
-			}
+			// The stream open across the drain ends cleanly.
 			s1.CloseWrite()
 			if n, err := io.Copy(io.Discard, s1); n != 0 || err != nil {
 				t.Fatalf("after the half-close: %d bytes, %v; want 0, clean EOF", n, err)
@@ -171,7 +183,7 @@ func TestKeyLimitMax(t *testing.T) {
 	scfg := Config{KeyDrainRecords: 32, KeyMaxRecords: 96, OnKeyLimit: ev.on, DisableKernelTLS: true}
 	ccfg := Config{KeyDrainRecords: -1, KeyMaxRecords: -1, DisableKernelTLS: true}
 	handlerErr := make(chan error, 1)
-	e := newEnvConfigs(t, scfg, ccfg, func(r *Request) {
+	e := newEnvConfigs(t, ServerConfig{Config: scfg}, ClientConfig{Config: ccfg}, func(r *Request) {
 		s, err := r.Accept(nil)
 		if err != nil {
 			handlerErr <- err

@@ -265,45 +265,25 @@ func startKeyUpdatePeer(t *testing.T, protos ...string) *keyUpdatePeer {
 		t.Fatal(err)
 	}
 	p := &keyUpdatePeer{addr: ln.Addr().String(), conns: make(chan *updatingConn, 4)}
-	srv := NewServer(Config{}, echo)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			raw, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				var l secretLog
-				cfg := srvTLS.Clone()
-				cfg.KeyLogWriter, cfg.SessionTicketsDisabled, cfg.MinVersion = &l, true, tls.VersionTLS13
-				cfg.NextProtos = protos
-				tc := tls.Server(&exactConn{Conn: raw}, cfg)
-				if err := tc.HandshakeContext(ctx); err != nil {
-					raw.Close()
-					return
-				}
-				u, err := newUpdatingConn(tc, raw, &l, true)
-				if err != nil {
-					t.Error(err)
-					raw.Close()
-					return
-				}
-				p.conns <- u
-				srv.ServeConn(ctx, u)
-			}()
+	srv := NewServer(ServerConfig{}, echo)
+	serveEach(t, ln, srv, func(ctx context.Context, raw net.Conn) {
+		var l secretLog
+		cfg := srvTLS.Clone()
+		cfg.KeyLogWriter, cfg.SessionTicketsDisabled, cfg.MinVersion = &l, true, tls.VersionTLS13
+		cfg.NextProtos = protos
+		tc := tls.Server(&exactConn{Conn: raw}, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			raw.Close()
+			return
 		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		srv.Close()
-		cancel()
-		wg.Wait()
+		u, err := newUpdatingConn(tc, raw, &l, true)
+		if err != nil {
+			t.Error(err)
+			raw.Close()
+			return
+		}
+		p.conns <- u
+		srv.ServeConn(ctx, u)
 	})
 	return p
 }
@@ -323,7 +303,7 @@ func TestPeerKeyUpdate(t *testing.T) {
 // for it and the peer promised NextProtoNoKeyUpdate.
 func testPeerKeyUpdate(t *testing.T, kernelTLS bool, protos ...string) {
 	peer := startKeyUpdatePeer(t, protos...)
-	pool := NewPool(Config{DisableKernelTLS: !kernelTLS}, func(context.Context, Key) (*tls.Config, error) { return cliTLS, nil })
+	pool := NewPool(ClientConfig{Config: Config{DisableKernelTLS: !kernelTLS}}, func(context.Context, Key) (*tls.Config, error) { return cliTLS, nil })
 	defer pool.Close()
 	addr := netip.MustParseAddrPort(peer.addr)
 	k := NewKey(mustID(clientID), ids(serverID), addr, z0)

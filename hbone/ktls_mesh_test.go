@@ -53,7 +53,7 @@ type meshServed struct {
 func newMeshNode(t *testing.T, name string, kernel bool) *meshNode {
 	n := &meshNode{name: name, kernel: kernel, backends: map[string]*net.TCPConn{},
 		served: map[string]chan meshServed{}, ready: map[string]chan struct{}{}}
-	n.env = newEnv(t, Config{DisableKernelTLS: !kernel}, n.handle)
+	n.env = newEnv(t, ServerConfig{Config: Config{DisableKernelTLS: !kernel}}, n.handle)
 	return n
 }
 

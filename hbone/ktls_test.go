@@ -91,7 +91,7 @@ func TestKernelTLSOrFallback(t *testing.T) {
 	leaktest.Check(t)
 	kernel := kernelHasTLS(t)
 	var infos tlsInfos
-	e := newEnv(t, Config{OnTLS: infos.add}, echo)
+	e := newEnv(t, ServerConfig{Config: Config{OnTLS: infos.add}}, echo)
 	check := func(t *testing.T, s *Stream, memo bool) {
 		t.Helper()
 		got := infos.take()
@@ -132,7 +132,7 @@ func TestKernelTLSOrFallback(t *testing.T) {
 // TestKernelTLSDisabled: DisableKernelTLS keeps connections in crypto/tls, and says so.
 func TestKernelTLSDisabled(t *testing.T) {
 	var infos tlsInfos
-	e := newEnv(t, Config{DisableKernelTLS: true, OnTLS: infos.add}, echo)
+	e := newEnv(t, ServerConfig{Config: Config{DisableKernelTLS: true, OnTLS: infos.add}}, echo)
 	s := e.dial(t, "10.0.0.1:80")
 	defer s.Close()
 	hashEcho(t, s, 3, 1<<20)
@@ -155,18 +155,18 @@ func TestKernelTLSDisabled(t *testing.T) {
 func TestKernelTLSNotTCP(t *testing.T) {
 	testCA()
 	var infos tlsInfos
-	srv := NewServer(Config{OnTLS: infos.add}, echo)
+	srv := NewServer(ServerConfig{Config: Config{OnTLS: infos.add}}, echo)
 	a, b := net.Pipe()
 	done := make(chan error, 1)
 	go func() { done <- srv.ServeTLS(context.Background(), b, srvTLS) }()
-	pool := NewPool(Config{DisableKernelTLS: true}, nil)
+	pool := NewPool(ClientConfig{Config: Config{DisableKernelTLS: true}}, nil)
 	defer pool.Close()
 	// The client side over the pipe, as a pooled connection would be.
-	ts := startTLS(a, cliTLS, false, &pool.cfg, &pool.kernel)
+	ts := startTLS(a, cliTLS, false, &pool.cfg.Config, &pool.kernel)
 	if err := ts.handshake(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	nc, bc, kc, err := ts.finish(&pool.cfg, &pool.kernel)
+	nc, bc, kc, err := ts.finish(&pool.cfg.Config, &pool.kernel)
 	if err != nil || kc != nil {
 		t.Fatalf("finish: %v, %v", kc, err)
 	}
@@ -283,7 +283,7 @@ func TestKernelTLSSplice(t *testing.T) {
 	}
 	served := make(chan result, 1)
 	hA, hB := tcpPair(t) // the server's backend: the handler relays to hA, the test is hB
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		st, err := r.Accept(nil)
 		if err != nil {
 			served <- result{err: err}
@@ -361,7 +361,7 @@ func TestKernelTLSSpliceFullSink(t *testing.T) {
 	leaktest.Check(t)
 	const size = 2<<20 + 11
 	served := make(chan *Stream, 1)
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		st, err := r.Accept(nil)
 		if err != nil {
 			return
@@ -430,7 +430,7 @@ func TestKernelTLSRelayAllocs(t *testing.T) {
 	leaktest.Check(t)
 	hA, hB := tcpPair(t)
 	served := make(chan struct{})
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		defer close(served)
 		st, err := r.Accept(nil)
 		if err != nil {
@@ -487,7 +487,7 @@ func TestKernelTLSFallbackAfterHandshake(t *testing.T) {
 	kernelAvailable = func(*net.TCPConn) error { return nil }
 	kernel := kernelHasTLS(t)
 	var infos tlsInfos
-	e := newEnv(t, Config{OnTLS: infos.add}, echo)
+	e := newEnv(t, ServerConfig{Config: Config{OnTLS: infos.add}}, echo)
 	s := e.dial(t, "10.0.0.1:80")
 	defer s.Close()
 	hashEcho(t, s, 9, 1<<20+1)
@@ -527,7 +527,7 @@ func TestKernelTLSOnlyWithPeersThatKeepKeys(t *testing.T) {
 	}{{"gozt peer", srvTLS, NextProtoNoKeyUpdate}, {"h2-only peer", h2Only, "h2"}} {
 		t.Run(tc.name, func(t *testing.T) {
 			var infos tlsInfos
-			e := newEnvTLS(t, Config{OnTLS: infos.add}, Config{OnTLS: infos.add}, echo, tc.serverTLS)
+			e := newEnvTLS(t, ServerConfig{Config: Config{OnTLS: infos.add}}, ClientConfig{Config: Config{OnTLS: infos.add}}, echo, tc.serverTLS)
 			s := e.dial(t, "10.0.0.1:80")
 			defer s.Close()
 			hashEcho(t, s, 3, 64<<10)

@@ -11,7 +11,7 @@ import (
 // Limits on what one peer may make a connection do; doc.go ("Limits") says why each
 // exists and how a peer that passes one is treated.
 const (
-	// earlyResetBurstPerSlot × ServerMaxStreams early resets may come at once: a client
+	// earlyResetBurstPerSlot × MaxConcurrentStreams early resets may come at once: a client
 	// whose every pending CONNECT was cancelled together (its pod deleted), twice over.
 	earlyResetBurstPerSlot = 2
 	// earlyResetRate early resets a second are allowed after the burst: an app retrying
@@ -142,7 +142,7 @@ func calm(reason string) error { return connError{http2.ErrCodeEnhanceYourCalm, 
 // early-reset budget (c.mu held).
 func (c *conn) droppedLocked(r DropReason) error {
 	c.notifyDrop(r)
-	burst := float64(earlyResetBurstPerSlot * c.cfg.ServerMaxStreams)
+	burst := float64(earlyResetBurstPerSlot * c.cfg.MaxConcurrentStreams)
 	if !c.resetBudget.take(time.Now(), burst, earlyResetRate) {
 		return calm("too many streams refused or reset before they were answered")
 	}

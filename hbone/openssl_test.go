@@ -111,7 +111,7 @@ func TestOpenSSLKeyUpdate(t *testing.T) {
 	// s_server reads its socket when select(2) says so and then one record: records that
 	// came in one segment wait in OpenSSL until the next arrives. A PING every 100 ms
 	// (never acked: s_server only prints it) is that next segment.
-	pool := NewPool(Config{DisableKernelTLS: true, PingInterval: 100 * time.Millisecond},
+	pool := NewPool(ClientConfig{Config: Config{DisableKernelTLS: true, PingInterval: 100 * time.Millisecond}},
 		func(context.Context, Key) (*tls.Config, error) { return cliTLS, nil })
 	defer pool.Close()
 	k := NewKey(mustID(clientID), ids(serverID), netip.MustParseAddrPort(addr), z0)

@@ -90,7 +90,7 @@ func TestProxyThroughTCPBackend(t *testing.T) {
 		leaktest.Check(t)
 		backend, stop := tcpEcho(t)
 		defer stop()
-		e := newEnv(t, Config{}, proxyTo(backend))
+		e := newEnv(t, ServerConfig{}, proxyTo(backend))
 		const size = 32 << 20
 		s := e.dial(t, "10.0.0.1:80")
 		defer s.Close()

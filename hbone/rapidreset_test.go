@@ -126,8 +126,9 @@ func TestRapidReset(t *testing.T) {
 	const maxStreams, attackers = 20, 4
 	var refused, early, calm atomic.Int64
 	// The per-connection limits: the per-node budgets would slow the attackers'
-	// reconnects after each calm close, and refuse them (fair_test.go).
-	cfg := Config{ServerMaxStreams: maxStreams, SourceHandshakeRate: -1, PeerConnRate: -1, OnDrop: func(r DropReason) {
+	// reconnects after each calm close, and refuse them (admission_test.go).
+	cfg := ServerConfig{MaxConcurrentStreams: maxStreams, Admission: AdmissionConfig{SourceHandshakeRate: -1, PeerConnRate: -1}}
+	cfg.OnDrop = func(r DropReason) {
 		switch r {
 		case DropRefused:
 			refused.Add(1)
@@ -136,7 +137,7 @@ func TestRapidReset(t *testing.T) {
 		case DropConnCalm:
 			calm.Add(1)
 		}
-	}}
+	}
 	e := newEnv(t, cfg, proxyTo(backend))
 
 	// Warm up: the victim's connection exists before the attack.
@@ -242,7 +243,7 @@ func TestResetEndsRequestContext(t *testing.T) {
 	started := make(chan struct{})
 	causes := make(chan error, 1)
 	accepted := make(chan error, 1)
-	p, _, stop := serveRaw(t, Config{}, func(r *Request) {
+	p, _, stop := serveRaw(t, ServerConfig{}, func(r *Request) {
 		close(started)
 		<-r.Context().Done()
 		causes <- context.Cause(r.Context())
@@ -301,7 +302,7 @@ func TestFloodsGetCalm(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			leaktest.Check(t)
-			p, done, stop := serveRaw(t, Config{}, echo)
+			p, done, stop := serveRaw(t, ServerConfig{}, echo)
 			defer stop()
 			for i := 0; i < 10*junkBurst; i++ {
 				tc.send(p, i)
@@ -329,7 +330,7 @@ func TestControlQueueBounded(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
-	c := newConn(Config{}.withDefaults(), true, a, nil, nil)
+	c := newConn(ServerConfig{}.withDefaults().conn(), true, a, nil, nil)
 	c.mu.Lock()
 	for range maxQueuedControl + 10 {
 		c.queueLocked(ctrlOp{kind: opPingAck})
@@ -355,7 +356,7 @@ func TestStreamsPastLimitRefused(t *testing.T) {
 	leaktest.Check(t)
 	const limit = 5
 	release := make(chan struct{})
-	p, done, stop := serveRaw(t, Config{ServerMaxStreams: limit}, func(r *Request) {
+	p, done, stop := serveRaw(t, ServerConfig{MaxConcurrentStreams: limit}, func(r *Request) {
 		s, err := r.Accept(nil)
 		if err == nil {
 			select { // hold the stream open
@@ -396,7 +397,7 @@ func TestStreamsPastLimitRefused(t *testing.T) {
 func TestNoAnswerOnResetStream(t *testing.T) {
 	leaktest.Check(t)
 	started, returned := make(chan struct{}), make(chan struct{})
-	p, _, stop := serveRaw(t, Config{}, func(r *Request) {
+	p, _, stop := serveRaw(t, ServerConfig{}, func(r *Request) {
 		close(started)
 		<-r.Context().Done()
 		close(returned) // unanswered: the server would answer 503 for it
@@ -430,7 +431,7 @@ func TestStreamsWaitForBusyHandlers(t *testing.T) {
 		}
 	}()
 	var running, most atomic.Int32
-	p, _, stop := serveRaw(t, Config{ServerMaxStreams: limit}, func(r *Request) {
+	p, _, stop := serveRaw(t, ServerConfig{MaxConcurrentStreams: limit}, func(r *Request) {
 		n := running.Add(1)
 		defer running.Add(-1)
 		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {

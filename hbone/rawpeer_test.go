@@ -127,7 +127,7 @@ func (p *rawPeer) waitFor(t *testing.T, what string, match func(frameSummary) bo
 	}
 }
 
-func serveRaw(t *testing.T, cfg Config, h Handler) (*rawPeer, chan error, func()) {
+func serveRaw(t *testing.T, cfg ServerConfig, h Handler) (*rawPeer, chan error, func()) {
 	a, b := net.Pipe()
 	srv := NewServer(cfg, h)
 	done := make(chan error, 1)
@@ -154,41 +154,41 @@ func TestProtocolErrors(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name  string
-		cfg   Config
+		cfg   ServerConfig
 		send  func(p *rawPeer)
 		want  func(frameSummary) bool
 		alive bool // the connection must survive (a stream error)
 	}{
-		{"stream window exceeded", Config{StreamWindow: 16384}, func(p *rawPeer) {
+		{"stream window exceeded", ServerConfig{Config: Config{StreamWindow: 16384}}, func(p *rawPeer) {
 			p.headers(1, false, connect...)
 			p.write(func() error { return p.fr.WriteData(1, false, make([]byte, 20000)) })
 		}, rst(1, http2.ErrCodeFlowControl), true},
-		{"connection window exceeded", Config{ConnWindow: 65535}, func(p *rawPeer) {
+		{"connection window exceeded", ServerConfig{Config: Config{ConnWindow: 65535}}, func(p *rawPeer) {
 			p.headers(1, false, connect...)
 			p.headers(3, false, connect...)
 			p.write(func() error { return p.fr.WriteData(1, false, make([]byte, 40000)) })
 			p.write(func() error { return p.fr.WriteData(3, false, make([]byte, 40000)) })
 		}, goaway(http2.ErrCodeFlowControl), false},
-		{"DATA on idle stream", Config{}, func(p *rawPeer) {
+		{"DATA on idle stream", ServerConfig{}, func(p *rawPeer) {
 			p.write(func() error { return p.fr.WriteData(99, false, []byte("x")) })
 		}, goaway(http2.ErrCodeProtocol), false},
-		{"connection window overflow", Config{}, func(p *rawPeer) {
+		{"connection window overflow", ServerConfig{}, func(p *rawPeer) {
 			p.write(func() error { return p.fr.WriteWindowUpdate(0, 1<<31-1) })
 		}, goaway(http2.ErrCodeFlowControl), false},
-		{"stream window overflow", Config{}, func(p *rawPeer) {
+		{"stream window overflow", ServerConfig{}, func(p *rawPeer) {
 			p.headers(1, false, connect...)
 			p.write(func() error { return p.fr.WriteWindowUpdate(1, 1<<31-1) })
 		}, rst(1, http2.ErrCodeFlowControl), true},
-		{"even stream id", Config{}, func(p *rawPeer) { p.headers(2, false, connect...) }, goaway(http2.ErrCodeProtocol), false},
-		{"GET gets 400", Config{}, func(p *rawPeer) {
+		{"even stream id", ServerConfig{}, func(p *rawPeer) { p.headers(2, false, connect...) }, goaway(http2.ErrCodeProtocol), false},
+		{"GET gets 400", ServerConfig{}, func(p *rawPeer) {
 			p.headers(1, true, ":method", "GET", ":scheme", "https", ":path", "/", ":authority", "x:1")
 		}, func(f frameSummary) bool {
 			return f.typ == http2.FrameHeaders && f.stream == 1 && f.status == "400" && f.end
 		}, true},
-		{"uppercase header name", Config{}, func(p *rawPeer) {
+		{"uppercase header name", ServerConfig{}, func(p *rawPeer) {
 			p.headers(1, false, append(connect, "Bad", "x")...)
 		}, rst(1, http2.ErrCodeProtocol), true},
-		{"PUSH_PROMISE from client", Config{}, func(p *rawPeer) {
+		{"PUSH_PROMISE from client", ServerConfig{}, func(p *rawPeer) {
 			p.write(func() error {
 				return p.fr.WritePushPromise(http2.PushPromiseParam{StreamID: 1, PromiseID: 2, EndHeaders: true})
 			})
@@ -230,7 +230,7 @@ func TestPingTimeout(t *testing.T) {
 	leaktest.Check(t)
 	synctest.Test(t, func(t *testing.T) {
 		a, b := net.Pipe()
-		srv := NewServer(Config{}, echo)
+		srv := NewServer(ServerConfig{}, echo)
 		done := make(chan error, 1)
 		go func() { done <- srv.ServeConn(context.Background(), a) }()
 		p := newRawPeer(b, true)
@@ -263,7 +263,7 @@ func TestPingTimeout(t *testing.T) {
 func TestRejectReleasesEarlyData(t *testing.T) {
 	leaktest.Check(t)
 	const early = 30000
-	p, _, stop := serveRaw(t, Config{ConnWindow: 65535}, func(r *Request) {
+	p, _, stop := serveRaw(t, ServerConfig{Config: Config{ConnWindow: 65535}}, func(r *Request) {
 		c := r.s.c
 		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 			c.mu.Lock()

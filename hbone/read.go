@@ -389,7 +389,7 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 		}
 		return nil
 	}
-	if c.draining || c.closed || c.active >= int(c.cfg.ServerMaxStreams) {
+	if c.draining || c.closed || c.active >= int(c.cfg.MaxConcurrentStreams) {
 		c.queueLocked(ctrlOp{kind: opRST, id: id, val: uint32(http2.ErrCodeRefusedStream)})
 		return c.droppedLocked(DropRefused)
 	}
@@ -434,7 +434,7 @@ func (c *conn) serverHeaders(f *http2.MetaHeadersFrame) error {
 	// Every handler may be busy, some of them for streams the peer has already reset,
 	// or the connection past its stream starts: then the stream waits, without a
 	// goroutine, for a handler to return or a start (limits.go). Waiting streams
-	// are open ones, so there are never more than ServerMaxStreams.
+	// are open ones, so there are never more than MaxConcurrentStreams.
 	c.waiting = append(c.waiting, req)
 	c.startWaitingLocked()
 	return nil
@@ -463,7 +463,7 @@ func (c *conn) startWaitingLocked() {
 // connection's stream starts; nil if none may.
 func (c *conn) takeWaitingLocked() *Request {
 	c.dropResetWaitingLocked()
-	if len(c.waiting) == 0 || c.closed || c.handlers >= int(c.cfg.ServerMaxStreams) {
+	if len(c.waiting) == 0 || c.closed || c.handlers >= int(c.cfg.MaxConcurrentStreams) {
 		return nil
 	}
 	ok, wait := c.takeStartLocked()

@@ -19,7 +19,7 @@ import (
 func TestReadFromTCPBothPaths(t *testing.T) {
 	bothWays(t, &pollReads, "poll", "generic", func(t *testing.T) {
 		leaktest.Check(t)
-		e := newEnv(t, Config{}, echo)
+		e := newEnv(t, ServerConfig{}, echo)
 		s := e.dial(t, "10.0.0.1:80")
 		defer s.Close()
 		a, b := tcpPair(t)
@@ -55,7 +55,7 @@ func TestReadFromTCPBothPaths(t *testing.T) {
 // Close, as a blocked Read would.
 func TestReadFromPollDeadlineAndClose(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, echo)
+	e := newEnv(t, ServerConfig{}, echo)
 	s := e.dial(t, "10.0.0.1:80")
 	defer s.Close()
 	a, b := tcpPair(t)
@@ -92,7 +92,7 @@ func TestReadFromPollDeadlineAndClose(t *testing.T) {
 // A peer reset reaches the caller as an error, not as a clean EOF.
 func TestReadFromPollReset(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, echo)
+	e := newEnv(t, ServerConfig{}, echo)
 	s := e.dial(t, "10.0.0.1:80")
 	defer s.Close()
 	a, b := tcpPair(t)
@@ -147,7 +147,7 @@ func TestPollableTypes(t *testing.T) {
 // A wrapper whose Read returns buffered bytes first keeps them: ReadFrom uses its Read.
 func TestReadFromWrappedTCPKeepsBufferedBytes(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, echo)
+	e := newEnv(t, ServerConfig{}, echo)
 	s := e.dial(t, "10.0.0.1:80")
 	defer s.Close()
 	a, b := tcpPair(t)

@@ -110,7 +110,7 @@ type Handler func(r *Request)
 // Server is the HBONE server side: it serves HTTP/2 on accepted (TLS) connections and
 // yields each CONNECT stream to the handler.
 type Server struct {
-	cfg    Config
+	cfg    ServerConfig
 	h      Handler
 	kernel kernelMemo
 	adm    *admission // per-source and per-identity budgets (admission.go); has its own lock
@@ -124,7 +124,7 @@ type Server struct {
 }
 
 // NewServer returns a server calling h for every valid CONNECT.
-func NewServer(cfg Config, h Handler) *Server {
+func NewServer(cfg ServerConfig, h Handler) *Server {
 	s := &Server{cfg: cfg.withDefaults(), h: h, raws: make(map[net.Conn]*conn), lns: make(map[net.Listener]struct{})}
 	s.adm = newAdmission(&s.cfg)
 	return s
@@ -136,7 +136,7 @@ func NewServer(cfg Config, h Handler) *Server {
 // raw is a *net.TCPConn, or a connection over one whose Read and Write go straight to
 // it and that returns it from a TCP() *net.TCPConn method, for kernel TLS (see doc.go).
 func (s *Server) ServeTLS(ctx context.Context, raw net.Conn, cfg *tls.Config) error {
-	return s.serve(ctx, raw, nil, startTLS(raw, cfg, true, &s.cfg, &s.kernel))
+	return s.serve(ctx, raw, nil, startTLS(raw, cfg, true, &s.cfg.Config, &s.kernel))
 }
 
 // ServeConn serves HTTP/2 on c until the connection ends. c is usually a *tls.Conn (the
@@ -169,7 +169,7 @@ type admitted struct {
 	s     *Server
 	raw   net.Conn
 	src   netip.Addr // its source IP (invalid if not IP)
-	relay bool       // src relays other clients' connections (Config.SourceRelays)
+	relay bool       // src relays other clients' connections (AdmissionConfig.SourceRelays)
 	wait  time.Duration
 	// hctx ends when the connection is evicted past MaxHandshakes: a handshake waiting for
 	// the gate stops waiting, rather than keep its goroutine until it gets a place only to
@@ -195,7 +195,7 @@ func (s *Server) admit(ctx context.Context, raw net.Conn) (*admitted, error) {
 	s.adm.room.enter()
 	a.pending = true
 	a.onLeave(a.leavePending)
-	a.relay = a.src.IsValid() && s.cfg.SourceRelays != nil && s.cfg.SourceRelays(a.src)
+	a.relay = a.src.IsValid() && s.cfg.Admission.SourceRelays != nil && s.cfg.Admission.SourceRelays(a.src)
 	release, wait, reason, ok := s.adm.admitSource(a.src, a.relay)
 	if !ok {
 		refuse(raw)
@@ -296,7 +296,7 @@ func (s *Server) handshake(ctx context.Context, a *admitted, nc net.Conn, ts *tl
 		}
 	}
 	if ts != nil {
-		if nc, bc, kc, err = ts.finish(&s.cfg, &s.kernel); err != nil {
+		if nc, bc, kc, err = ts.finish(&s.cfg.Config, &s.kernel); err != nil {
 			return nil, nil, nil, fmt.Errorf("hbone: kernel TLS for %s: %w", raw.RemoteAddr(), err)
 		}
 	}
@@ -316,7 +316,7 @@ func (s *Server) handshake(ctx context.Context, a *admitted, nc net.Conn, ts *tl
 // on this goroutine and the writer on its own.
 func (s *Server) run(ctx context.Context, a *admitted, nc net.Conn, bc *bufConn, kc *ktls.Conn) error {
 	raw := a.raw
-	c := newConn(s.cfg, true, nc, bc, kc)
+	c := newConn(s.cfg.conn(), true, nc, bc, kc)
 	c.handler = s.h
 	c.onCalm = func() { s.adm.calmed(a.src, c.peerBudget) }
 	if !c.peer.IsZero() { // h2c or no client certificate: no identity to count by

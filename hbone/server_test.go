@@ -25,7 +25,7 @@ func TestServeTLSListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	peers := make(chan identity.ID, 1)
-	srv := NewServer(Config{}, func(r *Request) {
+	srv := NewServer(ServerConfig{}, func(r *Request) {
 		peers <- r.Peer
 		echo(r)
 	})
@@ -33,7 +33,7 @@ func TestServeTLSListener(t *testing.T) {
 	defer cancel()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, tls.NewListener(raw, srvTLS)) }()
-	pool := NewPool(Config{}, func(context.Context, Key) (*tls.Config, error) { return cliTLS, nil })
+	pool := NewPool(ClientConfig{}, func(context.Context, Key) (*tls.Config, error) { return cliTLS, nil })
 	defer pool.Close()
 	key := NewKey(identity.MustParse(clientID), nil, netip.MustParseAddrPort(raw.Addr().String()), netip.Addr{})
 	s, err := pool.Dial(context.Background(), key, "[fd00::1]:443", nil)
@@ -74,7 +74,7 @@ func TestDialTimeoutMessage(t *testing.T) {
 		}
 	}()
 	testCA()
-	pool := NewPool(Config{DialTimeout: 100 * time.Millisecond}, func(context.Context, Key) (*tls.Config, error) { return cliTLS, nil })
+	pool := NewPool(ClientConfig{Config: Config{DialTimeout: 100 * time.Millisecond}}, func(context.Context, Key) (*tls.Config, error) { return cliTLS, nil })
 	defer pool.Close()
 	key := NewKey(identity.ID{}, nil, netip.MustParseAddrPort(ln.Addr().String()), netip.Addr{})
 	_, err = pool.Dial(context.Background(), key, "10.0.0.1:80", nil)
@@ -87,7 +87,7 @@ func TestDialTimeoutMessage(t *testing.T) {
 func TestDialContextCanceledWhileWaiting(t *testing.T) {
 	leaktest.Check(t)
 	release := make(chan struct{})
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		<-release
 		r.Reject(503)
 	})
@@ -102,7 +102,7 @@ func TestDialContextCanceledWhileWaiting(t *testing.T) {
 
 func TestPoolCloseIdempotentAndFinal(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, echo)
+	e := newEnv(t, ServerConfig{}, echo)
 	s := e.dial(t, "10.0.0.1:80")
 	e.pool.Close()
 	e.pool.Close()
@@ -118,7 +118,7 @@ func TestPoolCloseIdempotentAndFinal(t *testing.T) {
 // Shutdown gives open streams until its context ends, then closes everything.
 func TestShutdownForcesAfterDeadline(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, Config{}, echo)
+	e := newEnv(t, ServerConfig{}, echo)
 	s := e.dial(t, "10.0.0.1:80")
 	defer s.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)

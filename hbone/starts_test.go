@@ -23,7 +23,7 @@ func TestStreamStartsBudget(t *testing.T) {
 		started.Add(1)
 		echo(r)
 	}
-	e := newEnv(t, Config{StreamStarts: 1, OnDrop: drops.hook}, h)
+	e := newEnv(t, ServerConfig{Config: Config{OnDrop: drops.hook}, Admission: AdmissionConfig{StreamStarts: 1}}, h)
 	p := floodPeer(t, e.addr.String())
 	for _, id := range []uint32{1, 3, 5} {
 		p.headers(id, false, ":method", "CONNECT", ":authority", "10.0.0.1:80")

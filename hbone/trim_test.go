@@ -11,7 +11,7 @@ import (
 // within a second of going idle, on both ends, and still works afterwards.
 func TestIdleConnectionGivesBuffersBack(t *testing.T) {
 	const bulk = 8 << 20
-	e := newEnv(t, Config{}, func(r *Request) {
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
 		s, err := r.Accept(nil)
 		if err != nil {
 			return
@@ -99,7 +99,7 @@ func TestIdleConnectionGivesBuffersBack(t *testing.T) {
 // 200 µs while bulk data flows both ways) loses and corrupts nothing: inside a frame it
 // reads on, between frames it starts a fresh Framer.
 func TestTrimInterruptsNoFrame(t *testing.T) {
-	e := newEnv(t, Config{}, echo)
+	e := newEnv(t, ServerConfig{}, echo)
 	st := e.dial(t, "10.0.0.1:80")
 	defer st.Close()
 	conns := func() (cs []*conn) {

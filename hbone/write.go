@@ -31,7 +31,7 @@ func (c *conn) writePreface() error {
 		{ID: http2.SettingMaxFrameSize, Val: c.cfg.MaxFrameSize},
 	}
 	if c.server {
-		st = append(st, http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: c.cfg.ServerMaxStreams},
+		st = append(st, http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: c.cfg.MaxConcurrentStreams},
 			http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: serverMaxHeaders})
 	} else {
 		st = append(st, http2.Setting{ID: http2.SettingEnablePush, Val: 0},

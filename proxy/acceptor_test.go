@@ -133,13 +133,13 @@ func TestAcceptorCannotWatch(t *testing.T) {
 	}
 }
 
-// Hooks a caller set on Config.HBONE still hear what hbone reports: the proxy adds its own
+// Hooks a caller set on Config.HBONEServer still hear what hbone reports: the proxy adds its own
 // counting beside them rather than replacing them.
 func TestCallerHBONEHooksKept(t *testing.T) {
 	m := newMesh(t)
 	var tlsSeen atomic.Int32
 	cfg := m.serverConfig()
-	cfg.HBONE.OnTLS = func(hbone.TLSInfo) { tlsSeen.Add(1) }
+	cfg.HBONEServer.OnTLS = func(hbone.TLSInfo) { tlsSeen.Add(1) }
 	m.b = startNode(t, "node-b", m.caDir, m.yaml, cfg)
 	m.a = startNode(t, "node-a", m.caDir, m.yaml, m.clientConfig())
 	be := startBackend(t, m.serverIP+":0", echo)

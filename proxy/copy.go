@@ -28,9 +28,9 @@ type halfCloser interface {
 // until a GC. The setup (routing, policy, TLS, HPACK, metrics) grows the accepting
 // goroutine's stack; with the copy's own TLS writes on top it needs 8 KiB. Started fresh,
 // the copy fits in 4 KiB (29.5 -> 21.6 KiB per idle proxied connection, both nodes).
-func (p *Proxy) handOff(client, server halfCloser, tc *tracked, done func(received, sent int64, err error)) {
+func (p *Proxy) handOff(client, server halfCloser, tc *liveConn, done func(received, sent int64, err error)) {
 	if tc == nil {
-		tc = &tracked{}
+		tc = &liveConn{}
 	}
 	tc.client, tc.server = client, server
 	remove := p.conns.add(tc)

@@ -36,6 +36,6 @@ package proxy
 //     now denies.
 //
 // Locks, each guarding only its own struct's fields: tracker.mu (draining, live),
-// tracked.mu (its closers), Proxy.acceptMu (acceptFailing), summaryLog.mu (the summary
+// liveConn.mu (its closers), Proxy.acceptMu (acceptFailing), summaryLog.mu (the summary
 // lines of drops, handshake failures and key limits). None is held while another is
 // taken, nor across I/O.

@@ -145,7 +145,7 @@ func (p *Proxy) serveHBONE(r *hbone.Request) {
 // up from the call on, and returns once the copy has been handed off. The connection stays
 // registered for policy re-checks while it lives.
 func (p *Proxy) proxyInbound(client halfCloser, up *net.TCPConn, t *inboundTarget, attrs rbac.Conn, labels metrics.Labels, log metrics.ConnLog) {
-	tc := &tracked{dst: t.dst, attrs: attrs, originalDst: t.addr, inbound: true}
+	tc := &liveConn{dst: t.dst, attrs: attrs, originalDst: t.addr, inbound: true}
 	rec := p.metrics.Open(labels, log)
 	p.handOff(client, up, tc, func(received, sent int64, err error) {
 		flag := ""

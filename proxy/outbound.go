@@ -64,7 +64,7 @@ func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Wo
 		p.log.Debug("proxy: outbound", "src", clientAddr, "dst", dst, "err", err)
 		return
 	}
-	p.handOff(client, upstream, &tracked{originalDst: dst}, func(received, sent int64, err error) {
+	p.handOff(client, upstream, &liveConn{originalDst: dst}, func(received, sent int64, err error) {
 		rec.Close(sent, received, "", err)
 		if err != nil {
 			p.log.Debug("proxy: outbound", "src", clientAddr, "dst", dst, "err", err)

@@ -63,7 +63,11 @@ type Config struct {
 	InboundAddr          string // 15008
 	Socks5Addr           string // 15080
 
-	HBONE hbone.Config
+	// HBONEClient configures the outbound pool (hbone.NewPool), HBONEServer the inbound
+	// HBONE server on 15008 (hbone.NewServer). Hooks a caller sets on either still hear
+	// what hbone reports beside the proxy's own counting.
+	HBONEClient hbone.ClientConfig
+	HBONEServer hbone.ServerConfig
 
 	// Sockets opens every listener and dials every connection, HBONE included; nil: the
 	// process's own sockets.
@@ -137,11 +141,11 @@ func (c *Config) setDefaults() {
 	if c.Sockets != nil {
 		c.PacketMark = 0
 	}
-	if c.HBONE.Control == nil && c.PacketMark != 0 {
-		c.HBONE.Control = sockopt.Control(c.PacketMark)
+	if c.HBONEClient.Control == nil && c.PacketMark != 0 {
+		c.HBONEClient.Control = sockopt.Control(c.PacketMark)
 	}
-	if c.HBONE.Dial == nil && c.Sockets != nil {
-		c.HBONE.Dial = c.Sockets.Dial
+	if c.HBONEClient.Dial == nil && c.Sockets != nil {
+		c.HBONEClient.Dial = c.Sockets.Dial
 	}
 }
 
@@ -202,20 +206,22 @@ func New(cfg Config, store *state.Store, certs CertSource, m *metrics.Metrics) *
 		p.dialer.Control = sockopt.Control(cfg.PacketMark)
 	}
 	// The proxy counts and logs what hbone reports; a hook the caller set still hears it.
-	cfg.HBONE.OnDrop = also(p.onDrop, cfg.HBONE.OnDrop)
-	cfg.HBONE.OnTLS = also(p.onTLS, cfg.HBONE.OnTLS)
-	cfg.HBONE.OnKernelTLSEnd = also(p.onKernelTLSEnd, cfg.HBONE.OnKernelTLSEnd)
-	cfg.HBONE.OnKeyLimit = also(p.onKeyLimit, cfg.HBONE.OnKeyLimit)
-	if cfg.HBONE.SourceRelays == nil {
+	for _, hc := range []*hbone.Config{&cfg.HBONEClient.Config, &cfg.HBONEServer.Config} {
+		hc.OnDrop = also(p.onDrop, hc.OnDrop)
+		hc.OnTLS = also(p.onTLS, hc.OnTLS)
+		hc.OnKernelTLSEnd = also(p.onKernelTLSEnd, hc.OnKernelTLSEnd)
+		hc.OnKeyLimit = also(p.onKeyLimit, hc.OnKeyLimit)
+	}
+	if cfg.HBONEServer.Admission.SourceRelays == nil {
 		// A network gateway's connections carry many clients' double HBONE: budgeting
 		// them as one source would let a few clients' failures shut out every other.
 		network := cfg.Local.Network
-		cfg.HBONE.SourceRelays = func(ip netip.Addr) bool { return store.IsNetworkGateway(network, ip) }
+		cfg.HBONEServer.Admission.SourceRelays = func(ip netip.Addr) bool { return store.IsNetworkGateway(network, ip) }
 	}
-	p.pool = hbone.NewPool(cfg.HBONE, func(ctx context.Context, k hbone.Key) (*tls.Config, error) {
+	p.pool = hbone.NewPool(cfg.HBONEClient, func(ctx context.Context, k hbone.Key) (*tls.Config, error) {
 		return certs.ClientConfig(ctx, k.Src, k.Expected())
 	})
-	p.server = hbone.NewServer(cfg.HBONE, p.serveHBONE)
+	p.server = hbone.NewServer(cfg.HBONEServer, p.serveHBONE)
 	p.serverTLS = certs.ServerConfig(p.localIdentity)
 	return p
 }
@@ -357,7 +363,7 @@ func (p *Proxy) setupLoop(ctx context.Context, c *net.TCPConn, handle func(conte
 // for its workload) is closed at the deadline instead of holding Shutdown until its own
 // timeout.
 func (p *Proxy) handleTracked(ctx context.Context, c *net.TCPConn, handle func(context.Context, *net.TCPConn)) {
-	tc := &tracked{}
+	tc := &liveConn{}
 	defer p.conns.add(tc)()
 	tc.closeWith(c)
 	p.tuneSocket(c)

@@ -18,13 +18,13 @@ import (
 type tracker struct {
 	mu       sync.Mutex
 	draining bool
-	live     map[*tracked]struct{}
+	live     map[*liveConn]struct{}
 	wg       sync.WaitGroup
 }
 
-// tracked is one proxied connection's closable parts and, for inbound ones, what policy
-// sees of it.
-type tracked struct {
+// liveConn is one proxied connection the tracker holds: its closable parts and, for
+// inbound ones, what policy sees of it.
+type liveConn struct {
 	mu      sync.Mutex
 	closers []io.Closer
 	closed  bool
@@ -101,7 +101,7 @@ func tlsOf(a, b net.Conn) string {
 }
 
 func (t *tracker) init() {
-	t.live = map[*tracked]struct{}{}
+	t.live = map[*liveConn]struct{}{}
 }
 
 // goTracked runs fn in a goroutine the tracker waits for; false if draining.
@@ -126,7 +126,7 @@ func (t *tracker) goEvenDraining(fn func()) {
 }
 
 // add registers a live connection; the returned func unregisters it.
-func (t *tracker) add(c *tracked) (remove func()) {
+func (t *tracker) add(c *liveConn) (remove func()) {
 	t.mu.Lock()
 	t.live[c] = struct{}{}
 	t.mu.Unlock()
@@ -139,7 +139,7 @@ func (t *tracker) add(c *tracked) (remove func()) {
 
 // closeWith adds closers that closeAll (drain deadline, policy) will close. If the
 // connection was already closed they are closed at once.
-func (c *tracked) closeWith(cs ...io.Closer) {
+func (c *liveConn) closeWith(cs ...io.Closer) {
 	c.mu.Lock()
 	closed := c.closed
 	if !closed {
@@ -153,7 +153,7 @@ func (c *tracked) closeWith(cs ...io.Closer) {
 	}
 }
 
-func (c *tracked) close() {
+func (c *liveConn) close() {
 	c.mu.Lock()
 	cs := c.closers
 	c.closers, c.closed = nil, true
@@ -184,10 +184,10 @@ func (t *tracker) wait(ctx context.Context) bool {
 	}
 }
 
-func (t *tracker) snapshot() []*tracked {
+func (t *tracker) snapshot() []*liveConn {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]*tracked, 0, len(t.live))
+	out := make([]*liveConn, 0, len(t.live))
 	for c := range t.live {
 		out = append(out, c)
 	}

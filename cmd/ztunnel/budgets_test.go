@@ -13,8 +13,8 @@ import (
 func TestBudgetSettings(t *testing.T) {
 	for _, tc := range []struct {
 		env, val string
-		get      func(hbone.Config) float64
-		want     float64 // what hbone.Config gets
+		get      func(hbone.AdmissionConfig) float64
+		want     float64 // what hbone.AdmissionConfig gets
 		bad      string  // the error's words, for a bad value
 	}{
 		{env: "HBONE_SOURCE_HANDSHAKES", val: "", get: srcHands, want: 0},
@@ -25,16 +25,16 @@ func TestBudgetSettings(t *testing.T) {
 		{env: "HBONE_SOURCE_HANDSHAKES", val: "2.5", bad: "not a whole number"},
 		{env: "HBONE_SOURCE_HANDSHAKES", val: "lots", bad: "not a number"},
 		{env: "HBONE_SOURCE_HANDSHAKES", val: "1e12", bad: "out of range"},
-		{env: "HBONE_SOURCE_HANDSHAKE_RATE", val: "12.5", get: func(c hbone.Config) float64 { return c.SourceHandshakeRate }, want: 12.5},
-		{env: "HBONE_SOURCE_HANDSHAKE_RATE", val: "off", get: func(c hbone.Config) float64 { return c.SourceHandshakeRate }, want: -1},
+		{env: "HBONE_SOURCE_HANDSHAKE_RATE", val: "12.5", get: func(c hbone.AdmissionConfig) float64 { return c.SourceHandshakeRate }, want: 12.5},
+		{env: "HBONE_SOURCE_HANDSHAKE_RATE", val: "off", get: func(c hbone.AdmissionConfig) float64 { return c.SourceHandshakeRate }, want: -1},
 		{env: "HBONE_SOURCE_HANDSHAKE_RATE", val: "NaN", bad: "not a finite number"},
 		{env: "HBONE_SOURCE_HANDSHAKE_RATE", val: "0.0000001", bad: "too small a rate"},
-		{env: "HBONE_SOURCE_FAILED_HANDSHAKE_RATE", val: "5", get: func(c hbone.Config) float64 { return c.SourceFailedHandshakes }, want: 5},
-		{env: "HBONE_PEER_CONNECTION_RATE", val: "100", get: func(c hbone.Config) float64 { return c.PeerConnRate }, want: 100},
-		{env: "HBONE_PEER_STREAMS", val: "4000", get: func(c hbone.Config) float64 { return float64(c.PeerStreams) }, want: 4000},
-		{env: "HBONE_PEER_DIALS", val: "-1", get: func(c hbone.Config) float64 { return float64(c.PeerDials) }, want: -1},
-		{env: "HBONE_STREAM_START_RATE", val: "off", get: func(c hbone.Config) float64 { return c.StreamStarts }, want: -1},
-		{env: "HBONE_HANDSHAKE_WORKERS", val: "3", get: func(c hbone.Config) float64 { return float64(c.HandshakeWorkers) }, want: 3},
+		{env: "HBONE_SOURCE_FAILED_HANDSHAKE_RATE", val: "5", get: func(c hbone.AdmissionConfig) float64 { return c.SourceFailedHandshakes }, want: 5},
+		{env: "HBONE_PEER_CONNECTION_RATE", val: "100", get: func(c hbone.AdmissionConfig) float64 { return c.PeerConnRate }, want: 100},
+		{env: "HBONE_PEER_STREAMS", val: "4000", get: func(c hbone.AdmissionConfig) float64 { return float64(c.PeerStreams) }, want: 4000},
+		{env: "HBONE_PEER_DIALS", val: "-1", get: func(c hbone.AdmissionConfig) float64 { return float64(c.PeerDials) }, want: -1},
+		{env: "HBONE_STREAM_START_RATE", val: "off", get: func(c hbone.AdmissionConfig) float64 { return c.StreamStarts }, want: -1},
+		{env: "HBONE_HANDSHAKE_WORKERS", val: "3", get: func(c hbone.AdmissionConfig) float64 { return float64(c.HandshakeWorkers) }, want: 3},
 	} {
 		t.Run(tc.env+"="+tc.val, func(t *testing.T) {
 			c, err := loadConfig(env(map[string]string{tc.env: tc.val}), nil, nil)
@@ -47,11 +47,11 @@ func TestBudgetSettings(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := tc.get(proxyConfig(c).HBONE); got != tc.want {
-				t.Errorf("hbone.Config gets %v; want %v", got, tc.want)
+			if got := tc.get(proxyConfig(c).HBONEServer.Admission); got != tc.want {
+				t.Errorf("hbone.AdmissionConfig gets %v; want %v", got, tc.want)
 			}
 		})
 	}
 }
 
-func srcHands(c hbone.Config) float64 { return float64(c.SourceHandshakes) }
+func srcHands(c hbone.AdmissionConfig) float64 { return float64(c.SourceHandshakes) }

@@ -12,7 +12,7 @@ import (
 
 // chartSettings are the variables Istio's ztunnel chart sets that have no gozt name of their
 // own (manifests/charts/ztunnel), so the DaemonSet runs gozt unchanged. Each maps onto a
-// gozt setting in resolveChart, or is accepted and reported by unusedChartVars.
+// gozt setting in resolveSources, or is accepted and reported by unusedChartVars.
 func chartSettings() []setting {
 	return []setting{
 		str("RUST_LOG", "", "log level when LOG_LEVEL is unset: a level (trace, debug, info, warn, error, off) and target=level pairs, comma-separated; targets access and dns map to gozt's log scopes, others are reported at start and ignored", func(c *config) *string { return &c.chart.rustLog }),
@@ -21,7 +21,7 @@ func chartSettings() []setting {
 		str("ZTUNNEL_RESOURCE_CPU_LIMIT", "", "the chart's resources.limits.cpu (a quantity: 2, 500m), rounded up to cores; same use as ZTUNNEL_CPU_LIMIT", func(c *config) *string { return &c.chart.resourceCPULimit }),
 		chartOnly("ZTUNNEL_RESOURCE_CPU_REQUEST", "the chart's resources.requests.cpu; not used (threads follow the limit)"),
 		str("SERVICE_ACCOUNT", "", "ztunnel's service account: with POD_NAME and POD_NAMESPACE, in shared mode, ztunnel serves HBONE on INBOUND_ADDR's port in its own network namespace as its own workload (the self-proxy), so a meshed client such as Prometheus reaches its stats port over mTLS", func(c *config) *string { return &c.ServiceAccount }),
-		chartOnly("INPOD_ENABLED", "set by the chart; not used (in-pod mode follows PROXY_MODE, as in the Rust ztunnel today)"),
+		goztOnly(chartOnly("INPOD_ENABLED", "set by the chart; not used (in-pod mode follows PROXY_MODE, as in the Rust ztunnel today)")),
 		chartOnly("RUST_BACKTRACE", "set by the chart; not used (Go prints every goroutine's stack on a crash; see GOTRACEBACK)"),
 	}
 }
@@ -31,50 +31,10 @@ func chartOnly(env, help string) setting {
 	return setting{env: env, form: "any string", help: help, unused: true, set: func(*config, string) error { return nil }}
 }
 
-// chartEnv holds the raw chart variables until resolveChart maps them.
+// chartEnv holds the raw chart variables until resolveSources maps them.
 type chartEnv struct {
 	rustLog, gracePeriod, cpuLimit, resourceCPULimit string
 	unused                                           []string // variables set but not acted on, with why
-}
-
-// resolveChart maps the chart's variables onto gozt settings; a gozt variable that was set
-// explicitly wins.
-func resolveChart(c *config, explicit map[string]bool) error {
-	if id := c.ProxyMeta["CLUSTER_ID"]; id != "" && !explicit["CLUSTER_ID"] {
-		c.ClusterID = id
-	}
-	if v := c.chart.rustLog; v != "" && !explicit["LOG_LEVEL"] {
-		level, scopes, ignored, err := parseRustLog(v)
-		if err != nil {
-			return fmt.Errorf("config: RUST_LOG=%q: %v; accepted: a level (trace, debug, info, warn, error, off) and target=level pairs", v, err)
-		}
-		c.LogLevel, c.LogScopes = level, scopes
-		for _, t := range ignored {
-			c.chart.unused = append(c.chart.unused, "RUST_LOG target "+t+" (no such gozt log scope)")
-		}
-	}
-	if v := c.chart.gracePeriod; v != "" {
-		secs, err := strconv.ParseUint(v, 10, 32)
-		if err != nil {
-			return fmt.Errorf("config: TERMINATION_GRACE_PERIOD_SECONDS=%q: %v; accepted: whole seconds", v, err)
-		}
-		if !explicit["CONNECTION_TERMINATION_DEADLINE"] {
-			c.TerminationDeadline = drainDeadline(secs)
-		}
-	}
-	for _, lim := range []struct{ env, v string }{{"ZTUNNEL_CPU_LIMIT", c.chart.cpuLimit}, {"ZTUNNEL_RESOURCE_CPU_LIMIT", c.chart.resourceCPULimit}} {
-		if lim.v == "" {
-			continue
-		}
-		n, err := cpuCores(lim.v)
-		if err != nil {
-			return fmt.Errorf("config: %s=%q: %v; accepted: a CPU quantity such as 2 or 500m", lim.env, lim.v, err)
-		}
-		if c.CPULimit == 0 || n < c.CPULimit {
-			c.CPULimit = n
-		}
-	}
-	return nil
 }
 
 // drainDeadline leaves Kubernetes' SIGKILL a margin after gozt's own forced close (which

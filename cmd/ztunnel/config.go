@@ -91,7 +91,7 @@ type config struct {
 	WorkerThreads workerThreads
 	CPULimit      int // whole cores, from the chart's CPU limit variables; 0 = none given
 
-	chart chartEnv // Istio chart variables, mapped by resolveChart
+	chart chartEnv // Istio chart variables, mapped by resolveSources
 
 	XDSHeaders map[string]string // XDS_HEADER_<NAME>
 	CAHeaders  map[string]string // CA_HEADER_<NAME>
@@ -100,8 +100,8 @@ type config struct {
 	PreferredServiceNamespace string  // PREFERED_SERVICE_NAMESPACE
 	TLS12Enabled              bool    // TLS12_ENABLED
 	CRLPath                   string  // CRL_PATH
-	rust                      rustEnv // the Rust ztunnel's own variables, until resolveRust
-	maxHandshakes             int     // hbone.Config.MaxHandshakes; no variable, set by tests
+	rust                      rustEnv // the Rust ztunnel's own variables, until resolveSources
+	maxHandshakes             int     // hbone.ServerConfig.MaxHandshakes; no variable, set by tests
 }
 
 // setting is one row of the configuration table: it drives parsing, --help and
@@ -115,19 +115,29 @@ type setting struct {
 	// unused: accepted so Istio's chart runs gozt unchanged, reported once at start, not
 	// acted on.
 	unused bool
+	// goztOnly: the Rust ztunnel does not read it (its listeners' addresses are fixed; the
+	// rest are gozt's own features, or, as INPOD_ENABLED, set by the chart for nobody). The
+	// configuration table says so in its "Rust ztunnel" column.
+	goztOnly bool
+}
+
+// goztOnly marks s as a variable the Rust ztunnel does not read.
+func goztOnly(s setting) setting {
+	s.goztOnly = true
+	return s
 }
 
 func settings() []setting {
 	return []setting{
-		addr("ADMIN_ADDR", "localhost:15000", "admin server: /config_dump, /logging, /quitquitquit, /debug/pprof", func(c *config) *string { return &c.AdminAddr }),
-		addr("STATS_ADDR", "[::]:15020", "Prometheus metrics (/metrics, /stats/prometheus)", func(c *config) *string { return &c.StatsAddr }),
-		addr("READINESS_ADDR", "[::]:15021", "readiness (/healthz/ready)", func(c *config) *string { return &c.ReadinessAddr }),
-		addr("OUTBOUND_ADDR", "[::]:15001", "outbound capture (original destination from SO_ORIGINAL_DST); in shared mode only the port counts for the 15001/15006/15008 listeners, opened in each pod on the wildcard address", func(c *config) *string { return &c.OutboundAddr }),
-		addr("INBOUND_PLAINTEXT_ADDR", "[::]:15006", "inbound plaintext capture", func(c *config) *string { return &c.InboundPlaintextAddr }),
-		addr("INBOUND_ADDR", "[::]:15008", "inbound HBONE (mTLS HTTP/2 CONNECT); peers always dial port 15008 of a pod IP", func(c *config) *string { return &c.InboundAddr }),
-		addr("SOCKS5_ADDR", "127.0.0.1:15080", "SOCKS5 outbound; on when UNSTABLE_ENABLE_SOCKS5=true or this is set", func(c *config) *string { return &c.Socks5Addr }),
-		addr("DNS_PROXY_ADDR", "localhost:15053", "DNS proxy (UDP and TCP)", func(c *config) *string { return &c.DNSProxyAddr }),
-		boolean("DNS_PROXY_ALL_FAMILIES", "false", "gozt only. The DNS proxy answers a mesh name with addresses of every family the service has, as the Rust ztunnel does; false: only families the asking workload has an address of (an IPv4-only pod gets an empty AAAA answer for a dual-stack service)", func(c *config) *bool { return &c.DNSAllFamilies }),
+		goztOnly(addr("ADMIN_ADDR", "localhost:15000", "admin server: /config_dump, /logging, /quitquitquit, /debug/pprof", func(c *config) *string { return &c.AdminAddr })),
+		goztOnly(addr("STATS_ADDR", "[::]:15020", "Prometheus metrics (/metrics, /stats/prometheus)", func(c *config) *string { return &c.StatsAddr })),
+		goztOnly(addr("READINESS_ADDR", "[::]:15021", "readiness (/healthz/ready)", func(c *config) *string { return &c.ReadinessAddr })),
+		goztOnly(addr("OUTBOUND_ADDR", "[::]:15001", "outbound capture (original destination from SO_ORIGINAL_DST); in shared mode only the port counts for the 15001/15006/15008 listeners, opened in each pod on the wildcard address", func(c *config) *string { return &c.OutboundAddr })),
+		goztOnly(addr("INBOUND_PLAINTEXT_ADDR", "[::]:15006", "inbound plaintext capture", func(c *config) *string { return &c.InboundPlaintextAddr })),
+		goztOnly(addr("INBOUND_ADDR", "[::]:15008", "inbound HBONE (mTLS HTTP/2 CONNECT); peers always dial port 15008 of a pod IP", func(c *config) *string { return &c.InboundAddr })),
+		goztOnly(addr("SOCKS5_ADDR", "127.0.0.1:15080", "SOCKS5 outbound; on when UNSTABLE_ENABLE_SOCKS5=true or this is set", func(c *config) *string { return &c.Socks5Addr })),
+		goztOnly(addr("DNS_PROXY_ADDR", "localhost:15053", "DNS proxy (UDP and TCP)", func(c *config) *string { return &c.DNSProxyAddr })),
+		goztOnly(boolean("DNS_PROXY_ALL_FAMILIES", "false", "gozt only. The DNS proxy answers a mesh name with addresses of every family the service has, as the Rust ztunnel does; false: only families the asking workload has an address of (an IPv4-only pod gets an empty AAAA answer for a dual-stack service)", func(c *config) *bool { return &c.DNSAllFamilies })),
 		boolean("UNSTABLE_ENABLE_SOCKS5", "false", "start the SOCKS5 listener", func(c *config) *bool { return &c.EnableSocks5 }),
 
 		{env: "PROXY_MODE", def: string(state.ModeShared), form: modesForm(), help: "shared: in-pod mode, as in Istio: istio-cni hands over each pod's network namespace on INPOD_UDS and the pod's listeners open inside it; node: every workload on NODE_NAME, captured by node-level redirection into ztunnel's own namespace (hosts without istio-cni); dedicated: the one workload of PROXY_WORKLOAD_INFO", set: func(c *config, v string) (err error) {
@@ -157,12 +167,12 @@ func settings() []setting {
 		boolean("XDS_ON_DEMAND", "false", "ask the control plane for addresses on demand", func(c *config) *bool { return &c.XDSOnDemand }),
 		str("LOCAL_XDS_PATH", "", "local YAML config (workloads, services, policies), reloaded on change", func(c *config) *string { return &c.LocalXDSPath }),
 
-		enum("CA_PROVIDER", "", "istio | spiffe | builtin; empty: spiffe if SPIFFE_ENDPOINT_SOCKET is set, builtin if LOCAL_XDS_PATH is set and CA_ADDRESS is not, else istio", []string{"", "istio", "spiffe", "builtin"}, func(c *config) *string { return &c.CAProvider }),
+		goztOnly(enum("CA_PROVIDER", "", "istio | spiffe | builtin; empty: spiffe if SPIFFE_ENDPOINT_SOCKET is set, builtin if LOCAL_XDS_PATH is set and CA_ADDRESS is not, else istio", []string{"", "istio", "spiffe", "builtin"}, func(c *config) *string { return &c.CAProvider })),
 		str("CA_ADDRESS", "", "Istio CA (IstioCertificateService) address; default https://localhost:15012 for the istio provider", func(c *config) *string { return &c.CAAddress }),
 		str("CA_ROOT_CA", istiogrpc.DefaultRootCA, "root for the CA's certificate: path (re-read at each connection), SYSTEM or inline PEM", func(c *config) *string { return &c.CARootCA }),
 		str("ALT_CA_HOSTNAME", "", "extra accepted CA server name", func(c *config) *string { return &c.AltCAHostname }),
-		str("CA_DIR", "./var/lib/gozt/ca", "built-in CA directory (Istio cacerts layout; a root is generated on first start)", func(c *config) *string { return &c.CADir }),
-		str("SPIFFE_ENDPOINT_SOCKET", "", "SPIFFE Workload API socket (unix:///path), for the spiffe provider", func(c *config) *string { return &c.SpiffeSocket }),
+		goztOnly(str("CA_DIR", "./var/lib/gozt/ca", "built-in CA directory (Istio cacerts layout; a root is generated on first start)", func(c *config) *string { return &c.CADir })),
+		goztOnly(str("SPIFFE_ENDPOINT_SOCKET", "", "SPIFFE Workload API socket (unix:///path), for the spiffe provider", func(c *config) *string { return &c.SpiffeSocket })),
 		duration("SECRET_TTL", "24h", "requested workload certificate lifetime", func(c *config) *time.Duration { return &c.SecretTTL }),
 		enum("COMPLIANCE_POLICY", "", "pqc: HBONE key exchange X25519MLKEM768 only, no classical fallback (Istio's post-quantum policy); empty: Go's defaults", []string{"", "pqc"}, func(c *config) *string { return &c.Compliance }),
 
@@ -171,11 +181,11 @@ func settings() []setting {
 		size("HTTP2_STREAM_WINDOW_SIZE", "4Mi", "HTTP/2 stream flow-control window", func(c *config) *uint32 { return &c.StreamWindow }),
 		size("HTTP2_CONNECTION_WINDOW_SIZE", "16Mi", "HTTP/2 connection flow-control window", func(c *config) *uint32 { return &c.ConnWindow }),
 		size("HTTP2_FRAME_SIZE", "1Mi", "HTTP/2 max frame size", func(c *config) *uint32 { return &c.FrameSize }),
-		boolean("KERNEL_TLS", "true", "after the TLS 1.3 handshake, hand HBONE connections' TLS records to the Linux kernel (kernel TLS, tls.ko) and splice DATA payloads, where the kernel offers it; connections it cannot take stay in user space (one INFO line per reason, metric hbone_kernel_tls_connections_total). false: always user space", func(c *config) *bool { return &c.KernelTLS }),
-		boolean("ENABLE_RESET_PROPAGATION", "true", "carry a TCP reset as a reset (RFC 9113 §8.5): a peer's RST becomes RST_STREAM(CONNECT_ERROR) and back, and a connection refused after it was accepted (no route, dial failure, policy) gets a RST. false: a FIN in each case, as the Rust ztunnel does", func(c *config) *bool { return &c.ResetPropagation }),
-		count("ENDPOINT_CONNECT_RETRIES", "2", "gozt only. An outbound connection to a service whose endpoint fails before any byte has moved (dial, TLS, a 5xx CONNECT answer such as the backend refusing) is tried on up to this many other endpoints within the dial timeout; never once bytes have flowed. 0: fail at once, as the Rust ztunnel does (metric outbound_connect_retries_total)", func(c *config) *int { return &c.ConnectRetries }),
-		count("ENDPOINT_EJECTION_FAILURES", "3", "gozt only. A service endpoint this many outbound connects in a row failed on is picked only when no other is left, for 5s, doubling with each ejection in a row up to 2m; its next success ends it (passive outlier detection; metric outbound_endpoint_ejections_total, ejected endpoints in /config_dump). 0: off, as the Rust ztunnel", func(c *config) *int { return &c.EjectionFailures }),
-		boolean("ENDPOINT_UNHEALTHY_FALLBACK", "true", "gozt only. A service with no healthy endpoint left uses its unhealthy ones (istiod marks terminating pods unhealthy), as Kubernetes' ProxyTerminatingEndpoints does; false: the connection fails, as in the Rust ztunnel", func(c *config) *bool { return &c.UnhealthyFallback }),
+		goztOnly(boolean("KERNEL_TLS", "true", "after the TLS 1.3 handshake, hand HBONE connections' TLS records to the Linux kernel (kernel TLS, tls.ko) and splice DATA payloads, where the kernel offers it; connections it cannot take stay in user space (one INFO line per reason, metric hbone_kernel_tls_connections_total). false: always user space", func(c *config) *bool { return &c.KernelTLS })),
+		goztOnly(boolean("ENABLE_RESET_PROPAGATION", "true", "carry a TCP reset as a reset (RFC 9113 §8.5): a peer's RST becomes RST_STREAM(CONNECT_ERROR) and back, and a connection refused after it was accepted (no route, dial failure, policy) gets a RST. false: a FIN in each case, as the Rust ztunnel does", func(c *config) *bool { return &c.ResetPropagation })),
+		goztOnly(count("ENDPOINT_CONNECT_RETRIES", "2", "gozt only. An outbound connection to a service whose endpoint fails before any byte has moved (dial, TLS, a 5xx CONNECT answer such as the backend refusing) is tried on up to this many other endpoints within the dial timeout; never once bytes have flowed. 0: fail at once, as the Rust ztunnel does (metric outbound_connect_retries_total)", func(c *config) *int { return &c.ConnectRetries })),
+		goztOnly(count("ENDPOINT_EJECTION_FAILURES", "3", "gozt only. A service endpoint this many outbound connects in a row failed on is picked only when no other is left, for 5s, doubling with each ejection in a row up to 2m; its next success ends it (passive outlier detection; metric outbound_endpoint_ejections_total, ejected endpoints in /config_dump). 0: off, as the Rust ztunnel", func(c *config) *int { return &c.EjectionFailures })),
+		goztOnly(boolean("ENDPOINT_UNHEALTHY_FALLBACK", "true", "gozt only. A service with no healthy endpoint left uses its unhealthy ones (istiod marks terminating pods unhealthy), as Kubernetes' ProxyTerminatingEndpoints does; false: the connection fails, as in the Rust ztunnel", func(c *config) *bool { return &c.UnhealthyFallback })),
 		duration("CONNECTION_TERMINATION_DEADLINE", "5s", "on shutdown, how long live connections may finish before they are closed", func(c *config) *time.Duration { return &c.TerminationDeadline }),
 		{env: "PACKET_MARK", def: "1337", form: "integer", help: "SO_MARK on every dialed socket so redirection rules skip it (0 = none)", set: func(c *config, v string) error {
 			n, err := strconv.ParseUint(v, 0, 32)
@@ -188,16 +198,16 @@ func settings() []setting {
 		duration("KEEPALIVE_INTERVAL", "180s", "TCP keepalive probe interval", func(c *config) *time.Duration { return &c.KeepaliveInterval }),
 		integer("KEEPALIVE_RETRIES", "9", "TCP keepalive probes before the connection is dropped", func(c *config) *int { return &c.KeepaliveRetries }),
 
-		enum("LOG_LEVEL", "info", "log level (also settable at run time: POST /logging?level=)", []string{"debug", "info", "warn", "error"}, func(c *config) *string { return &c.LogLevel }),
+		goztOnly(enum("LOG_LEVEL", "info", "log level (also settable at run time: POST /logging?level=)", []string{"debug", "info", "warn", "error"}, func(c *config) *string { return &c.LogLevel })),
 		enum("LOG_FORMAT", "plain", "log format", []string{"plain", "json"}, func(c *config) *string { return &c.LogFormat }),
-		enum("ACCESS_LOG_FILTER", "", "gozt only. Which connections get an access-log record: empty every one (and \"connection opened\" at debug), failed (an error or a response flag), denied (response flag DENY)", []string{"", "failed", "denied"}, func(c *config) *string { return &c.AccessLog.Only }),
-		{env: "ACCESS_LOG_OTLP_ENDPOINT", form: "http://host:port or https://host:port", help: "gozt only. Also export the access log (INFO and up, after ACCESS_LOG_FILTER and ACCESS_LOG_SAMPLE) over OpenTelemetry OTLP/gRPC to this collector: the same fields as log attributes, resource service.name=ztunnel and the node and pod; the SDK's OTEL_EXPORTER_OTLP_* variables set headers, timeout and certificates", set: func(c *config, v string) error {
+		goztOnly(enum("ACCESS_LOG_FILTER", "", "gozt only. Which connections get an access-log record: empty every one (and \"connection opened\" at debug), failed (an error or a response flag), denied (response flag DENY)", []string{"", "failed", "denied"}, func(c *config) *string { return &c.AccessLog.Only })),
+		{env: "ACCESS_LOG_OTLP_ENDPOINT", goztOnly: true, form: "http://host:port or https://host:port", help: "gozt only. Also export the access log (INFO and up, after ACCESS_LOG_FILTER and ACCESS_LOG_SAMPLE) over OpenTelemetry OTLP/gRPC to this collector: the same fields as log attributes, resource service.name=ztunnel and the node and pod; the SDK's OTEL_EXPORTER_OTLP_* variables set headers, timeout and certificates", set: func(c *config, v string) error {
 			if c.AccessLogOTLP = v; v == "" {
 				return nil // off
 			}
 			return otlp.CheckEndpoint(v)
 		}},
-		{env: "ACCESS_LOG_SAMPLE", def: "1", form: "a fraction from 0 to 1", help: "gozt only. The fraction of successful connections that get an access-log record (failed ones always do); below 1, no \"connection opened\" records", set: func(c *config, v string) error {
+		{env: "ACCESS_LOG_SAMPLE", goztOnly: true, def: "1", form: "a fraction from 0 to 1", help: "gozt only. The fraction of successful connections that get an access-log record (failed ones always do); below 1, no \"connection opened\" records", set: func(c *config, v string) error {
 			f, err := strconv.ParseFloat(v, 64)
 			if err == nil {
 				c.AccessLog.Sample = f
@@ -205,7 +215,7 @@ func settings() []setting {
 			}
 			return err
 		}},
-		{env: "METRICS_DROP_LABELS", form: "comma-separated istio_tcp_* label names", help: "gozt only. Labels left out of every istio_tcp_* family, so a big mesh's series stay bounded (connections that differ only in them share a series); the access log keeps every field. Not reporter or response_flags", set: func(c *config, v string) error {
+		{env: "METRICS_DROP_LABELS", goztOnly: true, form: "comma-separated istio_tcp_* label names", help: "gozt only. Labels left out of every istio_tcp_* family, so a big mesh's series stay bounded (connections that differ only in them share a series); the access log keeps every field. Not reporter or response_flags", set: func(c *config, v string) error {
 			c.DropLabels = nil
 			for _, n := range strings.Split(v, ",") {
 				if n = strings.TrimSpace(n); n != "" {
@@ -288,19 +298,8 @@ func loadConfigMesh(getenv func(string) (string, bool), environ []string, args [
 			c.chart.unused = append(c.chart.unused, s.env+": "+s.help)
 		}
 	}
-	if err := resolveChart(c, explicit); err != nil {
+	if err := resolveSources(c, explicit, meshPath); err != nil {
 		return nil, err
-	}
-	pc, err := readProxyConfig(meshPath, c.rust.proxyConfig)
-	if err != nil {
-		return nil, err
-	}
-	pc.apply(c, explicit)
-	if err := resolveRust(c, explicit); err != nil {
-		return nil, err
-	}
-	if !c.EnableSocks5 && !explicit["SOCKS5_ADDR"] {
-		c.Socks5Addr = "" // SOCKS5 is opt-in
 	}
 	if c.local().Dedicated() && c.ProxyWorkloadInfo.IsZero() {
 		return nil, errors.New("config: PROXY_WORKLOAD_INFO is required when PROXY_MODE=dedicated; accepted: namespace/name/serviceaccount")
@@ -473,21 +472,19 @@ already in GODEBUG is kept (GODEBUG=schedtrace=0 turns this off).
 func markdownTable() string {
 	var b strings.Builder
 	b.WriteString("| variable | default | Rust ztunnel | meaning |\n| --- | --- | --- | --- |\n")
-	rs := func(env string) string {
-		if notInRust[env] {
-			return "–"
-		}
-		return "reads it"
-	}
 	for _, s := range allSettings() {
 		def := "`" + s.def + "`"
 		if s.def == "" {
 			def = "–"
 		}
-		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", s.env, def, rs(s.env), strings.ReplaceAll(s.help, "|", `\|`))
+		rs := "reads it"
+		if s.goztOnly {
+			rs = "–"
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", s.env, def, rs, strings.ReplaceAll(s.help, "|", `\|`))
 	}
-	for _, p := range prefixed {
-		fmt.Fprintf(&b, "| `%s<NAME>` | – | %s | %s |\n", p.prefix, rs(p.prefix+"<NAME>"), p.help)
+	for _, p := range prefixed { // every family is the Rust ztunnel's
+		fmt.Fprintf(&b, "| `%s<NAME>` | – | reads it | %s |\n", p.prefix, p.help)
 	}
 	return b.String()
 }
@@ -509,29 +506,36 @@ func (c *config) enableProxy() bool {
 }
 
 func proxyConfig(c *config) proxy.Config {
+	conn := hbone.Config{
+		StreamWindow:     c.StreamWindow,
+		ConnWindow:       c.ConnWindow,
+		MaxFrameSize:     c.FrameSize,
+		DisableKernelTLS: !c.KernelTLS,
+	}
 	return proxy.Config{
 		Local:                c.local(),
 		OutboundAddr:         c.OutboundAddr,
 		InboundPlaintextAddr: c.InboundPlaintextAddr,
 		InboundAddr:          c.InboundAddr,
 		Socks5Addr:           c.Socks5Addr,
-		HBONE: hbone.Config{
-			StreamWindow:      c.StreamWindow,
-			ConnWindow:        c.ConnWindow,
-			MaxFrameSize:      c.FrameSize,
+		HBONEClient: hbone.ClientConfig{
+			Config:            conn,
 			MaxStreamsPerConn: c.PoolMaxStreams,
 			IdleTimeout:       c.PoolUnusedRelease,
-			DisableKernelTLS:  !c.KernelTLS,
-
-			MaxHandshakes:          c.maxHandshakes,
-			HandshakeWorkers:       c.HandshakeWorkers,
-			SourceHandshakes:       c.SourceHandshakes,
-			SourceHandshakeRate:    c.SourceHandshakeRate,
-			SourceFailedHandshakes: c.SourceFailedHandshakes,
-			PeerConnRate:           c.PeerConnRate,
-			PeerStreams:            c.PeerStreams,
-			PeerDials:              c.PeerDials,
-			StreamStarts:           c.StreamStarts,
+		},
+		HBONEServer: hbone.ServerConfig{
+			Config:        conn,
+			MaxHandshakes: c.maxHandshakes,
+			Admission: hbone.AdmissionConfig{
+				HandshakeWorkers:       c.HandshakeWorkers,
+				SourceHandshakes:       c.SourceHandshakes,
+				SourceHandshakeRate:    c.SourceHandshakeRate,
+				SourceFailedHandshakes: c.SourceFailedHandshakes,
+				PeerConnRate:           c.PeerConnRate,
+				PeerStreams:            c.PeerStreams,
+				PeerDials:              c.PeerDials,
+				StreamStarts:           c.StreamStarts,
+			},
 		},
 		PacketMark:        c.PacketMark,
 		OrigSrc:           c.EnableOrigSrc == "true",

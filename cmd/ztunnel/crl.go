@@ -40,7 +40,7 @@ func (n *node) closeRevoked() {
 		p.CloseMatching(match)
 	}
 	if n.pods != nil {
-		n.pods.closeMatching(match)
+		n.pods.CloseMatching(match)
 	}
 }
 

@@ -75,39 +75,6 @@ func orElse[T any](a, b *T) *T {
 	return b
 }
 
-// apply maps the proxy config onto c where the variable of the same meaning was not set:
-// the environment wins, as in the Rust ztunnel. proxyMetadata joins the xDS node metadata
-// (its keys without ISTIO_META_) and, like ISTIO_META_*, can set DNS_CAPTURE and
-// DNS_PROXY_ADDR; discoveryAddress is the control plane; proxyAdminPort and statsPort
-// move the admin and stats listeners (their host stays); concurrency sizes the worker
-// threads as ZTUNNEL_WORKER_THREADS does (0: every core).
-func (pc meshProxyConfig) apply(c *config, explicit map[string]bool) {
-	for k, v := range pc.ProxyMetadata {
-		k = strings.TrimPrefix(k, "ISTIO_META_")
-		if _, set := c.ProxyMeta[k]; !set {
-			c.ProxyMeta[k] = v
-		}
-	}
-	if v, ok := c.ProxyMeta["DNS_CAPTURE"]; ok && !explicit["ISTIO_META_DNS_CAPTURE"] {
-		c.rust.dnsCapture = v
-	}
-	if v, ok := c.ProxyMeta["DNS_PROXY_ADDR"]; ok && !explicit["ISTIO_META_DNS_PROXY_ADDR"] {
-		c.rust.dnsProxyAddr = v
-	}
-	if a := pc.DiscoveryAddress; a != nil && *a != "" && !explicit["XDS_ADDRESS"] {
-		c.XDSAddress = *a
-	}
-	if p := pc.ProxyAdminPort; p != nil && !explicit["ADMIN_ADDR"] {
-		c.AdminAddr = withPort(c.AdminAddr, *p)
-	}
-	if p := pc.StatsPort; p != nil && !explicit["STATS_ADDR"] {
-		c.StatsAddr = withPort(c.StatsAddr, *p)
-	}
-	if n := pc.Concurrency; n != nil && !explicit["ZTUNNEL_WORKER_THREADS"] {
-		c.WorkerThreads = workerThreads{set: true, n: int(*n)}
-	}
-}
-
 // withPort is addr (a default, so well formed) with its port replaced.
 func withPort(addr string, port uint16) string {
 	host, _, _ := net.SplitHostPort(addr)

@@ -19,6 +19,7 @@ import (
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/certs"
 	"github.com/gozt/gozt/inpod"
+	"github.com/gozt/gozt/inpod/podproxy"
 	"github.com/gozt/gozt/internal/netns"
 	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/metrics"
@@ -48,7 +49,7 @@ type node struct {
 	proxy    *proxy.Proxy   // the node's own listeners (node and dedicated mode); nil in in-pod mode
 	self     *proxy.Proxy   // in-pod mode: ztunnel's own 15008 (selfproxy.go); nil if not named
 	inpod    *inpod.Manager // in-pod (shared) mode only
-	pods     *podProxies    // in-pod mode: the pods' proxies the Manager drives
+	pods     *podproxy.Set  // in-pod mode: the pods' proxies the Manager drives
 
 	quitOnce sync.Once
 	quit     chan struct{} // closed by POST /quitquitquit
@@ -256,7 +257,7 @@ func (n *node) startNodeMode(undo *cleanups) error {
 }
 
 // startInPod readies in-pod mode: no node-level listeners (every pod's open inside its
-// netns, podproxies.go), ztunnel's own 15008 if the chart named its pod, and certificate
+// netns, inpod/podproxy), ztunnel's own 15008 if the chart named its pod, and certificate
 // prefetch. The pods arrive over ZDS once serveAndDrain starts the workload manager.
 func (n *node) startInPod(undo *cleanups) error {
 	if err := netns.CheckCapabilities(); err != nil {
@@ -267,7 +268,7 @@ func (n *node) startInPod(undo *cleanups) error {
 		return err
 	}
 	n.pods = pods
-	undo.push(n.pods.close) // after the workload manager has drained them, or at once if the start failed
+	undo.push(n.pods.Close) // after the workload manager has drained them, or at once if the start failed
 	if self, ok := newSelfProxy(n); ok {
 		if err := self.Listen(); err != nil {
 			return fmt.Errorf("self-proxy (POD_NAME, POD_NAMESPACE, SERVICE_ACCOUNT): %w", err)
@@ -302,9 +303,9 @@ func (n *node) serveAndDrain(ctx context.Context, servers []*http.Server, starte
 		n.ready.watch(taskInpod, n.inpodReady)
 		n.ready.watch(taskAccept, func() error {
 			if n.self != nil {
-				return errors.Join(n.self.AcceptError(), n.pods.acceptError())
+				return errors.Join(n.self.AcceptError(), n.pods.AcceptError())
 			}
-			return n.pods.acceptError()
+			return n.pods.AcceptError()
 		})
 	}
 	if n.crl != nil {
@@ -325,7 +326,7 @@ func (n *node) serveAndDrain(ctx context.Context, servers []*http.Server, starte
 	defer cancel()
 	if n.inpod != nil {
 		n.inpod.Close() // drains every pod's proxy, in the background...
-		n.pods.close()  // ...each within CONNECTION_TERMINATION_DEADLINE
+		n.pods.Close()  // ...each within CONNECTION_TERMINATION_DEADLINE
 	}
 	err := n.shutdownProxies(drainCtx)
 	stopProxy()
@@ -440,8 +441,6 @@ func (n *node) listenerSummary() string {
 	return strings.Join(parts, " ")
 }
 
-// dnsConfig answers for the workloads this node serves (the dedicated one, or the local
-// workload with the client's IP) from local.
 // withResolver gives a proxy the node's on-demand resolver, if it has one (a nil
 // *dns.Resolver must not become a non-nil proxy.HostResolver).
 func (n *node) withResolver(pcfg *proxy.Config) {
@@ -450,6 +449,8 @@ func (n *node) withResolver(pcfg *proxy.Config) {
 	}
 }
 
+// dnsConfig answers for the workloads this node serves (the dedicated one, or the local
+// workload with the client's IP) from local.
 func (n *node) dnsConfig(local state.Local) dns.Config {
 	return dns.Config{
 		Addr:          n.cfg.DNSProxyAddr,

@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 )
@@ -33,29 +32,7 @@ func rustSettings() []setting {
 	}
 }
 
-// notInRust are the variables of gozt's table that the Rust ztunnel does not read (its
-// listeners' addresses are fixed; the rest are gozt's own features). The configuration table
-// says so in its "Rust ztunnel" column.
-var notInRust = map[string]bool{
-	"ADMIN_ADDR": true, "STATS_ADDR": true, "READINESS_ADDR": true, "OUTBOUND_ADDR": true,
-	"INBOUND_PLAINTEXT_ADDR": true, "INBOUND_ADDR": true, "SOCKS5_ADDR": true, "DNS_PROXY_ADDR": true,
-	"CA_PROVIDER": true, "CA_DIR": true, "SPIFFE_ENDPOINT_SOCKET": true, "KERNEL_TLS": true, "ENABLE_RESET_PROPAGATION": true,
-	"LOG_LEVEL": true, "INPOD_ENABLED": true,
-	"HBONE_HANDSHAKE_WORKERS": true, "HBONE_SOURCE_HANDSHAKES": true, "HBONE_SOURCE_HANDSHAKE_RATE": true,
-	"HBONE_SOURCE_FAILED_HANDSHAKE_RATE": true, "HBONE_PEER_CONNECTION_RATE": true, "HBONE_PEER_STREAMS": true,
-	"HBONE_PEER_DIALS":            true,
-	"HBONE_STREAM_START_RATE":     true,
-	"DNS_PROXY_ALL_FAMILIES":      true,
-	"ACCESS_LOG_FILTER":           true,
-	"ACCESS_LOG_SAMPLE":           true,
-	"METRICS_DROP_LABELS":         true,
-	"ACCESS_LOG_OTLP_ENDPOINT":    true,
-	"ENDPOINT_CONNECT_RETRIES":    true,
-	"ENDPOINT_EJECTION_FAILURES":  true,
-	"ENDPOINT_UNHEALTHY_FALLBACK": true,
-}
-
-// rustEnv holds the raw Rust-only variables until resolveRust maps them.
+// rustEnv holds the raw Rust-only variables until resolveSources maps them.
 type rustEnv struct {
 	fakeCA, userTimeout      bool
 	dnsCapture, dnsProxyAddr string
@@ -84,37 +61,4 @@ func refusedIfSet(env, help, why string) setting {
 		}
 		return nil
 	}}
-}
-
-// resolveRust maps the Rust-only variables onto gozt settings; a gozt variable set explicitly
-// wins.
-func resolveRust(c *config, explicit map[string]bool) error {
-	for name := range c.rust.metaJSON {
-		c.chart.unused = append(c.chart.unused, "ISTIO_METAJSON_"+name+": JSON proxy metadata; not used (gozt sends ISTIO_META_* only)")
-	}
-	if c.rust.fakeCA && !explicit["CA_PROVIDER"] {
-		c.CAProvider = "builtin"
-	}
-	if !explicit["DNS_PROXY_ADDR"] {
-		if v := c.rust.dnsProxyAddr; v != "" {
-			if _, err := strconv.ParseUint(v, 10, 16); err == nil {
-				v = "localhost:" + v
-			}
-			// Parsed as DNS_PROXY_ADDR is, into its field.
-			dns := addr("ISTIO_META_DNS_PROXY_ADDR", "", "", func(c *config) *string { return &c.DNSProxyAddr })
-			if err := dns.set(c, v); err != nil {
-				return fmt.Errorf("config: ISTIO_META_DNS_PROXY_ADDR=%q: %v; accepted: a port, or %s", c.rust.dnsProxyAddr, err, dns.form)
-			}
-		}
-		if v := c.rust.dnsCapture; v != "" {
-			on, err := strconv.ParseBool(v)
-			if err != nil {
-				return fmt.Errorf("config: ISTIO_META_DNS_CAPTURE=%q: %v; accepted: true or false", v, err)
-			}
-			if !on {
-				c.DNSProxyAddr = ""
-			}
-		}
-	}
-	return nil
 }

@@ -110,7 +110,7 @@ func TestNetnsSelfProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer promHandle.Close()
-	pool := hbone.NewPool(hbone.Config{Dial: netns.Sockets{NS: promHandle}.Dial}, func(ctx context.Context, k hbone.Key) (*tls.Config, error) {
+	pool := hbone.NewPool(hbone.ClientConfig{Dial: netns.Sockets{NS: promHandle}.Dial}, func(ctx context.Context, k hbone.Key) (*tls.Config, error) {
 		return mgr.ClientConfig(ctx, k.Src, k.Expected())
 	})
 	defer pool.Close()

@@ -59,7 +59,7 @@ func ServeGateway(ln net.Listener, cfg GatewayConfig) *Gateway {
 		var d net.Dialer
 		g.cfg.Dial = func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
 	}
-	g.srv = hbone.NewServer(hbone.Config{}, g.forward)
+	g.srv = hbone.NewServer(hbone.ServerConfig{}, g.forward)
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()

@@ -52,6 +52,7 @@ var Rules = []Rule{
 	{Pkg: "*", Forbid: []string{"internal/attack"}, Why: "attack traffic is for tests and benchmarks"},
 	{Pkg: "cmd/ztunnel", Forbid: []string{"internal/netns/netnstest", "inpod/inpodtest", "inpod/zdsagent"}, Why: "the node binary links no test helper and no node agent stand-in"},
 	{Pkg: "inpod", Forbid: []string{"inpod/zdsagent", "inpod/inpodtest"}, Why: "the ZDS client does not link the agent that stands in for istio-cni"},
+	{Pkg: "inpod", Forbid: []string{"inpod/podproxy", "proxy...", "dns"}, Why: "the workload manager drives the pods' proxies through its Proxies interface only: its state machine links no data plane, and its tests run it with a fake"},
 	{Pkg: "cmd/ztunnel", External: buildTooling, Why: "the node binary links no image or chart tooling (cmd/mkimage, tools/)"},
 	{Pkg: "*", External: buildTooling, Why: "image and chart tooling is for cmd/mkimage, the local cluster's image builder (deploy/cluster/mkimg) and tools/ only"},
 }

@@ -295,7 +295,7 @@ func (w *watch) acceptBatch() error {
 		return nil // the owner closed the listener; its stop follows
 	}
 	if refused {
-		w.closeLocked() // open, which the gate calls, waits for mu: it cannot come first
+		w.gateLocked() // open, which the gate calls, waits for mu: it cannot come first
 	}
 	for _, fd := range fds[:n] {
 		c, err := fileConn(fd)
@@ -368,8 +368,8 @@ func (w *watch) backOffLocked() {
 	time.AfterFunc(w.delay, w.retry)
 }
 
-// closeLocked takes a listener whose gate has no room out of the set until open.
-func (w *watch) closeLocked() {
+// gateLocked takes a listener whose gate has no room out of the set until open.
+func (w *watch) gateLocked() {
 	if err := w.ctl(unix.EPOLL_CTL_DEL); err != nil {
 		return // closed under us
 	}

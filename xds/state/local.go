@@ -16,9 +16,13 @@ const (
 	// ModeNode serves every workload on Local.Node from the proxy's own network namespace
 	// (node-level redirection, for hosts without istio-cni). The zero Mode means ModeNode.
 	ModeNode Mode = "node"
-	// ModeDedicated serves the one workload Local.Workload names: a dedicated ztunnel, or
-	// one pod's proxy in in-pod mode.
+	// ModeDedicated serves the one workload Local.Workload names: a dedicated ztunnel.
 	ModeDedicated Mode = "dedicated"
+	// ModePod serves the one workload Local.Workload names, as ModeDedicated does: one
+	// pod's proxy in in-pod mode ([Local.Pod]). It is no PROXY_MODE value; it keeps a
+	// pod's proxy from passing for a dedicated ztunnel wherever the mode is shown or
+	// compared.
+	ModePod Mode = "pod"
 )
 
 // Modes are the values of PROXY_MODE, the default first.
@@ -74,16 +78,17 @@ type Local struct {
 	// shared and node mode and for a pod's proxy; a dedicated ztunnel leaves it empty.
 	Node     string
 	Network  string      // the local network
-	Workload WorkloadRef // the workload of ModeDedicated
+	Workload WorkloadRef // the workload of ModeDedicated and ModePod
 }
 
-// Dedicated reports whether l serves one named workload rather than a node's.
-func (l Local) Dedicated() bool { return l.Mode == ModeDedicated }
+// Dedicated reports whether l serves one named workload rather than a node's: a dedicated
+// ztunnel's (ModeDedicated) or a pod's proxy's (ModePod).
+func (l Local) Dedicated() bool { return l.Mode == ModeDedicated || l.Mode == ModePod }
 
 // Pod is the Local of one pod's proxy in in-pod mode: the pod's workload, if it is on l's
 // node, on l's network.
 func (l Local) Pod(w WorkloadRef) Local {
-	return Local{Mode: ModeDedicated, Node: l.Node, Network: l.Network, Workload: w}
+	return Local{Mode: ModePod, Node: l.Node, Network: l.Network, Workload: w}
 }
 
 // DedicatedWorkload is the workload a dedicated Local serves, nil while the store does not
