@@ -434,7 +434,7 @@ func TestKernelTLSKeyUpdate(t *testing.T) {
 	if !kernelHasTLS(t) {
 		t.Skip("no kernel TLS here: run `make test-ktls`")
 	}
-	xs := xnetEchoServer(t)
+	xs := xnetEchoServer(t, NextProtoNoKeyUpdate, "h2") // a Go peer: it rekeys only when asked
 	var infos tlsInfos
 	n := newMeshNode(t, "a", true)
 	n.env.pool.cfg.OnTLS = infos.add
