@@ -146,7 +146,9 @@ func (s *Server) serveTCP(c net.Conn) {
 	client := addrPortOf(c.RemoteAddr()).Addr()
 	var msg []byte
 	for range maxTCPQueries {
-		c.SetReadDeadline(time.Now().Add(s.tcpTimeout))
+		if !s.waitNext(c) {
+			return
+		}
 		var n [2]byte
 		if _, err := io.ReadFull(c, n[:]); err != nil {
 			return
@@ -165,6 +167,19 @@ func (s *Server) serveTCP(c net.Conn) {
 			return
 		}
 	}
+}
+
+// waitNext sets c's deadline for its next query, or reports false once the server is
+// stopping. Under s.mu, as the stop's past deadlines are set: a future deadline set
+// after them would keep an idle client's connection, and the stop, waiting for it.
+func (s *Server) waitNext(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	c.SetReadDeadline(time.Now().Add(s.tcpTimeout))
+	return true
 }
 
 func addrPortOf(a net.Addr) netip.AddrPort {
