@@ -7,7 +7,7 @@ import (
 )
 
 // configDump is /config_dump's sections (admin.go serves them).
-func (n *node) configDump() map[string]any {
+func (n *ztunnel) configDump() map[string]any {
 	d := map[string]any{
 		"version":      map[string]string{"version": version, "buildInfo": versionString()},
 		"config":       n.cfg,

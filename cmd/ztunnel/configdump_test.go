@@ -254,7 +254,7 @@ func TestConfigDumpIstioctl(t *testing.T) {
 	if _, err := m.Certificate(context.Background(), broken); err == nil {
 		t.Fatal("fixed ca issued for an identity it does not have")
 	}
-	n := &node{cfg: &config{}, store: store, certs: m}
+	n := &ztunnel{cfg: &config{}, store: store, certs: m}
 	rec := httptest.NewRecorder()
 	adminHandler(mustLogLevels(t), n.configDump, func() {}).ServeHTTP(rec, httptest.NewRequest("GET", "/config_dump", nil))
 	body := rec.Body.Bytes()

@@ -13,7 +13,7 @@ import (
 // node's roots issued (certs.Manager.CheckCRL), and closes every HBONE connection, of the
 // node's proxy and of every pod's, whose peer the lists now in force revoke, with one log
 // line each naming the peer and the revoked certificate, as the Rust ztunnel does.
-func (n *node) closeRevoked() {
+func (n *ztunnel) closeRevoked() {
 	n.certs.CheckCRL()
 	match := func(inbound bool, cs tls.ConnectionState) error {
 		err := n.certs.Revoked(cs)

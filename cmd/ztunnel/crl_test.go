@@ -64,7 +64,7 @@ func TestCRLClosesRevokedConnections(t *testing.T) {
 	for _, name := range []string{"a", "b", "c"} {
 		inter[name] = root.Intermediate(t, "intermediate-"+name, now.Add(-time.Hour), now.Add(24*time.Hour))
 	}
-	start := func(name, workload, extra string) *node {
+	start := func(name, workload, extra string) *ztunnel {
 		m := map[string]string{
 			"PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": workload, "LOCAL_XDS_PATH": xdsPath,
 			"CA_DIR": inter[name].WriteCACerts(t), "CRL_PATH": crlPath,
@@ -170,7 +170,7 @@ func echoes(t *testing.T, c net.Conn, msg string) {
 	c.SetDeadline(time.Time{})
 }
 
-func dialVia(t *testing.T, n *node, dst string) net.Conn {
+func dialVia(t *testing.T, n *ztunnel, dst string) net.Conn {
 	t.Helper()
 	d, err := proxy.SOCKS5("tcp", n.addrs["SOCKS5_ADDR"].String(), nil, &net.Dialer{Timeout: 5 * time.Second})
 	if err != nil {
@@ -183,13 +183,13 @@ func dialVia(t *testing.T, n *node, dst string) net.Conn {
 	return c
 }
 
-func crlRejections(t *testing.T, n *node, reporter string) float64 {
+func crlRejections(t *testing.T, n *ztunnel, reporter string) float64 {
 	t.Helper()
 	return metricValue(t, n, "istio_crl_policy_rejections_total", "reporter", reporter)
 }
 
 // metricValue is the value of the series of family name whose label is value (0 if none).
-func metricValue(t *testing.T, n *node, name, label, value string) float64 {
+func metricValue(t *testing.T, n *ztunnel, name, label, value string) float64 {
 	t.Helper()
 	mfs, err := n.registry.Gather()
 	if err != nil {

@@ -152,7 +152,7 @@ func TestNetnsInPodIPv6(t *testing.T) {
 // checkV6Connection holds a connection from pod A to pod B's IPv6 address open and reads
 // it in /config_dump's workloadState: pod A's proxy names its original destination, and
 // pod B's proxy saw the HBONE connection come from pod A's IPv6 address.
-func checkV6Connection(t *testing.T, n *node, nsA *netnstest.NS) {
+func checkV6Connection(t *testing.T, n *ztunnel, nsA *netnstest.NS) {
 	t.Helper()
 	target := net.JoinHostPort(inPodB6, "8080")
 	conn, err := dialIn(nsA, "tcp", target)

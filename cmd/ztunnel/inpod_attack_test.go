@@ -104,7 +104,7 @@ func startPodEcho(t *testing.T, ns *netnstest.NS, addr string) {
 }
 
 // identityPEM is a certificate chain and key for id from the node's CA, PEM.
-func identityPEM(t *testing.T, n *node, id string) string {
+func identityPEM(t *testing.T, n *ztunnel, id string) string {
 	t.Helper()
 	cfg, err := n.certs.ClientConfig(context.Background(), identity.MustParse(id), []identity.ID{identity.MustParse("spiffe://cluster.local/ns/default/sa/server")})
 	if err != nil {

@@ -20,7 +20,7 @@ import (
 
 // startInPodNode runs an in-process node in in-pod mode whose pods' listeners are on their
 // default ports, DNS included, connected to a fake agent it returns.
-func startInPodNode(tb testing.TB) (*node, *inpodtest.AgentConn) {
+func startInPodNode(tb testing.TB) (*ztunnel, *inpodtest.AgentConn) {
 	tb.Helper()
 	agent := inpodtest.NewAgent(tb, inpodtest.SocketPath(tb))
 	n, _ := startNode(tb, testConfig(tb, map[string]string{

@@ -51,7 +51,7 @@ func TestNetnsInPodUpgrade(t *testing.T) {
 	const deadline = 2 * time.Second // the old ztunnel's CONNECTION_TERMINATION_DEADLINE
 	env := inPodEnv(agent.Path, dir)
 	env["CONNECTION_TERMINATION_DEADLINE"] = deadline.String()
-	startReady := func(name string) (*node, func(), <-chan error) {
+	startReady := func(name string) (*ztunnel, func(), <-chan error) {
 		t.Helper()
 		n, stop, done := startStoppableNode(t, testConfig(t, env))
 		if err := <-replayed; err != nil {

@@ -14,7 +14,7 @@ var metricsSweepEvery = time.Minute
 
 // forgetGoneWorkloads drops, every metricsSweepEvery, the metric series of workloads the
 // store no longer has, so workloads that churn names do not grow /metrics for good.
-func (n *node) forgetGoneWorkloads(ctx context.Context) error {
+func (n *ztunnel) forgetGoneWorkloads(ctx context.Context) error {
 	t := time.NewTicker(metricsSweepEvery)
 	defer t.Stop()
 	for {

@@ -30,9 +30,10 @@ import (
 	"github.com/gozt/gozt/xds/state"
 )
 
-// node is one running ztunnel: what run starts, in one place, so tests can start several in
-// one process and look at their bound addresses.
-type node struct {
+// ztunnel is one running ztunnel, in any mode: what run starts, in one place, so tests can
+// start several in one process and look at their bound addresses. (Not "node": that is
+// PROXY_MODE=node, and the machine whose pods it serves.)
+type ztunnel struct {
 	cfg      *config
 	local    state.Local // what this node serves: cfg.local()
 	logLevel *logLevels
@@ -80,13 +81,13 @@ const (
 // dedicated mode's listeners and DNS proxy, or in-pod mode's pod proxies), start the admin,
 // metrics and readiness servers, then serve until told to stop and drain. Whatever a phase
 // opens goes on one cleanup stack, which undoes it, last first, however run returns.
-func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*node)) error {
+func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*ztunnel)) error {
 	if limit, err := sockopt.RaiseFileLimit(); err != nil {
 		slog.Warn("could not raise the open-file limit", "err", err)
 	} else {
 		slog.Debug("open-file limit", "soft", limit)
 	}
-	n := newNode(cfg, logLevel)
+	n := newZtunnel(cfg, logLevel)
 	var undo cleanups
 	defer undo.run()
 	if err := n.construct(ctx, &undo); err != nil {
@@ -119,8 +120,8 @@ func (c *cleanups) run() {
 	*c = nil
 }
 
-func newNode(cfg *config, logLevel *logLevels) *node {
-	n := &node{
+func newZtunnel(cfg *config, logLevel *logLevels) *ztunnel {
+	n := &ztunnel{
 		cfg:      cfg,
 		local:    cfg.local(),
 		logLevel: logLevel,
@@ -170,7 +171,7 @@ func otlpResource(cfg *config) []attribute.KeyValue {
 
 // goBG runs fn on a background goroutine until the node stops (n.bg ends), logging its
 // error if it stops before that.
-func (n *node) goBG(name string, fn func(context.Context) error) {
+func (n *ztunnel) goBG(name string, fn func(context.Context) error) {
 	n.bgWG.Go(func() {
 		if err := fn(n.bg); err != nil && n.bg.Err() == nil {
 			slog.Error("stopped", "component", name, "err", err)
@@ -180,7 +181,7 @@ func (n *node) goBG(name string, fn func(context.Context) error) {
 
 // construct starts what every mode shares: the config sources, the CA client, the CRL and
 // the certificate manager, and the background goroutines.
-func (n *node) construct(ctx context.Context, undo *cleanups) error {
+func (n *ztunnel) construct(ctx context.Context, undo *cleanups) error {
 	if n.otlp != nil { // first in, last out: after the proxies' last records
 		undo.push(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -223,7 +224,7 @@ func (n *node) construct(ctx context.Context, undo *cleanups) error {
 
 // startNodeMode binds node and dedicated mode's listeners (unless none is configured) and
 // their DNS proxy, and starts prefetching the served workloads' certificates.
-func (n *node) startNodeMode(undo *cleanups) error {
+func (n *ztunnel) startNodeMode(undo *cleanups) error {
 	cfg := n.cfg
 	pcfg := proxyConfig(cfg)
 	pcfg.Outliers = n.outliers
@@ -259,7 +260,7 @@ func (n *node) startNodeMode(undo *cleanups) error {
 // startInPod readies in-pod mode: no node-level listeners (every pod's open inside its
 // netns, inpod/podproxy), ztunnel's own 15008 if the chart named its pod, and certificate
 // prefetch. The pods arrive over ZDS once serveAndDrain starts the workload manager.
-func (n *node) startInPod(undo *cleanups) error {
+func (n *ztunnel) startInPod(undo *cleanups) error {
 	if err := netns.CheckCapabilities(); err != nil {
 		return fmt.Errorf("PROXY_MODE=shared (in-pod) cannot enter pod namespaces or mark sockets: %w", err)
 	}
@@ -285,7 +286,7 @@ func (n *node) startInPod(undo *cleanups) error {
 // serveAndDrain serves the node's proxies (and in-pod mode's workload manager) until ctx
 // ends or /quitquitquit, then drains within CONNECTION_TERMINATION_DEADLINE: the pods'
 // proxies and the node's own, then the HTTP servers and the background goroutines.
-func (n *node) serveAndDrain(ctx context.Context, servers []*http.Server, started func(*node)) error {
+func (n *ztunnel) serveAndDrain(ctx context.Context, servers []*http.Server, started func(*ztunnel)) error {
 	cfg := n.cfg
 	proxyCtx, stopProxy := context.WithCancel(context.Background())
 	defer stopProxy()
@@ -343,7 +344,7 @@ func (n *node) serveAndDrain(ctx context.Context, servers []*http.Server, starte
 
 // startConfigSources loads the local file (synchronously: a bad file stops the start) and
 // starts the xDS client.
-func (n *node) startConfigSources() error {
+func (n *ztunnel) startConfigSources() error {
 	cfg := n.cfg
 	if cfg.LocalXDSPath == "" && cfg.XDSAddress == "" {
 		return errors.New("config: no workload source: set LOCAL_XDS_PATH (a local YAML file) or XDS_ADDRESS (a control plane)")
@@ -378,7 +379,7 @@ func (n *node) startConfigSources() error {
 }
 
 // startHTTP binds the admin, stats and readiness servers.
-func (n *node) startHTTP() ([]*http.Server, error) {
+func (n *ztunnel) startHTTP() ([]*http.Server, error) {
 	var servers []*http.Server
 	for _, l := range []struct {
 		name, addr string
@@ -412,7 +413,7 @@ func (n *node) startHTTP() ([]*http.Server, error) {
 
 // proxies are the node's own proxies: its listeners (node and dedicated mode) or the
 // self-proxy (in-pod mode).
-func (n *node) proxies() []*proxy.Proxy {
+func (n *ztunnel) proxies() []*proxy.Proxy {
 	var ps []*proxy.Proxy
 	for _, p := range []*proxy.Proxy{n.proxy, n.self} {
 		if p != nil {
@@ -423,7 +424,7 @@ func (n *node) proxies() []*proxy.Proxy {
 }
 
 // shutdownProxies drains the node's own proxies until ctx ends.
-func (n *node) shutdownProxies(ctx context.Context) error {
+func (n *ztunnel) shutdownProxies(ctx context.Context) error {
 	var errs []error
 	for _, p := range n.proxies() {
 		errs = append(errs, p.Shutdown(ctx))
@@ -431,9 +432,9 @@ func (n *node) shutdownProxies(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func (n *node) requestQuit() { n.quitOnce.Do(func() { close(n.quit) }) }
+func (n *ztunnel) requestQuit() { n.quitOnce.Do(func() { close(n.quit) }) }
 
-func (n *node) listenerSummary() string {
+func (n *ztunnel) listenerSummary() string {
 	var parts []string
 	for name, a := range n.addrs {
 		parts = append(parts, strings.ToLower(strings.TrimSuffix(name, "_ADDR"))+"="+a.String())
@@ -443,7 +444,7 @@ func (n *node) listenerSummary() string {
 
 // withResolver gives a proxy the node's on-demand resolver, if it has one (a nil
 // *dns.Resolver must not become a non-nil proxy.HostResolver).
-func (n *node) withResolver(pcfg *proxy.Config) {
+func (n *ztunnel) withResolver(pcfg *proxy.Config) {
 	if n.resolver != nil {
 		pcfg.Resolver = n.resolver
 	}
@@ -451,7 +452,7 @@ func (n *node) withResolver(pcfg *proxy.Config) {
 
 // dnsConfig answers for the workloads this node serves (the dedicated one, or the local
 // workload with the client's IP) from local.
-func (n *node) dnsConfig(local state.Local) dns.Config {
+func (n *ztunnel) dnsConfig(local state.Local) dns.Config {
 	return dns.Config{
 		Addr:          n.cfg.DNSProxyAddr,
 		ClusterDomain: n.cfg.ClusterDomain,

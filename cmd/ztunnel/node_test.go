@@ -36,7 +36,7 @@ func testConfig(t testing.TB, extra map[string]string) *config {
 }
 
 // startNode runs a node until the test ends and returns it once its listeners are bound.
-func startNode(t testing.TB, cfg *config) (*node, <-chan error) {
+func startNode(t testing.TB, cfg *config) (*ztunnel, <-chan error) {
 	t.Helper()
 	n, _, done := startStoppableNode(t, cfg)
 	return n, done
@@ -44,15 +44,15 @@ func startNode(t testing.TB, cfg *config) (*node, <-chan error) {
 
 // startStoppableNode is startNode that also returns a stop function, which makes the node
 // drain and exit as SIGTERM does; the channel then yields run's result.
-func startStoppableNode(t testing.TB, cfg *config) (*node, context.CancelFunc, <-chan error) {
+func startStoppableNode(t testing.TB, cfg *config) (*ztunnel, context.CancelFunc, <-chan error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	started := make(chan *node, 1)
+	started := make(chan *ztunnel, 1)
 	done := make(chan error, 1)
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
-		done <- run(ctx, cfg, mustLogLevels(t), func(n *node) { started <- n })
+		done <- run(ctx, cfg, mustLogLevels(t), func(n *ztunnel) { started <- n })
 	}()
 	t.Cleanup(func() { cancel(); <-stopped })
 	select {

@@ -14,7 +14,7 @@ import (
 // settings: each pod's proxy listens on the settings' ports on the pod's wildcard address
 // and uses the node's resolver; each pod's DNS proxy, unless DNS_PROXY_ADDR=off, answers
 // with the pod's namespace as its search list, not ztunnel's resolv.conf.
-func newPodProxies(n *node) (*podproxy.Set, error) {
+func newPodProxies(n *ztunnel) (*podproxy.Set, error) {
 	cfg := n.cfg
 	pc := podproxy.Config{
 		Node: n.local,
@@ -59,7 +59,7 @@ func podAddr(setting string, ipv6 bool) string {
 
 // inpodReady is the readiness check of in-pod mode: the workload manager has reconciled the
 // node agent's snapshot and no pod's proxy is pending.
-func (n *node) inpodReady() error {
+func (n *ztunnel) inpodReady() error {
 	if n.inpod.Ready() {
 		return nil
 	}
@@ -81,7 +81,7 @@ type podDump struct {
 
 // workloadState is /config_dump's workloadState: each pod's state from the in-pod manager
 // and the connections its proxy carries.
-func (n *node) workloadState() map[string]podDump {
+func (n *ztunnel) workloadState() map[string]podDump {
 	out := map[string]podDump{}
 	for uid, st := range n.inpod.WorkloadState() {
 		d := podDump{PodState: st}

@@ -17,7 +17,7 @@ import (
 // fetched when the workload appears, forgotten when the last one with that identity goes.
 // The node is ready once the current set has been fetched; failures are retried every 5s
 // and shown at readiness (the certificate manager logs them).
-func (n *node) prefetchCertificates(ctx context.Context) error {
+func (n *ztunnel) prefetchCertificates(ctx context.Context) error {
 	have := map[identity.ID]bool{}
 	changes := n.store.Subscribe(ctx)
 	for {
@@ -40,7 +40,7 @@ func (n *node) prefetchCertificates(ctx context.Context) error {
 
 // syncCertificates prefetches new identities, forgets gone ones and returns why a wanted
 // certificate is not available, nil when every one is.
-func (n *node) syncCertificates(ctx context.Context, have map[identity.ID]bool) error {
+func (n *ztunnel) syncCertificates(ctx context.Context, have map[identity.ID]bool) error {
 	want := map[identity.ID]bool{}
 	for _, w := range n.local.Workloads(n.store) {
 		if w.Protocol == state.TunnelHBONE || w.NativeTunnel {

@@ -22,7 +22,7 @@ func (c *config) selfWorkload() (state.WorkloadRef, bool) {
 // target must be the address the connection came to, ztunnel's capture ports are refused,
 // and the upstream leaves from ztunnel's own address (never the client's). nil, false when
 // the mode is not shared, ztunnel's workload is not named or INBOUND_ADDR is off.
-func newSelfProxy(n *node) (*proxy.Proxy, bool) {
+func newSelfProxy(n *ztunnel) (*proxy.Proxy, bool) {
 	ref, ok := n.cfg.selfWorkload()
 	addr := podAddr(n.cfg.InboundAddr, n.cfg.IPv6Enabled)
 	if !ok || n.local.Mode != state.ModeShared || addr == "" {

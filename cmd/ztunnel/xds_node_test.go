@@ -33,7 +33,7 @@ func TestNodeWaitsForControlPlane(t *testing.T) {
 
 // waitReady polls the node's /healthz/ready until its body contains want, and returns the
 // last answer.
-func waitReady(t *testing.T, n *node, want string) (int, string) {
+func waitReady(t *testing.T, n *ztunnel, want string) (int, string) {
 	t.Helper()
 	url := "http://" + n.addrs["READINESS_ADDR"].String() + "/healthz/ready"
 	var code int
