@@ -61,6 +61,13 @@ func readProxyConfig(path, env string) (meshProxyConfig, error) {
 	if len(over.ProxyMetadata) > 0 && pc.ProxyMetadata == nil {
 		pc.ProxyMetadata = map[string]string{}
 	}
+	for k := range over.ProxyMetadata {
+		// FOO and ISTIO_META_FOO name one key: PROXY_CONFIG's replaces the file's in
+		// either spelling, so which wins does not depend on map order.
+		name := strings.TrimPrefix(k, "ISTIO_META_")
+		delete(pc.ProxyMetadata, name)
+		delete(pc.ProxyMetadata, "ISTIO_META_"+name)
+	}
 	for k, v := range over.ProxyMetadata {
 		pc.ProxyMetadata[k] = v
 	}

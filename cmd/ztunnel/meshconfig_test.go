@@ -57,6 +57,12 @@ func TestProxyConfigFields(t *testing.T) {
 		{"PROXY_CONFIG over the file, field by field", mesh, map[string]string{"PROXY_CONFIG": "proxyAdminPort: 15999\nproxyMetadata: {FOOBAR: overwritten}"}, func(c *config) bool {
 			return c.AdminAddr == "localhost:15999" && c.StatsAddr == "[::]:15888" && c.ProxyMeta["FOOBAR"] == "overwritten" && c.ProxyMeta["FOO"] == "foo"
 		}},
+		{"PROXY_CONFIG over the file in the other spelling", mesh, map[string]string{"PROXY_CONFIG": "proxyMetadata: {FOO: unprefixed, ISTIO_META_FOOBAR: prefixed}"}, func(c *config) bool {
+			return c.ProxyMeta["FOO"] == "unprefixed" && c.ProxyMeta["FOOBAR"] == "prefixed"
+		}},
+		{"both spellings in one source: the unprefixed one", missing, map[string]string{"PROXY_CONFIG": "proxyMetadata: {ISTIO_META_X: prefixed, X: plain}"}, func(c *config) bool {
+			return c.ProxyMeta["X"] == "plain"
+		}},
 		{"empty PROXY_CONFIG: the file", mesh, map[string]string{"PROXY_CONFIG": ""}, func(c *config) bool { return c.AdminAddr == "localhost:15099" }},
 		{"ADMIN_ADDR and STATS_ADDR win", mesh, map[string]string{"ADMIN_ADDR": "127.0.0.1:9000", "STATS_ADDR": "off"}, func(c *config) bool {
 			return c.AdminAddr == "127.0.0.1:9000" && c.StatsAddr == ""

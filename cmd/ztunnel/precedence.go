@@ -74,10 +74,14 @@ func resolveSources(c *config, explicit map[string]bool, meshPath string) error 
 	if err != nil {
 		return err
 	}
-	for k, v := range pc.ProxyMetadata {
-		k = strings.TrimPrefix(k, "ISTIO_META_")
-		if _, set := c.ProxyMeta[k]; !set {
-			c.ProxyMeta[k] = v
+	// Unprefixed keys first, so a source holding both FOO and ISTIO_META_FOO gives FOO's
+	// value every time, not whichever the map yields first.
+	for _, prefixed := range []bool{false, true} {
+		for k, v := range pc.ProxyMetadata {
+			name, cut := strings.CutPrefix(k, "ISTIO_META_")
+			if _, set := c.ProxyMeta[name]; cut == prefixed && !set {
+				c.ProxyMeta[name] = v
+			}
 		}
 	}
 	if v, ok := c.ProxyMeta["DNS_CAPTURE"]; ok && !explicit["ISTIO_META_DNS_CAPTURE"] {
