@@ -50,7 +50,7 @@ func TestEjection(t *testing.T) {
 		for n := 3; n < 10; n++ { // growing, capped
 			fail(true)
 			want := min(DefaultBase<<(n-1), DefaultMax)
-			if got := d.Dump()[0].Until.Sub(time.Now()); got != want {
+			if got := time.Until(d.Dump()[0].Until); got != want {
 				t.Fatalf("ejection %d lasts %v; want %v", n, got, want)
 			}
 			time.Sleep(want)
