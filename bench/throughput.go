@@ -91,7 +91,9 @@ func echoStream(ctx context.Context, c net.Conn, deadline time.Time, chunk int) 
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		var off int64
-		for time.Now().Before(deadline) {
+		// At least one chunk, even when this goroutine first runs after the deadline (a
+		// short run on a loaded machine), so every run measures something.
+		for off == 0 || time.Now().Before(deadline) {
 			n, err := c.Write(patternAt(off, chunk))
 			off += int64(n)
 			if err != nil {
@@ -153,7 +155,7 @@ func echoStream(ctx context.Context, c net.Conn, deadline time.Time, chunk int) 
 func upStream(ctx context.Context, c net.Conn, deadline time.Time, chunk int) (int64, error) {
 	defer closeOnCancel(ctx, c)()
 	var off int64
-	for time.Now().Before(deadline) {
+	for off == 0 || time.Now().Before(deadline) { // at least one chunk, as echoStream
 		n, err := c.Write(patternAt(off, chunk))
 		off += int64(n)
 		if err != nil {
@@ -185,12 +187,20 @@ func downStream(ctx context.Context, c net.Conn, deadline time.Time, _ int) (int
 	c.SetReadDeadline(deadline)
 	buf := make([]byte, maxChunk)
 	var got int64
+	late := false
 	for {
 		n, err := c.Read(buf)
 		if cerr := checkPattern(got, buf[:n]); cerr != nil {
 			return got, cerr
 		}
 		got += int64(n)
+		if errors.Is(err, os.ErrDeadlineExceeded) && got == 0 && !late {
+			// Nothing yet at the deadline (a short run on a loaded machine): wait up to
+			// drainGrace for the first bytes, so every run measures something.
+			late = true
+			c.SetReadDeadline(time.Now().Add(drainGrace))
+			continue
+		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			return got, nil
 		}
