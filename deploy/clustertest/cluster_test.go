@@ -476,19 +476,24 @@ func enrolled(t *testing.T, zt map[string]pod, namespace string) (client, server
 			return workloadUp(admin, p)
 		})
 	}
-	eventually(t, "istioctl ztunnel-config workloads shows both HBONE", time.Minute, func() error {
-		out, err := run("istioctl", "ztunnel-config", "workloads", "-n", "istio-system")
-		if err != nil {
-			return err
-		}
-		for _, p := range []pod{client, server} {
-			re := regexp.MustCompile(`(?m)^` + namespace + `\s+` + regexp.QuoteMeta(p.Metadata.Name) + `\s.*\sHBONE\s*$`)
-			if !re.MatchString(out) {
-				return fmt.Errorf("no HBONE row for %s in:\n%s", p.Metadata.Name, out)
+	// istioctl asks each node's ztunnel (by name: with two programs in the cluster it must
+	// read both kinds of config dump).
+	for _, node := range []string{client.Spec.NodeName, server.Spec.NodeName} {
+		z := zt[node].Metadata.Name + ".istio-system"
+		eventually(t, "istioctl ztunnel-config workloads "+z+" ("+program(zt[node])+") shows both HBONE", time.Minute, func() error {
+			out, err := run("istioctl", "ztunnel-config", "workloads", z)
+			if err != nil {
+				return err
 			}
-		}
-		return nil
-	})
+			for _, p := range []pod{client, server} {
+				re := regexp.MustCompile(`(?m)^` + namespace + `\s+` + regexp.QuoteMeta(p.Metadata.Name) + `\s.*\sHBONE\s*$`)
+				if !re.MatchString(out) {
+					return fmt.Errorf("no HBONE row for %s in:\n%s", p.Metadata.Name, out)
+				}
+			}
+			return nil
+		})
+	}
 	return client, server
 }
 
@@ -518,12 +523,17 @@ func workloadUp(admin string, p pod) error {
 	return fmt.Errorf("workload %s/%s not in /config_dump workloads", p.Metadata.Namespace, p.Metadata.Name)
 }
 
-// program names what a ztunnel pod runs, from its image: gozt's or the Rust ztunnel.
+// program names what a ztunnel pod runs, from its image: "rust" for the Rust ztunnel's
+// (RS_HUB/ztunnel:RS_TAG under make cluster-migrate, or any image not gozt's), "gozt" for gozt's.
 func program(p pod) string {
-	if len(p.Spec.Containers) > 0 && strings.HasPrefix(p.Spec.Containers[0].Image, "localhost/gozt/") {
-		return "gozt"
+	img := ""
+	if len(p.Spec.Containers) > 0 {
+		img = p.Spec.Containers[0].Image
 	}
-	return "rust"
+	if img == os.Getenv("RS_HUB")+"/ztunnel:"+os.Getenv("RS_TAG") || !strings.HasPrefix(img, "localhost/gozt/") {
+		return "rust"
+	}
+	return "gozt"
 }
 
 // crossNode: the client echoes 1 MiB through the server's Service name (resolved by the
@@ -673,6 +683,18 @@ spec: {mtls: {mode: STRICT}}
 		}
 		return fmt.Errorf("hold: %q", out.String())
 	})
+	// gozt closes it; the Rust ztunnel (make cluster-migrate) was seen to leave it open
+	// (docs/MIGRATING.md), which is logged, not failed, when it serves the server's node.
+	serverProgram := "gozt"
+	if ps, err := pods(ns, "app=server"); err == nil && len(ps) == 1 {
+		if zt, err := onePerNode("istio-system", "app=ztunnel", ps[0].Spec.NodeName); err == nil {
+			serverProgram = program(zt[ps[0].Spec.NodeName])
+		}
+	}
+	wait := 45 * time.Second
+	if serverProgram == "rust" {
+		wait = 10 * time.Second
+	}
 	applied := time.Now()
 	apply(t, deny)
 	select {
@@ -680,11 +702,15 @@ spec: {mtls: {mode: STRICT}}
 		if err == nil || !strings.Contains(out.String(), "closed after") {
 			t.Errorf("open connection under a new DENY: %v: %s", err, out.String())
 		} else {
-			t.Logf("open connection closed %.1fs after the DENY was applied: %s", time.Since(applied).Seconds(), strings.TrimSpace(out.String()))
+			t.Logf("open connection closed %.1fs after the DENY was applied (server's node: %s): %s", time.Since(applied).Seconds(), serverProgram, strings.TrimSpace(out.String()))
 		}
-	case <-time.After(45 * time.Second):
+	case <-time.After(wait):
 		cmd.Process.Kill()
-		t.Errorf("open connection still open 45s after a DENY of its identity: %s", out.String())
+		if serverProgram == "rust" {
+			t.Logf("DIFFERENCE: the Rust ztunnel serving the server's node left an open connection open %s after a DENY of its identity (new connections refused); gozt closes it", wait)
+		} else {
+			t.Errorf("open connection still open %s after a DENY of its identity: %s", wait, out.String())
+		}
 	}
 	must(t, "kubectl", "-n", ns, "delete", "authorizationpolicy", "deny-client")
 	eventually(t, "traffic again", time.Minute, works(ns, ns))

@@ -200,7 +200,7 @@ func (m *migration) waitReady(node, prog string) {
 			return err
 		}
 		for _, p := range on {
-			if program(p) == prog && p.ready() && (prog == "gozt" || p.Spec.Containers[0].Image == m.rsImage) {
+			if program(p) == prog && p.ready() {
 				return nil
 			}
 		}
