@@ -135,7 +135,7 @@ cluster-migrate:
 
 cluster-migrate-run: cluster-images
 	deploy/cluster/peerimage.sh $(ZTUNNEL_RS) $(RS_IMAGE) $(CLUSTER_IMAGES)/peer/ztunnel-rs.tar
-	@if [ -s .tmp/cluster/record ]; then $(MAKE) --no-print-directory cluster-load IMAGE=$(CLUSTER_IMAGES)/peer/ztunnel-rs.tar; else \
+	@if [ -s .tmp/cluster/record ]; then for i in peer/ztunnel-rs app ztunnel-v1/ztunnel; do $(MAKE) --no-print-directory cluster-load IMAGE=$(CLUSTER_IMAGES)/$$i.tar || exit 1; done; else \
 		CLUSTER_IMAGES=$(CLUSTER_IMAGES) deploy/cluster/up.sh && \
 		$(MAKE) --no-print-directory cluster-load IMAGE=$(CLUSTER_IMAGES)/peer/ztunnel-rs.tar && \
 		deploy/cluster/istio.sh $(ISTIO_DIR)/manifests/charts $(ISTIO_HUB) $(ISTIO_VERSION) $(RS_HUB) $(RS_TAG); fi

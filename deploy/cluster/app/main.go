@@ -15,7 +15,8 @@
 //	app traffic ADDR STREAMS   until stdin ends: app echo of 10000 bytes on a new connection every
 //	                           50 ms, and STREAMS long-lived connections each echoing 16 KiB every
 //	                           50 ms (a broken one is counted and dialed again); prints "streaming"
-//	                           once all are open, then at the end one line of counts (trafficReport)
+//	                           once all are open, then at the end one line of counts and the
+//	                           slowest request (trafficReport)
 package main
 
 import (
@@ -289,7 +290,7 @@ func resolve(name, dur string) error {
 }
 
 // trafficReport is what app traffic prints at the end, one line, for the cluster tests to parse.
-const trafficReport = "requests %d failed %d streams %d broken %d redials-failed %d streamed %d first-error %q\n"
+const trafficReport = "requests %d failed %d slowest-ms %d streams %d broken %d redials-failed %d streamed %d request-errors %q stream-error %q\n"
 
 // traffic runs a request loop and long-lived streams together until stdin ends.
 func traffic(addr string, streams int) error {
@@ -298,10 +299,14 @@ func traffic(addr string, streams int) error {
 	var mu sync.Mutex
 	var requests, failed, broken, redialFailed int
 	var streamed int64
-	var first string
+	var slowest time.Duration
+	var reqErrs, streamErr string // the first three failed requests, the first broken stream
 	note := func(what string, err error) {
-		if first == "" {
-			first = fmt.Sprintf("%s %s: %v", time.Now().UTC().Format(time.RFC3339Nano), what, err)
+		e := fmt.Sprintf("%s %s: %v", time.Now().UTC().Format(time.RFC3339Nano), what, err)
+		if what == "request" && failed <= 3 {
+			reqErrs += e + "; "
+		} else if what != "request" && streamErr == "" {
+			streamErr = e
 		}
 	}
 	var wg sync.WaitGroup
@@ -354,8 +359,10 @@ func traffic(addr string, streams int) error {
 			continue
 		case <-time.After(50 * time.Millisecond):
 		}
+		t0 := time.Now()
 		err := echo(addr, 10000)
 		mu.Lock()
+		slowest = max(slowest, time.Since(t0))
 		requests++
 		if err != nil {
 			failed++
@@ -364,7 +371,7 @@ func traffic(addr string, streams int) error {
 		mu.Unlock()
 	}
 	wg.Wait()
-	fmt.Printf(trafficReport, requests, failed, streams, broken, redialFailed, streamed, first)
+	fmt.Printf(trafficReport, requests, failed, slowest.Milliseconds(), streams, broken, redialFailed, streamed, reqErrs, streamErr)
 	return nil
 }
 
