@@ -94,6 +94,8 @@ func eventually(t *testing.T, what string, d time.Duration, f func() error) {
 type pod struct {
 	Metadata struct {
 		Name, Namespace, UID string
+		CreationTimestamp    time.Time
+		DeletionTimestamp    *time.Time
 		Annotations          map[string]string
 		Labels               map[string]string
 	}

@@ -371,12 +371,14 @@ func (m *migration) measure(name string, nodes []string, baseline bool, f func()
 }
 
 // enrolled: every pod of both namespaces annotated by istio-cni and Up in the workloadState
-// of the one ztunnel its node runs now (istio-cni's snapshot reconciled by the new program),
-// and reachable through it.
+// of its node's newest ztunnel (the one istio-cni hands pods to: with two on a node, the
+// program that came last; istio-cni's snapshot reconciled by it), and reachable.
 func (m *migration) enrolled(t *testing.T) {
-	zt, err := onePerNode("istio-system", "app=ztunnel", "node1", "node2")
-	if err != nil {
-		t.Fatal(err)
+	zt := map[string]pod{}
+	for _, p := range m.ztunnels() {
+		if cur, ok := zt[p.Spec.NodeName]; p.ready() && p.Metadata.DeletionTimestamp == nil && (!ok || p.Metadata.CreationTimestamp.After(cur.Metadata.CreationTimestamp)) {
+			zt[p.Spec.NodeName] = p
+		}
 	}
 	admin := map[string]string{}
 	for _, namespace := range []string{ns, revNS} {
