@@ -7,7 +7,7 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 RUN_DIR   ?= .tmp/run
 
-.PHONY: all build image helm kube-apiserver kubectl istio-tools coredns cluster-tools cluster-images cluster-up cluster-check cluster-down cluster-load cluster-rss manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale bench-pods bench-conns
+.PHONY: all build image helm kube-apiserver kubectl istio-tools coredns cluster-tools cluster-images cluster-up cluster-check cluster-migrate cluster-migrate-run cluster-down cluster-load cluster-rss manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale bench-pods bench-conns
 
 all: build
 
@@ -117,6 +117,30 @@ cluster-check:
 
 cluster-down:
 	deploy/cluster/down.sh
+
+# Migration under live traffic (docs/MIGRATING.md, issue 45): Istio ambient with the Rust
+# ztunnel on both nodes, switched to gozt node by node and rolled back, under traffic.
+# Needs root and the Rust ztunnel's binary, which this repo never builds or keeps: it is
+# wrapped into an image at test time (deploy/cluster/peerimage.sh) and imported into both
+# nodes. Brings a cluster up first if none is (with the Rust ztunnel as its ztunnel) and leaves
+# it up (make cluster-down). Not part of make check or CI (no Rust binary there).
+#   make cluster-migrate ZTUNNEL_RS=/path/to/ztunnel
+RS_HUB   = localhost/ztunnel-rs
+RS_TAG   = peer-$(shell sha256sum $(ZTUNNEL_RS) 2>/dev/null | cut -c1-12)
+RS_IMAGE = $(RS_HUB)/ztunnel:$(RS_TAG)
+cluster-migrate:
+	@if [ -z "$(ZTUNNEL_RS)" ]; then echo "cluster-migrate: SKIPPED: needs the Rust ztunnel's binary: make cluster-migrate ZTUNNEL_RS=/path/to/ztunnel"; \
+	elif [ "$$(id -u)" != 0 ]; then echo "cluster-migrate: SKIPPED: needs root"; \
+	else $(MAKE) --no-print-directory cluster-migrate-run; fi
+
+cluster-migrate-run: cluster-images
+	deploy/cluster/peerimage.sh $(ZTUNNEL_RS) $(RS_IMAGE) $(CLUSTER_IMAGES)/peer/ztunnel-rs.tar
+	@if [ -s .tmp/cluster/record ]; then for i in peer/ztunnel-rs app ztunnel-v1/ztunnel; do $(MAKE) --no-print-directory cluster-load IMAGE=$(CLUSTER_IMAGES)/$$i.tar || exit 1; done; else \
+		CLUSTER_IMAGES=$(CLUSTER_IMAGES) deploy/cluster/up.sh && \
+		$(MAKE) --no-print-directory cluster-load IMAGE=$(CLUSTER_IMAGES)/peer/ztunnel-rs.tar && \
+		deploy/cluster/istio.sh $(ISTIO_DIR)/manifests/charts $(ISTIO_HUB) $(ISTIO_VERSION) $(RS_HUB) $(RS_TAG); fi
+	ISTIO_CHARTS=$(ISTIO_DIR)/manifests/charts CLUSTER_MIGRATE=1 RS_HUB=$(RS_HUB) RS_TAG=$(RS_TAG) $(GO) test -count=1 -v -timeout 40m -run '^TestMigrate$$' ./deploy/clustertest
+
 
 # Resident memory of every process and container of the cluster.
 cluster-rss:

@@ -30,10 +30,14 @@ var root, kubeconfig string
 
 func tool(name string) string { return filepath.Join(root, ".tools", name) }
 
-func setup(t *testing.T) {
+func setup(t *testing.T) { setupFor(t, "CLUSTER_CHECK", "make cluster-check") }
+
+// setupFor skips unless env is 1 (set by the make target named), the test runs as root and
+// the tools and a cluster are there.
+func setupFor(t *testing.T, env, target string) {
 	t.Helper()
-	if os.Getenv("CLUSTER_CHECK") != "1" {
-		t.Skip("clustertest: SKIPPED: runs against a cluster from make cluster-up, with make cluster-check (CLUSTER_CHECK=1)")
+	if os.Getenv(env) != "1" {
+		t.Skipf("clustertest: SKIPPED: runs against a cluster from make cluster-up, with %s (%s=1)", target, env)
 	}
 	if os.Geteuid() != 0 {
 		t.Skip("clustertest: SKIPPED: needs root")
@@ -90,6 +94,8 @@ func eventually(t *testing.T, what string, d time.Duration, f func() error) {
 type pod struct {
 	Metadata struct {
 		Name, Namespace, UID string
+		CreationTimestamp    time.Time
+		DeletionTimestamp    *time.Time
 		Annotations          map[string]string
 		Labels               map[string]string
 	}
@@ -204,10 +210,10 @@ func apply(t *testing.T, manifest string) {
 	}
 }
 
-// apps is the scenarios' workloads: an echo server Deployment pinned to node2 behind a
-// Service, and a client pod pinned to node1, each with its own service account (so each has
-// its own SPIFFE identity), in an ambient namespace.
-func apps(namespace, mode string) string {
+// apps is the scenarios' workloads: an echo server Deployment pinned to serverNode behind a
+// Service, and a client pod pinned to clientNode, each with its own service account (so each
+// has its own SPIFFE identity), in an ambient namespace.
+func apps(namespace, mode, serverNode, clientNode string) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Namespace
 metadata: {name: %[1]s, labels: {istio.io/dataplane-mode: %[2]s}}
@@ -230,7 +236,7 @@ spec:
     metadata: {labels: {app: server}}
     spec:
       serviceAccountName: server
-      nodeSelector: {kubernetes.io/hostname: node2}
+      nodeSelector: {kubernetes.io/hostname: %[3]s}
       terminationGracePeriodSeconds: 2
       containers:
       - name: server
@@ -252,14 +258,14 @@ kind: Pod
 metadata: {name: client, namespace: %[1]s, labels: {app: client}}
 spec:
   serviceAccountName: client
-  nodeSelector: {kubernetes.io/hostname: node1}
+  nodeSelector: {kubernetes.io/hostname: %[4]s}
   terminationGracePeriodSeconds: 1
   containers:
   - name: client
     image: localhost/gozt/app:v1
     imagePullPolicy: Never
     args: [pause]
-`, namespace, mode)
+`, namespace, mode, serverNode, clientNode)
 }
 
 // echo runs the app's echo client in the client pod of namespace and checks what it prints.
@@ -322,186 +328,37 @@ func TestCluster(t *testing.T) {
 	var zt map[string]pod
 
 	if !t.Run("1-ready", func(t *testing.T) {
-		eventually(t, "nodes Ready", 2*time.Minute, func() error {
-			out, err := kubectl("get", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status} {end}`)
-			if err != nil {
-				return err
-			}
-			if strings.TrimSpace(out) != "node1=True node2=True" {
-				return fmt.Errorf("nodes: %s", out)
-			}
-			return nil
-		})
-		eventually(t, "istiod Ready", 3*time.Minute, func() error {
-			ps, err := pods("istio-system", "app=istiod")
-			if err != nil {
-				return err
-			}
-			if len(ps) != 1 || !ps[0].ready() {
-				return fmt.Errorf("istiod pods: %d, want 1 Ready", len(ps))
-			}
-			return nil
-		})
-		eventually(t, "istio-cni on both nodes Ready", 3*time.Minute, func() error {
-			_, err := onePerNode("istio-system", "k8s-app=istio-cni-node", nodes...)
-			return err
-		})
-		eventually(t, "ztunnel (gozt) on both nodes Ready", 3*time.Minute, func() error {
-			var err error
-			zt, err = onePerNode("istio-system", "app=ztunnel", nodes...)
-			return err
-		})
+		zt = clusterReady(t, nodes)
 		for n, p := range zt {
 			if img := p.Spec.Containers[0].Image; !strings.HasPrefix(img, "localhost/gozt/ztunnel:") {
 				t.Errorf("ztunnel on %s runs %s, not gozt's image", n, img)
 			}
 		}
-		eventually(t, "coredns Ready", 2*time.Minute, func() error {
-			_, err := onePerNode("kube-system", "k8s-app=kube-dns")
-			return err
-		})
-		// A run before this one deletes its namespaces without waiting: wait for them to go.
-		must(t, "kubectl", "delete", "namespace", ns, "zt-plain", "--ignore-not-found", "--wait=true", "--timeout=3m")
-		apply(t, apps(ns, "ambient"))
-		eventually(t, "apps Ready", 3*time.Minute, func() error {
-			ps, err := pods(ns, "")
-			if err != nil {
-				return err
-			}
-			if len(ps) != 2 {
-				return fmt.Errorf("%d pods in %s, want 2", len(ps), ns)
-			}
-			for _, p := range ps {
-				if !p.ready() {
-					return fmt.Errorf("%s not Ready (%s)", p.Metadata.Name, p.Status.Phase)
-				}
-			}
-			return nil
-		})
+		appsReady(t, ns, "node2", "node1")
 	}) {
 		t.FailNow()
 	}
 
 	var client, server pod
 	t.Run("2-enrolled", func(t *testing.T) {
-		ps, err := pods(ns, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range ps {
-			if got := p.Metadata.Annotations["ambient.istio.io/redirection"]; got != "enabled" {
-				t.Errorf("%s: annotation ambient.istio.io/redirection = %q, want enabled (istio-cni did not enroll it)", p.Metadata.Name, got)
-			}
-			switch p.Metadata.Labels["app"] {
-			case "client":
-				client = p
-			case "server":
-				server = p
-			}
-		}
+		client, server = enrolled(t, zt, ns)
 		if client.Spec.NodeName != "node1" || server.Spec.NodeName != "node2" {
 			t.Fatalf("client on %q, server on %q: want node1 and node2", client.Spec.NodeName, server.Spec.NodeName)
 		}
-		for _, c := range []struct {
-			p    pod
-			node string
-		}{{client, "node1"}, {server, "node2"}} {
-			admin := forward(t, zt[c.node], 15000)
-			eventually(t, c.p.Metadata.Name+" Up in gozt's workloadState on "+c.node, time.Minute, func() error {
-				body, err := get("http://" + admin + "/config_dump")
-				if err != nil {
-					return err
-				}
-				var d configDump
-				if err := json.Unmarshal([]byte(body), &d); err != nil {
-					return err
-				}
-				ws, ok := d.WorkloadState[c.p.Metadata.UID]
-				if !ok || ws.State != "Up" || ws.Info.Name != c.p.Metadata.Name {
-					return fmt.Errorf("workloadState[%s] = %+v (present %v)", c.p.Metadata.UID, ws, ok)
-				}
-				for _, w := range d.Workloads {
-					if w.Name == c.p.Metadata.Name && w.Namespace == ns {
-						if w.Protocol != "HBONE" {
-							return fmt.Errorf("workload %s protocol %q, want HBONE", w.Name, w.Protocol)
-						}
-						return nil
-					}
-				}
-				return fmt.Errorf("workload %s/%s not in /config_dump workloads", ns, c.p.Metadata.Name)
-			})
-		}
-		eventually(t, "istioctl ztunnel-config workloads shows both HBONE", time.Minute, func() error {
-			out, err := run("istioctl", "ztunnel-config", "workloads", "-n", "istio-system")
-			if err != nil {
-				return err
-			}
-			for _, p := range []pod{client, server} {
-				re := regexp.MustCompile(`(?m)^` + ns + `\s+` + regexp.QuoteMeta(p.Metadata.Name) + `\s.*\sHBONE\s*$`)
-				if !re.MatchString(out) {
-					return fmt.Errorf("no HBONE row for %s in:\n%s", p.Metadata.Name, out)
-				}
-			}
-			return nil
-		})
 	})
 
 	t.Run("3-cross-node-hbone", func(t *testing.T) {
 		if client.Metadata.UID == "" {
 			t.Skip("needs 2-enrolled's pods")
 		}
-		host := "server." + ns + ".svc.cluster.local:8080"
-		const n = 1 << 20
-		eventually(t, "client on node1 echoes 1 MiB through server."+ns+".svc.cluster.local", time.Minute, func() error {
-			return echo(ns, host, n)
-		})
-		src := "spiffe://cluster.local/ns/" + ns + "/sa/client"
-		dst := "spiffe://cluster.local/ns/" + ns + "/sa/server"
-		for _, c := range []struct{ node, reporter string }{{"node1", "source"}, {"node2", "destination"}} {
-			stats := forward(t, zt[c.node], 15020)
-			eventually(t, "istio_tcp metrics on "+c.node+" ("+c.reporter+")", 30*time.Second, func() error {
-				body, err := get("http://" + stats + "/metrics")
-				if err != nil {
-					return err
-				}
-				want := map[string]string{"reporter": c.reporter, "connection_security_policy": "mutual_tls",
-					"source_principal": src, "destination_principal": dst}
-				if v, k := metric(body, "istio_tcp_connections_opened_total", want); k == 0 || v < 1 {
-					return fmt.Errorf("istio_tcp_connections_opened_total%v: %v in %d series", want, v, k)
-				}
-				if v, _ := metric(body, "istio_tcp_received_bytes_total", want); v < n {
-					return fmt.Errorf("istio_tcp_received_bytes_total%v = %v, want >= %d", want, v, n)
-				}
-				if v, _ := metric(body, "istio_tcp_sent_bytes_total", want); v < n {
-					return fmt.Errorf("istio_tcp_sent_bytes_total%v = %v, want >= %d", want, v, n)
-				}
-				return nil
-			})
-			if c.node == "node1" {
-				// istio-cni's in-pod rules send the client's DNS to gozt's proxy (15053),
-				// which answers the service's name from xDS.
-				body, err := get("http://" + stats + "/metrics")
-				if err != nil {
-					t.Fatal(err)
-				}
-				if v, k := metric(body, "istio_dns_requests_total", nil); v < 1 {
-					t.Errorf("istio_dns_requests_total on node1 = %v (%d series): the client's DNS did not go through gozt", v, k)
-				} else {
-					t.Logf("gozt's DNS proxy on node1 answered %v requests", v)
-				}
-			}
-			logs := must(t, "kubectl", "-n", "istio-system", "logs", zt[c.node].Metadata.Name)
-			if !strings.Contains(logs, src) || !strings.Contains(logs, dst) {
-				t.Errorf("ztunnel on %s: no access log naming %s and %s", c.node, src, dst)
-			}
-		}
+		crossNode(t, zt, ns, client, server)
 	})
 
 	t.Run("4-policy", func(t *testing.T) {
 		if client.Metadata.UID == "" {
 			t.Skip("needs 2-enrolled's pods")
 		}
-		policy(t, client, server)
+		policy(t, ns)
 	})
 	t.Run("5-scale", func(t *testing.T) {
 		if client.Metadata.UID == "" {
@@ -529,24 +386,232 @@ func TestCluster(t *testing.T) {
 	})
 }
 
-const echoAddr = "server." + ns + ".svc.cluster.local:8080"
+// clusterReady waits for both nodes Ready, istiod, istio-cni and one ztunnel per node (whichever
+// program it runs) and CoreDNS; it returns the ztunnel pods by node.
+func clusterReady(t *testing.T, nodes []string) map[string]pod {
+	t.Helper()
+	eventually(t, "nodes Ready", 2*time.Minute, func() error {
+		out, err := kubectl("get", "nodes", "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status} {end}`)
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(out) != "node1=True node2=True" {
+			return fmt.Errorf("nodes: %s", out)
+		}
+		return nil
+	})
+	eventually(t, "istiod Ready", 3*time.Minute, func() error {
+		ps, err := pods("istio-system", "app=istiod")
+		if err != nil {
+			return err
+		}
+		if len(ps) != 1 || !ps[0].ready() {
+			return fmt.Errorf("istiod pods: %d, want 1 Ready", len(ps))
+		}
+		return nil
+	})
+	eventually(t, "istio-cni on both nodes Ready", 3*time.Minute, func() error {
+		_, err := onePerNode("istio-system", "k8s-app=istio-cni-node", nodes...)
+		return err
+	})
+	var zt map[string]pod
+	eventually(t, "ztunnel on both nodes Ready", 3*time.Minute, func() error {
+		var err error
+		zt, err = onePerNode("istio-system", "app=ztunnel", nodes...)
+		return err
+	})
+	eventually(t, "coredns Ready", 2*time.Minute, func() error {
+		_, err := onePerNode("kube-system", "k8s-app=kube-dns")
+		return err
+	})
+	return zt
+}
 
-func fails(namespace string) func() error {
+// appsReady (re)creates apps(namespace, ...) and waits for its two pods to be Ready.
+func appsReady(t *testing.T, namespace, serverNode, clientNode string) {
+	t.Helper()
+	// A run before this one deletes its namespaces without waiting: wait for them to go.
+	must(t, "kubectl", "delete", "namespace", namespace, namespace+"-plain", "--ignore-not-found", "--wait=true", "--timeout=3m")
+	apply(t, apps(namespace, "ambient", serverNode, clientNode))
+	eventually(t, namespace+" apps Ready", 3*time.Minute, func() error {
+		ps, err := pods(namespace, "")
+		if err != nil {
+			return err
+		}
+		if len(ps) != 2 {
+			return fmt.Errorf("%d pods in %s, want 2", len(ps), namespace)
+		}
+		for _, p := range ps {
+			if !p.ready() {
+				return fmt.Errorf("%s not Ready (%s)", p.Metadata.Name, p.Status.Phase)
+			}
+		}
+		return nil
+	})
+}
+
+// enrolled: istio-cni annotated namespace's pods, the ztunnel of each pod's node has it Up in
+// its workloadState (/config_dump, a field gozt and the Rust ztunnel share) with protocol
+// HBONE, and istioctl ztunnel-config workloads shows both HBONE. It returns the client and
+// server pods.
+func enrolled(t *testing.T, zt map[string]pod, namespace string) (client, server pod) {
+	t.Helper()
+	ps, err := pods(namespace, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if got := p.Metadata.Annotations["ambient.istio.io/redirection"]; got != "enabled" {
+			t.Errorf("%s: annotation ambient.istio.io/redirection = %q, want enabled (istio-cni did not enroll it)", p.Metadata.Name, got)
+		}
+		switch p.Metadata.Labels["app"] {
+		case "client":
+			client = p
+		case "server":
+			server = p
+		}
+	}
+	for _, p := range []pod{client, server} {
+		node := p.Spec.NodeName
+		admin := forward(t, zt[node], 15000)
+		eventually(t, p.Metadata.Name+" Up in the workloadState of "+program(zt[node])+" on "+node, time.Minute, func() error {
+			return workloadUp(admin, p)
+		})
+	}
+	// istioctl asks each node's ztunnel (by name: with two programs in the cluster it must
+	// read both kinds of config dump).
+	for _, node := range []string{client.Spec.NodeName, server.Spec.NodeName} {
+		z := zt[node].Metadata.Name + ".istio-system"
+		eventually(t, "istioctl ztunnel-config workloads "+z+" ("+program(zt[node])+") shows both HBONE", time.Minute, func() error {
+			out, err := run("istioctl", "ztunnel-config", "workloads", z)
+			if err != nil {
+				return err
+			}
+			for _, p := range []pod{client, server} {
+				re := regexp.MustCompile(`(?m)^` + namespace + `\s+` + regexp.QuoteMeta(p.Metadata.Name) + `\s.*\sHBONE\s*$`)
+				if !re.MatchString(out) {
+					return fmt.Errorf("no HBONE row for %s in:\n%s", p.Metadata.Name, out)
+				}
+			}
+			return nil
+		})
+	}
+	return client, server
+}
+
+// workloadUp checks that the ztunnel whose admin port is at admin has p Up in its
+// workloadState and its workload with protocol HBONE.
+func workloadUp(admin string, p pod) error {
+	body, err := get("http://" + admin + "/config_dump")
+	if err != nil {
+		return err
+	}
+	var d configDump
+	if err := json.Unmarshal([]byte(body), &d); err != nil {
+		return err
+	}
+	ws, ok := d.WorkloadState[p.Metadata.UID]
+	if !ok || ws.State != "Up" || ws.Info.Name != p.Metadata.Name {
+		return fmt.Errorf("workloadState[%s] = %+v (present %v)", p.Metadata.UID, ws, ok)
+	}
+	for _, w := range d.Workloads {
+		if w.Name == p.Metadata.Name && w.Namespace == p.Metadata.Namespace {
+			if w.Protocol != "HBONE" {
+				return fmt.Errorf("workload %s protocol %q, want HBONE", w.Name, w.Protocol)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("workload %s/%s not in /config_dump workloads", p.Metadata.Namespace, p.Metadata.Name)
+}
+
+// program names what a ztunnel pod runs, from its image: "rust" for the Rust ztunnel's
+// (RS_HUB/ztunnel:RS_TAG under make cluster-migrate, or any image not gozt's), "gozt" for gozt's.
+func program(p pod) string {
+	img := ""
+	if len(p.Spec.Containers) > 0 {
+		img = p.Spec.Containers[0].Image
+	}
+	if img == os.Getenv("RS_HUB")+"/ztunnel:"+os.Getenv("RS_TAG") || !strings.HasPrefix(img, "localhost/gozt/") {
+		return "rust"
+	}
+	return "gozt"
+}
+
+// crossNode: the client echoes 1 MiB through the server's Service name (resolved by the
+// client node's ztunnel DNS proxy); both ztunnels' istio_tcp metrics and access logs show the
+// connection with both identities, over mutual TLS.
+func crossNode(t *testing.T, zt map[string]pod, namespace string, client, server pod) {
+	t.Helper()
+	host := "server." + namespace + ".svc.cluster.local:8080"
+	const n = 1 << 20
+	eventually(t, "client on "+client.Spec.NodeName+" echoes 1 MiB through "+host, time.Minute, func() error {
+		return echo(namespace, host, n)
+	})
+	src := "spiffe://cluster.local/ns/" + namespace + "/sa/client"
+	dst := "spiffe://cluster.local/ns/" + namespace + "/sa/server"
+	for _, c := range []struct{ node, reporter string }{{client.Spec.NodeName, "source"}, {server.Spec.NodeName, "destination"}} {
+		stats := forward(t, zt[c.node], 15020)
+		eventually(t, "istio_tcp metrics on "+c.node+" ("+program(zt[c.node])+", "+c.reporter+")", 30*time.Second, func() error {
+			body, err := get("http://" + stats + "/metrics")
+			if err != nil {
+				return err
+			}
+			want := map[string]string{"reporter": c.reporter, "connection_security_policy": "mutual_tls",
+				"source_principal": src, "destination_principal": dst}
+			if v, k := metric(body, "istio_tcp_connections_opened_total", want); k == 0 || v < 1 {
+				return fmt.Errorf("istio_tcp_connections_opened_total%v: %v in %d series", want, v, k)
+			}
+			if v, _ := metric(body, "istio_tcp_received_bytes_total", want); v < n {
+				return fmt.Errorf("istio_tcp_received_bytes_total%v = %v, want >= %d", want, v, n)
+			}
+			if v, _ := metric(body, "istio_tcp_sent_bytes_total", want); v < n {
+				return fmt.Errorf("istio_tcp_sent_bytes_total%v = %v, want >= %d", want, v, n)
+			}
+			return nil
+		})
+		if c.reporter == "source" {
+			// istio-cni's in-pod rules send the client's DNS to the ztunnel's proxy (15053),
+			// which answers the service's name from xDS.
+			body, err := get("http://" + stats + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v, k := metric(body, "istio_dns_requests_total", nil); v < 1 {
+				t.Errorf("istio_dns_requests_total on %s = %v (%d series): the client's DNS did not go through the ztunnel", c.node, v, k)
+			} else {
+				t.Logf("the DNS proxy of %s on %s answered %v requests", program(zt[c.node]), c.node, v)
+			}
+		}
+		logs := must(t, "kubectl", "-n", "istio-system", "logs", zt[c.node].Metadata.Name)
+		if !strings.Contains(logs, src) || !strings.Contains(logs, dst) {
+			t.Errorf("ztunnel on %s (%s): no access log naming %s and %s", c.node, program(zt[c.node]), src, dst)
+		}
+	}
+}
+
+// addr is the echo server's Service address in namespace.
+func addr(namespace string) string { return "server." + namespace + ".svc.cluster.local:8080" }
+
+// fails and works: the client pod in namespace from echoes through the Service of to.
+func fails(from, to string) func() error {
 	return func() error {
-		if err := echo(namespace, echoAddr, 1000); err == nil {
-			return fmt.Errorf("echo from %s succeeded", namespace)
+		if err := echo(from, addr(to), 1000); err == nil {
+			return fmt.Errorf("echo from %s succeeded", from)
 		}
 		return nil
 	}
 }
 
-func works(namespace string) func() error {
-	return func() error { return echo(namespace, echoAddr, 1000) }
+func works(from, to string) func() error {
+	return func() error { return echo(from, addr(to), 1000) }
 }
 
 // policy: AuthorizationPolicy DENY and ALLOW, PeerAuthentication STRICT against a client
-// outside the mesh, and a DENY applied while a connection is open, which closes it.
-func policy(t *testing.T, client, server pod) {
+// outside the mesh, and a DENY applied while a connection is open, which closes it; for the
+// client and server of apps in namespace ns (the parameter shadows the package's constant).
+func policy(t *testing.T, ns string) {
+	t.Helper()
 	deny := `apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy
 metadata: {name: deny-client, namespace: ` + ns + `}
@@ -566,17 +631,18 @@ spec:
 `
 	}
 	apply(t, deny)
-	eventually(t, "DENY of the client's identity enforced", time.Minute, fails(ns))
+	eventually(t, "DENY of the client's identity enforced", time.Minute, fails(ns, ns))
 	must(t, "kubectl", "-n", ns, "delete", "authorizationpolicy", "deny-client")
-	eventually(t, "DENY removed: traffic again", time.Minute, works(ns))
+	eventually(t, "DENY removed: traffic again", time.Minute, works(ns, ns))
 	apply(t, allow("nobody"))
-	eventually(t, "ALLOW of another identity only: client refused", time.Minute, fails(ns))
+	eventually(t, "ALLOW of another identity only: client refused", time.Minute, fails(ns, ns))
 	apply(t, allow("client"))
-	eventually(t, "ALLOW of the client's identity: traffic again", time.Minute, works(ns))
+	eventually(t, "ALLOW of the client's identity: traffic again", time.Minute, works(ns, ns))
 	must(t, "kubectl", "-n", ns, "delete", "authorizationpolicy", "allow")
 
 	// A pod outside the mesh: plaintext reaches the server until STRICT.
-	const plain = "zt-plain"
+	plain := ns + "-plain"
+	must(t, "kubectl", "delete", "namespace", plain, "--ignore-not-found", "--wait=true", "--timeout=3m") // a run before this one may have left it terminating
 	t.Cleanup(func() { kubectl("delete", "namespace", plain, "--wait=false") })
 	apply(t, `apiVersion: v1
 kind: Namespace
@@ -591,20 +657,20 @@ spec:
   containers: [{name: client, image: "localhost/gozt/app:v1", imagePullPolicy: Never, args: [pause]}]
 `)
 	must(t, "kubectl", "-n", plain, "wait", "--for=condition=Ready", "pod/client", "--timeout=2m")
-	eventually(t, "plaintext from outside the mesh accepted (PERMISSIVE)", time.Minute, works(plain))
+	eventually(t, "plaintext from outside the mesh accepted (PERMISSIVE)", time.Minute, works(plain, ns))
 	apply(t, `apiVersion: security.istio.io/v1
 kind: PeerAuthentication
 metadata: {name: strict, namespace: `+ns+`}
 spec: {mtls: {mode: STRICT}}
 `)
-	eventually(t, "PeerAuthentication STRICT refuses plaintext", time.Minute, fails(plain))
-	if err := echo(ns, echoAddr, 1000); err != nil {
+	eventually(t, "PeerAuthentication STRICT refuses plaintext", time.Minute, fails(plain, ns))
+	if err := echo(ns, addr(ns), 1000); err != nil {
 		t.Errorf("STRICT: mesh client refused too: %v", err)
 	}
 	must(t, "kubectl", "-n", ns, "delete", "peerauthentication", "strict")
 
 	// A policy that denies an open connection closes it.
-	cmd := exec.Command(tool("kubectl"), "-n", ns, "exec", "client", "--", "/app", "hold", echoAddr, "60s")
+	cmd := exec.Command(tool("kubectl"), "-n", ns, "exec", "client", "--", "/app", "hold", addr(ns), "60s")
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
 	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -619,6 +685,18 @@ spec: {mtls: {mode: STRICT}}
 		}
 		return fmt.Errorf("hold: %q", out.String())
 	})
+	// gozt closes it; the Rust ztunnel (make cluster-migrate) was seen to leave it open
+	// (docs/MIGRATING.md), which is logged, not failed, when it serves the server's node.
+	serverProgram := "gozt"
+	if ps, err := pods(ns, "app=server"); err == nil && len(ps) == 1 {
+		if zt, err := onePerNode("istio-system", "app=ztunnel", ps[0].Spec.NodeName); err == nil {
+			serverProgram = program(zt[ps[0].Spec.NodeName])
+		}
+	}
+	wait := 45 * time.Second
+	if serverProgram == "rust" {
+		wait = 10 * time.Second
+	}
 	applied := time.Now()
 	apply(t, deny)
 	select {
@@ -626,14 +704,18 @@ spec: {mtls: {mode: STRICT}}
 		if err == nil || !strings.Contains(out.String(), "closed after") {
 			t.Errorf("open connection under a new DENY: %v: %s", err, out.String())
 		} else {
-			t.Logf("open connection closed %.1fs after the DENY was applied: %s", time.Since(applied).Seconds(), strings.TrimSpace(out.String()))
+			t.Logf("open connection closed %.1fs after the DENY was applied (server's node: %s): %s", time.Since(applied).Seconds(), serverProgram, strings.TrimSpace(out.String()))
 		}
-	case <-time.After(45 * time.Second):
+	case <-time.After(wait):
 		cmd.Process.Kill()
-		t.Errorf("open connection still open 45s after a DENY of its identity: %s", out.String())
+		if serverProgram == "rust" {
+			t.Logf("DIFFERENCE: the Rust ztunnel serving the server's node left an open connection open %s after a DENY of its identity (new connections refused); gozt closes it", wait)
+		} else {
+			t.Errorf("open connection still open %s after a DENY of its identity: %s", wait, out.String())
+		}
 	}
 	must(t, "kubectl", "-n", ns, "delete", "authorizationpolicy", "deny-client")
-	eventually(t, "traffic again", time.Minute, works(ns))
+	eventually(t, "traffic again", time.Minute, works(ns, ns))
 }
 
 // syncBuffer is a bytes.Buffer a command writes while the test reads it.
@@ -715,7 +797,7 @@ func scale(t *testing.T, zt2 pod) {
 		}
 		return nil
 	})
-	eventually(t, "service traffic after the scale-down", time.Minute, works(ns))
+	eventually(t, "service traffic after the scale-down", time.Minute, works(ns, ns))
 }
 
 // upPods checks that exactly want of the pods in uids are in workloadState, all Up.
@@ -747,7 +829,7 @@ func upPods(admin string, uids map[string]bool, want int) error {
 // loop starts the app's request loop (a new connection every 50 ms through the service)
 // in the client pod; the returned func ends it, waits for it and returns its output and error.
 func loop(t *testing.T) func() (string, error) {
-	cmd := exec.Command(tool("kubectl"), "-n", ns, "exec", "-i", "client", "--", "/app", "loop", echoAddr, "10000", "stdin")
+	cmd := exec.Command(tool("kubectl"), "-n", ns, "exec", "-i", "client", "--", "/app", "loop", addr(ns), "10000", "stdin")
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -853,7 +935,7 @@ func upgrade(t *testing.T) {
 	start := time.Now()
 	must(t, "kubectl", "-n", "istio-system", "delete", "pod", cur["node1"].Metadata.Name, "--wait=false")
 	// docs/CLUSTER.md states 30 s (measured: about 2 s).
-	eventually(t, "new connections after the ztunnel pod on node1 was deleted", 30*time.Second, works(ns))
+	eventually(t, "new connections after the ztunnel pod on node1 was deleted", 30*time.Second, works(ns, ns))
 	t.Logf("ztunnel pod deleted: new connections worked again after %.1fs", time.Since(start).Seconds())
 	ztunnelPods(t)
 	ps, err := pods(ns, "")

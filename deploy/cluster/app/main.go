@@ -12,6 +12,11 @@
 //	app resolve NAME DUR       look NAME up every 10 ms for DUR; prints "ok N" or "fail N of M: ..."
 //	app hold ADDR DUR          one connection, a byte echoed every 100 ms for DUR; prints "held"
 //	                           or exits 1 with "closed after Xs: error" when the connection ends
+//	app traffic ADDR STREAMS   until stdin ends: app echo of 10000 bytes on a new connection every
+//	                           50 ms, and STREAMS long-lived connections each echoing 16 KiB every
+//	                           50 ms (a broken one is counted and dialed again); prints "streaming"
+//	                           once all are open, then at the end one line of counts and the
+//	                           slowest request (trafficReport)
 package main
 
 import (
@@ -25,6 +30,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -70,6 +76,15 @@ func main() {
 			usage()
 		}
 		err = resolve(os.Args[2], os.Args[3])
+	case "traffic":
+		if len(os.Args) != 4 {
+			usage()
+		}
+		var n int
+		n, err = strconv.Atoi(os.Args[3])
+		if err == nil {
+			err = traffic(os.Args[2], n)
+		}
 	case "hold":
 		if len(os.Args) != 4 {
 			usage()
@@ -85,7 +100,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: app pause | init | serve ADDR | echo ADDR BYTES | loop ADDR BYTES DURATION | resolve NAME DURATION | hold ADDR DURATION")
+	fmt.Fprintln(os.Stderr, "usage: app pause | init | serve ADDR | echo ADDR BYTES | loop ADDR BYTES DURATION | resolve NAME DURATION | hold ADDR DURATION | traffic ADDR STREAMS")
 	os.Exit(2)
 }
 
@@ -272,4 +287,126 @@ func resolve(name, dur string) error {
 	}
 	fmt.Println("ok", total)
 	return nil
+}
+
+// trafficReport is what app traffic prints at the end, one line, for the cluster tests to parse.
+const trafficReport = "requests %d failed %d slowest-ms %d streams %d broken %d redials-failed %d streamed %d request-errors %q stream-error %q\n"
+
+// traffic runs a request loop and long-lived streams together until stdin ends.
+func traffic(addr string, streams int) error {
+	stop := make(chan struct{})
+	go func() { io.Copy(io.Discard, os.Stdin); close(stop) }()
+	var mu sync.Mutex
+	var requests, failed, broken, redialFailed int
+	var streamed int64
+	var slowest time.Duration
+	var reqErrs, streamErr string // the first three failed requests, the first broken stream
+	note := func(what string, err error) {
+		e := fmt.Sprintf("%s %s: %v", time.Now().UTC().Format(time.RFC3339Nano), what, err)
+		if what == "request" && failed <= 3 {
+			reqErrs += e + "; "
+		} else if what != "request" && streamErr == "" {
+			streamErr = e
+		}
+	}
+	var wg sync.WaitGroup
+	opened := make(chan struct{}, streams)
+	for i := 0; i < streams; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			once := false
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				n, err := stream(addr, stop, func() {
+					if !once {
+						once = true
+						opened <- struct{}{}
+					}
+				})
+				mu.Lock()
+				streamed += n
+				if err != nil {
+					if n > 0 {
+						broken++
+						note("stream", err)
+					} else {
+						redialFailed++
+						note("stream dial", err)
+					}
+				}
+				mu.Unlock()
+				if err != nil {
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	go func() {
+		for i := 0; i < streams; i++ {
+			<-opened
+		}
+		fmt.Println("streaming")
+	}()
+	for running := true; running; {
+		select {
+		case <-stop:
+			running = false
+			continue
+		case <-time.After(50 * time.Millisecond):
+		}
+		t0 := time.Now()
+		err := echo(addr, 10000)
+		mu.Lock()
+		slowest = max(slowest, time.Since(t0))
+		requests++
+		if err != nil {
+			failed++
+			note("request", err)
+		}
+		mu.Unlock()
+	}
+	wg.Wait()
+	fmt.Printf(trafficReport, requests, failed, slowest.Milliseconds(), streams, broken, redialFailed, streamed, reqErrs, streamErr)
+	return nil
+}
+
+// stream echoes 16 KiB every 50 ms on one connection until stop (then it returns a nil
+// error) or a failure; it returns the bytes echoed (0: the connection never carried any).
+func stream(addr string, stop <-chan struct{}, up func()) (int64, error) {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	buf, got := make([]byte, 16<<10), make([]byte, 16<<10)
+	var n int64
+	for i := 0; ; i++ {
+		for j := range buf {
+			buf[j] = byte(i + j)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write(buf); err != nil {
+			return n, fmt.Errorf("write after %d bytes: %w", n, err)
+		}
+		if _, err := io.ReadFull(c, got); err != nil {
+			return n, fmt.Errorf("read after %d bytes: %w", n, err)
+		}
+		if !bytes.Equal(got, buf) {
+			return n, fmt.Errorf("corrupt echo after %d bytes", n)
+		}
+		n += int64(len(buf))
+		if i == 0 {
+			up()
+		}
+		select {
+		case <-stop:
+			return n, nil
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
