@@ -55,12 +55,10 @@ func (p *Proxy) handOffParkable(client, server halfCloser, tc *liveConn, sock *n
 	s := &streamCopy{p: p, tc: sock, st: st, resets: !p.cfg.DisableResetPropagation, flip: flip}
 	tc.copy = s
 	remove := p.conns.add(tc)
-	p.sweepAdd(1)
 	s.finish = func(received, sent int64, err error) {
 		done(received, sent, err)
 		server.Close()
 		client.Close()
-		p.sweepAdd(-1)
 		remove()
 		p.conns.wg.Done()
 	}

@@ -26,11 +26,14 @@ type IdlePoller interface {
 	WatchReadable(sc syscall.Conn, ready func()) (cancel func() bool, err error)
 }
 
-// idleSweep is how often the sweep looks for quiet connections; a connection whose client
-// side has sent nothing for between one and two sweeps parks. parkIdle turns parking off
-// (tests and benchmarks compare both). Both are variables for tests.
+// idleSweep is how often the sweep looks for quiet connections among the running ones; a
+// connection whose socket has sent nothing for between one and two sweeps parks. Short, so
+// that a burst of new connections that go quiet does not hold a burst of goroutine stacks
+// (freed stacks stay in the process's resident set, up to the GC's goal): the sweep visits
+// only the copies running, and a busy one pays one woken read per sweep. parkIdle turns
+// parking off (tests and benchmarks compare both). Both are variables for tests.
 var (
-	idleSweep = time.Second
+	idleSweep = 100 * time.Millisecond
 	parkIdle  = true
 )
 
@@ -100,6 +103,9 @@ func (p *Proxy) parkable(client, server halfCloser) (tc *net.TCPConn, st *hbone.
 // ends or parks.
 func (s *streamCopy) start() {
 	s.pending.Store(2)
+	s.mu.Lock()
+	s.p.setRunning(s, true)
+	s.mu.Unlock()
 	if err := s.st.DeliverTo(s.tc, s.downDone); err != nil {
 		s.finish(0, 0, err)
 		return
@@ -143,6 +149,7 @@ func (s *streamCopy) idle(quiet bool) bool {
 	}
 	// ready may already be waiting for mu: it finds the state parked.
 	s.state, s.cancel = copyParked, cancel
+	s.p.setRunning(s, false)
 	return true
 }
 
@@ -155,6 +162,7 @@ func (s *streamCopy) ready() {
 		return
 	}
 	s.state, s.cancel, s.sweeps = copyRunning, nil, 0
+	s.p.setRunning(s, true)
 	s.mu.Unlock()
 	go s.run()
 }
@@ -177,6 +185,7 @@ func (s *streamCopy) unpark() {
 	s.state, s.sweeps = copyRunning, 0
 	cancel := s.cancel
 	s.cancel = nil
+	s.p.setRunning(s, true)
 	s.mu.Unlock()
 	cancel() // if the event took the watch first, its ready finds the state running
 	go s.run()
@@ -205,6 +214,7 @@ func (s *streamCopy) endUp(err error) {
 	s.upErr = err
 	s.mu.Lock()
 	s.state = copyEnded
+	s.p.setRunning(s, false)
 	s.mu.Unlock()
 	if s.pending.Add(-1) == 0 {
 		s.complete()
@@ -260,12 +270,21 @@ func (p *Proxy) idlePoller() IdlePoller {
 	return p.ownPoller
 }
 
-// sweepAdd counts a parkable connection in (+1) or out (-1); the sweep runs while any is.
-func (p *Proxy) sweepAdd(d int) {
-	p.idleMu.Lock()
-	defer p.idleMu.Unlock()
-	p.parkables += d
-	if d > 0 && !p.sweepArmed && !p.idleClosed {
+// setRunning adds a copy to the set the sweep visits (on), or takes it out; called under
+// s.mu at each change of state, so the set follows the state. The sweep runs while the set
+// is not empty.
+func (p *Proxy) setRunning(s *streamCopy, on bool) {
+	p.runMu.Lock()
+	defer p.runMu.Unlock()
+	if !on {
+		delete(p.running, s)
+		return
+	}
+	if p.running == nil {
+		p.running = map[*streamCopy]struct{}{}
+	}
+	p.running[s] = struct{}{}
+	if !p.sweepArmed && !p.sweepStopped {
 		p.sweepArmed = true
 		if p.sweepTimer == nil {
 			p.sweepTimer = time.AfterFunc(idleSweep, p.sweepIdle)
@@ -275,17 +294,23 @@ func (p *Proxy) sweepAdd(d int) {
 	}
 }
 
-// sweepIdle visits every parkable connection (see streamCopy.sweep), then sets itself to run
-// again while any is left.
+// sweepIdle visits every running copy (see streamCopy.sweep), then sets itself to run again
+// while any is left. One runs at a time: only its own end re-arms the timer.
 func (p *Proxy) sweepIdle() {
-	for _, c := range p.conns.snapshot() {
-		if c.copy != nil {
-			c.copy.sweep()
-		}
+	p.runMu.Lock()
+	visit := p.sweepBuf[:0]
+	for s := range p.running {
+		visit = append(visit, s)
 	}
-	p.idleMu.Lock()
-	defer p.idleMu.Unlock()
-	if p.parkables > 0 && !p.idleClosed {
+	p.runMu.Unlock()
+	for _, s := range visit {
+		s.sweep()
+	}
+	clear(visit) // keep no ended copy alive
+	p.runMu.Lock()
+	defer p.runMu.Unlock()
+	p.sweepBuf = visit
+	if len(p.running) > 0 && !p.sweepStopped {
 		p.sweepTimer.Reset(idleSweep)
 	} else {
 		p.sweepArmed = false
@@ -295,11 +320,14 @@ func (p *Proxy) sweepIdle() {
 // closeIdle stops the sweep and closes the proxy's own poller: Shutdown calls it once every
 // connection has ended, so nothing is parked.
 func (p *Proxy) closeIdle() {
-	p.idleMu.Lock()
-	p.idleClosed = true
+	p.runMu.Lock()
+	p.sweepStopped = true
 	if p.sweepTimer != nil {
 		p.sweepTimer.Stop()
 	}
+	p.runMu.Unlock()
+	p.idleMu.Lock()
+	p.idleClosed = true
 	pp := p.ownPoller
 	p.ownPoller = nil
 	p.idleMu.Unlock()

@@ -194,10 +194,13 @@ type Proxy struct {
 	idleMu       sync.Mutex
 	ownPoller    *podpoll.Poller // guarded by idleMu: started by idlePoller, closed by closeIdle
 	pollerFailed bool            // guarded by idleMu: podpoll.New failed; do not park
-	idleClosed   bool            // guarded by idleMu: Shutdown has ended parking and the sweep
-	parkables    int             // guarded by idleMu: live streamCopy connections
-	sweepArmed   bool            // guarded by idleMu: sweepTimer will fire
-	sweepTimer   *time.Timer     // guarded by idleMu: runs sweepIdle
+	idleClosed   bool            // guarded by idleMu: Shutdown has closed the poller
+	runMu        sync.Mutex
+	running      map[*streamCopy]struct{} // guarded by runMu: copies on a goroutine
+	sweepArmed   bool                     // guarded by runMu: sweepTimer will fire
+	sweepStopped bool                     // guarded by runMu: Shutdown has stopped the sweep
+	sweepTimer   *time.Timer              // guarded by runMu: runs sweepIdle
+	sweepBuf     []*streamCopy            // guarded by runMu: sweepIdle's, reused
 
 	testHookLocalWait atomic.Pointer[func()] // if set, called when awaitLocal starts waiting for the store
 }
