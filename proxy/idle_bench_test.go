@@ -1,0 +1,54 @@
+//go:build linux
+
+package proxy_test
+
+import (
+	"io"
+	"testing"
+	"time"
+
+	"github.com/gozt/gozt/proxy"
+)
+
+// BenchmarkIdleConnect opens a connection through both nodes, makes one round trip and
+// closes it, with parking on and off alternately in one process: what the parkable copy
+// costs a short connection (CPU of the whole process per connection, wall per connection).
+func BenchmarkIdleConnect(b *testing.B) {
+	m := startMesh(b)
+	be := startBackend(b, m.serverIP+":0", echo)
+	one := func() {
+		c, _, err := socksConnect(m.a.socks(b), m.serverIP, be.port())
+		if err != nil {
+			b.Fatal(err)
+		}
+		buf := make([]byte, 64)
+		c.Write(buf)
+		if _, err := io.ReadFull(c, buf); err != nil {
+			b.Fatal(err)
+		}
+		c.Close()
+	}
+	one()
+	var wall, cpu [2]time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		off := i%2 == 1
+		proxy.SetIdleSweep(b, 100*time.Millisecond, off)
+		c0, t0 := processCPU(), time.Now()
+		for range 20 {
+			one()
+		}
+		k := 0
+		if off {
+			k = 1
+		}
+		wall[k] += time.Since(t0)
+		cpu[k] += processCPU() - c0
+	}
+	b.StopTimer()
+	n := float64(b.N) / 2 * 20
+	b.ReportMetric(float64(cpu[0].Microseconds())/n, "park_CPU-us/conn")
+	b.ReportMetric(float64(cpu[1].Microseconds())/n, "nopark_CPU-us/conn")
+	b.ReportMetric(float64(wall[0].Microseconds())/n, "park_us/conn")
+	b.ReportMetric(float64(wall[1].Microseconds())/n, "nopark_us/conn")
+}
