@@ -37,10 +37,12 @@ package proxy
 //     quiet. Its states: running (a goroutine in Stream.ReadFrom, or about to be), parked
 //     (registered one-shot, EPOLLIN|EPOLLRDHUP, with the idle poller; no goroutine), ended.
 //     The sweep, a timer every 100 ms per proxy that runs only while some copy is running,
-//     visits the running copies; one seen by two sweeps in a row gets a read deadline in the
-//     past, which ends its ReadFrom without losing a byte (the deadline is checked before a
-//     read, or when a read found nothing). The woken goroutine clears the deadline; if it
-//     read nothing since it was last woken it parks, and returns. The poller's event (the
+//     visits the running copies; one seen by two sweeps since it started or resumed, and
+//     then by every sweep while it moves bytes, gets a read deadline in the past, which
+//     ends its ReadFrom without losing a byte (the deadline is checked before a read, or
+//     when a read found nothing). The woken goroutine clears the deadline; if it read
+//     nothing since it was last woken it parks, and returns: 100–200 ms after its last
+//     byte. The poller's event (the
 //     socket is readable, half-closed, reset or failed) calls ready on the poller's
 //     goroutine, which starts a fresh goroutine that resumes the copy. running → parked is
 //     the copy's own goroutine's; parked → running is ready's or unpark's, whichever takes

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -27,7 +28,8 @@ type IdlePoller interface {
 }
 
 // idleSweep is how often the sweep looks for quiet connections among the running ones; a
-// connection whose socket has sent nothing for between one and two sweeps parks. Short, so
+// connection whose socket has sent nothing for between one and two sweeps parks (two to
+// three after it resumed). Short, so
 // that a burst of new connections that go quiet does not hold a burst of goroutine stacks
 // (freed stacks stay in the process's resident set, up to the GC's goal): the sweep visits
 // only the copies running, and a busy one pays one woken read per sweep. parkIdle turns
@@ -83,7 +85,7 @@ type streamCopy struct {
 // parkable reports whether handOff's pair can use streamCopy: a TCP socket and an HBONE
 // stream in user-space TLS (kernel TLS splices the socket into the stream on its goroutine).
 func (p *Proxy) parkable(client, server halfCloser) (tc *net.TCPConn, st *hbone.Stream, flip bool) {
-	if !parkIdle {
+	if !parkIdle || runtime.GOOS != "linux" { // podpoll is epoll
 		return nil, nil, false
 	}
 	var ok bool
@@ -139,8 +141,10 @@ func (s *streamCopy) idle(quiet bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.tc.SetReadDeadline(time.Time{}) // under mu: a sweep cannot set it again in between
-	s.sweeps = 0
 	if poller == nil || s.closing {
+		// Bytes moved since the last wake-up: look again at the next sweep, so that a
+		// connection parks one to two sweeps after its last byte.
+		s.sweeps = 1
 		return false
 	}
 	cancel, err := poller.WatchReadable(s.tc, s.ready)
@@ -191,8 +195,9 @@ func (s *streamCopy) unpark() {
 	go s.run()
 }
 
-// sweep is the sweep's visit: a copy seen running by two sweeps in a row has its read woken,
-// so that run can see whether it read anything since.
+// sweep is the sweep's visit: a copy seen running by two sweeps in a row since it started
+// or resumed, and then by every sweep, has its read woken, so that run can see whether it
+// read anything since the last wake-up.
 func (s *streamCopy) sweep() {
 	s.mu.Lock()
 	if s.state == copyRunning && !s.closing {
