@@ -105,13 +105,16 @@ func (p *Proxy) parkable(client, server halfCloser) (tc *net.TCPConn, st *hbone.
 // ends or parks.
 func (s *streamCopy) start() {
 	s.pending.Store(2)
-	s.mu.Lock()
-	s.p.setRunning(s, true)
-	s.mu.Unlock()
 	if err := s.st.DeliverTo(s.tc, s.downDone); err != nil {
+		s.mu.Lock()
+		s.state = copyEnded
+		s.mu.Unlock()
 		s.finish(0, 0, err)
 		return
 	}
+	s.mu.Lock()
+	s.p.setRunning(s, true)
+	s.mu.Unlock()
 	s.run()
 }
 
