@@ -20,6 +20,7 @@ import (
 
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/testutil"
+	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/proxy"
 )
 
@@ -349,4 +350,37 @@ func TestIdleConnsGoroutines(t *testing.T) {
 		}
 	}
 	t.Logf("wake-up storm: %d parked connections sent at once; all arrived in %v, all answered in %v", n, arrived.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+}
+
+// TestIdlePolicyClose: a policy change that denies a parked inbound connection closes it
+// (liveConn.close unparks the copy, which finds its socket closed), and the connection is
+// recorded once, as denied, with the bytes it carried.
+func TestIdlePolicyClose(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	proxy.SetIdleSweep(t, idleSweep, false)
+	m := startMesh(t)
+	be, backends := heldBackend(t, m)
+	c, bc := dialIdle(t, m, be, backends)
+	c.Write([]byte("alive"))
+	expect(t, bc, "alive")
+	waitParked(t, m, 1)
+	m.b.store.Apply(denyClient("deny-parked"))
+	for _, e := range []struct {
+		who string
+		c   *net.TCPConn
+	}{{"client", c}, {"backend", bc}} {
+		e.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.Copy(io.Discard, e.c); errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("%s: the parked connection is still open after the DENY policy", e.who)
+		}
+	}
+	deny := map[string]string{"reporter": "destination", "response_flags": metrics.FlagDeny, "source_principal": "spiffe://" + clientPrinc}
+	testutil.Eventually(t, "node B records the policy close", func() bool { return counter(t, m.b.reg, "istio_tcp_connections_closed_total", deny) == 1 })
+	if got := counter(t, m.b.reg, "istio_tcp_received_bytes_total", deny); got != 5 {
+		t.Errorf("received bytes of the closed connection = %v, want 5", got)
+	}
+	if in, _ := m.b.proxy.Connections(); len(in) != 0 {
+		t.Errorf("node B still lists %d inbound connections", len(in))
+	}
 }
