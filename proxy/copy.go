@@ -21,7 +21,8 @@ type halfCloser interface {
 // handOff registers a connection (tc, or a fresh record) for the drain deadline, then
 // copies between client and server on a new tracked goroutine and returns at once. When
 // the copy ends, done gets copyBoth's result; then both ends are closed and the record
-// removed.
+// removed. A TCP socket ↔ HBONE stream pair in user-space TLS goes to handOffParkable
+// instead, whose copy gives up its goroutine while idle (idle.go).
 //
 // Why a new goroutine: a proxied connection's goroutine lives as long as the connection,
 // mostly waiting, and a goroutine's stack never shrinks below what its deepest call needed
