@@ -142,12 +142,19 @@ func expect(t *testing.T, c *net.TCPConn, want string) {
 
 // TestIdleEnds: half-closes and resets of parked connections end them as they end
 // connections in use: a FIN stays a FIN the other way still flows after, a reset arrives
-// as a reset; and each connection's completion runs (the tracker lets it go).
+// as a reset (as a FIN with DisableResetPropagation); and each connection's completion runs
+// (the tracker lets it go).
 func TestIdleEnds(t *testing.T) {
+	for _, resets := range []bool{true, false} {
+		t.Run(fmt.Sprintf("resets=%v", resets), func(t *testing.T) { testIdleEnds(t, resets) })
+	}
+}
+
+func testIdleEnds(t *testing.T, resets bool) {
 	leaktest.Check(t)
 	checkFDs(t)
 	proxy.SetIdleSweep(t, idleSweep, false)
-	m := startMesh(t)
+	m := startMeshResets(t, resets)
 	be, backends := heldBackend(t, m)
 	gone := func() {
 		t.Helper()
@@ -196,14 +203,18 @@ func TestIdleEnds(t *testing.T) {
 		c, bc := dialIdle(t, m, be, backends)
 		waitParked(t, m, 1)
 		resetConn(c)
-		wantEnd(t, "backend", bc, true)
+		wantEnd(t, "backend", bc, resets)
+		// Without resets the backend saw a FIN, and its direction lives on until it
+		// closes too.
+		bc.Close()
 		gone()
 	})
 	t.Run("backend resets", func(t *testing.T) {
 		c, bc := dialIdle(t, m, be, backends)
 		waitParked(t, m, 1)
 		resetConn(bc)
-		wantEnd(t, "client", c, true)
+		wantEnd(t, "client", c, resets)
+		c.Close() // likewise: the client saw a FIN without resets
 		gone()
 	})
 }
