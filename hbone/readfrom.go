@@ -81,7 +81,9 @@ func pollable(r io.Reader) syscall.RawConn {
 // readFromPoll is ReadFrom for a TCP socket: it waits for readability through the
 // runtime poller with no buffer held, then borrows a pooled one for a single read(2) and
 // returns it after the frame is written. Deadlines and Close on the socket still end the
-// wait (the poller reports them).
+// wait (the poller reports them). A read deadline ends it with os.ErrDeadlineExceeded
+// having lost nothing: every byte read has been written to the stream, and the socket is
+// not read once the deadline has passed (the proxy's idle copies rely on it to park).
 func (s *Stream) readFromPoll(rc syscall.RawConn) (int64, error) {
 	var total int64
 	// cb is released by hand on every return: a defer here grows the idle goroutine's stack

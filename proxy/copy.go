@@ -21,7 +21,8 @@ type halfCloser interface {
 // handOff registers a connection (tc, or a fresh record) for the drain deadline, then
 // copies between client and server on a new tracked goroutine and returns at once. When
 // the copy ends, done gets copyBoth's result; then both ends are closed and the record
-// removed.
+// removed. A TCP socket ↔ HBONE stream pair in user-space TLS goes to handOffParkable
+// instead, whose copy gives up its goroutine while idle (idle.go).
 //
 // Why a new goroutine: a proxied connection's goroutine lives as long as the connection,
 // mostly waiting, and a goroutine's stack never shrinks below what its deepest call needed
@@ -33,6 +34,10 @@ func (p *Proxy) handOff(client, server halfCloser, tc *liveConn, done func(recei
 		tc = &liveConn{}
 	}
 	tc.client, tc.server = client, server
+	if sock, st, flip := p.parkable(client, server); sock != nil {
+		p.handOffParkable(client, server, tc, sock, st, flip, done)
+		return
+	}
 	remove := p.conns.add(tc)
 	tc.closeWith(client, server)
 	p.conns.goEvenDraining(func() {
@@ -41,6 +46,26 @@ func (p *Proxy) handOff(client, server halfCloser, tc *liveConn, done func(recei
 		defer server.Close()
 		done(copyBoth(client, server, !p.cfg.DisableResetPropagation))
 	})
+}
+
+// handOffParkable is handOff for a TCP socket ↔ HBONE stream pair in user-space TLS: a
+// streamCopy, which gives up its goroutine while the connection is idle (idle.go). The
+// tracker's count for the copy is held from here until the copy completes, whether a
+// goroutine runs it or it is parked, so drain waits for parked connections too.
+func (p *Proxy) handOffParkable(client, server halfCloser, tc *liveConn, sock *net.TCPConn, st *hbone.Stream, flip bool, done func(received, sent int64, err error)) {
+	s := &streamCopy{p: p, tc: sock, st: st, resets: !p.cfg.DisableResetPropagation, flip: flip}
+	tc.copy = s
+	remove := p.conns.add(tc)
+	s.finish = func(received, sent int64, err error) {
+		done(received, sent, err)
+		server.Close()
+		client.Close()
+		remove()
+		p.conns.wg.Done()
+	}
+	tc.closeWith(client, server, s) // s last: it unparks after the socket's close
+	p.conns.wg.Add(1)
+	go s.start()
 }
 
 // copyBoth moves bytes both ways until both directions have ended, propagating each

@@ -13,3 +13,26 @@ func SetSetupIdle(tb interface{ Cleanup(func()) }, d time.Duration) {
 // OnLocalWait makes f be called each time p starts waiting for a local workload the store
 // does not have yet.
 func (p *Proxy) OnLocalWait(f func()) { p.testHookLocalWait.Store(&f) }
+
+// SetIdleSweep sets how often idle connections are looked for (they park after one to two
+// sweeps with nothing read) until the test ends; off keeps every copy on its goroutine.
+func SetIdleSweep(tb interface{ Cleanup(func()) }, d time.Duration, off bool) {
+	oldSweep, oldPark := idleSweep, parkIdle
+	idleSweep, parkIdle = d, !off
+	tb.Cleanup(func() { idleSweep, parkIdle = oldSweep, oldPark })
+}
+
+// Parked counts p's connections whose socket → stream copy is parked in the poller.
+func (p *Proxy) Parked() int {
+	n := 0
+	for _, c := range p.conns.snapshot() {
+		if s := c.copy; s != nil {
+			s.mu.Lock()
+			if s.state == copyParked {
+				n++
+			}
+			s.mu.Unlock()
+		}
+	}
+	return n
+}

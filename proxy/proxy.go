@@ -16,6 +16,7 @@ import (
 
 	"github.com/gozt/gozt/hbone"
 	"github.com/gozt/gozt/identity"
+	"github.com/gozt/gozt/internal/podpoll"
 	"github.com/gozt/gozt/internal/reuse"
 	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/metrics"
@@ -74,6 +75,10 @@ type Config struct {
 	Sockets Sockets
 	// Acceptor, when set, accepts on the listeners; nil: a goroutine per listener.
 	Acceptor Acceptor
+	// IdlePoller, when set, watches idle proxied connections' sockets (in-pod mode: the
+	// node's poller); nil: the proxy starts its own at the first idle connection and
+	// closes it at Shutdown.
+	IdlePoller IdlePoller
 
 	// PacketMark is SO_MARK on the sockets the proxy dials itself (0 = none). With
 	// Sockets it is not used: the socket factory marks what it opens (internal/netns), so
@@ -184,6 +189,18 @@ type Proxy struct {
 	// appear, for a dial) stops with it.
 	stopped context.Context
 	stop    context.CancelFunc
+
+	// Idle connections (idle.go).
+	idleMu       sync.Mutex
+	ownPoller    *podpoll.Poller // guarded by idleMu: started by idlePoller, closed by closeIdle
+	pollerFailed bool            // guarded by idleMu: podpoll.New failed; do not park
+	idleClosed   bool            // guarded by idleMu: Shutdown has closed the poller
+	runMu        sync.Mutex
+	running      map[*streamCopy]struct{} // guarded by runMu: copies on a goroutine
+	sweepArmed   bool                     // guarded by runMu: sweepTimer will fire
+	sweepStopped bool                     // guarded by runMu: Shutdown has stopped the sweep
+	sweepTimer   *time.Timer              // guarded by runMu: runs sweepIdle
+	sweepBuf     []*streamCopy            // guarded by runMu: sweepIdle's, reused
 
 	testHookLocalWait atomic.Pointer[func()] // if set, called when awaitLocal starts waiting for the store
 }
@@ -466,6 +483,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		p.conns.closeAll()
 		p.conns.wait(context.Background())
 	}
+	p.closeIdle() // nothing is parked now: every copy has completed
 	err := <-serverDone
 	p.stop()
 	p.server.Close()

@@ -8,13 +8,19 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/gozt/gozt/proxy"
 )
 
 // An idle proxied connection's goroutines keep 4 KiB stacks: the copy runs on a goroutine
 // that never ran the setup (handOff), so the TLS writes it makes stay within 4 KiB. Had
 // the setup goroutine copied, each node's goroutine would need 8 KiB. (Not under -race,
 // whose instrumentation makes every frame larger; make test runs it without.)
+//
+// Parking is off here: this is the goroutine a copy holds until it parks (and for good on
+// paths that do not park, kernel TLS); TestIdleConnsGoroutines counts parked ones.
 func TestIdleConnectionStacks(t *testing.T) {
+	proxy.SetIdleSweep(t, 100*time.Millisecond, true)
 	m := startMesh(t)
 	// The backend's goroutine is deliberately shallow, so that what is measured is the
 	// two nodes'.

@@ -40,6 +40,10 @@ type liveConn struct {
 	client, server net.Conn
 	originalDst    netip.AddrPort // where the client was going
 	inbound        bool
+
+	// copy is the connection's parkable copy (idle.go), set before it is registered; nil
+	// for the others.
+	copy *streamCopy
 }
 
 // ConnInfo describes one proxied connection, in the shape /config_dump's workloadState

@@ -4,6 +4,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -13,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -233,6 +235,44 @@ func TestNetnsInPod(t *testing.T) {
 	})
 
 	t.Run("pod to service VIP over HBONE", func(t *testing.T) { checkVIP(t, nsA, vip, metrics) })
+
+	t.Run("idle keep-alive connection parks and resumes", func(t *testing.T) {
+		// Both pods' copies park in the node's poller 100–300 ms after the last byte
+		// (proxy/idle.go); each request after a pause must wake them.
+		c, err := dialIn(nsA, "tcp", podB+":8080")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for i := range 3 {
+			if i > 0 {
+				time.Sleep(600 * time.Millisecond)
+				// The node runs in this process: no copy may be on a goroutine now.
+				buf := make([]byte, 1<<20)
+				if st := string(buf[:runtime.Stack(buf, true)]); strings.Contains(st, "proxy.(*streamCopy).run") {
+					t.Errorf("after 600 ms idle a copy still holds a goroutine:\n%s", st)
+				}
+			}
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			const size = 200_000
+			if _, err := fmt.Fprintf(c, "GET /bytes?n=%d HTTP/1.1\r\nHost: pod-b\r\n\r\n", size); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("request %d: %v", i, err)
+			}
+			got := sha256.New()
+			n, err := io.Copy(got, resp.Body)
+			resp.Body.Close()
+			want := sha256.New()
+			io.CopyN(want, &patternReader{}, size)
+			if err != nil || n != size || !bytes.Equal(got.Sum(nil), want.Sum(nil)) {
+				t.Fatalf("request %d after an idle pause: %d bytes, %v; want the %d-byte pattern", i, n, err, size)
+			}
+		}
+	})
 
 	t.Run("DNS redirected to the pod's DNS proxy", func(t *testing.T) {
 		for _, network := range []string{"udp", "tcp"} {

@@ -6,7 +6,8 @@
 //
 // No pod has a goroutine per listening socket: one poller (internal/podpoll) waits on every
 // pod's listeners and DNS sockets, accepts and reads on readiness and hands the work to the
-// pod's proxy or DNS proxy. An idle pod holds two goroutines: servePod, which runs its
+// pod's proxy or DNS proxy; the pods' idle proxied connections park in it too
+// (proxy.Config.IdlePoller). An idle pod holds two goroutines: servePod, which runs its
 // proxy's policy watcher, and its DNS proxy's Serve.
 //
 // It decides nothing about when a pod starts or stops (inpod.Manager does) and reads no
@@ -104,6 +105,7 @@ func (s *Set) Start(p inpod.Pod) error {
 	pcfg.Local = local
 	pcfg.Sockets = sockets
 	pcfg.Acceptor = s.poller
+	pcfg.IdlePoller = s.poller // idle proxied connections park in it too
 	pcfg.Logger = log
 	if cfg.ReusePort {
 		if err := migrateOnClose(p.NetNS); err != nil {

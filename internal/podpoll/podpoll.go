@@ -29,7 +29,12 @@
 // token whose watch has stopped is not found and its event is dropped. The epoll fd is used
 // inside its own Control likewise, so Close cannot race a registration.
 //
-// Locks: Poller.mu guards watches (the token map) and next. watch.mu is held by run while it
+// WatchReadable serves the proxy's idle connections instead: a socket added one-shot
+// (EPOLLIN|EPOLLRDHUP|EPOLLONESHOT) whose first event takes it out of the set and calls its
+// owner back once; it reads nothing. Its token is in onces; whoever takes the token out of
+// the map, the event or the owner's cancel, has the socket's one outcome.
+//
+// Locks: Poller.mu guards watches and onces (the token maps) and next. watch.mu is held by run while it
 // serves the watch, callbacks included, and by stop, so once stop has returned no callback
 // runs and none will; it guards stopped, failing and delay. Order: watch.mu before
 // Poller.mu (run looks a token up under Poller.mu and releases it before taking watch.mu).
@@ -80,8 +85,15 @@ type Poller struct {
 	done chan struct{}   // closed when run has returned
 
 	mu      sync.Mutex
-	watches map[uint64]*watch // guarded by mu: by token
-	next    uint64            // guarded by mu: the last token given out
+	watches map[uint64]*watch    // guarded by mu: by token
+	onces   map[uint64]*readable // guarded by mu: WatchReadable's, by token
+	next    uint64               // guarded by mu: the last token given out
+}
+
+// readable is one WatchReadable: a socket in the set one-shot until its event or cancel.
+type readable struct {
+	rc    syscall.RawConn
+	ready func()
 }
 
 // watch is one watched socket.
@@ -116,7 +128,7 @@ func New() (*Poller, error) {
 		f.Close()
 		return nil, fmt.Errorf("podpoll: %w", err)
 	}
-	p := &Poller{file: f, rc: rc, done: make(chan struct{}), watches: map[uint64]*watch{}}
+	p := &Poller{file: f, rc: rc, done: make(chan struct{}), watches: map[uint64]*watch{}, onces: map[uint64]*readable{}}
 	go p.run()
 	return p, nil
 }
@@ -144,6 +156,70 @@ func (p *Poller) Watch(ln net.Listener, accepted func(net.Conn, error)) (stop fu
 // runs on the poller's goroutine: it must not block.
 func (p *Poller) WatchPacket(pc net.PacketConn, read func(b []byte, from netip.AddrPort, err error)) (stop func(), err error) {
 	return p.add(pc, &watch{read: read})
+}
+
+// WatchReadable calls ready once, on the poller's goroutine, when sc's socket is readable,
+// its peer has shut down its write side, or it has an error or hang-up pending (epoll's
+// EPOLLIN|EPOLLRDHUP, one-shot), unless cancel is called first. The readiness already
+// there when WatchReadable is called counts. cancel takes the socket out of the set and
+// reports whether it came first: false means ready has run or is about to. ready must not
+// block; it is called with the socket already out of the set, so it may watch it again.
+//
+// A socket closed while watched leaves the set with no event: its owner must not count on
+// ready to learn of a Close of its own, and should cancel.
+func (p *Poller) WatchReadable(sc syscall.Conn, ready func()) (cancel func() bool, err error) {
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("podpoll: %w", err)
+	}
+	r := &readable{rc: rc, ready: ready}
+	p.mu.Lock()
+	p.next++
+	token := p.next
+	p.onces[token] = r // before the socket is in the set, so its first event finds it
+	p.mu.Unlock()
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT, Fd: int32(token), Pad: int32(token >> 32)}
+	if err := p.ctlReadable(rc, unix.EPOLL_CTL_ADD, &ev); err != nil {
+		p.takeReadable(token)
+		return nil, fmt.Errorf("podpoll: watch readable: %w", err)
+	}
+	return func() bool {
+		if p.takeReadable(token) == nil {
+			return false
+		}
+		// Fails harmlessly when the owner has closed the socket (it left the set then).
+		_ = p.ctlReadable(rc, unix.EPOLL_CTL_DEL, nil)
+		return true
+	}, nil
+}
+
+// takeReadable removes the token's WatchReadable and returns it, or nil if its event or
+// cancel took it first.
+func (p *Poller) takeReadable(token uint64) *readable {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := p.onces[token]
+	if r != nil {
+		delete(p.onces, token)
+	}
+	return r
+}
+
+// ctlReadable adds a WatchReadable socket to the set or takes it out, inside both fds'
+// Control as ctl does.
+func (p *Poller) ctlReadable(rc syscall.RawConn, op int, ev *unix.EpollEvent) error {
+	var err error
+	cerr := rc.Control(func(fd uintptr) {
+		if perr := p.rc.Control(func(epfd uintptr) {
+			err = unix.EpollCtl(int(epfd), op, int(fd), ev)
+		}); perr != nil {
+			err = perr
+		}
+	})
+	if cerr != nil {
+		return cerr
+	}
+	return err
 }
 
 func (p *Poller) add(sock any, w *watch) (func(), error) {
@@ -232,6 +308,13 @@ func (p *Poller) run() {
 			p.mu.Unlock()
 			if w != nil {
 				w.serve(buf)
+				continue
+			}
+			if r := p.takeReadable(token); r != nil {
+				// One-shot: the socket is still in the set, disabled; out with it, so
+				// that it can be watched again (a closed one has left already).
+				_ = p.ctlReadable(r.rc, unix.EPOLL_CTL_DEL, nil)
+				r.ready()
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"syscall"
 )
 
 // Poller needs epoll: elsewhere New fails.
@@ -21,5 +22,9 @@ func (p *Poller) Watch(net.Listener, func(net.Conn, error)) (func(), error) {
 }
 
 func (p *Poller) WatchPacket(net.PacketConn, func([]byte, netip.AddrPort, error)) (func(), error) {
+	return nil, errors.ErrUnsupported
+}
+
+func (p *Poller) WatchReadable(syscall.Conn, func()) (func() bool, error) {
 	return nil, errors.ErrUnsupported
 }

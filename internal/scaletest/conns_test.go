@@ -299,7 +299,9 @@ func holdIdle(t *testing.T, bin string, n int) idleResult {
 		t.Fatalf("after %d connections: %v", next.Load(), err)
 	}
 
-	time.Sleep(2 * time.Second) // idle: buffers given back, goroutines parked
+	// Idle: buffers given back, and each copy parked (a connection parks one to two
+	// seconds after its last byte, proxy/idle.go).
+	time.Sleep(idleHold())
 	r.held = [2]nodeStats{a.stats(t), b.stats(t)}
 	if dir := os.Getenv("SCALE_PROFILES"); dir != "" {
 		for _, nd := range []*node{a, b} {
@@ -466,4 +468,13 @@ func echoOnce(c net.Conn, v uint64) error {
 		return errors.New("echo differs")
 	}
 	return nil
+}
+
+// idleHold is how long the connections stay idle before they are measured: 3 s, or
+// SCALE_IDLE_HOLD (a Go duration), long enough for the runtime to give freed stacks back.
+func idleHold() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("SCALE_IDLE_HOLD")); err == nil {
+		return d
+	}
+	return 3 * time.Second
 }
