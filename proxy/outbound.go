@@ -83,7 +83,8 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 	base := metrics.Labels{Reporter: metrics.ReporterSource, SourcePrincipal: src.Identity().String()}
 	sourceLabels(&base, src)
 	labels := base
-	log := metrics.ConnLog{SrcAddr: clientAddr.String(), DstAddr: dst.String(), Direction: "outbound"}
+	dstAddr := dst.String()
+	log := metrics.ConnLog{SrcAddr: clientAddr.String(), DstAddr: dstAddr, Direction: "outbound"}
 	fail := func(flag string, err error) (halfCloser, *metrics.Conn, error) {
 		ready(err)
 		if flag != "" {
@@ -115,7 +116,7 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 		if err != nil {
 			return fail(metrics.FlagConnect, err)
 		}
-		labels, log.DstAddr, log.HBONEAddr = base, dst.String(), ""
+		labels, log.DstAddr, log.HBONEAddr = base, dstAddr, "" // what an earlier attempt set
 		destLabels(&labels, route.Workload, route.Service)
 		upstream, err := p.dialRoute(ctx, src, clientAddr, route, &labels, &log)
 		if err == nil {
