@@ -1,37 +1,19 @@
 package main
 
 import (
-	"bytes"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/gozt/gozt/internal/testutil"
 )
-
-// syncBuffer is a bytes.Buffer safe for the flusher and the test to share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // Lines are held for at most one interval; no flush timer is armed while nothing waits;
 // Close writes whatever is left, and later lines go straight through.
 func TestLogWriterFlushes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var out syncBuffer
+		var out testutil.SyncBuffer
 		l := newLogWriter(&out, 100*time.Millisecond)
 		if l.pending != nil {
 			t.Fatal("flush timer armed before any line")

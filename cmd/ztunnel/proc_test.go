@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"errors"
 	"os"
 	"os/exec"
@@ -47,7 +46,7 @@ func buildZtunnel(t *testing.T) string {
 type proc struct {
 	name string
 	cmd  *exec.Cmd
-	out  lockedBuffer
+	out  testutil.SyncBuffer
 	done chan struct{} // closed when the process has exited; err is set then
 	err  error
 	once sync.Once
@@ -131,22 +130,4 @@ func (p *proc) exited() bool {
 	default:
 		return false
 	}
-}
-
-// lockedBuffer collects a child's output; exec copies stdout and stderr on two goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

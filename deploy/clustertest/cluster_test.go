@@ -19,9 +19,10 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 const ns = "zt-check" // the ambient namespace the scenarios make and remove
@@ -672,7 +673,7 @@ spec: {mtls: {mode: STRICT}}
 	// A policy that denies an open connection closes it.
 	cmd := exec.Command(tool("kubectl"), "-n", ns, "exec", "client", "--", "/app", "hold", addr(ns), "60s")
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -716,24 +717,6 @@ spec: {mtls: {mode: STRICT}}
 	}
 	must(t, "kubectl", "-n", ns, "delete", "authorizationpolicy", "deny-client")
 	eventually(t, "traffic again", time.Minute, works(ns, ns))
-}
-
-// syncBuffer is a bytes.Buffer a command writes while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // gozt's process figures from its /metrics.

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 // TestMigrate is make cluster-migrate (issue 45, docs/MIGRATING.md): Istio ambient with the
@@ -301,7 +303,7 @@ func (m *migration) measure(name string, nodes []string, baseline bool, f func()
 	type gen struct {
 		cmd  *exec.Cmd
 		in   interface{ Close() error }
-		out  *syncBuffer
+		out  *testutil.SyncBuffer
 		done chan error
 	}
 	var gens []*gen
@@ -312,7 +314,7 @@ func (m *migration) measure(name string, nodes []string, baseline bool, f func()
 		if err != nil {
 			t.Fatal(err)
 		}
-		g := &gen{cmd: cmd, in: in, out: &syncBuffer{}, done: make(chan error, 1)}
+		g := &gen{cmd: cmd, in: in, out: &testutil.SyncBuffer{}, done: make(chan error, 1)}
 		cmd.Stdout, cmd.Stderr = g.out, g.out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
