@@ -16,8 +16,9 @@ func (e *StatusError) Error() string {
 	return fmt.Sprintf("hbone: CONNECT answered %d %s", e.Code, http.StatusText(e.Code))
 }
 
-// ResetError is a stream reset by the peer with a code other than NO_ERROR or CANCEL
-// (those read as io.EOF).
+// ResetError is a stream reset by the peer: what a read returns once the data queued before
+// the reset is read (unless the peer had ended its side: then io.EOF), and what a write
+// after the reset wraps, with syscall.EPIPE.
 type ResetError struct{ Code http2.ErrCode }
 
 func (e *ResetError) Error() string { return "hbone: stream reset by peer: " + e.Code.String() }

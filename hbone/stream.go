@@ -90,7 +90,9 @@ func (s *Stream) peerResetLocked(code http2.ErrCode) {
 	default:
 		s.rerr = &ResetError{Code: code}
 	}
-	s.werr = fmt.Errorf("hbone: write: stream reset by peer (%s): %w", code, syscall.EPIPE)
+	// A write after it fails with EPIPE, as a TCP write after the peer's reset does; the
+	// *ResetError in it tells a proxy which reset it was (proxy's tcpReset).
+	s.werr = fmt.Errorf("%w: %w", &ResetError{Code: code}, syscall.EPIPE)
 	s.c.streamDoneLocked(s)
 	s.signalLocked()
 }

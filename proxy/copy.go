@@ -170,13 +170,23 @@ func copyHalf(dst, src halfCloser, resets bool) (int64, error) {
 
 // tcpReset reports whether err is a TCP peer's reset of one of the copy's sockets
 // (ECONNRESET reading, ECONNRESET or EPIPE writing), not an HBONE connection's failure.
-// (A stream's write after its peer's RST_STREAM fails with EPIPE too: resetting both legs
-// is right for it as well. A *hbone.ResetError wraps neither.)
+// A stream's write after its peer's RST_STREAM fails with EPIPE too: resetting both legs
+// is right for it as well when the peer carried its own TCP peer's reset (CONNECT_ERROR)
+// or asked us to stop sending (NO_ERROR). Any other code (CANCEL from a node that closed
+// the stream: shut down, a policy change) is the stream's failure, never a clean end.
+// A read's *hbone.ResetError wraps neither errno.
 func tcpReset(err error) bool {
-	if err == nil || err == io.EOF || errors.Is(err, hbone.ErrConnClosed) {
+	if err == nil || err == io.EOF || errors.Is(err, hbone.ErrConnClosed) || peerAbandoned(err) {
 		return false
 	}
 	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// peerAbandoned reports a stream write that failed because the peer reset the stream with
+// a code that neither carries a TCP reset nor ends the stream cleanly.
+func peerAbandoned(err error) bool {
+	var re *hbone.ResetError
+	return errors.As(err, &re) && re.Code != http2.ErrCodeConnect && re.Code != http2.ErrCodeNo
 }
 
 // resetBoth ends both legs with a reset: RST_STREAM(CONNECT_ERROR) on an HBONE stream
@@ -228,7 +238,7 @@ func (p *Proxy) refuse(c *net.TCPConn) {
 // of the stream rather than a failure. An HBONE stream whose connection broke under it did
 // not end: its error wraps the socket's (a reset, say) but is a failure, never clean.
 func cleanEnd(err error) bool {
-	if errors.Is(err, hbone.ErrConnClosed) {
+	if errors.Is(err, hbone.ErrConnClosed) || peerAbandoned(err) {
 		return false
 	}
 	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) ||

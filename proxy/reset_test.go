@@ -3,12 +3,14 @@ package proxy_test
 import (
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 	"github.com/gozt/gozt/proxy"
 )
 
@@ -131,4 +133,49 @@ func TestResetsCarried(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestPeerCancelIsFailure: node B closes a live connection (here a DENY policy; a node
+// shutting down does the same) with RST_STREAM(CANCEL) after its backend had already ended
+// its side. Node A's client, still sending, must see a reset, and node A must record the
+// connection as failed: a write refused by a peer that gave the stream up is no clean end
+// and no TCP reset to carry (only CONNECT_ERROR is one). The soak caught node A logging
+// such a connection as a success once, when a killed node B's CANCEL beat its closing
+// connection.
+func TestPeerCancelIsFailure(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	m := newMesh(t)
+	m.b = startNode(t, "node-b", m.caDir, m.yaml, m.serverConfig())
+	logA := newAccessLog()
+	m.a = startNodeLogged(t, "node-a", m.caDir, m.yaml, m.clientConfig(), slog.New(logA))
+	be := startBackend(t, m.serverIP+":0", func(c *net.TCPConn) {
+		if _, err := c.Write([]byte("hello")); err == nil && c.CloseWrite() == nil {
+			io.Copy(io.Discard, c) // until node B closes the connection
+		}
+	})
+	start := time.Now()
+	c, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if got, err := io.ReadAll(c); err != nil || string(got) != "hello" {
+		t.Fatalf("read %q, %v; want hello and the backend's FIN", got, err)
+	}
+	m.b.store.Apply(denyClient("deny-live"))
+	var werr error
+	for werr == nil {
+		_, werr = c.Write(make([]byte, 4096))
+	}
+	if !errors.Is(werr, syscall.ECONNRESET) && !errors.Is(werr, syscall.EPIPE) {
+		t.Errorf("client's write after node B closed the stream: %v; want a reset", werr)
+	}
+	testutil.EventuallyNil(t, func() error {
+		if !logA.flagged(c.LocalAddr().String(), start) {
+			return errors.New("node A wrote no ERROR access-log record for the connection node B cancelled")
+		}
+		return nil
+	})
 }
