@@ -363,7 +363,16 @@ func TestSoak(t *testing.T) {
 		}
 	}()
 	var settled []resources // after each cycle
-	defer func() {          // also when a check below ends the test early
+	// settle waits for a cycle's end check; its failure is logged again last, after the
+	// curve, where a CI log that keeps only the tail still shows it.
+	var failed error
+	settle := func(check func() error) {
+		t.Helper()
+		if failed = testutil.Poll(testutil.Timeout, check); failed != nil {
+			t.Fatalf("timed out: %v", failed)
+		}
+	}
+	defer func() { // also when a check below ends the test early
 		close(stopSampling)
 		samplingDone.Wait()
 		t.Logf("resource curve (every %v):\n%s", *soakSample, formatCurve(curve, 40))
@@ -373,6 +382,9 @@ func TestSoak(t *testing.T) {
 		}
 		if *soakCSV != "" {
 			writeCurve(t, *soakCSV, curve)
+		}
+		if failed != nil {
+			t.Logf("failed: %v", failed)
 		}
 	}()
 
@@ -448,7 +460,7 @@ func TestSoak(t *testing.T) {
 
 		// Every failure node A saw must be an ERROR record in its access log. Records are
 		// written just after a connection ends: wait until each has its record.
-		testutil.EventuallyNil(t, func() error {
+		settle(func() error {
 			var missing []string
 			for _, r := range failures {
 				if r.outcome != failRefused && r.outcome != failHandshake && r.outcome != failCut || logA.flagged(r.local, r.start) {
@@ -470,7 +482,7 @@ func TestSoak(t *testing.T) {
 
 		// Resources back to baseline, with both nodes still up.
 		var end resources
-		testutil.EventuallyNil(t, func() error {
+		settle(func() error {
 			end = settledResources(inflight.Load())
 			return end.within(base)
 		})
