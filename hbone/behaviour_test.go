@@ -325,6 +325,43 @@ func TestResetSemantics(t *testing.T) {
 	}
 }
 
+// TestWriteOnResetConnection: a stream's write that fails because the connection's socket
+// was reset fails with ErrConnClosed, like its reads: a proxy must not take the socket's
+// ECONNRESET or EPIPE for its TCP peer's reset of the stream and carry it as one (the soak
+// caught node A doing so, logging a connection node B's crash cut as a success).
+func TestWriteOnResetConnection(t *testing.T) {
+	leaktest.Check(t)
+	e := newEnv(t, ServerConfig{}, func(r *Request) {
+		s, err := r.Accept(nil)
+		if err != nil {
+			return
+		}
+		defer s.Close()
+		io.Copy(io.Discard, s)
+	})
+	var ss []*Stream
+	for range 4 {
+		ss = append(ss, e.dial(t, "10.0.0.1:80"))
+	}
+	e.mu.Lock()
+	for _, r := range e.raws {
+		r.(*net.TCPConn).SetLinger(0)
+		r.Close()
+	}
+	e.mu.Unlock()
+	chunk := make([]byte, 64<<10)
+	for i, s := range ss {
+		var err error
+		for err == nil {
+			_, err = s.Write(chunk)
+		}
+		if !errors.Is(err, ErrConnClosed) {
+			t.Errorf("stream %d: Write = %v, want ErrConnClosed", i, err)
+		}
+		s.Close()
+	}
+}
+
 func TestAbruptCloseMidStream(t *testing.T) {
 	leaktest.Check(t)
 	e := newEnv(t, ServerConfig{}, echo)

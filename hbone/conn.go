@@ -209,6 +209,18 @@ func (c *conn) startDrain() {
 	}
 }
 
+// writeFailed ends the connection after a stream's write to its socket failed, and returns
+// the stream's error: wrapping ErrConnClosed, as every error of a stream whose connection
+// broke does, so that a proxy never takes the socket's reset or broken pipe for the TCP
+// peer's reset of a stream it carries.
+func (c *conn) writeFailed(op string, err error) error {
+	c.closeWith(err)
+	if errors.Is(err, ErrConnClosed) {
+		return fmt.Errorf("hbone: %s: %w", op, err)
+	}
+	return fmt.Errorf("hbone: %s: %w: %w", op, ErrConnClosed, err)
+}
+
 // closeWith tears the connection down once; every stream still open sees err (wrapped in
 // ErrConnClosed). A nil err is a clean close.
 func (c *conn) closeWith(err error) {

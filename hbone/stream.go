@@ -250,8 +250,7 @@ func (s *Stream) endData(n int64, reset bool, err error) error {
 		err = ferr
 	}
 	if err != nil {
-		c.closeWith(err)
-		return fmt.Errorf("hbone: write: %w", err)
+		return c.writeFailed("write", err)
 	}
 	if reset {
 		return s.unsent(n)
@@ -314,8 +313,7 @@ func (s *Stream) CloseWrite() error {
 		err = ferr
 	}
 	if err != nil {
-		c.closeWith(err)
-		return fmt.Errorf("hbone: close write: %w", err)
+		return c.writeFailed("close write", err)
 	}
 	c.mu.Lock()
 	c.maybeDoneLocked(s)
