@@ -28,6 +28,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/xds/state"
 )
@@ -92,15 +93,13 @@ type Config struct {
 	// send upstream queries from the pod's network namespace.
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 	// Listen and ListenPacket open the TCP and UDP listeners; nil uses package net. Set
-	// them (internal/netns.Sockets) to serve inside a pod's network namespace.
+	// them (internal/netns.Sockets) to serve inside a pod's network namespace. ListenPacket
+	// must return a *net.UDPConn.
 	Listen       func(ctx context.Context, network, address string) (net.Listener, error)
 	ListenPacket func(ctx context.Context, network, address string) (net.PacketConn, error)
 	// Poller, when set, waits on the sockets in place of a goroutine blocked on each, and
 	// queries are read and framed here rather than by miekg/dns's server: in-pod mode, whose
 	// node-wide poller (internal/podpoll) serves every pod's DNS proxy from one goroutine.
-	// An answer leaves by the socket its query came in on with the source address the
-	// kernel picks, so Addr should name the address clients send to (a pod's loopback), not
-	// a wildcard.
 	Poller Poller
 	// Logger receives the per-query debug log [slog.Default()], with scope=dns.
 	Logger *slog.Logger
@@ -113,8 +112,9 @@ type Poller interface {
 	// does not block.
 	Watch(ln net.Listener, accepted func(net.Conn, error)) (stop func(), err error)
 	// WatchPacket calls read with each datagram pc receives (b is valid only during the
-	// call), likewise.
-	WatchPacket(pc net.PacketConn, read func(b []byte, from netip.AddrPort, err error)) (stop func(), err error)
+	// call), its sender and the address it was sent to (the zero Addr unless pc reports it,
+	// sockopt.SetRecvDst), likewise.
+	WatchPacket(pc net.PacketConn, read func(b []byte, from netip.AddrPort, to netip.Addr, err error)) (stop func(), err error)
 }
 
 // Server is the DNS proxy. Create it with New, bind with Listen, run with Serve.
@@ -134,7 +134,7 @@ type Server struct {
 	mu        sync.Mutex
 	upstreams []string // set by Listen; read-only afterwards
 	search    []string // FixedSearch search list, normalised; set by Listen
-	udp       []net.PacketConn
+	udp       []*net.UDPConn
 	tcp       []net.Listener
 	conns     map[net.Conn]struct{} // with a Poller: TCP clients being served
 	serving   bool
@@ -238,23 +238,51 @@ func (s *Server) Listen() error {
 
 // listenPair binds UDP and TCP on the same port; with port 0 it retries when the UDP port
 // it got is taken for TCP.
-func (s *Server) listenPair(host, port string) (net.PacketConn, net.Listener, error) {
+func (s *Server) listenPair(host, port string) (*net.UDPConn, net.Listener, error) {
 	ctx := context.Background()
 	for attempt := 0; ; attempt++ {
 		pc, err := s.cfg.ListenPacket(ctx, "udp", net.JoinHostPort(host, port))
 		if err != nil {
 			return nil, nil, err
 		}
-		p := fmt.Sprint(pc.LocalAddr().(*net.UDPAddr).Port)
+		uc, ok := pc.(*net.UDPConn)
+		if !ok {
+			pc.Close()
+			return nil, nil, fmt.Errorf("ListenPacket returned a %T, not a *net.UDPConn", pc)
+		}
+		if err := answerFromDst(uc); err != nil {
+			uc.Close()
+			return nil, nil, err
+		}
+		p := fmt.Sprint(uc.LocalAddr().(*net.UDPAddr).Port)
 		ln, err := s.cfg.Listen(ctx, "tcp", net.JoinHostPort(host, p))
 		if err == nil {
-			return pc, ln, nil
+			return uc, ln, nil
 		}
-		pc.Close()
+		uc.Close()
 		if port != "0" || attempt == 10 || !errors.Is(err, syscall.EADDRINUSE) {
 			return nil, nil, err
 		}
 	}
+}
+
+// answerFromDst has a UDP socket bound to a wildcard report each query's destination, for
+// answerUDP to answer from it: the kernel would pick the source by route, and a client that
+// asked 127.0.0.2, or one of several addresses of the host, drops an answer from another.
+// A socket bound to one address answers from it anyway, so in-pod mode's loopback sockets
+// read and write no control message per datagram. Elsewhere than Linux the kernel picks.
+func answerFromDst(uc *net.UDPConn) error {
+	if !uc.LocalAddr().(*net.UDPAddr).IP.IsUnspecified() {
+		return nil
+	}
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	if err := sockopt.SetRecvDst(rc); err != nil && !errors.Is(err, errors.ErrUnsupported) {
+		return err
+	}
+	return nil
 }
 
 func (s *Server) closeListenersLocked() {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/gozt/gozt/internal/sockopt"
 )
 
 // maxTCPQueries is how many queries one TCP connection may send, as miekg/dns's server allows.
@@ -27,7 +29,7 @@ func (s *Server) servePolled(ctx context.Context) error {
 	var err error
 	for i := range s.udp {
 		pc, ln := s.udp[i], s.tcp[i]
-		stop, werr := s.cfg.Poller.WatchPacket(pc, func(b []byte, from netip.AddrPort, rerr error) {
+		stop, werr := s.cfg.Poller.WatchPacket(pc, func(b []byte, from netip.AddrPort, to netip.Addr, rerr error) {
 			if rerr != nil {
 				s.log.Debug("dns: read", "error", rerr)
 				return
@@ -36,7 +38,7 @@ func (s *Server) servePolled(ctx context.Context) error {
 			inflight.Add(1)
 			go func() {
 				defer inflight.Done()
-				s.answerUDP(pc, q, from)
+				s.answerUDP(pc, q, from, to)
 			}()
 		})
 		if werr != nil {
@@ -129,13 +131,14 @@ func (s *Server) removeConn(c net.Conn) {
 	c.Close()
 }
 
-// answerUDP answers one datagram.
-func (s *Server) answerUDP(pc net.PacketConn, q []byte, from netip.AddrPort) {
+// answerUDP answers one datagram, from the address it was sent to when that is known (a
+// socket bound to a wildcard: answerFromDst).
+func (s *Server) answerUDP(uc *net.UDPConn, q []byte, from netip.AddrPort, to netip.Addr) {
 	out := s.serveMsg(q, from.Addr().Unmap(), "udp")
 	if out == nil {
 		return
 	}
-	if _, err := pc.WriteTo(out, net.UDPAddrFromAddrPort(from)); err != nil {
+	if _, _, err := uc.WriteMsgUDPAddrPort(out, sockopt.SrcOOB(to), from); err != nil {
 		s.log.Debug("dns: write response", "client", from, "error", err)
 	}
 }
