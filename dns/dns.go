@@ -97,15 +97,16 @@ type Config struct {
 	// must return a *net.UDPConn.
 	Listen       func(ctx context.Context, network, address string) (net.Listener, error)
 	ListenPacket func(ctx context.Context, network, address string) (net.PacketConn, error)
-	// Poller, when set, waits on the sockets in place of a goroutine blocked on each, and
-	// queries are read and framed here rather than by miekg/dns's server: in-pod mode, whose
-	// node-wide poller (internal/podpoll) serves every pod's DNS proxy from one goroutine.
+	// Poller, when set, waits on the sockets in place of a goroutine blocked on each: in-pod
+	// mode, whose node-wide poller (internal/podpoll) serves every pod's DNS proxy from one
+	// goroutine. Either way the queries are read, framed and answered by the same code.
 	Poller Poller
 	// Logger receives the per-query debug log [slog.Default()], with scope=dns.
 	Logger *slog.Logger
 }
 
-// Poller waits on a DNS proxy's sockets for it; internal/podpoll.Poller is one.
+// Poller waits on a DNS proxy's sockets for it; internal/podpoll.Poller is one, goPoller
+// (a goroutine per socket) another.
 type Poller interface {
 	// Watch calls accepted with each connection ln accepts, or with the error of a failed
 	// accept, until stop is called; once stop has returned it calls it no more. accepted
@@ -136,7 +137,7 @@ type Server struct {
 	search    []string // FixedSearch search list, normalised; set by Listen
 	udp       []*net.UDPConn
 	tcp       []net.Listener
-	conns     map[net.Conn]struct{} // with a Poller: TCP clients being served
+	conns     map[net.Conn]struct{} // TCP clients being served
 	serving   bool
 	closed    bool
 	done      chan struct{} // closed when Serve returns (or by Close if Serve never ran)
@@ -345,11 +346,9 @@ func (s *Server) Addr() net.Addr {
 	return s.udp[0].LocalAddr()
 }
 
-// udpReadSize is the largest UDP query read whole.
-const udpReadSize = 4096
-
 // Serve answers queries until ctx ends or Close is called, then stops the listeners and
-// waits for in-flight queries. It returns nil on such a stop, or the first listener error.
+// waits for in-flight queries. It returns nil on such a stop, or the error of a failed
+// watch.
 func (s *Server) Serve(ctx context.Context) error {
 	s.mu.Lock()
 	switch {
@@ -364,78 +363,13 @@ func (s *Server) Serve(ctx context.Context) error {
 		return errors.New("dns: serve: Listen was not called")
 	}
 	s.serving = true
-	if s.cfg.Poller != nil {
-		s.mu.Unlock()
-		defer close(s.done)
-		return s.servePolled(ctx)
-	}
-	h := handler{s}
-	var servers []*dns.Server
-	for i := range s.udp {
-		servers = append(servers,
-			// UDPSize is the read buffer, which each waiting reader holds: 4 KiB, RFC 6891's
-			// recommended largest EDNS payload and hickory's receive buffer (the Rust
-			// ztunnel's), rather than 64 KiB, which in-pod mode would pay per pod.
-			&dns.Server{PacketConn: s.udp[i], Handler: h, UDPSize: udpReadSize},
-			// ReadTimeout bounds reading a TCP request; the handler bounds the rest.
-			&dns.Server{Listener: s.tcp[i], Handler: h, ReadTimeout: s.tcpTimeout,
-				IdleTimeout: func() time.Duration { return s.tcpTimeout }})
-	}
 	s.mu.Unlock()
 	defer close(s.done)
-
-	started := make([]chan struct{}, len(servers))
-	errc := make(chan error, len(servers))
-	for i, srv := range servers {
-		started[i] = make(chan struct{})
-		srv.NotifyStartedFunc = func() { close(started[i]) }
-		go runServer(srv, errc)
+	poller := s.cfg.Poller
+	if poller == nil {
+		poller = goPoller{}
 	}
-
-	var err error
-	running := len(servers)
-	drain := false
-	select {
-	case <-ctx.Done():
-	case <-s.ctx.Done(): // Close
-	case <-s.stopping: // Shutdown
-		drain = true
-	case err = <-errc:
-		running--
-		err = fmt.Errorf("dns: serve: %w", err)
-	}
-	if !drain {
-		s.cancel() // abort forwarding in flight
-	}
-	dctx := s.drainCtx()
-	for i, srv := range servers {
-		select {
-		case <-started[i]:
-			// Unblocks reads, waits for handlers (until Shutdown's context ends), closes
-			// the socket.
-			srv.ShutdownContext(dctx)
-		default:
-			// Never started (it failed); closing is all that is left.
-			if srv.PacketConn != nil {
-				srv.PacketConn.Close()
-			} else {
-				srv.Listener.Close()
-			}
-		}
-	}
-	for ; running > 0; running-- {
-		<-errc
-	}
-	s.cancel()
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
-	return err
-}
-
-// runServer runs one miekg server until it is shut down; errc gets its result.
-func runServer(srv *dns.Server, errc chan<- error) {
-	errc <- srv.ActivateAndServe()
+	return s.serve(ctx, poller)
 }
 
 // Shutdown stops reading queries, lets those already read (forwards to the upstream

@@ -16,7 +16,7 @@ import (
 )
 
 // TestPolled runs the serving tests again with a node-wide poller (in-pod mode's) waiting on
-// the sockets, so queries are read and framed by servePolled instead of miekg/dns's server.
+// the sockets instead of a goroutine per socket.
 func TestPolled(t *testing.T) {
 	p, err := podpoll.New()
 	if err != nil {
@@ -31,19 +31,41 @@ func TestPolled(t *testing.T) {
 		"EDNSEcho": TestEDNSEcho, "Truncation": TestTruncation, "ForwardFailure": TestForwardFailure,
 		"Metrics": TestMetrics, "ListenServeClose": TestListenServeClose, "Dig": TestDig,
 		"ConcurrentQueries": TestConcurrentQueries, "UnknownSourceWaits": TestUnknownSourceWaits,
-		"Malformed": testMalformed,
+		"Malformed": testMalformed, "ShutdownAnswersQueriesInFlight": TestShutdownAnswersQueriesInFlight,
 	} {
 		t.Run(name, test)
 	}
 }
 
+// miekgHandler answers through miekg/dns's server with s's answers: the reference
+// testMalformed holds Serve's own reading and framing to.
+type miekgHandler struct{ s *Server }
+
+func (h miekgHandler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	proto := "udp"
+	if _, ok := w.LocalAddr().(*net.TCPAddr); ok {
+		proto = "tcp"
+	}
+	var client netip.Addr
+	switch a := w.RemoteAddr().(type) {
+	case *net.UDPAddr:
+		client = a.AddrPort().Addr().Unmap()
+	case *net.TCPAddr:
+		client = a.AddrPort().Addr().Unmap()
+	}
+	w.WriteMsg(h.s.reply(req, client, proto))
+}
+
 // testMalformed: what is not a well-formed query gets the answer miekg/dns's server gives
-// it, byte for byte (TestPolled runs it against servePolled).
+// it, byte for byte, with a goroutine per socket and with testPoller (TestPolled's podpoll).
 func testMalformed(t *testing.T) {
 	st := testStore()
 	src := func(netip.Addr) *state.Workload { return st.WorkloadByUID("client1") }
+	cfg := Config{Addr: "127.0.0.1:0", Upstreams: []string{"127.0.0.1:1"}, Source: src}
 	run := func(poller Poller) string {
-		s := New(Config{Addr: "127.0.0.1:0", Upstreams: []string{"127.0.0.1:1"}, Source: src, Poller: poller}, st, nil)
+		cfg := cfg
+		cfg.Poller = poller
+		s := New(cfg, st, nil)
 		if err := s.Listen(); err != nil {
 			t.Fatal(err)
 		}
@@ -52,7 +74,18 @@ func testMalformed(t *testing.T) {
 		t.Cleanup(func() { s.Close(); <-done })
 		return s.Addr().String()
 	}
-	miekg, polled := run(nil), run(testPoller)
+	ref := New(cfg, st, nil)
+	t.Cleanup(func() { ref.Close() })
+	pc, ln, err := ref.listenPair("127.0.0.1", "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := miekgHandler{ref}
+	// As Serve read before it did so itself: a 4 KiB UDP buffer, TCP reads bounded by tcpTimeout.
+	runServers(t, &dns.Server{PacketConn: pc, Handler: h, UDPSize: udpReadSize},
+		&dns.Server{Listener: ln, Handler: h, ReadTimeout: ref.tcpTimeout, IdleTimeout: func() time.Duration { return ref.tcpTimeout }})
+	miekg := pc.LocalAddr().String()
+	servers := map[string]string{"goroutine per socket": run(nil), "podpoll": run(testPoller)}
 	q := func(mod func(*dns.Msg)) []byte {
 		m := new(dns.Msg)
 		m.SetQuestion("svc1.ns1.svc.cluster.local.", dns.TypeA)
@@ -79,9 +112,11 @@ func testMalformed(t *testing.T) {
 	} {
 		for _, network := range []string{"udp", "tcp"} {
 			want, wantErr := exchangeRaw(t, network, miekg, tc.msg)
-			got, gotErr := exchangeRaw(t, network, polled, tc.msg)
-			if string(got) != string(want) || (gotErr == nil) != (wantErr == nil) {
-				t.Errorf("%s over %s: got %x (%v); miekg/dns's server %x (%v)", tc.name, network, got, gotErr, want, wantErr)
+			for name, addr := range servers {
+				got, gotErr := exchangeRaw(t, network, addr, tc.msg)
+				if string(got) != string(want) || (gotErr == nil) != (wantErr == nil) {
+					t.Errorf("%s over %s, %s: got %x (%v); miekg/dns's server %x (%v)", tc.name, network, name, got, gotErr, want, wantErr)
+				}
 			}
 		}
 	}

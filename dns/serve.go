@@ -19,17 +19,18 @@ import (
 // maxTCPQueries is how many queries one TCP connection may send, as miekg/dns's server allows.
 const maxTCPQueries = 128
 
-// servePolled has the Poller watch every socket and answers each query it hands over on a
-// goroutine of its own, until ctx ends or Close. Then it stops the watches, ends the TCP
-// clients' reads, waits for the queries in flight and closes the sockets. An idle DNS proxy
-// thus holds only the goroutine that runs Serve, and no read buffer.
-func (s *Server) servePolled(ctx context.Context) error {
+// serve has poller watch every socket and answers each query it hands over on a goroutine
+// of its own, until ctx ends, Close or Shutdown. Then it stops the watches, ends the TCP
+// clients' reads, waits for the queries in flight (Shutdown: until its context ends) and
+// closes the sockets. With podpoll an idle DNS proxy thus holds only the goroutine that runs
+// Serve, and no read buffer.
+func (s *Server) serve(ctx context.Context, poller Poller) error {
 	var inflight sync.WaitGroup // Add only from the Poller's callbacks, so before stop returns
 	var stops []func()
 	var err error
 	for i := range s.udp {
 		pc, ln := s.udp[i], s.tcp[i]
-		stop, werr := s.cfg.Poller.WatchPacket(pc, func(b []byte, from netip.AddrPort, to netip.Addr, rerr error) {
+		stop, werr := poller.WatchPacket(pc, func(b []byte, from netip.AddrPort, to netip.Addr, rerr error) {
 			if rerr != nil {
 				s.log.Debug("dns: read", "error", rerr)
 				return
@@ -46,7 +47,7 @@ func (s *Server) servePolled(ctx context.Context) error {
 			break
 		}
 		stops = append(stops, stop)
-		stop, werr = s.cfg.Poller.Watch(ln, func(c net.Conn, aerr error) {
+		stop, werr = poller.Watch(ln, func(c net.Conn, aerr error) {
 			if aerr != nil {
 				s.log.Debug("dns: accept", "error", aerr)
 				return
@@ -110,7 +111,7 @@ func (s *Server) servePolled(ctx context.Context) error {
 	return err
 }
 
-// addConn records a TCP client for servePolled's stop; false once it is stopping.
+// addConn records a TCP client for serve's stop; false once it is stopping.
 func (s *Server) addConn(c net.Conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
