@@ -6,12 +6,17 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"os"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/miekg/dns"
 
+	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/podpoll"
+	"github.com/gozt/gozt/internal/testutil"
 	"github.com/gozt/gozt/xds/state"
 )
 
@@ -142,4 +147,143 @@ func exchangeRaw(t *testing.T, network, addr string, msg []byte) ([]byte, error)
 	}
 	n, err := co.Read(buf)
 	return buf[:n], err
+}
+
+// testPollers are the two Pollers a Server runs with: nil, a goroutine per socket, and p.
+func testPollers(p *podpoll.Poller) []struct {
+	name   string
+	poller Poller
+} {
+	return []struct {
+		name   string
+		poller Poller
+	}{{"goroutine per socket", nil}, {"podpoll", p}}
+}
+
+// A DNS proxy bound to a wildcard answers a query from the address it was sent to: a stub
+// resolver's connected UDP socket, as the client's here, drops an answer from any other, and
+// the kernel would send the answer to a query for 127.0.0.2 from 127.0.0.1. On an IPv4
+// socket (IP_PKTINFO) and a dual-stack one (IPV6_PKTINFO, v4-mapped for IPv4 clients).
+func TestWildcardAnswersFromDestination(t *testing.T) {
+	p, err := podpoll.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var lc net.ListenConfig
+	udp4 := func(ctx context.Context, _, address string) (net.PacketConn, error) {
+		return lc.ListenPacket(ctx, "udp4", address)
+	}
+	for _, tc := range []struct {
+		name         string
+		addr         string
+		listenPacket func(ctx context.Context, network, address string) (net.PacketConn, error)
+		dsts         []string
+	}{
+		{"0.0.0.0 dual-stack", "0.0.0.0:0", nil, []string{"127.0.0.2"}}, // Go binds "udp" 0.0.0.0 as [::]
+		{"0.0.0.0 udp4", "0.0.0.0:0", udp4, []string{"127.0.0.2"}},
+		{"[::]", "[::]:0", nil, []string{"127.0.0.2", "::1"}},
+	} {
+		for _, pp := range testPollers(p) {
+			t.Run(tc.name+"/"+pp.name, func(t *testing.T) {
+				if tc.addr == "[::]:0" {
+					ln, err := net.Listen("tcp", "[::1]:0")
+					if err != nil {
+						t.Skipf("no IPv6 loopback (::1) to ask at: %v", err)
+					}
+					ln.Close()
+				}
+				leaktest.Check(t)
+				st := testStore()
+				s := New(Config{Addr: tc.addr, Upstreams: []string{"127.0.0.1:1"}, ListenPacket: tc.listenPacket, Poller: pp.poller,
+					Source: func(netip.Addr) *state.Workload { return st.WorkloadByUID("client1") }}, st, nil)
+				if err := s.Listen(); err != nil {
+					t.Fatal(err)
+				}
+				served := make(chan error, 1)
+				go func() { served <- s.Serve(context.Background()) }()
+				defer func() { s.Close(); <-served }()
+				port := uint16(s.Addr().(*net.UDPAddr).Port)
+				for _, dst := range tc.dsts {
+					c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr(dst), port)))
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer c.Close()
+					c.SetDeadline(time.Now().Add(2 * time.Second))
+					co := &dns.Conn{Conn: c}
+					req := new(dns.Msg)
+					req.SetQuestion("svc1.ns1.svc.cluster.local.", dns.TypeA)
+					if err := co.WriteMsg(req); err != nil {
+						t.Fatal(err)
+					}
+					if resp, err := co.ReadMsg(); err != nil || len(resp.Answer) != 1 {
+						t.Errorf("query to %s: %v %v; want the answer, from %s", dst, resp, err, dst)
+					}
+				}
+			})
+		}
+	}
+}
+
+// Close with queries in flight over UDP and TCP, and an idle TCP client: the queries are
+// answered (SERVFAIL, as Close ends their wait for the client's workload), Serve returns and
+// leaves no goroutine or file descriptor behind.
+func TestServeStopsWithQueriesInFlight(t *testing.T) {
+	p, err := podpoll.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, pp := range testPollers(p) {
+		t.Run(pp.name, func(t *testing.T) {
+			leaktest.Check(t)
+			fds, err := os.ReadDir("/proc/self/fd")
+			if err != nil {
+				t.Skipf("no /proc/self/fd to count: %v", err)
+			}
+			var asked atomic.Int32
+			s := New(Config{Addr: "127.0.0.1:0", Upstreams: []string{"127.0.0.1:1"}, Poller: pp.poller, WorkloadWait: time.Minute,
+				Source: func(netip.Addr) *state.Workload { asked.Add(1); return nil }}, state.NewStore(), nil)
+			if err := s.Listen(); err != nil {
+				t.Fatal(err)
+			}
+			served := make(chan error, 1)
+			go func() { served <- s.Serve(context.Background()) }()
+			addr := s.Addr().String()
+			idle, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const n = 8
+			answers := make(chan string, n)
+			for i := range n {
+				network := []string{"udp", "tcp"}[i%2]
+				go func() {
+					req := new(dns.Msg)
+					req.SetQuestion("svc1.ns1.svc.cluster.local.", dns.TypeA)
+					resp, _, err := (&dns.Client{Net: network, Timeout: 10 * time.Second}).Exchange(req, addr)
+					if err != nil {
+						answers <- network + ": " + err.Error()
+						return
+					}
+					answers <- network + ": " + dns.RcodeToString[resp.Rcode]
+				}()
+			}
+			testutil.Eventually(t, "the queries to wait for their client's workload", func() bool { return asked.Load() >= n })
+			s.Close()
+			if err := <-served; err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+			for range n {
+				if a := <-answers; !strings.HasSuffix(a, ": SERVFAIL") {
+					t.Errorf("query in flight at Close: %s; want SERVFAIL", a)
+				}
+			}
+			idle.Close()
+			if after, _ := os.ReadDir("/proc/self/fd"); len(after) != len(fds) {
+				t.Errorf("%d file descriptors open after Close; %d before Listen", len(after), len(fds))
+			}
+		})
+	}
 }
