@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gozt/gozt/internal/backoff"
 	"github.com/gozt/gozt/internal/sockopt"
 )
 
@@ -71,8 +72,8 @@ func goWatch(setDeadline func(time.Time) error, next func() error, failed func(e
 }
 
 // watchLoop calls next until stopping is closed or the socket is. A failure (out of file
-// descriptors, say) is handed to failed and retried after a delay, 5 ms doubling to 1 s
-// while it keeps failing, as podpoll backs off, rather than spinning.
+// descriptors, say) is handed to failed and retried after a delay (internal/backoff), as
+// podpoll does, rather than spinning.
 func watchLoop(next func() error, failed func(error), stopping <-chan struct{}) {
 	var delay time.Duration
 	for {
@@ -90,12 +91,8 @@ func watchLoop(next func() error, failed func(error), stopping <-chan struct{}) 
 			return
 		}
 		failed(err)
-		delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-		t := time.NewTimer(delay)
-		select {
-		case <-t.C:
-		case <-stopping:
-			t.Stop()
+		delay = backoff.Next(delay)
+		if !backoff.Wait(delay, stopping) {
 			return
 		}
 	}

@@ -61,6 +61,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gozt/gozt/internal/backoff"
 	"github.com/gozt/gozt/internal/sockopt"
 )
 
@@ -447,7 +448,7 @@ func addrPort(sa unix.Sockaddr) netip.AddrPort {
 // backOffLocked takes the failing socket out of the set and puts it back after the next
 // delay, so that a level-triggered error (EMFILE leaves the connection queued) does not spin.
 func (w *watch) backOffLocked() {
-	w.delay = min(max(2*w.delay, 5*time.Millisecond), time.Second)
+	w.delay = backoff.Next(w.delay)
 	if err := w.ctl(unix.EPOLL_CTL_DEL); err != nil {
 		return // closed under us: nothing to retry
 	}
