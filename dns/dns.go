@@ -28,6 +28,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/xds/state"
 )
@@ -92,29 +93,29 @@ type Config struct {
 	// send upstream queries from the pod's network namespace.
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 	// Listen and ListenPacket open the TCP and UDP listeners; nil uses package net. Set
-	// them (internal/netns.Sockets) to serve inside a pod's network namespace.
+	// them (internal/netns.Sockets) to serve inside a pod's network namespace. ListenPacket
+	// must return a *net.UDPConn.
 	Listen       func(ctx context.Context, network, address string) (net.Listener, error)
 	ListenPacket func(ctx context.Context, network, address string) (net.PacketConn, error)
-	// Poller, when set, waits on the sockets in place of a goroutine blocked on each, and
-	// queries are read and framed here rather than by miekg/dns's server: in-pod mode, whose
-	// node-wide poller (internal/podpoll) serves every pod's DNS proxy from one goroutine.
-	// An answer leaves by the socket its query came in on with the source address the
-	// kernel picks, so Addr should name the address clients send to (a pod's loopback), not
-	// a wildcard.
+	// Poller, when set, waits on the sockets in place of a goroutine blocked on each: in-pod
+	// mode, whose node-wide poller (internal/podpoll) serves every pod's DNS proxy from one
+	// goroutine. Either way the queries are read, framed and answered by the same code.
 	Poller Poller
 	// Logger receives the per-query debug log [slog.Default()], with scope=dns.
 	Logger *slog.Logger
 }
 
-// Poller waits on a DNS proxy's sockets for it; internal/podpoll.Poller is one.
+// Poller waits on a DNS proxy's sockets for it; internal/podpoll.Poller is one, goPoller
+// (a goroutine per socket) another.
 type Poller interface {
 	// Watch calls accepted with each connection ln accepts, or with the error of a failed
 	// accept, until stop is called; once stop has returned it calls it no more. accepted
 	// does not block.
 	Watch(ln net.Listener, accepted func(net.Conn, error)) (stop func(), err error)
 	// WatchPacket calls read with each datagram pc receives (b is valid only during the
-	// call), likewise.
-	WatchPacket(pc net.PacketConn, read func(b []byte, from netip.AddrPort, err error)) (stop func(), err error)
+	// call), its sender and the address it was sent to (the zero Addr unless pc reports it,
+	// sockopt.SetRecvDst), likewise.
+	WatchPacket(pc net.PacketConn, read func(b []byte, from netip.AddrPort, to netip.Addr, err error)) (stop func(), err error)
 }
 
 // Server is the DNS proxy. Create it with New, bind with Listen, run with Serve.
@@ -134,9 +135,9 @@ type Server struct {
 	mu        sync.Mutex
 	upstreams []string // set by Listen; read-only afterwards
 	search    []string // FixedSearch search list, normalised; set by Listen
-	udp       []net.PacketConn
+	udp       []*net.UDPConn
 	tcp       []net.Listener
-	conns     map[net.Conn]struct{} // with a Poller: TCP clients being served
+	conns     map[net.Conn]struct{} // TCP clients being served
 	serving   bool
 	closed    bool
 	done      chan struct{} // closed when Serve returns (or by Close if Serve never ran)
@@ -238,23 +239,51 @@ func (s *Server) Listen() error {
 
 // listenPair binds UDP and TCP on the same port; with port 0 it retries when the UDP port
 // it got is taken for TCP.
-func (s *Server) listenPair(host, port string) (net.PacketConn, net.Listener, error) {
+func (s *Server) listenPair(host, port string) (*net.UDPConn, net.Listener, error) {
 	ctx := context.Background()
 	for attempt := 0; ; attempt++ {
 		pc, err := s.cfg.ListenPacket(ctx, "udp", net.JoinHostPort(host, port))
 		if err != nil {
 			return nil, nil, err
 		}
-		p := fmt.Sprint(pc.LocalAddr().(*net.UDPAddr).Port)
+		uc, ok := pc.(*net.UDPConn)
+		if !ok {
+			pc.Close()
+			return nil, nil, fmt.Errorf("ListenPacket returned a %T, not a *net.UDPConn", pc)
+		}
+		if err := answerFromDst(uc); err != nil {
+			uc.Close()
+			return nil, nil, err
+		}
+		p := fmt.Sprint(uc.LocalAddr().(*net.UDPAddr).Port)
 		ln, err := s.cfg.Listen(ctx, "tcp", net.JoinHostPort(host, p))
 		if err == nil {
-			return pc, ln, nil
+			return uc, ln, nil
 		}
-		pc.Close()
+		uc.Close()
 		if port != "0" || attempt == 10 || !errors.Is(err, syscall.EADDRINUSE) {
 			return nil, nil, err
 		}
 	}
+}
+
+// answerFromDst has a UDP socket bound to a wildcard report each query's destination, for
+// answerUDP to answer from it: the kernel would pick the source by route, and a client that
+// asked 127.0.0.2, or one of several addresses of the host, drops an answer from another.
+// A socket bound to one address answers from it anyway, so in-pod mode's loopback sockets
+// read and write no control message per datagram. Elsewhere than Linux the kernel picks.
+func answerFromDst(uc *net.UDPConn) error {
+	if !uc.LocalAddr().(*net.UDPAddr).IP.IsUnspecified() {
+		return nil
+	}
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	if err := sockopt.SetRecvDst(rc); err != nil && !errors.Is(err, errors.ErrUnsupported) {
+		return err
+	}
+	return nil
 }
 
 func (s *Server) closeListenersLocked() {
@@ -317,11 +346,9 @@ func (s *Server) Addr() net.Addr {
 	return s.udp[0].LocalAddr()
 }
 
-// udpReadSize is the largest UDP query read whole.
-const udpReadSize = 4096
-
 // Serve answers queries until ctx ends or Close is called, then stops the listeners and
-// waits for in-flight queries. It returns nil on such a stop, or the first listener error.
+// waits for in-flight queries. It returns nil on such a stop, or the error of a failed
+// watch.
 func (s *Server) Serve(ctx context.Context) error {
 	s.mu.Lock()
 	switch {
@@ -336,78 +363,13 @@ func (s *Server) Serve(ctx context.Context) error {
 		return errors.New("dns: serve: Listen was not called")
 	}
 	s.serving = true
-	if s.cfg.Poller != nil {
-		s.mu.Unlock()
-		defer close(s.done)
-		return s.servePolled(ctx)
-	}
-	h := handler{s}
-	var servers []*dns.Server
-	for i := range s.udp {
-		servers = append(servers,
-			// UDPSize is the read buffer, which each waiting reader holds: 4 KiB, RFC 6891's
-			// recommended largest EDNS payload and hickory's receive buffer (the Rust
-			// ztunnel's), rather than 64 KiB, which in-pod mode would pay per pod.
-			&dns.Server{PacketConn: s.udp[i], Handler: h, UDPSize: udpReadSize},
-			// ReadTimeout bounds reading a TCP request; the handler bounds the rest.
-			&dns.Server{Listener: s.tcp[i], Handler: h, ReadTimeout: s.tcpTimeout,
-				IdleTimeout: func() time.Duration { return s.tcpTimeout }})
-	}
 	s.mu.Unlock()
 	defer close(s.done)
-
-	started := make([]chan struct{}, len(servers))
-	errc := make(chan error, len(servers))
-	for i, srv := range servers {
-		started[i] = make(chan struct{})
-		srv.NotifyStartedFunc = func() { close(started[i]) }
-		go runServer(srv, errc)
+	poller := s.cfg.Poller
+	if poller == nil {
+		poller = goPoller{}
 	}
-
-	var err error
-	running := len(servers)
-	drain := false
-	select {
-	case <-ctx.Done():
-	case <-s.ctx.Done(): // Close
-	case <-s.stopping: // Shutdown
-		drain = true
-	case err = <-errc:
-		running--
-		err = fmt.Errorf("dns: serve: %w", err)
-	}
-	if !drain {
-		s.cancel() // abort forwarding in flight
-	}
-	dctx := s.drainCtx()
-	for i, srv := range servers {
-		select {
-		case <-started[i]:
-			// Unblocks reads, waits for handlers (until Shutdown's context ends), closes
-			// the socket.
-			srv.ShutdownContext(dctx)
-		default:
-			// Never started (it failed); closing is all that is left.
-			if srv.PacketConn != nil {
-				srv.PacketConn.Close()
-			} else {
-				srv.Listener.Close()
-			}
-		}
-	}
-	for ; running > 0; running-- {
-		<-errc
-	}
-	s.cancel()
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
-	return err
-}
-
-// runServer runs one miekg server until it is shut down; errc gets its result.
-func runServer(srv *dns.Server, errc chan<- error) {
-	errc <- srv.ActivateAndServe()
+	return s.serve(ctx, poller)
 }
 
 // Shutdown stops reading queries, lets those already read (forwards to the upstream

@@ -175,7 +175,7 @@ func mustRR(t testing.TB, s string) dns.RR {
 }
 
 // testPoller, when set (TestPolled), is the Poller of the servers start and
-// TestListenServeClose run.
+// TestListenServeClose run; nil is a goroutine per socket.
 var testPoller Poller
 
 type env struct {
@@ -887,38 +887,30 @@ func TestUnknownSourceWaits(t *testing.T) {
 // Shutdown answers the queries already taken, a forward to a slow upstream included, before
 // it releases the sockets (a draining pod's proxy); Close aborts them.
 func TestShutdownAnswersQueriesInFlight(t *testing.T) {
-	for _, poller := range []bool{true, false} {
-		t.Run(fmt.Sprintf("poller=%v", poller), func(t *testing.T) {
-			leaktest.Check(t)
-			e := start(t, "client1", func(c *Config) {
-				if !poller {
-					c.Poller = nil
-				}
-			})
-			got := make(chan string, 1)
-			go func() {
-				req := new(dns.Msg)
-				req.SetQuestion("slow.test.", dns.TypeA)
-				resp, _, err := (&dns.Client{Net: "udp", Timeout: 5 * time.Second}).Exchange(req, e.addr)
-				if err != nil {
-					got <- err.Error()
-					return
-				}
-				got <- summary(resp)
-			}()
-			testutil.Eventually(t, "the query to reach the upstream", func() bool { return e.up.udp.Load() >= 1 })
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := e.srv.Shutdown(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if g := <-got; g != "NOERROR [slow.test. A 192.0.2.30]" {
-				t.Errorf("query in flight at Shutdown: %s; want the upstream's answer", g)
-			}
-			if c, err := net.Dial("tcp", e.addr); err == nil {
-				c.Close()
-				t.Error("TCP socket still accepting after Shutdown")
-			}
-		})
+	leaktest.Check(t)
+	e := start(t, "client1", nil)
+	got := make(chan string, 1)
+	go func() {
+		req := new(dns.Msg)
+		req.SetQuestion("slow.test.", dns.TypeA)
+		resp, _, err := (&dns.Client{Net: "udp", Timeout: 5 * time.Second}).Exchange(req, e.addr)
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		got <- summary(resp)
+	}()
+	testutil.Eventually(t, "the query to reach the upstream", func() bool { return e.up.udp.Load() >= 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := e.srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if g := <-got; g != "NOERROR [slow.test. A 192.0.2.30]" {
+		t.Errorf("query in flight at Shutdown: %s; want the upstream's answer", g)
+	}
+	if c, err := net.Dial("tcp", e.addr); err == nil {
+		c.Close()
+		t.Error("TCP socket still accepting after Shutdown")
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"strings"
 	"time"
@@ -15,26 +14,6 @@ import (
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/xds/state"
 )
-
-// handler adapts Server to dns.Handler without exporting ServeDNS.
-type handler struct{ s *Server }
-
-func (h handler) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
-	proto := "udp"
-	if _, ok := w.LocalAddr().(*net.TCPAddr); ok {
-		proto = "tcp"
-	}
-	var client netip.Addr
-	switch a := w.RemoteAddr().(type) {
-	case *net.UDPAddr:
-		client = a.AddrPort().Addr().Unmap()
-	case *net.TCPAddr:
-		client = a.AddrPort().Addr().Unmap()
-	}
-	if err := w.WriteMsg(h.s.reply(req, client, proto)); err != nil {
-		h.s.log.Debug("dns: write response", "client", client, "error", err)
-	}
-}
 
 // reply is the response to req from client over proto ("udp" or "tcp"), sized for it.
 func (s *Server) reply(req *dns.Msg, client netip.Addr, proto string) *dns.Msg {

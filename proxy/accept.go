@@ -5,6 +5,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/gozt/gozt/internal/backoff"
 )
 
 // goAcceptor accepts on a goroutine per listener: the Acceptor of a proxy whose Config
@@ -50,12 +52,8 @@ func acceptLoop(ln net.Listener, accepted func(net.Conn, error), done <-chan str
 		}
 		// Out of file descriptors and the like: back off rather than spin.
 		accepted(nil, err)
-		delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-		t := time.NewTimer(delay)
-		select {
-		case <-t.C:
-		case <-done:
-			t.Stop()
+		delay = backoff.Next(delay)
+		if !backoff.Wait(delay, done) {
 			return
 		}
 	}

@@ -15,7 +15,7 @@
 // netpoller, so its one goroutine (run) parks like any reader and holds no OS thread while
 // nothing happens. Each watched socket stays its owner's net.Listener or net.PacketConn: the
 // poller adds it to the set level-triggered (EPOLLIN) under a token that is never reused, and
-// on readiness accepts (accept4) or reads (recvfrom) a batch of at most batch, then moves on
+// on readiness accepts (accept4) or reads (recvmsg) a batch of at most batch, then moves on
 // to the next ready socket, so one busy pod cannot hold up the others; level triggering
 // reports the rest on the next round. An accepted fd becomes a *net.TCPConn through
 // net.FileConn (one dup, and the dup is what Go's netpoller watches), so the proxy's copy can
@@ -60,6 +60,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gozt/gozt/internal/backoff"
+	"github.com/gozt/gozt/internal/sockopt"
 )
 
 // batch is how many connections or datagrams one socket gets per round.
@@ -101,9 +104,9 @@ type watch struct {
 	p      *Poller
 	token  uint64
 	rc     syscall.RawConn
-	accept func(net.Conn, error)               // for a listener
-	gate   Gate                                // the listener's, or nil
-	read   func([]byte, netip.AddrPort, error) // for a packet socket
+	accept func(net.Conn, error)                           // for a listener
+	gate   Gate                                            // the listener's, or nil
+	read   func([]byte, netip.AddrPort, netip.Addr, error) // for a packet socket
 
 	mu      sync.Mutex
 	stopped bool          // guarded by mu: stop has run
@@ -151,10 +154,11 @@ func (p *Poller) Watch(ln net.Listener, accepted func(net.Conn, error)) (stop fu
 	return p.add(ln, &watch{accept: accepted, gate: g})
 }
 
-// WatchPacket calls read with each datagram pc receives and its sender, or with the error
-// of a failed read, until stop is called. The bytes are valid only during the call. read
-// runs on the poller's goroutine: it must not block.
-func (p *Poller) WatchPacket(pc net.PacketConn, read func(b []byte, from netip.AddrPort, err error)) (stop func(), err error) {
+// WatchPacket calls read with each datagram pc receives, its sender and the address it was
+// sent to (when pc reports it: see sockopt.SetRecvDst; else the zero Addr), or with the
+// error of a failed read, until stop is called. The bytes are valid only during the call.
+// read runs on the poller's goroutine: it must not block.
+func (p *Poller) WatchPacket(pc net.PacketConn, read func(b []byte, from netip.AddrPort, to netip.Addr, err error)) (stop func(), err error) {
 	return p.add(pc, &watch{read: read})
 }
 
@@ -287,6 +291,7 @@ func (p *Poller) run() {
 	defer close(p.done)
 	events := make([]unix.EpollEvent, 64)
 	buf := make([]byte, maxDatagram)
+	oob := make([]byte, sockopt.DstOOBSize)
 	for {
 		var n int
 		err := p.rc.Read(func(epfd uintptr) bool {
@@ -307,7 +312,7 @@ func (p *Poller) run() {
 			w := p.watches[token]
 			p.mu.Unlock()
 			if w != nil {
-				w.serve(buf)
+				w.serve(buf, oob)
 				continue
 			}
 			if r := p.takeReadable(token); r != nil {
@@ -321,7 +326,7 @@ func (p *Poller) run() {
 }
 
 // serve accepts or reads one batch, unless the watch has stopped.
-func (w *watch) serve(buf []byte) {
+func (w *watch) serve(buf, oob []byte) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.stopped || w.failing || w.gated {
@@ -331,7 +336,7 @@ func (w *watch) serve(buf []byte) {
 	if w.accept != nil {
 		err = w.acceptBatch()
 	} else {
-		err = w.readBatch(buf)
+		err = w.readBatch(buf, oob)
 	}
 	if err == nil {
 		w.delay = 0
@@ -405,21 +410,21 @@ func fileConn(fd int) (net.Conn, error) {
 }
 
 // readBatch reads up to batch datagrams and hands each over.
-func (w *watch) readBatch(buf []byte) error {
+func (w *watch) readBatch(buf, oob []byte) error {
 	var rerr error
 	cerr := w.rc.Control(func(fd uintptr) {
 		for i := 0; i < batch; i++ {
-			n, from, err := unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+			n, oobn, _, from, err := unix.Recvmsg(int(fd), buf, oob, unix.MSG_DONTWAIT)
 			switch err {
 			case nil:
-				w.read(buf[:n], addrPort(from), nil)
+				w.read(buf[:n], addrPort(from), sockopt.ParseDst(oob[:oobn]), nil)
 				continue
 			case unix.EINTR:
 				continue
 			case unix.EAGAIN:
 			default:
-				rerr = os.NewSyscallError("recvfrom", err)
-				w.read(nil, netip.AddrPort{}, rerr)
+				rerr = os.NewSyscallError("recvmsg", err)
+				w.read(nil, netip.AddrPort{}, netip.Addr{}, rerr)
 			}
 			return
 		}
@@ -443,7 +448,7 @@ func addrPort(sa unix.Sockaddr) netip.AddrPort {
 // backOffLocked takes the failing socket out of the set and puts it back after the next
 // delay, so that a level-triggered error (EMFILE leaves the connection queued) does not spin.
 func (w *watch) backOffLocked() {
-	w.delay = min(max(2*w.delay, 5*time.Millisecond), time.Second)
+	w.delay = backoff.Next(w.delay)
 	if err := w.ctl(unix.EPOLL_CTL_DEL); err != nil {
 		return // closed under us: nothing to retry
 	}

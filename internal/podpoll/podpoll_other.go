@@ -21,7 +21,7 @@ func (p *Poller) Watch(net.Listener, func(net.Conn, error)) (func(), error) {
 	return nil, errors.ErrUnsupported
 }
 
-func (p *Poller) WatchPacket(net.PacketConn, func([]byte, netip.AddrPort, error)) (func(), error) {
+func (p *Poller) WatchPacket(net.PacketConn, func([]byte, netip.AddrPort, netip.Addr, error)) (func(), error) {
 	return nil, errors.ErrUnsupported
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/podpoll"
+	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/internal/testutil"
 )
 
@@ -244,7 +245,8 @@ func TestClosedListenerFDReused(t *testing.T) {
 	}
 }
 
-// Datagrams arrive whole with their sender, and a reply goes back through the socket.
+// Datagrams arrive whole with their sender and, on a socket that reports it, the address
+// they were sent to; a reply goes back through the socket.
 func TestWatchPacket(t *testing.T) {
 	p := newPoller(t)
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
@@ -252,17 +254,25 @@ func TestWatchPacket(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pc.Close()
+	rc, err := pc.(*net.UDPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sockopt.SetRecvDst(rc); err != nil {
+		t.Fatal(err)
+	}
 	type dgram struct {
 		b    string
 		from netip.AddrPort
+		to   netip.Addr
 	}
 	got := make(chan dgram, 64)
-	stop, err := p.WatchPacket(pc, func(b []byte, from netip.AddrPort, err error) {
+	stop, err := p.WatchPacket(pc, func(b []byte, from netip.AddrPort, to netip.Addr, err error) {
 		if err != nil {
 			t.Errorf("read: %v", err)
 			return
 		}
-		got <- dgram{string(b), from}
+		got <- dgram{string(b), from, to}
 		pc.WriteTo(append([]byte("re:"), b...), net.UDPAddrFromAddrPort(from))
 	})
 	if err != nil {
@@ -281,8 +291,8 @@ func TestWatchPacket(t *testing.T) {
 		}
 		select {
 		case d := <-got:
-			if d.b != msg || d.from.String() != c.LocalAddr().String() {
-				t.Errorf("got %d bytes from %v; want %d from %v", len(d.b), d.from, len(msg), c.LocalAddr())
+			if d.b != msg || d.from.String() != c.LocalAddr().String() || d.to != netip.MustParseAddr("127.0.0.1") {
+				t.Errorf("got %d bytes from %v to %v; want %d from %v to 127.0.0.1", len(d.b), d.from, d.to, len(msg), c.LocalAddr())
 			}
 		case <-time.After(5 * time.Second):
 			t.Fatal("no datagram")

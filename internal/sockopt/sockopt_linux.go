@@ -138,3 +138,58 @@ func SetUserTimeout(c *net.TCPConn, d time.Duration) error {
 	}
 	return setInts(rc, "TCP_USER_TIMEOUT", opt{unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(d.Milliseconds())})
 }
+
+// SetRecvDst has a UDP socket report each datagram's destination address in a control
+// message for ParseDst: IP_PKTINFO, or IPV6_RECVPKTINFO on an IPv6 socket (which reports a
+// dual-stack socket's IPv4 datagrams with a v4-mapped address). A socket bound to a
+// wildcard needs it to answer from the address a client sent to: the client's resolver
+// drops an answer from any other.
+func SetRecvDst(c syscall.RawConn) error {
+	var domain int
+	var gerr error
+	if err := errors.Join(c.Control(func(fd uintptr) {
+		domain, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_DOMAIN)
+	}), gerr); err != nil {
+		return fmt.Errorf("sockopt: get SO_DOMAIN: %w", err)
+	}
+	if domain == unix.AF_INET6 {
+		return setInts(c, "IPV6_RECVPKTINFO", opt{unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1})
+	}
+	return setInts(c, "IP_PKTINFO", opt{unix.IPPROTO_IP, unix.IP_PKTINFO, 1})
+}
+
+// DstOOBSize is how large an out-of-band buffer must be for SetRecvDst's control message.
+var DstOOBSize = unix.CmsgSpace(unix.SizeofInet6Pktinfo)
+
+// ParseDst returns the destination address in a datagram's control messages (oob as
+// recvmsg filled it), or the zero Addr when they hold none.
+func ParseDst(oob []byte) netip.Addr {
+	// ParseOneSocketControlMessage reads a whole header without checking that b holds one.
+	for len(oob) >= unix.CmsgLen(0) {
+		h, data, rest, err := unix.ParseOneSocketControlMessage(oob)
+		if err != nil {
+			break
+		}
+		switch {
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_PKTINFO && len(data) >= unix.SizeofInet4Pktinfo:
+			return netip.AddrFrom4([4]byte(data[8:12])) // in_pktinfo's ipi_addr, after ifindex and spec_dst
+		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_PKTINFO && len(data) >= unix.SizeofInet6Pktinfo:
+			return netip.AddrFrom16([16]byte(data[:16])) // in6_pktinfo's ipi6_addr
+		}
+		oob = rest
+	}
+	return netip.Addr{}
+}
+
+// SrcOOB returns the control message that has sendmsg send from src, or nil for the zero
+// Addr: IP_PKTINFO for an IPv4 address, IPV6_PKTINFO for any other (a v4-mapped one, as
+// ParseDst reports on a dual-stack socket, included). The interface is the kernel's choice.
+func SrcOOB(src netip.Addr) []byte {
+	switch {
+	case src.Is4():
+		return unix.PktInfo4(&unix.Inet4Pktinfo{Spec_dst: src.As4()})
+	case src.Is6():
+		return unix.PktInfo6(&unix.Inet6Pktinfo{Addr: src.As16()})
+	}
+	return nil
+}

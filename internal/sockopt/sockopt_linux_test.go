@@ -339,3 +339,60 @@ func TestOriginalDstRedirect(t *testing.T) {
 		})
 	}
 }
+
+// A wildcard UDP socket with SetRecvDst learns that a datagram was sent to 127.0.0.2 and
+// answers from it, on an IPv4 socket (IP_PKTINFO) and a dual-stack one (IPV6_PKTINFO,
+// v4-mapped); the client's connected socket drops an answer from any other address.
+func TestRecvDst(t *testing.T) {
+	for _, network := range []string{"udp4", "udp"} { // "udp" on 0.0.0.0 is dual-stack
+		t.Run(network, func(t *testing.T) {
+			pc, err := net.ListenPacket(network, "0.0.0.0:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pc.Close()
+			uc := pc.(*net.UDPConn)
+			rc, err := uc.SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := SetRecvDst(rc); err != nil {
+				t.Fatal(err)
+			}
+			port := uc.LocalAddr().(*net.UDPAddr).Port
+			c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), uint16(port))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := c.Write([]byte("q")); err != nil {
+				t.Fatal(err)
+			}
+			buf, oob := make([]byte, 16), make([]byte, DstOOBSize)
+			uc.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, oobn, _, from, err := uc.ReadMsgUDPAddrPort(buf, oob)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dst := ParseDst(oob[:oobn])
+			if dst.Unmap() != netip.MustParseAddr("127.0.0.2") {
+				t.Fatalf("ParseDst = %v; want 127.0.0.2", dst)
+			}
+			if _, _, err := uc.WriteMsgUDPAddrPort([]byte("a"), SrcOOB(dst), from); err != nil {
+				t.Fatal(err)
+			}
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if n, err := c.Read(buf); err != nil || string(buf[:n]) != "a" {
+				t.Errorf("answer: %q, %v; want \"a\" from 127.0.0.2", buf[:n], err)
+			}
+		})
+	}
+}
+
+// ParseDst reads no further than the bytes it is given.
+func FuzzParseDst(f *testing.F) {
+	f.Add(unix.PktInfo4(&unix.Inet4Pktinfo{Addr: [4]byte{127, 0, 0, 2}}))
+	f.Add(SrcOOB(netip.MustParseAddr("::1")))
+	f.Add([]byte{1, 2, 3})
+	f.Fuzz(func(t *testing.T, oob []byte) { ParseDst(oob) })
+}

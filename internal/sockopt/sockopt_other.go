@@ -47,3 +47,18 @@ func Control(mark uint32) func(network, address string, c syscall.RawConn) error
 func SetUserTimeout(c *net.TCPConn, d time.Duration) error {
 	return fmt.Errorf("sockopt: set TCP_USER_TIMEOUT: %w", errors.ErrUnsupported)
 }
+
+// SetRecvDst is Linux-only here: elsewhere a wildcard socket answers from the address the
+// kernel picks.
+func SetRecvDst(c syscall.RawConn) error {
+	return fmt.Errorf("sockopt: set IP_PKTINFO: %w", errors.ErrUnsupported)
+}
+
+// DstOOBSize is 0: without SetRecvDst there is no control message to read.
+const DstOOBSize = 0
+
+// ParseDst finds nothing without SetRecvDst.
+func ParseDst(oob []byte) netip.Addr { return netip.Addr{} }
+
+// SrcOOB returns nil: the kernel picks the source.
+func SrcOOB(src netip.Addr) []byte { return nil }

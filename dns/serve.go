@@ -12,22 +12,25 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/gozt/gozt/internal/sockopt"
 )
 
 // maxTCPQueries is how many queries one TCP connection may send, as miekg/dns's server allows.
 const maxTCPQueries = 128
 
-// servePolled has the Poller watch every socket and answers each query it hands over on a
-// goroutine of its own, until ctx ends or Close. Then it stops the watches, ends the TCP
-// clients' reads, waits for the queries in flight and closes the sockets. An idle DNS proxy
-// thus holds only the goroutine that runs Serve, and no read buffer.
-func (s *Server) servePolled(ctx context.Context) error {
+// serve has poller watch every socket and answers each query it hands over on a goroutine
+// of its own, until ctx ends, Close or Shutdown. Then it stops the watches, ends the TCP
+// clients' reads, waits for the queries in flight (Shutdown: until its context ends) and
+// closes the sockets. With podpoll an idle DNS proxy thus holds only the goroutine that runs
+// Serve, and no read buffer.
+func (s *Server) serve(ctx context.Context, poller Poller) error {
 	var inflight sync.WaitGroup // Add only from the Poller's callbacks, so before stop returns
 	var stops []func()
 	var err error
 	for i := range s.udp {
 		pc, ln := s.udp[i], s.tcp[i]
-		stop, werr := s.cfg.Poller.WatchPacket(pc, func(b []byte, from netip.AddrPort, rerr error) {
+		stop, werr := poller.WatchPacket(pc, func(b []byte, from netip.AddrPort, to netip.Addr, rerr error) {
 			if rerr != nil {
 				s.log.Debug("dns: read", "error", rerr)
 				return
@@ -36,7 +39,7 @@ func (s *Server) servePolled(ctx context.Context) error {
 			inflight.Add(1)
 			go func() {
 				defer inflight.Done()
-				s.answerUDP(pc, q, from)
+				s.answerUDP(pc, q, from, to)
 			}()
 		})
 		if werr != nil {
@@ -44,7 +47,7 @@ func (s *Server) servePolled(ctx context.Context) error {
 			break
 		}
 		stops = append(stops, stop)
-		stop, werr = s.cfg.Poller.Watch(ln, func(c net.Conn, aerr error) {
+		stop, werr = poller.Watch(ln, func(c net.Conn, aerr error) {
 			if aerr != nil {
 				s.log.Debug("dns: accept", "error", aerr)
 				return
@@ -108,7 +111,7 @@ func (s *Server) servePolled(ctx context.Context) error {
 	return err
 }
 
-// addConn records a TCP client for servePolled's stop; false once it is stopping.
+// addConn records a TCP client for serve's stop; false once it is stopping.
 func (s *Server) addConn(c net.Conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -129,13 +132,14 @@ func (s *Server) removeConn(c net.Conn) {
 	c.Close()
 }
 
-// answerUDP answers one datagram.
-func (s *Server) answerUDP(pc net.PacketConn, q []byte, from netip.AddrPort) {
+// answerUDP answers one datagram, from the address it was sent to when that is known (a
+// socket bound to a wildcard: answerFromDst).
+func (s *Server) answerUDP(uc *net.UDPConn, q []byte, from netip.AddrPort, to netip.Addr) {
 	out := s.serveMsg(q, from.Addr().Unmap(), "udp")
 	if out == nil {
 		return
 	}
-	if _, err := pc.WriteTo(out, net.UDPAddrFromAddrPort(from)); err != nil {
+	if _, _, err := uc.WriteMsgUDPAddrPort(out, sockopt.SrcOOB(to), from); err != nil {
 		s.log.Debug("dns: write response", "client", from, "error", err)
 	}
 }
