@@ -7,7 +7,7 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 RUN_DIR   ?= .tmp/run
 
-.PHONY: all build image helm kube-apiserver kubectl istio-tools coredns cluster-tools cluster-images cluster-up cluster-check cluster-migrate cluster-migrate-run cluster-down cluster-load cluster-rss manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale bench-pods bench-conns
+.PHONY: all build image helm kube-apiserver kubectl istio-tools hbone-control bench-victim coredns cluster-tools cluster-images cluster-up cluster-check cluster-migrate cluster-migrate-run cluster-down cluster-load cluster-rss manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale bench-pods bench-conns
 
 all: build
 
@@ -79,6 +79,16 @@ ISTIO_TOOLS := .tools/pilot-discovery .tools/install-cni .tools/istio-cni .tools
 $(ISTIO_TOOLS): tools/istio/go.mod tools/istio/go.sum
 	cd tools/istio && CGO_ENABLED=0 $(GO) build -trimpath -tags vtprotobuf,disable_pgv -ldflags "$(ISTIO_LDFLAGS)" -o ../../$@ istio.io/istio/$(PKG)
 istio-tools: $(ISTIO_TOOLS)
+
+# The open-streams flood's control (issue 50): Istio's own Go HBONE server over mTLS, which
+# proxy's BenchmarkVictimOpenStreams aims the same attack at. bench-victim runs that
+# benchmark with it, VICTIM_COUNT times.
+VICTIM_COUNT ?= 3
+.tools/hbonecontrol: tools/istio/go.mod tools/istio/go.sum tools/istio/hbonecontrol/main.go
+	cd tools/istio && CGO_ENABLED=0 $(GO) build -trimpath -o ../../$@ ./hbonecontrol
+hbone-control: .tools/hbonecontrol
+bench-victim: .tools/hbonecontrol
+	HBONE_CONTROL=$(CURDIR)/.tools/hbonecontrol $(GO) test -run '^$$' -bench '^BenchmarkVictimOpenStreams$$' -benchtime 3000x -count $(VICTIM_COUNT) ./proxy/
 
 # CoreDNS, the cluster DNS, from its Go module pinned in tools/coredns.
 coredns: .tools/coredns

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -50,6 +51,10 @@ type Attacker struct {
 	out   *bufio.Scanner
 }
 
+// EnvCPUs, if set (say to 0.5), confines each attacker process to that many CPUs (see
+// confine): the attacker as a machine of its own rather than a share of the tested one's.
+const EnvCPUs = "ATTACK_CPUS"
+
 // Start runs this test binary again as an attacker process doing kind (see Main) to addr,
 // presenting certPEM, and returns once it attacks. test names the test function that
 // calls Main in the child; prefix, if any, goes before the binary on the command line
@@ -75,6 +80,23 @@ func Start(tb testing.TB, test, kind, addr, dst, certPEM string, prefix ...strin
 	a.stdin, a.out = stdin, bufio.NewScanner(stdout)
 	if err := a.cmd.Start(); err != nil {
 		tb.Fatal(err)
+	}
+	if v := os.Getenv(EnvCPUs); v != "" {
+		cpus, err := strconv.ParseFloat(v, 64)
+		if err == nil && cpus <= 0 {
+			err = errors.New("not a positive number")
+		}
+		var release func()
+		if err == nil {
+			release, err = confine(a.cmd.Process.Pid, cpus)
+		}
+		if err == nil {
+			tb.Cleanup(release) // once the process has exited
+		} else {
+			a.cmd.Process.Kill()
+			a.cmd.Wait()
+			tb.Fatalf("%s=%q: %v", EnvCPUs, v, err)
+		}
 	}
 	if !a.out.Scan() || a.out.Text() != "ready" {
 		stdin.Close()
