@@ -21,8 +21,8 @@ type halfCloser interface {
 // handOff registers a connection (tc, or a fresh record) for the drain deadline, then
 // copies between client and server on a new tracked goroutine and returns at once. When
 // the copy ends, done gets copyBoth's result; then both ends are closed and the record
-// removed. A TCP socket ↔ HBONE stream pair in user-space TLS goes to handOffParkable
-// instead, whose copy gives up its goroutine while idle (idle.go).
+// removed. A TCP socket ↔ HBONE stream pair goes to handOffParkable instead, whose copy
+// gives up its goroutine while idle (idle.go).
 //
 // Why a new goroutine: a proxied connection's goroutine lives as long as the connection,
 // mostly waiting, and a goroutine's stack never shrinks below what its deepest call needed
@@ -48,7 +48,7 @@ func (p *Proxy) handOff(client, server halfCloser, tc *liveConn, done func(recei
 	})
 }
 
-// handOffParkable is handOff for a TCP socket ↔ HBONE stream pair in user-space TLS: a
+// handOffParkable is handOff for a TCP socket ↔ HBONE stream pair (either TLS): a
 // streamCopy, which gives up its goroutine while the connection is idle (idle.go). The
 // tracker's count for the copy is held from here until the copy completes, whether a
 // goroutine runs it or it is parked, so drain waits for parked connections too.

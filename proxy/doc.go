@@ -28,19 +28,20 @@ package proxy
 //     copies the client's socket into the HBONE stream or the plain leg. The other
 //     direction of a socket ↔ HBONE stream pair runs on the HBONE connection's frame
 //     reader (hbone.Stream.DeliverTo), which writes each DATA frame straight to the
-//     socket; plain TCP ↔ TCP pairs copy each way on a goroutine of its own and splice,
-//     and so does a socket ↔ stream pair whose HBONE connection is in kernel TLS
-//     (readFromSplice): both keep their goroutines while idle.
-//   - Parking (idle.go): a socket ↔ stream pair in user-space TLS (both nodes: the client
-//     node's client socket → stream, the server node's backend socket → stream) is a
-//     streamCopy, whose socket → stream direction holds no goroutine while its socket is
-//     quiet. Its states: running (a goroutine in Stream.ReadFrom, or about to be), parked
+//     socket (in kernel TLS, splices it: kernel TLS socket → pipe → socket); plain TCP ↔
+//     TCP pairs copy each way on a goroutine of its own and splice, and keep both while
+//     idle.
+//   - Parking (idle.go): a socket ↔ stream pair, in user-space or kernel TLS (both nodes:
+//     the client node's client socket → stream, the server node's backend socket →
+//     stream) is a streamCopy, whose socket → stream direction holds no goroutine while its
+//     socket is quiet. Its states: running (a goroutine in Stream.ReadFrom, which in
+//     kernel TLS splices socket → pipe → kernel TLS socket, or about to be), parked
 //     (registered one-shot, EPOLLIN|EPOLLRDHUP, with the idle poller; no goroutine), ended.
 //     The sweep, a timer every 100 ms per proxy that runs only while some copy is running,
 //     visits the running copies; one seen by two sweeps since it started or resumed, and
 //     then by every sweep while it moves bytes, gets a read deadline in the past, which
-//     ends its ReadFrom without losing a byte (the deadline is checked before a read, or
-//     when a read found nothing). The woken goroutine clears the deadline; if it read
+//     ends its ReadFrom without losing a byte (the deadline is checked before a read or
+//     splice, or when one found nothing). The woken goroutine clears the deadline; if it read
 //     nothing since it was last woken it parks, and returns: 100–200 ms after its last
 //     byte. The poller's event (the
 //     socket is readable, half-closed, reset or failed) calls ready on the poller's

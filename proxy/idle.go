@@ -49,8 +49,9 @@ const (
 	copyEnded                // the direction is over
 )
 
-// streamCopy is copyStream that can park: one TCP socket ↔ HBONE stream pair in user-space
-// TLS. The stream's frame reader delivers stream → socket (DeliverTo) with no goroutine;
+// streamCopy is copyStream that can park: one TCP socket ↔ HBONE stream pair, in
+// user-space or kernel TLS. The stream's frame reader delivers stream → socket (DeliverTo;
+// in kernel TLS it splices each DATA payload into the socket) with no goroutine;
 // socket → stream runs on a goroutine while bytes move, and while the socket is quiet on
 // none: the sweep wakes its read with a past deadline, the reader finds it read nothing
 // since the last wake-up and registers the socket with the poller instead (park), and the
@@ -83,7 +84,9 @@ type streamCopy struct {
 }
 
 // parkable reports whether handOff's pair can use streamCopy: a TCP socket and an HBONE
-// stream in user-space TLS (kernel TLS splices the socket into the stream on its goroutine).
+// stream. In kernel TLS too: there Stream.ReadFrom splices the socket into the stream
+// (readFromSplice), and the sweep's past read deadline ends the splice as it ends a read,
+// between frames, with the pipe empty and every byte moved counted.
 func (p *Proxy) parkable(client, server halfCloser) (tc *net.TCPConn, st *hbone.Stream, flip bool) {
 	if !parkIdle || runtime.GOOS != "linux" { // podpoll is epoll
 		return nil, nil, false
@@ -95,7 +98,7 @@ func (p *Proxy) parkable(client, server halfCloser) (tc *net.TCPConn, st *hbone.
 		tc, ok = server.(*net.TCPConn)
 		flip = true
 	}
-	if !ok || st.KernelTLS() {
+	if !ok {
 		return nil, nil, false
 	}
 	return tc, st, flip
