@@ -27,7 +27,7 @@ func TestIdleKernelTLS(t *testing.T) {
 	}
 	t.Run("park and resume", testIdleKernelTLSParkResume)
 	for _, resets := range []bool{true, false} {
-		t.Run(fmt.Sprintf("ends/resets=%v", resets), func(t *testing.T) { testIdleEnds(t, resets) })
+		t.Run(fmt.Sprintf("ends/resets=%v", resets), func(t *testing.T) { testIdleEnds(t, resets, throughNodes) })
 	}
 }
 
@@ -54,31 +54,15 @@ func testIdleKernelTLSParkResume(t *testing.T) {
 
 	proxy.SetIdleSweep(t, idleSweep, false)
 	c, bc := dialIdle(t, m, be, backends)
-	for round := range 4 {
+	up, down := parkResume(t, c, bc, func(round int) {
 		waitParked(t, m, 1)
 		// Parked on both nodes: no goroutine runs either copy's splice.
 		waitStacks(t, "readFromSplice", 0)
-		if n := stacksWith("(*streamCopy).run"); n != 0 {
-			t.Fatalf("round %d: parked on both nodes, yet %d goroutines run a streamCopy", round, n)
+		if n := stacksWith("(*pump).run"); n != 0 {
+			t.Fatalf("round %d: parked on both nodes, yet %d goroutines run a copy direction", round, n)
 		}
-		switch round % 3 {
-		case 0: // both ways at once, a megabyte each
-			exchange(t, c, bc, 1<<20)
-			sentA, sentB = sentA+1<<20, sentB+1<<20
-		case 1: // the client speaks first
-			start := time.Now()
-			c.Write([]byte("ping"))
-			expect(t, bc, "ping")
-			t.Logf("round %d: a parked connection's first bytes arrived in %v", round, time.Since(start).Round(time.Microsecond))
-			bc.Write([]byte("pong"))
-			expect(t, c, "pong")
-			sentA, sentB = sentA+4, sentB+4
-		case 2: // the backend speaks first (node A's direction stays parked)
-			bc.Write([]byte("news"))
-			expect(t, c, "news")
-			sentB += 4
-		}
-	}
+	})
+	sentA, sentB = sentA+up, sentB+down
 	wantKernel(t, m)
 
 	// Every byte each node's copy moved went through the splice (the counts are
