@@ -16,12 +16,13 @@ import (
 // TestIdleTCP: a TCP ↔ TCP pair (node A's passthrough to an address outside the mesh)
 // gives up both its copy goroutines while idle, each direction on its own, and resumes
 // losslessly both ways; half-closes and resets of parked pairs end them as of unparked
-// ones.
+// ones, and Shutdown waits for them, then closes them.
 func TestIdleTCP(t *testing.T) {
 	t.Run("park and resume", testIdleTCPParkResume)
 	for _, resets := range []bool{true, false} {
 		t.Run(fmt.Sprintf("ends/resets=%v", resets), func(t *testing.T) { testIdleEnds(t, resets, passthrough) })
 	}
+	t.Run("shutdown", func(t *testing.T) { testIdleShutdown(t, passthrough) })
 }
 
 func testIdleTCPParkResume(t *testing.T) {

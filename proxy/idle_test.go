@@ -256,14 +256,16 @@ func testIdleEnds(t *testing.T, resets bool, path idlePath) {
 
 // TestIdleShutdown: Shutdown waits for parked connections like any other and closes them
 // at its deadline, leaving no goroutine behind.
-func TestIdleShutdown(t *testing.T) {
+func TestIdleShutdown(t *testing.T) { testIdleShutdown(t, throughNodes) }
+
+func testIdleShutdown(t *testing.T, path idlePath) {
 	leaktest.Check(t)
 	checkFDs(t)
 	proxy.SetIdleSweep(t, idleSweep, false)
 	m := startMesh(t)
-	be, backends := heldBackend(t, m)
+	be, backends := heldBackendAt(t, path.backendIP(m))
 	c, bc := dialIdle(t, m, be, backends)
-	waitParked(t, m, 1)
+	waitParkedAB(t, m, path.parked[0], path.parked[1])
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -271,7 +273,8 @@ func TestIdleShutdown(t *testing.T) {
 	if d := time.Since(start); d < 250*time.Millisecond || d > 5*time.Second {
 		t.Errorf("node A: Shutdown took %v with a parked connection and a 300 ms deadline; want it to wait for the connection, then close it", d)
 	}
-	// Node A closed the client's socket and the stream, so node B resets the backend's.
+	// Node A closed the client's socket and the stream, so node B resets the backend's (or
+	// node A closed both sockets).
 	for _, e := range []struct {
 		who string
 		c   *net.TCPConn
