@@ -6,7 +6,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"runtime"
+	"runtime/pprof"
 	"testing"
 	"time"
 
@@ -102,17 +102,10 @@ func wantKernel(t *testing.T, m *mesh) {
 
 // stacksWith counts the goroutines whose stack mentions fn.
 func stacksWith(fn string) int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
+	var buf bytes.Buffer
+	pprof.Lookup("goroutine").WriteTo(&buf, 2) // as runtime.Stack(all): one block per goroutine
 	count := 0
-	for _, g := range bytes.Split(buf, []byte("\n\n")) {
+	for _, g := range bytes.Split(buf.Bytes(), []byte("\n\n")) {
 		if bytes.Contains(g, []byte(fn)) {
 			count++
 		}
