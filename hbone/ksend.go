@@ -77,7 +77,11 @@ const spliceMax = 1 << 20
 
 // readFromSplice is readFromPoll for a kernel TLS connection: each DATA payload moves TCP
 // socket → pipe → kernel TLS socket with splice(2), never through user space. Like
-// readFromPoll's buffer, the pipe is borrowed only while the socket has data.
+// readFromPoll's buffer, the pipe is borrowed only while the socket has data. A read
+// deadline on the socket ends it as it ends readFromPoll, with os.ErrDeadlineExceeded and
+// nothing lost: the runtime checks the deadline before fill runs and while it waits, never
+// between a fill and its frames, and the pipe is empty whenever it waits (the proxy's idle
+// copies rely on it to park, TestKernelTLSReadFromDeadline).
 func (s *Stream) readFromSplice(rc syscall.RawConn) (int64, error) {
 	var total int64
 	var sp *ktls.Splicer

@@ -21,8 +21,8 @@ type halfCloser interface {
 // handOff registers a connection (tc, or a fresh record) for the drain deadline, then
 // copies between client and server on a new tracked goroutine and returns at once. When
 // the copy ends, done gets copyBoth's result; then both ends are closed and the record
-// removed. A TCP socket ↔ HBONE stream pair in user-space TLS goes to handOffParkable
-// instead, whose copy gives up its goroutine while idle (idle.go).
+// removed. A TCP socket ↔ HBONE stream pair and a TCP ↔ TCP pair go to handOffParkable
+// instead, whose copy gives up its goroutines while idle (idle.go).
 //
 // Why a new goroutine: a proxied connection's goroutine lives as long as the connection,
 // mostly waiting, and a goroutine's stack never shrinks below what its deepest call needed
@@ -34,8 +34,8 @@ func (p *Proxy) handOff(client, server halfCloser, tc *liveConn, done func(recei
 		tc = &liveConn{}
 	}
 	tc.client, tc.server = client, server
-	if sock, st, flip := p.parkable(client, server); sock != nil {
-		p.handOffParkable(client, server, tc, sock, st, flip, done)
+	if s := p.parkable(client, server); s != nil {
+		p.handOffParkable(client, server, tc, s, done)
 		return
 	}
 	remove := p.conns.add(tc)
@@ -48,12 +48,11 @@ func (p *Proxy) handOff(client, server halfCloser, tc *liveConn, done func(recei
 	})
 }
 
-// handOffParkable is handOff for a TCP socket ↔ HBONE stream pair in user-space TLS: a
-// streamCopy, which gives up its goroutine while the connection is idle (idle.go). The
-// tracker's count for the copy is held from here until the copy completes, whether a
-// goroutine runs it or it is parked, so drain waits for parked connections too.
-func (p *Proxy) handOffParkable(client, server halfCloser, tc *liveConn, sock *net.TCPConn, st *hbone.Stream, flip bool, done func(received, sent int64, err error)) {
-	s := &streamCopy{p: p, tc: sock, st: st, resets: !p.cfg.DisableResetPropagation, flip: flip}
+// handOffParkable is handOff for a pair parkable made s for (a TCP socket ↔ HBONE stream
+// in either TLS, or TCP ↔ TCP), whose directions give up their goroutines while idle
+// (idle.go). The tracker's count for the copy is held from here until the copy completes,
+// whether goroutines run it or it is parked, so drain waits for parked connections too.
+func (p *Proxy) handOffParkable(client, server halfCloser, tc *liveConn, s *parkCopy, done func(received, sent int64, err error)) {
 	tc.copy = s
 	remove := p.conns.add(tc)
 	s.finish = func(received, sent int64, err error) {

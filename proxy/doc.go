@@ -28,36 +28,41 @@ package proxy
 //     copies the client's socket into the HBONE stream or the plain leg. The other
 //     direction of a socket ↔ HBONE stream pair runs on the HBONE connection's frame
 //     reader (hbone.Stream.DeliverTo), which writes each DATA frame straight to the
-//     socket; plain TCP ↔ TCP pairs copy each way on a goroutine of its own and splice,
-//     and so does a socket ↔ stream pair whose HBONE connection is in kernel TLS
-//     (readFromSplice): both keep their goroutines while idle.
-//   - Parking (idle.go): a socket ↔ stream pair in user-space TLS (both nodes: the client
-//     node's client socket → stream, the server node's backend socket → stream) is a
-//     streamCopy, whose socket → stream direction holds no goroutine while its socket is
-//     quiet. Its states: running (a goroutine in Stream.ReadFrom, or about to be), parked
-//     (registered one-shot, EPOLLIN|EPOLLRDHUP, with the idle poller; no goroutine), ended.
-//     The sweep, a timer every 100 ms per proxy that runs only while some copy is running,
-//     visits the running copies; one seen by two sweeps since it started or resumed, and
+//     socket (in kernel TLS, splices it: kernel TLS socket → pipe → socket); plain TCP ↔
+//     TCP pairs copy each way on a goroutine of its own and splice.
+//   - Parking (idle.go): a socket ↔ stream pair, in user-space or kernel TLS (both nodes:
+//     the client node's client socket → stream, the server node's backend socket →
+//     stream), and a TCP ↔ TCP pair (passthrough, plaintext inbound) are a parkCopy, whose
+//     directions that read a socket (pumps: the stream pair's socket → stream, both of the
+//     TCP pair's) hold no goroutine while their socket is quiet, each on its own. A pump's
+//     states: running (a goroutine in Stream.ReadFrom, which in kernel TLS splices socket
+//     → pipe → kernel TLS socket, or in TCPConn.ReadFrom, which splices socket → pipe →
+//     socket; or about to be), parked (registered one-shot, EPOLLIN|EPOLLRDHUP, with the
+//     idle poller; no goroutine), ended.
+//     The sweep, a timer every 100 ms per proxy that runs only while some pump is running,
+//     visits the running pumps; one seen by two sweeps since it started or resumed, and
 //     then by every sweep while it moves bytes, gets a read deadline in the past, which
-//     ends its ReadFrom without losing a byte (the deadline is checked before a read, or
-//     when a read found nothing). The woken goroutine clears the deadline; if it read
-//     nothing since it was last woken it parks, and returns: 100–200 ms after its last
-//     byte. The poller's event (the
-//     socket is readable, half-closed, reset or failed) calls ready on the poller's
-//     goroutine, which starts a fresh goroutine that resumes the copy. running → parked is
-//     the copy's own goroutine's; parked → running is ready's or unpark's, whichever takes
-//     the state first under streamCopy.mu (the other then finds it running and does
-//     nothing; podpoll's cancel and event race the same way over its token).
+//     ends its ReadFrom without losing a byte (the deadline is checked before a read or
+//     splice, or when one found nothing). The woken goroutine clears the deadline; if it
+//     read nothing since it was last woken it parks, and returns: 100–200 ms after its
+//     last byte. The poller's event (the socket is readable, half-closed, reset or failed)
+//     calls ready on the poller's goroutine, which starts a fresh goroutine that resumes
+//     the pump. running → parked is the pump's own goroutine's; parked → running is
+//     ready's or unpark's, whichever takes the state first under parkCopy.mu (the other
+//     then finds it running and does nothing; podpoll's cancel and event race the same way
+//     over its token).
 //     A socket closed while registered leaves the epoll set with no event, so every close of
-//     a copy's socket unparks after it: DeliverTo's callback when it aborts or resets both
-//     legs, and liveConn.close (drain deadline, policy change), whose last closer is the
-//     streamCopy. unpark also marks the copy closing, so it never parks again; the resumed
-//     goroutine finds the socket closed and ends the direction as an unparked one would.
+//     a copy's socket unparks after it: a direction's end when it aborts or resets both
+//     legs (DeliverTo's callback, or the other pump's), and liveConn.close (drain deadline,
+//     policy change), whose last closer is the parkCopy. unpark also marks the copy
+//     closing, so it never parks again; the resumed goroutines find their sockets closed
+//     and end their directions as unparked ones would.
 //     Whichever direction ends last completes the connection (pending counts them down):
-//     done, both closes and the tracker's removal run once, on the copy's goroutine, or on a
-//     fresh one when the frame reader's callback ends last. The tracker's WaitGroup count is
-//     the connection's, not a goroutine's: taken by handOff, given back at completion, so
-//     drain waits for parked connections and closes them at its deadline like any other.
+//     done, both closes and the tracker's removal run once, on the last pump's goroutine,
+//     or on a fresh one when the frame reader's callback ends last. The tracker's
+//     WaitGroup count is the connection's, not a goroutine's: taken by handOff, given back
+//     at completion, so drain waits for parked connections and closes them at its deadline
+//     like any other.
 //     The idle poller is Config.IdlePoller (in-pod mode: the node's internal/podpoll
 //     poller, owned and closed by inpod/podproxy after every pod has stopped), else the
 //     proxy's own podpoll poller, started at the first park and closed by Shutdown after
@@ -70,11 +75,12 @@ package proxy
 //
 // Locks, each guarding only its own struct's fields: tracker.mu (draining, live),
 // liveConn.mu (its closers), Proxy.acceptMu (acceptFailing), summaryLog.mu (the summary
-// lines of drops, handshake failures and key limits), streamCopy.mu (state, closing,
-// sweeps, cancel), Proxy.runMu (running, the sweep's timer), Proxy.idleMu (the proxy's own
-// poller). None is held while another is taken, nor across I/O, with two exceptions, both
-// in one order: streamCopy.mu is held while taking Proxy.runMu (the running set follows
-// each change of state) and while registering with the poller (podpoll's Poller.mu, and an
-// epoll_ctl). Nothing takes them the other way: the sweep copies the running set under
-// Proxy.runMu and visits each copy after releasing it, the poller calls ready with none of
-// its locks held, and the idle poller is looked up (Proxy.idleMu) before streamCopy.mu.
+// lines of drops, handshake failures and key limits), parkCopy.mu (closing, and each
+// pump's state, sweeps, cancel), Proxy.runMu (running, the sweep's timer), Proxy.idleMu
+// (the proxy's own poller). None is held while another is taken, nor across I/O, with two
+// exceptions, both in one order: parkCopy.mu is held while taking Proxy.runMu (the running
+// set follows each change of state) and while registering with the poller (podpoll's
+// Poller.mu, and an epoll_ctl). Nothing takes them the other way: the sweep copies the
+// running set under Proxy.runMu and visits each pump after releasing it, the poller calls
+// ready with none of its locks held, and the idle poller is looked up (Proxy.idleMu)
+// before parkCopy.mu.

@@ -22,14 +22,17 @@ func SetIdleSweep(tb interface{ Cleanup(func()) }, d time.Duration, off bool) {
 	tb.Cleanup(func() { idleSweep, parkIdle = oldSweep, oldPark })
 }
 
-// Parked counts p's connections whose socket → stream copy is parked in the poller.
+// Parked counts p's copy directions parked in the poller: one per parked TCP socket ↔
+// HBONE stream connection (socket → stream), up to two per TCP ↔ TCP connection.
 func (p *Proxy) Parked() int {
 	n := 0
 	for _, c := range p.conns.snapshot() {
 		if s := c.copy; s != nil {
 			s.mu.Lock()
-			if s.state == copyParked {
-				n++
+			for _, pm := range []*pump{&s.up, &s.down} {
+				if pm.state == copyParked {
+					n++
+				}
 			}
 			s.mu.Unlock()
 		}

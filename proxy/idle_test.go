@@ -47,10 +47,11 @@ func waitParkedAB(t *testing.T, m *mesh, wantA, wantB int) {
 	}
 }
 
-// dialIdle opens a proxied connection through both nodes and waits for the backend's end.
+// dialIdle opens a proxied connection to be through node A (and node B, for a backend on
+// the server's address) and waits for the backend's end.
 func dialIdle(t *testing.T, m *mesh, be *backend, backends <-chan *net.TCPConn) (*net.TCPConn, *net.TCPConn) {
 	t.Helper()
-	c, _, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
+	c, _, err := socksConnect(m.a.socks(t), be.ln.Addr().(*net.TCPAddr).IP.String(), be.port())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,9 +67,14 @@ func dialIdle(t *testing.T, m *mesh, be *backend, backends <-chan *net.TCPConn) 
 
 // heldBackend's connections go to the channel; the handler holds each until the test ends.
 func heldBackend(t *testing.T, m *mesh) (*backend, <-chan *net.TCPConn) {
+	return heldBackendAt(t, m.serverIP)
+}
+
+// heldBackendAt is heldBackend on ip.
+func heldBackendAt(t *testing.T, ip string) (*backend, <-chan *net.TCPConn) {
 	ch := make(chan *net.TCPConn, 16)
 	done := make(chan struct{})
-	be := startBackend(t, m.serverIP+":0", func(c *net.TCPConn) {
+	be := startBackend(t, ip+":0", func(c *net.TCPConn) {
 		ch <- c
 		<-done
 	})
@@ -113,21 +119,35 @@ func TestIdleParkResume(t *testing.T) {
 	m := startMesh(t)
 	be, backends := heldBackend(t, m)
 	c, bc := dialIdle(t, m, be, backends)
+	parkResume(t, c, bc, func(int) { waitParked(t, m, 1) })
+}
+
+// parkResume wakes the parked connection c ↔ bc, again and again, each round after parked
+// has waited for it to park, and checks every byte arrives once and in order. It returns
+// the bytes each end sent.
+func parkResume(t *testing.T, c, bc *net.TCPConn, parked func(round int)) (up, down int64) {
+	t.Helper()
 	for round := range 4 {
-		waitParked(t, m, 1)
+		parked(round)
 		switch round % 3 {
 		case 0: // both ways at once, a megabyte each
 			exchange(t, c, bc, 1<<20)
+			up, down = up+1<<20, down+1<<20
 		case 1: // the client speaks first
+			start := time.Now()
 			c.Write([]byte("ping"))
 			expect(t, bc, "ping")
+			t.Logf("round %d: a parked connection's first bytes arrived in %v", round, time.Since(start).Round(time.Microsecond))
 			bc.Write([]byte("pong"))
 			expect(t, c, "pong")
-		case 2: // the backend speaks first (node A's direction stays parked)
+			up, down = up+4, down+4
+		case 2: // the backend speaks first (the client's direction stays parked)
 			bc.Write([]byte("news"))
 			expect(t, c, "news")
+			down += 4
 		}
 	}
+	return up, down
 }
 
 func expect(t *testing.T, c *net.TCPConn, want string) {
@@ -146,16 +166,31 @@ func expect(t *testing.T, c *net.TCPConn, want string) {
 // (the tracker lets it go).
 func TestIdleEnds(t *testing.T) {
 	for _, resets := range []bool{true, false} {
-		t.Run(fmt.Sprintf("resets=%v", resets), func(t *testing.T) { testIdleEnds(t, resets) })
+		t.Run(fmt.Sprintf("resets=%v", resets), func(t *testing.T) { testIdleEnds(t, resets, throughNodes) })
 	}
 }
 
-func testIdleEnds(t *testing.T, resets bool) {
+// idlePath is the way an idle test's connections take, and the directions each node
+// parks on it (node A, node B): idle, after the client's FIN, after the backend's.
+type idlePath struct {
+	backendIP                     func(*mesh) string
+	parked, clientFIN, backendFIN [2]int
+}
+
+var (
+	// Through both nodes: client → stream on node A, backend → stream on node B.
+	throughNodes = idlePath{func(m *mesh) string { return m.serverIP }, [2]int{1, 1}, [2]int{0, 1}, [2]int{1, 0}}
+	// Node A's passthrough to an address outside the mesh, TCP ↔ TCP: both directions on
+	// node A.
+	passthrough = idlePath{func(m *mesh) string { return m.outsideIP }, [2]int{2, 0}, [2]int{1, 0}, [2]int{1, 0}}
+)
+
+func testIdleEnds(t *testing.T, resets bool, path idlePath) {
 	leaktest.Check(t)
 	checkFDs(t)
 	proxy.SetIdleSweep(t, idleSweep, false)
 	m := startMeshResets(t, resets)
-	be, backends := heldBackend(t, m)
+	be, backends := heldBackendAt(t, path.backendIP(m))
 	gone := func() {
 		t.Helper()
 		err := testutil.Poll(10*time.Second, func() error {
@@ -173,10 +208,10 @@ func testIdleEnds(t *testing.T, resets bool) {
 	}
 	t.Run("client half-closes", func(t *testing.T) {
 		c, bc := dialIdle(t, m, be, backends)
-		waitParked(t, m, 1)
+		waitParkedAB(t, m, path.parked[0], path.parked[1])
 		c.CloseWrite()
 		wantEnd(t, "backend", bc, false)
-		waitParkedAB(t, m, 0, 1) // node A's direction is over; node B's still parked
+		waitParkedAB(t, m, path.clientFIN[0], path.clientFIN[1]) // the client's direction is over; the other still parked
 		bc.Write([]byte("late answer"))
 		bc.CloseWrite()
 		c.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -187,10 +222,10 @@ func testIdleEnds(t *testing.T, resets bool) {
 	})
 	t.Run("backend half-closes", func(t *testing.T) {
 		c, bc := dialIdle(t, m, be, backends)
-		waitParked(t, m, 1)
+		waitParkedAB(t, m, path.parked[0], path.parked[1])
 		bc.CloseWrite()
 		wantEnd(t, "client", c, false)
-		waitParkedAB(t, m, 1, 0)
+		waitParkedAB(t, m, path.backendFIN[0], path.backendFIN[1])
 		c.Write([]byte("after"))
 		c.CloseWrite()
 		bc.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -201,7 +236,7 @@ func testIdleEnds(t *testing.T, resets bool) {
 	})
 	t.Run("client resets", func(t *testing.T) {
 		c, bc := dialIdle(t, m, be, backends)
-		waitParked(t, m, 1)
+		waitParkedAB(t, m, path.parked[0], path.parked[1])
 		resetConn(c)
 		wantEnd(t, "backend", bc, resets)
 		// Without resets the backend saw a FIN, and its direction lives on until it
@@ -211,7 +246,7 @@ func testIdleEnds(t *testing.T, resets bool) {
 	})
 	t.Run("backend resets", func(t *testing.T) {
 		c, bc := dialIdle(t, m, be, backends)
-		waitParked(t, m, 1)
+		waitParkedAB(t, m, path.parked[0], path.parked[1])
 		resetConn(bc)
 		wantEnd(t, "client", c, resets)
 		c.Close() // likewise: the client saw a FIN without resets
@@ -221,14 +256,16 @@ func testIdleEnds(t *testing.T, resets bool) {
 
 // TestIdleShutdown: Shutdown waits for parked connections like any other and closes them
 // at its deadline, leaving no goroutine behind.
-func TestIdleShutdown(t *testing.T) {
+func TestIdleShutdown(t *testing.T) { testIdleShutdown(t, throughNodes) }
+
+func testIdleShutdown(t *testing.T, path idlePath) {
 	leaktest.Check(t)
 	checkFDs(t)
 	proxy.SetIdleSweep(t, idleSweep, false)
 	m := startMesh(t)
-	be, backends := heldBackend(t, m)
+	be, backends := heldBackendAt(t, path.backendIP(m))
 	c, bc := dialIdle(t, m, be, backends)
-	waitParked(t, m, 1)
+	waitParkedAB(t, m, path.parked[0], path.parked[1])
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -236,7 +273,8 @@ func TestIdleShutdown(t *testing.T) {
 	if d := time.Since(start); d < 250*time.Millisecond || d > 5*time.Second {
 		t.Errorf("node A: Shutdown took %v with a parked connection and a 300 ms deadline; want it to wait for the connection, then close it", d)
 	}
-	// Node A closed the client's socket and the stream, so node B resets the backend's.
+	// Node A closed the client's socket and the stream, so node B resets the backend's (or
+	// node A closed both sockets).
 	for _, e := range []struct {
 		who string
 		c   *net.TCPConn

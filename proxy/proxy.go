@@ -196,11 +196,11 @@ type Proxy struct {
 	pollerFailed bool            // guarded by idleMu: podpoll.New failed; do not park
 	idleClosed   bool            // guarded by idleMu: Shutdown has closed the poller
 	runMu        sync.Mutex
-	running      map[*streamCopy]struct{} // guarded by runMu: copies on a goroutine
-	sweepArmed   bool                     // guarded by runMu: sweepTimer will fire
-	sweepStopped bool                     // guarded by runMu: Shutdown has stopped the sweep
-	sweepTimer   *time.Timer              // guarded by runMu: runs sweepIdle
-	sweepBuf     []*streamCopy            // guarded by runMu: sweepIdle's, reused
+	running      map[*pump]struct{} // guarded by runMu: copy directions on a goroutine
+	sweepArmed   bool               // guarded by runMu: sweepTimer will fire
+	sweepStopped bool               // guarded by runMu: Shutdown has stopped the sweep
+	sweepTimer   *time.Timer        // guarded by runMu: runs sweepIdle
+	sweepBuf     []*pump            // guarded by runMu: sweepIdle's, reused
 
 	testHookLocalWait atomic.Pointer[func()] // if set, called when awaitLocal starts waiting for the store
 }

@@ -17,8 +17,8 @@ import (
 // the setup goroutine copied, each node's goroutine would need 8 KiB. (Not under -race,
 // whose instrumentation makes every frame larger; make test runs it without.)
 //
-// Parking is off here: this is the goroutine a copy holds until it parks (and for good on
-// paths that do not park, kernel TLS); TestIdleConnsGoroutines counts parked ones.
+// Parking is off here: this is the goroutine a copy holds until it parks (and for good
+// where it cannot park: no epoll); TestIdleConnsGoroutines counts parked ones.
 func TestIdleConnectionStacks(t *testing.T) {
 	proxy.SetIdleSweep(t, 100*time.Millisecond, true)
 	m := startMesh(t)

@@ -43,7 +43,7 @@ type liveConn struct {
 
 	// copy is the connection's parkable copy (idle.go), set before it is registered; nil
 	// for the others.
-	copy *streamCopy
+	copy *parkCopy
 }
 
 // ConnInfo describes one proxied connection, in the shape /config_dump's workloadState
