@@ -133,7 +133,7 @@
 //     resets our handlers keep up with.) The reset ends the Request's context at once,
 //     so the handler's dial stops, and Config.OnDrop hears of each such stream so the
 //     caller can count them rather than log each.
-//   - Stream starts (server): StreamStarts (64 a second, a burst of 64) handlers start on
+//   - Stream starts (server): StreamStarts (64 a second, a burst of 16) handlers start on
 //     one connection, each start given back once its stream carries a byte either way;
 //     past it a new stream waits in the connection's queue with no goroutine (the peer's
 //     window and socket hold the rest), so a peer that opens streams to a live backend

@@ -110,9 +110,18 @@ func (b *rateBudget) penalize(now time.Time, burst, rate float64, d time.Duratio
 	b.tokens = min(b.tokens, 1) - d.Seconds()*rate
 }
 
-// startBurst is the burst of a connection's stream starts, in seconds of StreamStarts: the
-// streams a pool opens at once when it warms up, before it sends on them.
-const startBurst = 1
+// startBurst is the burst of a connection's stream starts, in seconds of StreamStarts (16
+// at the default 64/s): the streams a pool opens at once, before it sends on them. Each is
+// given back once its stream carries a byte, so an honest burst of new connections waits
+// about a round trip per 16 at most; a peer that never sends gets 16 handlers, dials and
+// copies per connection at once. It was 1 s (64): an open-streams flood on 4 connections
+// then started 256 of them together, and the node's runnable goroutines waited 5–8 ms
+// behind them (in-pod, the honest client's p99 2.2–4.8× its baseline; at 16: 1.4–2.6×,
+// scheduler waits 0.8–2 ms; docs/PERFORMANCE.md).
+const startBurst = 0.25
+
+// startsBurst is the burst for a StreamStarts of rate: startBurst of it, at least one start.
+func startsBurst(rate float64) float64 { return max(1, rate*startBurst) }
 
 // takeStartLocked spends one of the connection's stream starts (StreamStarts), reporting
 // whether there was one and, if not, how long until there is (c.mu held).
@@ -121,7 +130,7 @@ func (c *conn) takeStartLocked() (ok bool, wait time.Duration) {
 	if rate <= 0 {
 		return true, 0
 	}
-	if c.starts.take(time.Now(), rate*startBurst, rate) {
+	if c.starts.take(time.Now(), startsBurst(rate), rate) {
 		return true, 0
 	}
 	return false, time.Duration((1 - c.starts.tokens) / rate * float64(time.Second))
@@ -131,8 +140,8 @@ func (c *conn) takeStartLocked() (ok bool, wait time.Duration) {
 // its handler was work for a client, not a setup the peer left unused (c.mu held).
 func (c *conn) earnStartLocked() {
 	rate := c.cfg.StreamStarts
-	c.starts.refill(time.Now(), rate*startBurst, rate)
-	c.starts.tokens = min(rate*startBurst, c.starts.tokens+1)
+	c.starts.refill(time.Now(), startsBurst(rate), rate)
+	c.starts.tokens = min(startsBurst(rate), c.starts.tokens+1)
 }
 
 // calm is the connection error for a peer that ran out of a budget.

@@ -10,7 +10,8 @@ import (
 	"github.com/gozt/gozt/internal/testutil"
 )
 
-// Handlers of one connection's streams start within StreamStarts (a burst of 1 s of it):
+// Handlers of one connection's streams start within StreamStarts (a burst of ¼ s of it, at
+// least one):
 // past it a new stream waits, with no goroutine, until a stream that started carries a
 // byte (its start is given back) or the budget refills; another connection of the same
 // identity starts its streams at once meanwhile. Here the burst is one start and a refill
