@@ -331,14 +331,7 @@ func TestResetSemantics(t *testing.T) {
 // caught node A doing so, logging a connection node B's crash cut as a success).
 func TestWriteOnResetConnection(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, ServerConfig{}, func(r *Request) {
-		s, err := r.Accept(nil)
-		if err != nil {
-			return
-		}
-		defer s.Close()
-		io.Copy(io.Discard, s)
-	})
+	e := newEnv(t, ServerConfig{}, discard)
 	var ss []*Stream
 	for range 4 {
 		ss = append(ss, e.dial(t, "10.0.0.1:80"))
@@ -539,14 +532,7 @@ func TestKeyCanonical(t *testing.T) {
 // every such race shrinks the connection's window until no stream on it can send.
 func TestResetRacingWriteReturnsWindow(t *testing.T) {
 	leaktest.Check(t)
-	e := newEnv(t, ServerConfig{}, func(r *Request) {
-		s, err := r.Accept(nil)
-		if err != nil {
-			return
-		}
-		defer s.Close()
-		io.Copy(io.Discard, s)
-	})
+	e := newEnv(t, ServerConfig{}, discard)
 	s := e.dial(t, "10.0.0.1:80")
 	c := s.c
 	connWindow := func() int64 {

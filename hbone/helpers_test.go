@@ -163,6 +163,16 @@ func echo(r *Request) {
 	io.Copy(io.Discard, s)
 }
 
+// discard accepts and reads the stream until it ends, sending nothing.
+func discard(r *Request) {
+	s, err := r.Accept(nil)
+	if err != nil {
+		return
+	}
+	defer s.Close()
+	io.Copy(io.Discard, s)
+}
+
 var (
 	e0 netip.AddrPort
 	z0 netip.Addr
