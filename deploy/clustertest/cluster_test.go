@@ -500,15 +500,22 @@ func enrolled(t *testing.T, zt map[string]pod, namespace string) (client, server
 	return client, server
 }
 
+// readConfigDump reads and decodes the /config_dump of the ztunnel whose admin port is at
+// admin.
+func readConfigDump(admin string) (configDump, error) {
+	var d configDump
+	body, err := get("http://" + admin + "/config_dump")
+	if err != nil {
+		return d, err
+	}
+	return d, json.Unmarshal([]byte(body), &d)
+}
+
 // workloadUp checks that the ztunnel whose admin port is at admin has p Up in its
 // workloadState and its workload with protocol HBONE.
 func workloadUp(admin string, p pod) error {
-	body, err := get("http://" + admin + "/config_dump")
+	d, err := readConfigDump(admin)
 	if err != nil {
-		return err
-	}
-	var d configDump
-	if err := json.Unmarshal([]byte(body), &d); err != nil {
 		return err
 	}
 	ws, ok := d.WorkloadState[p.Metadata.UID]
@@ -785,12 +792,8 @@ func scale(t *testing.T, zt2 pod) {
 
 // upPods checks that exactly want of the pods in uids are in workloadState, all Up.
 func upPods(admin string, uids map[string]bool, want int) error {
-	body, err := get("http://" + admin + "/config_dump")
+	d, err := readConfigDump(admin)
 	if err != nil {
-		return err
-	}
-	var d configDump
-	if err := json.Unmarshal([]byte(body), &d); err != nil {
 		return err
 	}
 	n := 0
