@@ -17,6 +17,12 @@
 //	                           50 ms (a broken one is counted and dialed again); prints "streaming"
 //	                           once all are open, then at the end one line of counts and the
 //	                           slowest request (trafficReport)
+//	app drillserve -who SVC/POD [-echo :8080] [-hash :8081] [-grace D]
+//	                           the failure drills' server (drill.go)
+//	app load -conn A,B -rate N -dns N1,N2 -dns-rate N -stream ADDR -streams N
+//	                           the failure drills' load, until SIGTERM: a JSON line a second
+//	app stall ADDR N           N TCP connections to ADDR that send a TLS ClientHello and then
+//	                           nothing, held until SIGTERM (the noisy-neighbour drill)
 package main
 
 import (
@@ -85,6 +91,19 @@ func main() {
 		if err == nil {
 			err = traffic(os.Args[2], n)
 		}
+	case "drillserve":
+		err = drillServe(os.Args[2:])
+	case "load":
+		err = drillLoad(os.Args[2:])
+	case "stall":
+		if len(os.Args) != 4 {
+			usage()
+		}
+		var n int
+		n, err = strconv.Atoi(os.Args[3])
+		if err == nil {
+			err = stall(os.Args[2], n)
+		}
 	case "hold":
 		if len(os.Args) != 4 {
 			usage()
@@ -100,7 +119,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: app pause | init | serve ADDR | echo ADDR BYTES | loop ADDR BYTES DURATION | resolve NAME DURATION | hold ADDR DURATION | traffic ADDR STREAMS")
+	fmt.Fprintln(os.Stderr, "usage: app pause | init | serve ADDR | echo ADDR BYTES | loop ADDR BYTES DURATION | resolve NAME DURATION | hold ADDR DURATION | traffic ADDR STREAMS | drillserve ... | load ... | stall ADDR N")
 	os.Exit(2)
 }
 
