@@ -7,7 +7,7 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 RUN_DIR   ?= .tmp/run
 
-.PHONY: all build image helm kube-apiserver kubectl istio-tools hbone-control bench-victim coredns cluster-tools cluster-images cluster-up cluster-check cluster-migrate cluster-migrate-run cluster-down cluster-load cluster-rss manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale bench-pods bench-conns
+.PHONY: all build image helm kube-apiserver kubectl istio-tools hbone-control bench-victim coredns cluster-tools cluster-tools-extra cluster-images cluster-up cluster-check cluster-migrate cluster-migrate-run cluster-drills cluster-down cluster-load cluster-rss manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale bench-pods bench-conns
 
 all: build
 
@@ -99,6 +99,9 @@ coredns: .tools/coredns
 # after a version change cheap for what did not change).
 CLUSTER_TOOLS := .tools/kube-apiserver .tools/kubectl .tools/helm $(K8S_NODE_TOOLS) $(ISTIO_TOOLS) .tools/coredns
 cluster-tools: $(CLUSTER_TOOLS)
+# What cluster-tools builds that make check's k8s-check does not: .ci/run builds it beside
+# the gate, so that two makes never write one tool at once.
+cluster-tools-extra: $(K8S_NODE_TOOLS) $(ISTIO_TOOLS) .tools/coredns
 
 # Ambient in a box (docs/CLUSTER.md; root): a two-node Kubernetes cluster on this machine,
 # each node its own network and mount namespace with its own containerd, kubelet and
@@ -151,6 +154,21 @@ cluster-migrate-run: cluster-images
 		deploy/cluster/istio.sh $(ISTIO_DIR)/manifests/charts $(ISTIO_HUB) $(ISTIO_VERSION) $(RS_HUB) $(RS_TAG); fi
 	ISTIO_CHARTS=$(ISTIO_DIR)/manifests/charts CLUSTER_MIGRATE=1 RS_HUB=$(RS_HUB) RS_TAG=$(RS_TAG) $(GO) test -count=1 -v -timeout 40m -run '^TestMigrate$$' ./deploy/clustertest
 
+# Failure drills (docs/CLUSTER.md "Failure drills", issue 55): app rollouts, a pod IP reused, a
+# node cut off, a ztunnel killed, the control plane away, restarts and noisy neighbours, under
+# one load, against gozt and, with ZTUNNEL_RS, against the Rust ztunnel on the same cluster
+# (its image wrapped at test time as for cluster-migrate, under two tags for the helm-upgrade
+# drill); one table of what each lost. DRILLS=long repeats each drill (DRILL_REPS, 10) for
+# the published figures; DRILL_ONLY=name,... picks drills. make cluster-check runs the short
+# slice (one drill of each kind against gozt). Brings a cluster up first if none is.
+#   make cluster-drills [ZTUNNEL_RS=/path/to/ztunnel] [DRILLS=long]
+cluster-drills: cluster-images
+	@[ -s .tmp/cluster/record ] || $(MAKE) --no-print-directory cluster-up
+	$(MAKE) --no-print-directory cluster-load IMAGE=$(CLUSTER_IMAGES)/app.tar
+	@if [ -n "$(ZTUNNEL_RS)" ]; then deploy/cluster/peerimage.sh $(ZTUNNEL_RS) $(RS_IMAGE) $(CLUSTER_IMAGES)/peer/ztunnel-rs.tar $(RS_IMAGE)-b && \
+		$(MAKE) --no-print-directory cluster-load IMAGE=$(CLUSTER_IMAGES)/peer/ztunnel-rs.tar; fi
+	ISTIO_CHARTS=$(ISTIO_DIR)/manifests/charts CLUSTER_DRILLS=1 DRILLS=$(DRILLS) DRILL_REPS=$(DRILL_REPS) DRILL_ONLY=$(DRILL_ONLY) \
+		$(if $(ZTUNNEL_RS),RS_HUB=$(RS_HUB) RS_TAG=$(RS_TAG)) $(GO) test -count=1 -v -timeout 600m -run '^TestDrills$$' ./deploy/clustertest
 
 # Resident memory of every process and container of the cluster.
 cluster-rss:
