@@ -411,38 +411,14 @@ func fileConn(fd int) (net.Conn, error) {
 
 // readBatch reads up to batch datagrams and hands each over.
 func (w *watch) readBatch(buf, oob []byte) error {
-	var rerr error
-	cerr := w.rc.Control(func(fd uintptr) {
-		for i := 0; i < batch; i++ {
-			n, oobn, _, from, err := unix.Recvmsg(int(fd), buf, oob, unix.MSG_DONTWAIT)
-			switch err {
-			case nil:
-				w.read(buf[:n], addrPort(from), sockopt.ParseDst(oob[:oobn]), nil)
-				continue
-			case unix.EINTR:
-				continue
-			case unix.EAGAIN:
-			default:
-				rerr = os.NewSyscallError("recvmsg", err)
-				w.read(nil, netip.AddrPort{}, netip.Addr{}, rerr)
-			}
-			return
-		}
+	_, err := sockopt.ReadQueued(w.rc, buf, oob, batch, func(b []byte, from netip.AddrPort, to netip.Addr) {
+		w.read(b, from, to, nil)
 	})
-	if cerr != nil {
-		return nil // the owner closed the socket
+	if se := (*os.SyscallError)(nil); !errors.As(err, &se) {
+		return nil // read them all, or the owner closed the socket
 	}
-	return rerr
-}
-
-func addrPort(sa unix.Sockaddr) netip.AddrPort {
-	switch sa := sa.(type) {
-	case *unix.SockaddrInet4:
-		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
-	case *unix.SockaddrInet6:
-		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
-	}
-	return netip.AddrPort{}
+	w.read(nil, netip.AddrPort{}, netip.Addr{}, err)
+	return err
 }
 
 // backOffLocked takes the failing socket out of the set and puts it back after the next

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"syscall"
 	"time"
 	"unsafe"
@@ -192,4 +193,97 @@ func SrcOOB(src netip.Addr) []byte {
 		return unix.PktInfo6(&unix.Inet6Pktinfo{Addr: src.As16()})
 	}
 	return nil
+}
+
+// membarrierCmdGlobal is MEMBARRIER_CMD_GLOBAL from linux/membarrier.h: membarrier(2) returns
+// after an RCU grace period (synchronize_rcu).
+const membarrierCmdGlobal = 1
+
+// StopDelivery has the kernel give each UDP socket no new datagram, while it stays open to
+// read what it has queued and to answer it: a socket draining out of an SO_REUSEPORT
+// group, whose other sockets then get every new datagram. A UDP socket leaves its group
+// only by closing, which drops its queue and the address its answers must come from;
+// connect(2) serves instead. The kernel's reuseport selection skips connected sockets
+// (Linux 5.4 and later), and a connected socket takes only datagrams from its peer, here
+// the socket's own address, which no one sends from (a socket bound to a wildcard is
+// connected to the loopback address of its family, which also moves it out of its group).
+// Sending with an explicit destination still works (Go does not know the socket is
+// connected). StopDelivery then waits for one RCU grace period (membarrier(2)), within which
+// the kernel finishes queueing any datagram it matched to a socket before its connect:
+// once StopDelivery returns, what a socket has queued is all it will get.
+func StopDelivery(ucs ...*net.UDPConn) error {
+	var errs []error
+	for _, uc := range ucs {
+		rc, err := uc.SyscallConn()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		self := uc.LocalAddr().(*net.UDPAddr).AddrPort()
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = unix.Connect(int(fd), sockaddr(self))
+		}); err != nil {
+			serr = err
+		}
+		if serr != nil {
+			errs = append(errs, fmt.Errorf("sockopt: stop delivery to %s: connect: %w", self, serr))
+		}
+	}
+	if _, _, e := unix.Syscall(unix.SYS_MEMBARRIER, membarrierCmdGlobal, 0, 0); e != 0 {
+		// nohz_full kernels refuse it, as may a seccomp profile: the datagrams being queued
+		// while the connect ran may then still arrive, a few microseconds later.
+		errs = append(errs, fmt.Errorf("sockopt: stop delivery: membarrier: %w", e))
+	}
+	return errors.Join(errs...)
+}
+
+// sockaddr is ap as a connect(2) address of its family; a v4-mapped address stays IPv6, as
+// an IPv6 socket needs it.
+func sockaddr(ap netip.AddrPort) unix.Sockaddr {
+	if ap.Addr().Is4() {
+		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+	}
+	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+}
+
+// ReadQueued reads up to max datagrams queued on a UDP socket, without waiting, and hands
+// each to read with its sender and the address it was sent to (when the socket reports it:
+// SetRecvDst; else the zero Addr); b is valid only during the call. It returns how many it
+// read and nil once the queue is empty or max were read, or the failed recvmsg's error (an
+// *os.SyscallError), or rc's own error when the socket is closed.
+func ReadQueued(rc syscall.RawConn, buf, oob []byte, max int, read func(b []byte, from netip.AddrPort, to netip.Addr)) (int, error) {
+	n := 0
+	var rerr error
+	cerr := rc.Control(func(fd uintptr) {
+		for n < max {
+			m, oobn, _, from, err := unix.Recvmsg(int(fd), buf, oob, unix.MSG_DONTWAIT)
+			switch err {
+			case nil:
+				n++
+				read(buf[:m], sockaddrAddrPort(from), ParseDst(oob[:oobn]))
+				continue
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+			default:
+				rerr = os.NewSyscallError("recvmsg", err)
+			}
+			return
+		}
+	})
+	if cerr != nil {
+		return n, cerr
+	}
+	return n, rerr
+}
+
+func sockaddrAddrPort(sa unix.Sockaddr) netip.AddrPort {
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
+	}
+	return netip.AddrPort{}
 }
