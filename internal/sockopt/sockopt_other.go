@@ -63,7 +63,7 @@ func ParseDst(oob []byte) netip.Addr { return netip.Addr{} }
 // SrcOOB returns nil: the kernel picks the source.
 func SrcOOB(src netip.Addr) []byte { return nil }
 
-// StopDelivery is Linux-only here: elsewhere a draining socket is closed.
+// StopDelivery is Linux-only here.
 func StopDelivery(ucs ...*net.UDPConn) error {
 	return fmt.Errorf("sockopt: stop delivery: %w", errors.ErrUnsupported)
 }
