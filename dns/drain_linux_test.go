@@ -4,6 +4,7 @@ package dns
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -295,4 +296,77 @@ func migrateCounters(ns *netns.NetNS) string {
 		return nil
 	})
 	return strings.Join(out, ", ")
+}
+
+// A draining proxy's TCP clients: one that connected before the drain and sends its first
+// query after it began gets its answer; one that has had its answer and is idle is let go
+// at once, without holding the drain for its idle timeout.
+func TestShutdownTCPClients(t *testing.T) {
+	p, err := podpoll.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	// An idle client must be let go by the drain, not by its idle timeout.
+	defer func(d time.Duration) { tcpTimeout = d }(tcpTimeout)
+	tcpTimeout = time.Minute
+	for _, pp := range testPollers(p) {
+		t.Run(pp.name, func(t *testing.T) {
+			leaktest.Check(t)
+			e := start(t, "client1", func(c *Config) { c.Poller = pp.poller })
+			dial := func() *dns.Conn {
+				c, err := net.Dial("tcp", e.addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close() })
+				c.SetDeadline(time.Now().Add(30 * time.Second))
+				return &dns.Conn{Conn: c}
+			}
+			ask := func(co *dns.Conn) string {
+				req := new(dns.Msg)
+				req.SetQuestion("svc1.ns1.svc.cluster.local.", dns.TypeA)
+				if err := co.WriteMsg(req); err != nil {
+					return err.Error()
+				}
+				resp, err := co.ReadMsg()
+				if err != nil {
+					return err.Error()
+				}
+				return summary(resp)
+			}
+			const want = "NOERROR aa [svc1.ns1.svc.cluster.local. A 10.96.0.1]"
+			idle := dial()
+			if got := ask(idle); got != want {
+				t.Fatalf("idle client's query: %s", got)
+			}
+			fresh := dial()
+			testutil.Eventually(t, "both clients to be accepted", func() bool {
+				e.srv.mu.Lock()
+				defer e.srv.mu.Unlock()
+				return len(e.srv.conns) == 2
+			})
+
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			drained := make(chan error, 1)
+			go func() { drained <- e.srv.Shutdown(ctx) }()
+			if _, err := idle.ReadMsg(); err == nil {
+				t.Error("the idle client was sent a message; want its connection closed")
+			} else if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+				t.Error("the idle client's connection still open 30s into the drain")
+			}
+			if got := ask(fresh); got != want {
+				t.Errorf("first query of a client accepted before the drain, sent during it: %s; want the answer", got)
+			}
+			select {
+			case err := <-drained:
+				if err != nil {
+					t.Errorf("Shutdown: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("Shutdown still waiting 30s after its clients were answered")
+			}
+		})
+	}
 }
