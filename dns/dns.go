@@ -9,6 +9,10 @@
 // VIPs on the client's network; a VIP-less service is answered only if it is a Kubernetes
 // headless service (hostname under .svc.<cluster domain>), with one IP per endpoint workload.
 //
+// Drain (Shutdown, a pod's proxy during an upgrade): the sockets leave their SO_REUSEPORT
+// groups first, so that the kernel gives every new query to the sockets bound beside them
+// and none to one no longer read; then the queries taken are answered (serve.go).
+//
 // It does not capture traffic (istio-cni redirects port 53 to 15053), enter network
 // namespaces, or resolve workload or headless pod hostnames (those are forwarded). Wire
 // encoding is github.com/miekg/dns.
