@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 	"unsafe"
@@ -195,10 +196,6 @@ func SrcOOB(src netip.Addr) []byte {
 	return nil
 }
 
-// membarrierCmdGlobal is MEMBARRIER_CMD_GLOBAL from linux/membarrier.h: membarrier(2) returns
-// after an RCU grace period (synchronize_rcu).
-const membarrierCmdGlobal = 1
-
 // StopDelivery has the kernel give each UDP socket no new datagram, while it stays open to
 // read what it has queued and to answer it: a socket draining out of an SO_REUSEPORT
 // group, whose other sockets then get every new datagram. A UDP socket leaves its group
@@ -208,7 +205,7 @@ const membarrierCmdGlobal = 1
 // the socket's own address, which no one sends from (a socket bound to a wildcard is
 // connected to the loopback address of its family, which also moves it out of its group).
 // Sending with an explicit destination still works (Go does not know the socket is
-// connected). StopDelivery then waits for one RCU grace period (membarrier(2)), within which
+// connected). StopDelivery then waits for an RCU grace period (gracePeriod), within which
 // the kernel finishes queueing any datagram it matched to a socket before its connect:
 // once StopDelivery returns, what a socket has queued is all it will get.
 func StopDelivery(ucs ...*net.UDPConn) error {
@@ -230,12 +227,57 @@ func StopDelivery(ucs ...*net.UDPConn) error {
 			errs = append(errs, fmt.Errorf("sockopt: stop delivery to %s: connect: %w", self, serr))
 		}
 	}
-	if _, _, e := unix.Syscall(unix.SYS_MEMBARRIER, membarrierCmdGlobal, 0, 0); e != 0 {
-		// nohz_full kernels refuse it, as may a seccomp profile: the datagrams being queued
-		// while the connect ran may then still arrive, a few microseconds later.
-		errs = append(errs, fmt.Errorf("sockopt: stop delivery: membarrier: %w", e))
-	}
+	gracePeriod()
 	return errors.Join(errs...)
+}
+
+// membarrierCmdGlobal is MEMBARRIER_CMD_GLOBAL from linux/membarrier.h: membarrier(2) returns
+// after an RCU grace period (synchronize_rcu).
+const membarrierCmdGlobal = 1
+
+// grace is gracePeriod's state.
+var grace struct {
+	mu      sync.Mutex
+	running bool            // guarded by mu: waitGracePeriods runs
+	waiters []chan struct{} // guarded by mu: callers waiting for a grace period to begin
+}
+
+// gracePeriod returns after an RCU grace period has passed, in which the kernel finishes
+// receiving every datagram it matched to a socket before: membarrier(2), which blocks its
+// thread for milliseconds. Callers that come while one is being waited for share the next,
+// so that a node draining a few hundred pods at once blocks one thread, not one per pod.
+// Where membarrier is refused (nohz_full kernels, a seccomp profile) it returns at once: a
+// datagram the kernel was queueing as the connect ran may then arrive microseconds later.
+func gracePeriod() {
+	done := make(chan struct{})
+	grace.mu.Lock()
+	grace.waiters = append(grace.waiters, done)
+	if !grace.running {
+		grace.running = true
+		go waitGracePeriods()
+	}
+	grace.mu.Unlock()
+	<-done
+}
+
+// waitGracePeriods waits for grace periods for gracePeriod's callers, each batch of them
+// for one that begins after they came, until none is waiting.
+func waitGracePeriods() {
+	for {
+		grace.mu.Lock()
+		waiters := grace.waiters
+		grace.waiters = nil
+		if len(waiters) == 0 {
+			grace.running = false
+			grace.mu.Unlock()
+			return
+		}
+		grace.mu.Unlock()
+		unix.Syscall(unix.SYS_MEMBARRIER, membarrierCmdGlobal, 0, 0)
+		for _, w := range waiters {
+			close(w)
+		}
+	}
 }
 
 // sockaddr is ap as a connect(2) address of its family; a v4-mapped address stays IPv6, as
