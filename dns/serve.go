@@ -82,8 +82,8 @@ func (s *Server) serve(ctx context.Context, poller Poller) error {
 		select {
 		case <-ctx.Done():
 		case <-s.ctx.Done(): // Close
-		case <-s.stopping: // Shutdown
-			drain = true
+		case <-s.stopping: // Shutdown; one whose context has ended already stops as Close
+			drain = s.drainCtx().Err() == nil
 		}
 	} else {
 		err = fmt.Errorf("dns: serve: %w", err)
