@@ -295,29 +295,31 @@ func sockaddr(ap netip.AddrPort) unix.Sockaddr {
 // read and nil once the queue is empty or max were read, or the failed recvmsg's error (an
 // *os.SyscallError), or rc's own error when the socket is closed.
 func ReadQueued(rc syscall.RawConn, buf, oob []byte, max int, read func(b []byte, from netip.AddrPort, to netip.Addr)) (int, error) {
-	n := 0
-	var rerr error
+	var r struct { // one allocation for what the closure sets, beside the closure's own
+		n   int
+		err error
+	}
 	cerr := rc.Control(func(fd uintptr) {
-		for n < max {
+		for r.n < max {
 			m, oobn, _, from, err := unix.Recvmsg(int(fd), buf, oob, unix.MSG_DONTWAIT)
 			switch err {
 			case nil:
-				n++
+				r.n++
 				read(buf[:m], sockaddrAddrPort(from), ParseDst(oob[:oobn]))
 				continue
 			case unix.EINTR:
 				continue
 			case unix.EAGAIN:
 			default:
-				rerr = os.NewSyscallError("recvmsg", err)
+				r.err = os.NewSyscallError("recvmsg", err)
 			}
 			return
 		}
 	})
 	if cerr != nil {
-		return n, cerr
+		return r.n, cerr
 	}
-	return n, rerr
+	return r.n, r.err
 }
 
 func sockaddrAddrPort(sa unix.Sockaddr) netip.AddrPort {
