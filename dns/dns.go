@@ -9,6 +9,10 @@
 // VIPs on the client's network; a VIP-less service is answered only if it is a Kubernetes
 // headless service (hostname under .svc.<cluster domain>), with one IP per endpoint workload.
 //
+// Drain (Shutdown, a pod's proxy during an upgrade): the sockets leave their SO_REUSEPORT
+// groups first, so that the kernel gives every new query to the sockets bound beside them
+// and none to one no longer read; then the queries taken are answered (serve.go).
+//
 // It does not capture traffic (istio-cni redirects port 53 to 15053), enter network
 // namespaces, or resolve workload or headless pod hostnames (those are forwarded). Wire
 // encoding is github.com/miekg/dns.
@@ -137,9 +141,10 @@ type Server struct {
 	search    []string // FixedSearch search list, normalised; set by Listen
 	udp       []*net.UDPConn
 	tcp       []net.Listener
-	conns     map[net.Conn]struct{} // TCP clients being served
+	conns     map[net.Conn]bool // TCP clients being served: true once one has had an answer
 	serving   bool
-	closed    bool
+	closed    bool          // Serve is stopping: no new TCP client
+	draining  bool          // Shutdown's drain: TCP clients' reads go on until their queries are answered
 	done      chan struct{} // closed when Serve returns (or by Close if Serve never ran)
 	// stopping is closed by Shutdown; drain (set before) bounds the wait for the queries in
 	// flight. Serve owns what happens next.
@@ -372,10 +377,13 @@ func (s *Server) Serve(ctx context.Context) error {
 	return s.serve(ctx, poller)
 }
 
-// Shutdown stops reading queries, lets those already read (forwards to the upstream
-// included) be answered until ctx ends, then stops as Close does: a draining pod's DNS
-// proxy answers what it has taken instead of dropping it, while the kernel sends new
-// queries to a new ztunnel's sockets in the same SO_REUSEPORT group.
+// Shutdown drains: it takes the sockets out of their SO_REUSEPORT groups at once (the TCP
+// listeners close, the UDP sockets stop taking datagrams), so that the kernel sends every
+// new query to the sockets bound beside them, a new ztunnel's; it answers the queries it
+// had taken (those queued on its UDP sockets, forwards to the upstream and the queries TCP
+// clients have sent included) until ctx ends, then stops as Close does. A draining pod's
+// DNS proxy thus neither drops what it has taken nor leaves a socket bound that no one
+// reads.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.stoppingOnce.Do(func() {
 		s.mu.Lock()

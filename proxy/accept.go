@@ -29,23 +29,22 @@ func (goAcceptor) Watch(ln net.Listener, accepted func(net.Conn, error)) (stop f
 }
 
 // acceptLoop hands accepted every connection ln accepts, and every failed accept, backing
-// off (5 ms doubling to 1 s) while accepts fail, until done is closed or ln is.
+// off (5 ms doubling to 1 s) while accepts fail, until done is closed or ln is. A
+// connection accepted as done closes is handed over still: the kernel gave it to this
+// listener, and none other will see it.
 func acceptLoop(ln net.Listener, accepted func(net.Conn, error), done <-chan struct{}) {
 	var delay time.Duration
 	for {
 		c, err := ln.Accept()
-		select {
-		case <-done:
-			if c != nil {
-				c.Close()
-			}
-			return
-		default:
-		}
 		if err == nil {
 			delay = 0
 			accepted(c, nil)
 			continue
+		}
+		select {
+		case <-done:
+			return
+		default:
 		}
 		if errors.Is(err, net.ErrClosed) {
 			return

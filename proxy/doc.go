@@ -67,14 +67,18 @@ package proxy
 //     poller, owned and closed by inpod/podproxy after every pod has stopped), else the
 //     proxy's own podpoll poller, started at the first park and closed by Shutdown after
 //     every connection has completed (a proxy that is never shut down keeps its goroutine).
-//   - Draining and policy: the tracker (track.go) waits for every goroutine it started,
+//   - Draining and policy: Shutdown closes the listeners first (they leave their
+//     SO_REUSEPORT groups at once), then stops the Acceptor's watches, so that every
+//     connection accepted before is dispatched and served, and only then stops the tracker
+//     taking connections. The tracker (track.go) waits for every goroutine it started,
 //     and every handed-off connection, parked or not, and closes what is left at the drain
 //     deadline; Serve's own goroutine runs the policy
 //     watcher (watchPolicies), which closes live inbound connections that a policy change
 //     now denies.
 //
 // Locks, each guarding only its own struct's fields: tracker.mu (draining, live),
-// liveConn.mu (its closers), Proxy.acceptMu (acceptFailing), summaryLog.mu (the summary
+// liveConn.mu (its closers), Proxy.acceptMu (acceptFailing), Proxy.watchMu (watches),
+// summaryLog.mu (the summary
 // lines of drops, handshake failures and key limits), parkCopy.mu (closing, and each
 // pump's state, sweeps, cancel), Proxy.runMu (running, the sweep's timer), Proxy.idleMu
 // (the proxy's own poller). None is held while another is taken, nor across I/O, with two

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -181,5 +182,67 @@ func TestDrainWithIdleSocksClient(t *testing.T) {
 	}
 	if took := time.Since(began); took > deadline+3*time.Second {
 		t.Errorf("Shutdown took %v with a %v deadline: an idle SOCKS5 client held it", took, deadline)
+	}
+}
+
+// lateAcceptor accepts on its own goroutine per listener but hands each connection over
+// only when its watch is being stopped, as the Acceptor contract allows (until stop
+// returns): the race of a drain with connections accepted just before the listeners closed.
+type lateAcceptor struct {
+	accepted chan struct{} // a connection is waiting to be handed over
+}
+
+func (a lateAcceptor) Watch(ln net.Listener, handOver func(net.Conn, error)) (func(), error) {
+	stopping, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			a.accepted <- struct{}{}
+			<-stopping
+			handOver(c, nil)
+		}
+	}()
+	return sync.OnceFunc(func() {
+		close(stopping)
+		ln.Close()
+		<-done
+	}), nil
+}
+
+// A connection the Acceptor accepted before the drain began and hands over as the drain
+// stops its watch is served like a live one, not closed: the kernel gave it to this proxy
+// and no other will see it.
+func TestDrainServesAcceptedConnection(t *testing.T) {
+	leaktest.Check(t)
+	m := newMesh(t)
+	acc := lateAcceptor{accepted: make(chan struct{}, 1)}
+	cfg := m.clientConfig()
+	cfg.Acceptor = acc
+	m.a = startNode(t, "node-a", m.caDir, m.yaml, cfg)
+	be := startBackend(t, m.outsideIP+":0", echo)
+	c, err := net.Dial("tcp", m.a.socks(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	<-acc.accepted
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	shutdown := make(chan error, 1)
+	go func() { shutdown <- m.a.shutdown(ctx) }()
+	if code, err := socksHandshake(c, m.outsideIP, be.port()); err != nil || code != 0 {
+		t.Fatalf("SOCKS5 CONNECT on the connection accepted before the drain: code %d, %v; want it served", code, err)
+	}
+	if err := pingEcho(c, "accepted before the drain"); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if err := <-shutdown; err != nil {
+		t.Errorf("shutdown: %v", err)
 	}
 }

@@ -185,6 +185,9 @@ type Proxy struct {
 	acceptMu      sync.Mutex
 	acceptFailing map[string]acceptFailure // guarded by acceptMu: listener -> its last accept error
 
+	watchMu sync.Mutex
+	watches []func() // guarded by watchMu: Serve's Acceptor watches' stops, for Shutdown
+
 	// stopped ends when Shutdown gives up waiting: work still waiting (for a workload to
 	// appear, for a dial) stops with it.
 	stopped context.Context
@@ -343,9 +346,31 @@ func (p *Proxy) Serve(ctx context.Context) {
 			stop, _ = goAcceptor{}.Watch(ln, accepted)
 		}
 		defer ln.Close()
-		defer stop()
+		defer p.watching(stop)()
 	}
 	p.watchPolicies(ctx)
+}
+
+// watching keeps a watch's stop for Shutdown and returns it, callable twice.
+func (p *Proxy) watching(stop func()) func() {
+	stop = sync.OnceFunc(stop)
+	p.watchMu.Lock()
+	p.watches = append(p.watches, stop)
+	p.watchMu.Unlock()
+	return stop
+}
+
+// stopWatches stops the watches Serve has started: once it returns, every connection
+// accepted on a listener closed before has been handed to dispatch. A watch Serve starts
+// later watches a closed listener, which accepts nothing.
+func (p *Proxy) stopWatches() {
+	p.watchMu.Lock()
+	stops := p.watches
+	p.watches = nil
+	p.watchMu.Unlock()
+	for _, stop := range stops {
+		stop()
+	}
 }
 
 // dispatch hands an accepted connection to a setup goroutine waiting for its listener's
@@ -466,13 +491,20 @@ func (p *Proxy) dialWith(ctx context.Context, d *net.Dialer, dst netip.AddrPort)
 	return tc, nil
 }
 
-// Shutdown drains: listeners stop accepting, HBONE peers get GOAWAY, live connections may
-// finish until ctx ends, then the rest are closed. It returns once every connection
+// Shutdown drains: the listeners close at once, HBONE peers get GOAWAY, live connections
+// may finish until ctx ends, then the rest are closed. It returns once every connection
 // goroutine has exited.
+//
+// A listener closes rather than stop being accepted on, so that it leaves its SO_REUSEPORT
+// group (in-pod mode) at once: the kernel sends new connections to the listeners bound
+// beside it, a new ztunnel's, and moves those it had queued on it there too
+// (net.ipv4.tcp_migrate_req), instead of leaving them in a backlog no one accepts from. The
+// connections the Acceptor had accepted before the close are served like live ones.
 func (p *Proxy) Shutdown(ctx context.Context) error {
 	for _, ln := range p.listeners {
 		ln.Close()
 	}
+	p.stopWatches()
 	p.conns.stopAccepting()
 	serverDone := make(chan error, 1)
 	go func() { serverDone <- p.server.Shutdown(ctx) }()

@@ -186,9 +186,10 @@ func (s *Set) end(uid string, deadline time.Duration) {
 }
 
 // shutdownPod stops the pod's listeners, lets connections finish and DNS queries already
-// taken be answered until deadline, then releases the pod's network namespace. (A DNS
-// proxy closed at once loses the queries it is forwarding: a cluster's ztunnel upgrade
-// caught a client's lookup timing out that way.)
+// taken be answered until deadline, then releases the pod's network namespace. Both take
+// their sockets out of their SO_REUSEPORT groups at once, so a new ztunnel's sockets get
+// every new connection and query. (A DNS proxy closed at once loses the queries it is
+// forwarding: a cluster's ztunnel upgrade caught a client's lookup timing out that way.)
 func (s *Set) shutdownPod(pd *pod, deadline time.Duration) {
 	defer s.wg.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)

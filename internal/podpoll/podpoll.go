@@ -107,6 +107,7 @@ type watch struct {
 	accept func(net.Conn, error)                           // for a listener
 	gate   Gate                                            // the listener's, or nil
 	read   func([]byte, netip.AddrPort, netip.Addr, error) // for a packet socket
+	got    func([]byte, netip.AddrPort, netip.Addr)        // read for a datagram, made once
 
 	mu      sync.Mutex
 	stopped bool          // guarded by mu: stop has run
@@ -159,7 +160,9 @@ func (p *Poller) Watch(ln net.Listener, accepted func(net.Conn, error)) (stop fu
 // error of a failed read, until stop is called. The bytes are valid only during the call.
 // read runs on the poller's goroutine: it must not block.
 func (p *Poller) WatchPacket(pc net.PacketConn, read func(b []byte, from netip.AddrPort, to netip.Addr, err error)) (stop func(), err error) {
-	return p.add(pc, &watch{read: read})
+	w := &watch{read: read}
+	w.got = func(b []byte, from netip.AddrPort, to netip.Addr) { read(b, from, to, nil) }
+	return p.add(pc, w)
 }
 
 // WatchReadable calls ready once, on the poller's goroutine, when sc's socket is readable,
@@ -411,38 +414,15 @@ func fileConn(fd int) (net.Conn, error) {
 
 // readBatch reads up to batch datagrams and hands each over.
 func (w *watch) readBatch(buf, oob []byte) error {
-	var rerr error
-	cerr := w.rc.Control(func(fd uintptr) {
-		for i := 0; i < batch; i++ {
-			n, oobn, _, from, err := unix.Recvmsg(int(fd), buf, oob, unix.MSG_DONTWAIT)
-			switch err {
-			case nil:
-				w.read(buf[:n], addrPort(from), sockopt.ParseDst(oob[:oobn]), nil)
-				continue
-			case unix.EINTR:
-				continue
-			case unix.EAGAIN:
-			default:
-				rerr = os.NewSyscallError("recvmsg", err)
-				w.read(nil, netip.AddrPort{}, netip.Addr{}, rerr)
-			}
-			return
-		}
-	})
-	if cerr != nil {
+	_, err := sockopt.ReadQueued(w.rc, buf, oob, batch, w.got)
+	if err == nil {
+		return nil // read them all
+	}
+	if se := (*os.SyscallError)(nil); !errors.As(err, &se) {
 		return nil // the owner closed the socket
 	}
-	return rerr
-}
-
-func addrPort(sa unix.Sockaddr) netip.AddrPort {
-	switch sa := sa.(type) {
-	case *unix.SockaddrInet4:
-		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
-	case *unix.SockaddrInet6:
-		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
-	}
-	return netip.AddrPort{}
+	w.read(nil, netip.AddrPort{}, netip.Addr{}, err)
+	return err
 }
 
 // backOffLocked takes the failing socket out of the set and puts it back after the next

@@ -1,7 +1,9 @@
 // Package sockopt sets and reads the socket options the node proxy needs: the original
 // destination of a redirected connection (SO_ORIGINAL_DST), packet marks (SO_MARK), port
-// reuse (SO_REUSEPORT), transparent sockets (IP_TRANSPARENT), a datagram's destination
-// address and the source of the answer (IP_PKTINFO), TCP keepalive and the open-file limit.
+// reuse (SO_REUSEPORT) and a UDP socket's leaving of its group (StopDelivery), transparent
+// sockets (IP_TRANSPARENT), a datagram's destination address and the source of the answer
+// (IP_PKTINFO), reading what a UDP socket has queued without waiting (ReadQueued), TCP
+// keepalive and the open-file limit.
 //
 // The Linux implementations live in *_linux.go; elsewhere the Linux-only options return an
 // error wrapping errors.ErrUnsupported so the module still builds and runs (without

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"sync"
 	"syscall"
 	"time"
 	"unsafe"
@@ -192,4 +194,140 @@ func SrcOOB(src netip.Addr) []byte {
 		return unix.PktInfo6(&unix.Inet6Pktinfo{Addr: src.As16()})
 	}
 	return nil
+}
+
+// StopDelivery has the kernel give each UDP socket no new datagram, while it stays open to
+// read what it has queued and to answer it: a socket draining out of an SO_REUSEPORT
+// group, whose other sockets then get every new datagram. A UDP socket leaves its group
+// only by closing, which drops its queue and the address its answers must come from;
+// connect(2) serves instead. The kernel's reuseport selection skips connected sockets
+// (Linux 5.4 and later), and a connected socket takes only datagrams from its peer, here
+// the socket's own address, which no one sends from (a socket bound to a wildcard is
+// connected to the loopback address of its family, which also moves it out of its group).
+// Sending with an explicit destination still works (Go does not know the socket is
+// connected). StopDelivery then waits for an RCU grace period (gracePeriod), within which
+// the kernel finishes queueing any datagram it matched to a socket before its connect:
+// once StopDelivery returns, what a socket has queued is all it will get.
+func StopDelivery(ucs ...*net.UDPConn) error {
+	var errs []error
+	for _, uc := range ucs {
+		rc, err := uc.SyscallConn()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		self := uc.LocalAddr().(*net.UDPAddr).AddrPort()
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = unix.Connect(int(fd), sockaddr(self))
+		}); err != nil {
+			serr = err
+		}
+		if serr != nil {
+			errs = append(errs, fmt.Errorf("sockopt: stop delivery to %s: connect: %w", self, serr))
+		}
+	}
+	gracePeriod()
+	return errors.Join(errs...)
+}
+
+// membarrierCmdGlobal is MEMBARRIER_CMD_GLOBAL from linux/membarrier.h: membarrier(2) returns
+// after an RCU grace period (synchronize_rcu).
+const membarrierCmdGlobal = 1
+
+// grace is gracePeriod's state.
+var grace struct {
+	mu      sync.Mutex
+	running bool            // guarded by mu: waitGracePeriods runs
+	waiters []chan struct{} // guarded by mu: callers waiting for a grace period to begin
+}
+
+// gracePeriod returns after an RCU grace period has passed, in which the kernel finishes
+// receiving every datagram it matched to a socket before: membarrier(2), which blocks its
+// thread for milliseconds. Callers that come while one is being waited for share the next,
+// so that a node draining a few hundred pods at once blocks one thread, not one per pod.
+// Where membarrier is refused (nohz_full kernels, a seccomp profile) it returns at once: a
+// datagram the kernel was queueing as the connect ran may then arrive microseconds later.
+func gracePeriod() {
+	done := make(chan struct{})
+	grace.mu.Lock()
+	grace.waiters = append(grace.waiters, done)
+	if !grace.running {
+		grace.running = true
+		go waitGracePeriods()
+	}
+	grace.mu.Unlock()
+	<-done
+}
+
+// waitGracePeriods waits for grace periods for gracePeriod's callers, each batch of them
+// for one that begins after they came, until none is waiting.
+func waitGracePeriods() {
+	for {
+		grace.mu.Lock()
+		waiters := grace.waiters
+		grace.waiters = nil
+		if len(waiters) == 0 {
+			grace.running = false
+			grace.mu.Unlock()
+			return
+		}
+		grace.mu.Unlock()
+		unix.Syscall(unix.SYS_MEMBARRIER, membarrierCmdGlobal, 0, 0)
+		for _, w := range waiters {
+			close(w)
+		}
+	}
+}
+
+// sockaddr is ap as a connect(2) address of its family; a v4-mapped address stays IPv6, as
+// an IPv6 socket needs it.
+func sockaddr(ap netip.AddrPort) unix.Sockaddr {
+	if ap.Addr().Is4() {
+		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+	}
+	return &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+}
+
+// ReadQueued reads up to max datagrams queued on a UDP socket, without waiting, and hands
+// each to read with its sender and the address it was sent to (when the socket reports it:
+// SetRecvDst; else the zero Addr); b is valid only during the call. It returns how many it
+// read and nil once the queue is empty or max were read, or the failed recvmsg's error (an
+// *os.SyscallError), or rc's own error when the socket is closed.
+func ReadQueued(rc syscall.RawConn, buf, oob []byte, max int, read func(b []byte, from netip.AddrPort, to netip.Addr)) (int, error) {
+	var r struct { // one allocation for what the closure sets, beside the closure's own
+		n   int
+		err error
+	}
+	cerr := rc.Control(func(fd uintptr) {
+		for r.n < max {
+			m, oobn, _, from, err := unix.Recvmsg(int(fd), buf, oob, unix.MSG_DONTWAIT)
+			switch err {
+			case nil:
+				r.n++
+				read(buf[:m], sockaddrAddrPort(from), ParseDst(oob[:oobn]))
+				continue
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+			default:
+				r.err = os.NewSyscallError("recvmsg", err)
+			}
+			return
+		}
+	})
+	if cerr != nil {
+		return r.n, cerr
+	}
+	return r.n, r.err
+}
+
+func sockaddrAddrPort(sa unix.Sockaddr) netip.AddrPort {
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
+	}
+	return netip.AddrPort{}
 }

@@ -396,3 +396,98 @@ func FuzzParseDst(f *testing.F) {
 	f.Add([]byte{1, 2, 3})
 	f.Fuzz(func(t *testing.T, oob []byte) { ParseDst(oob) })
 }
+
+// Two UDP sockets share a port in an SO_REUSEPORT group and datagrams from fresh source
+// ports are spread over them. After StopDelivery on one, every new datagram goes to the
+// other; the stopped one still reads what it had queued (ReadQueued) and answers from the
+// group's port. On a socket bound to an address of each family, and on a wildcard one.
+func TestStopDelivery(t *testing.T) {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error { return SetReusePort(c) }}
+	for _, tc := range []struct{ network, bind, dst string }{
+		{"udp4", "127.0.0.1", "127.0.0.1"},
+		{"udp6", "::1", "::1"},
+		{"udp4", "0.0.0.0", "127.0.0.1"},
+	} {
+		t.Run(tc.network+" "+tc.bind, func(t *testing.T) {
+			var socks [2]*net.UDPConn
+			addr := net.JoinHostPort(tc.bind, "0")
+			for i := range socks {
+				pc, err := lc.ListenPacket(t.Context(), tc.network, addr)
+				if err != nil {
+					t.Skipf("no %s on %s: %v", tc.network, tc.bind, err)
+				}
+				defer pc.Close()
+				socks[i] = pc.(*net.UDPConn)
+				addr = pc.LocalAddr().String()
+			}
+			a, b := socks[0], socks[1]
+			dst := netip.AddrPortFrom(netip.MustParseAddr(tc.dst), uint16(a.LocalAddr().(*net.UDPAddr).Port))
+			send := func(n int) {
+				for range n {
+					c, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(dst))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if _, err := c.Write([]byte("q")); err != nil {
+						t.Fatal(err)
+					}
+					c.Close()
+				}
+			}
+			rc, err := a.SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			buf, oob := make([]byte, 16), make([]byte, DstOOBSize)
+			readA := func() (senders []netip.AddrPort) {
+				t.Helper()
+				n, err := ReadQueued(rc, buf, oob, 1000, func(_ []byte, from netip.AddrPort, _ netip.Addr) {
+					senders = append(senders, from)
+				})
+				if err != nil || n != len(senders) {
+					t.Fatalf("ReadQueued: %d, %v", n, err)
+				}
+				return senders
+			}
+			readB := func(n int) {
+				t.Helper()
+				b.SetReadDeadline(time.Now().Add(5 * time.Second))
+				for i := range n {
+					if _, _, err := b.ReadFromUDPAddrPort(buf); err != nil {
+						t.Fatalf("datagram %d of %d on the other socket: %v", i+1, n, err)
+					}
+				}
+			}
+
+			const n = 64
+			send(n)
+			if err := StopDelivery(a); err != nil {
+				t.Fatal(err)
+			}
+			queued := readA()
+			if len(queued) == 0 {
+				t.Fatalf("none of %d datagrams reached the first socket; want them spread over the group", n)
+			}
+			readB(n - len(queued))
+			send(n)
+			readB(n)
+			if got := readA(); len(got) != 0 {
+				t.Errorf("%d datagrams reached the socket after StopDelivery", len(got))
+			}
+
+			// It answers from the group's port, to an address it is not connected to.
+			c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr(tc.dst), 0)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := a.WriteToUDPAddrPort([]byte("a"), c.LocalAddr().(*net.UDPAddr).AddrPort()); err != nil {
+				t.Fatalf("answer from the stopped socket: %v", err)
+			}
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, from, err := c.ReadFromUDPAddrPort(buf); err != nil || from.Port() != dst.Port() {
+				t.Errorf("answer: from %v, %v; want from port %d", from, err, dst.Port())
+			}
+		})
+	}
+}

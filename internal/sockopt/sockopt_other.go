@@ -62,3 +62,13 @@ func ParseDst(oob []byte) netip.Addr { return netip.Addr{} }
 
 // SrcOOB returns nil: the kernel picks the source.
 func SrcOOB(src netip.Addr) []byte { return nil }
+
+// StopDelivery is Linux-only here.
+func StopDelivery(ucs ...*net.UDPConn) error {
+	return fmt.Errorf("sockopt: stop delivery: %w", errors.ErrUnsupported)
+}
+
+// ReadQueued is Linux-only here.
+func ReadQueued(rc syscall.RawConn, buf, oob []byte, max int, read func(b []byte, from netip.AddrPort, to netip.Addr)) (int, error) {
+	return 0, fmt.Errorf("sockopt: read queued: %w", errors.ErrUnsupported)
+}
