@@ -708,9 +708,9 @@ func TestDig(t *testing.T) {
 	}
 }
 
-// A client gets addresses only of a family it has an address of (unless AllFamilies): an
+// With OwnFamilies a client gets addresses only of a family it has an address of: an
 // IPv4-only pod an empty AAAA answer for a dual-stack service, an IPv6-only pod an empty A
-// answer, each NOERROR and authoritative, as dig reads them; AllFamilies answers both.
+// answer, each NOERROR and authoritative, as dig reads them; by default it gets both.
 func TestClientFamilies(t *testing.T) {
 	leaktest.Check(t)
 	dig, err := exec.LookPath("dig")
@@ -720,19 +720,19 @@ func TestClientFamilies(t *testing.T) {
 	const name = "svc1.ns1.svc.cluster.local"
 	for _, tt := range []struct {
 		client      string
-		allFamilies bool
+		own         bool
 		qtype, want string // want: the answer section, "" for none
 	}{
-		{"client2", false, "A", name + ".\t30\tIN\tA\t10.96.0.1"},
-		{"client2", false, "AAAA", ""},
-		{"client2", true, "AAAA", name + ".\t30\tIN\tAAAA\tfd00::1"},
-		{"client6", false, "A", ""},
-		{"client6", false, "AAAA", name + ".\t30\tIN\tAAAA\tfd00::1"},
-		{"client6", true, "A", name + ".\t30\tIN\tA\t10.96.0.1"},
-		{"client1", false, "AAAA", name + ".\t30\tIN\tAAAA\tfd00::1"},
+		{"client2", true, "A", name + ".\t30\tIN\tA\t10.96.0.1"},
+		{"client2", true, "AAAA", ""},
+		{"client2", false, "AAAA", name + ".\t30\tIN\tAAAA\tfd00::1"},
+		{"client6", true, "A", ""},
+		{"client6", true, "AAAA", name + ".\t30\tIN\tAAAA\tfd00::1"},
+		{"client6", false, "A", name + ".\t30\tIN\tA\t10.96.0.1"},
+		{"client1", true, "AAAA", name + ".\t30\tIN\tAAAA\tfd00::1"},
 	} {
-		t.Run(fmt.Sprintf("%s/%s/all=%v", tt.client, tt.qtype, tt.allFamilies), func(t *testing.T) {
-			e := start(t, tt.client, func(c *Config) { c.AllFamilies = tt.allFamilies })
+		t.Run(fmt.Sprintf("%s/%s/own=%v", tt.client, tt.qtype, tt.own), func(t *testing.T) {
+			e := start(t, tt.client, func(c *Config) { c.OwnFamilies = tt.own })
 			_, port, _ := net.SplitHostPort(e.addr)
 			out, err := exec.Command(dig, "@127.0.0.1", "-p", port, "+time=5", "+tries=1", "+noall", "+comments", "+answer", name, tt.qtype).CombinedOutput()
 			if err != nil {

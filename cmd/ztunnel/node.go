@@ -459,6 +459,6 @@ func (n *ztunnel) dnsConfig(local state.Local) dns.Config {
 		Local:         local,
 		FixedSearch:   n.local.Dedicated(), // a dedicated ztunnel shares its workload's resolv.conf
 		DisableIPv6:   !n.cfg.IPv6Enabled,
-		AllFamilies:   n.cfg.DNSAllFamilies,
+		OwnFamilies:   !n.cfg.DNSAllFamilies,
 	}
 }
