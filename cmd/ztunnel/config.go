@@ -207,12 +207,12 @@ func settings() []setting {
 			}
 			return otlp.CheckEndpoint(v)
 		}},
-		{env: "ACCESS_LOG_SAMPLE", goztOnly: true, def: "1", form: "a fraction from 0 to 1", help: "gozt only. The fraction of successful connections that get an access-log record (failed ones always do); below 1, no \"connection opened\" records", set: func(c *config, v string) error {
+		{env: "ACCESS_LOG_SAMPLE", goztOnly: true, def: "1", form: "a fraction from 0 to 1", help: "gozt only. The fraction of successful connections that get an access-log record (failed ones always do): 1 every one, 0 none, as a sampling ratio reads; below 1, no \"connection opened\" records", set: func(c *config, v string) error {
 			f, err := strconv.ParseFloat(v, 64)
-			if err == nil {
-				c.AccessLog.Sample = f
-				err = metrics.CheckAccessLogFilter(metrics.AccessLogFilter{Sample: f})
+			if err == nil && !(f >= 0 && f <= 1) {
+				err = errors.New("not a fraction from 0 to 1")
 			}
+			c.AccessLog.SkipSuccesses = 1 - f
 			return err
 		}},
 		{env: "METRICS_DROP_LABELS", goztOnly: true, form: "comma-separated istio_tcp_* label names", help: "gozt only. Labels left out of every istio_tcp_* family, so a big mesh's series stay bounded (connections that differ only in them share a series); the access log keeps every field. Not reporter or response_flags", set: func(c *config, v string) error {
