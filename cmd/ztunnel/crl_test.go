@@ -172,7 +172,13 @@ func echoes(t *testing.T, c net.Conn, msg string) {
 
 func dialVia(t *testing.T, n *ztunnel, dst string) net.Conn {
 	t.Helper()
-	d, err := proxy.SOCKS5("tcp", n.addrs["SOCKS5_ADDR"].String(), nil, &net.Dialer{Timeout: 5 * time.Second})
+	return dialSOCKS(t, n.addrs["SOCKS5_ADDR"].String(), dst)
+}
+
+// dialSOCKS connects to dst through the SOCKS5 listener at socks.
+func dialSOCKS(t *testing.T, socks, dst string) net.Conn {
+	t.Helper()
+	d, err := proxy.SOCKS5("tcp", socks, nil, &net.Dialer{Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -135,7 +135,7 @@ func newZtunnel(cfg *config, logLevel *logLevels) *ztunnel {
 	if cfg.EjectionFailures > 0 {
 		n.outliers = outlier.New(outlier.Config{Failures: cfg.EjectionFailures})
 	}
-	accessLog := slog.Default().With("scope", "access")
+	accessLog := slog.Default()
 	if cfg.AccessLogOTLP != "" {
 		exp, err := otlp.New(context.Background(), cfg.AccessLogOTLP, "access", otlpResource(cfg)...)
 		if err != nil {
@@ -145,6 +145,7 @@ func newZtunnel(cfg *config, logLevel *logLevels) *ztunnel {
 			accessLog = slog.New(slog.NewMultiHandler(accessLog.Handler(), exp.Handler()))
 		}
 	}
+	accessLog = accessLog.With("scope", "access") // after the split: exported records carry it too
 	mopts := []metrics.Option{
 		metrics.WithAccessLog(accessLog),
 		metrics.WithAccessLogFilter(cfg.AccessLog),

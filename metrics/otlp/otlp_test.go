@@ -7,70 +7,30 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
-	collogspb "go.opentelemetry.io/proto/otlp/collector/logs/v1"
-	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
-	"google.golang.org/grpc"
 
 	"github.com/gozt/gozt/internal/testutil"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/metrics/otlp"
+	"github.com/gozt/gozt/metrics/otlp/otlptest"
 )
 
-// receiver is an OTLP/gRPC logs endpoint, the service a collector serves on 4317.
-type receiver struct {
-	collogspb.UnimplementedLogsServiceServer
-	mu   sync.Mutex
-	reqs []*collogspb.ExportLogsServiceRequest
-}
-
-func (r *receiver) Export(_ context.Context, req *collogspb.ExportLogsServiceRequest) (*collogspb.ExportLogsServiceResponse, error) {
-	r.mu.Lock()
-	r.reqs = append(r.reqs, req)
-	r.mu.Unlock()
-	return &collogspb.ExportLogsServiceResponse{}, nil
-}
-
-func startReceiver(t *testing.T) (*receiver, string) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &receiver{}
-	s := grpc.NewServer()
-	collogspb.RegisterLogsServiceServer(s, r)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = s.Serve(ln) }()
-	t.Cleanup(func() { s.Stop(); <-done })
-	return r, "http://" + ln.Addr().String()
-}
-
-func anyValue(v *commonpb.AnyValue) any {
-	switch x := v.GetValue().(type) {
-	case *commonpb.AnyValue_StringValue:
-		return x.StringValue
-	case *commonpb.AnyValue_IntValue:
-		return float64(x.IntValue) // as JSON reads numbers
-	}
-	return fmt.Sprint(v)
-}
-
-// TestAccessLogOverOTLP: a connection's access record reaches a real OTLP/gRPC receiver
-// with the message, severity and every field of the JSON access log, and the resource.
+// TestAccessLogOverOTLP: a connection's access record reaches the OpenTelemetry Collector's
+// own OTLP receiver with the message, severity and every field of the JSON access log
+// (scope included), the instrumentation scope and the resource; compared field by field.
 func TestAccessLogOverOTLP(t *testing.T) {
-	r, endpoint := startReceiver(t)
-	exp, err := otlp.New(context.Background(), endpoint, "access", attribute.String("service.name", "ztunnel"))
+	col := otlptest.Start(t, otlptest.Options{})
+	exp, err := otlp.New(context.Background(), col.Endpoint, "access", attribute.String("service.name", "ztunnel"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var jsonOut bytes.Buffer
 	jsonLog := slog.NewJSONHandler(&jsonOut, nil)
-	m := metrics.New(prometheus.NewRegistry(), "test", metrics.WithAccessLog(slog.New(slog.NewMultiHandler(jsonLog, exp.Handler()))))
+	accessLog := slog.New(slog.NewMultiHandler(jsonLog, exp.Handler())).With("scope", "access") // as cmd/ztunnel builds it
+	m := metrics.New(prometheus.NewRegistry(), "test", metrics.WithAccessLog(accessLog))
 	l := metrics.Labels{Reporter: metrics.ReporterSource, SourceWorkload: "client", SourceWorkloadNamespace: "default",
 		DestinationService: "echo.default.svc.cluster.local", DestinationWorkload: "server", ConnectionSecurityPolicy: metrics.MutualTLS,
 		SourcePrincipal: "spiffe://cluster.local/ns/default/sa/client", DestinationPrincipal: "spiffe://cluster.local/ns/default/sa/server"}
@@ -86,33 +46,23 @@ func TestAccessLogOverOTLP(t *testing.T) {
 	if err := json.Unmarshal(jsonOut.Bytes(), &want); err != nil {
 		t.Fatalf("JSON access log %q: %v", jsonOut.Bytes(), err)
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if len(r.reqs) != 1 || len(r.reqs[0].ResourceLogs) != 1 || len(r.reqs[0].ResourceLogs[0].ScopeLogs) != 1 ||
-		len(r.reqs[0].ResourceLogs[0].ScopeLogs[0].LogRecords) != 1 {
-		t.Fatalf("received %v; want one record", r.reqs)
+	recs := col.Records(t, 1)
+	if len(recs) != 1 {
+		t.Fatalf("collector received %d records; want 1: %+v", len(recs), recs)
 	}
-	rl := r.reqs[0].ResourceLogs[0]
-	if res := rl.Resource.GetAttributes(); len(res) != 1 || res[0].Key != "service.name" || anyValue(res[0].Value) != "ztunnel" {
-		t.Errorf("resource %v; want service.name=ztunnel", res)
+	rec := recs[0]
+	if fmt.Sprint(rec.Resource) != fmt.Sprint(map[string]any{"service.name": "ztunnel"}) {
+		t.Errorf("resource %v; want service.name=ztunnel", rec.Resource)
 	}
-	if scope := rl.ScopeLogs[0].Scope.GetName(); scope != "access" {
-		t.Errorf("scope %q; want access", scope)
+	if rec.Scope != "access" {
+		t.Errorf("instrumentation scope %q; want access", rec.Scope)
 	}
-	rec := rl.ScopeLogs[0].LogRecords[0]
-	got := map[string]any{"msg": anyValue(rec.Body), "level": rec.SeverityText}
-	for _, kv := range rec.Attributes {
-		got[kv.Key] = anyValue(kv.Value)
-	}
-	delete(want, "time")
 	if rec.TimeUnixNano == 0 {
 		t.Error("record has no time")
 	}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Errorf("OTLP record\n %v\nJSON access log\n %v", got, want)
-	}
-	if len(want) < 12 {
-		t.Errorf("JSON access log has only %d fields: %v", len(want), want)
+	otlptest.CompareWithJSON(t, rec, want)
+	if len(want) < 13 || want["scope"] != "access" {
+		t.Errorf("JSON access log has only %d fields, or no scope: %v", len(want), want)
 	}
 }
 
