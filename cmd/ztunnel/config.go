@@ -99,6 +99,7 @@ type config struct {
 
 	PreferredServiceNamespace string  // PREFERED_SERVICE_NAMESPACE
 	TLS12Enabled              bool    // TLS12_ENABLED
+	ResponseBaggage           bool    // ENABLE_RESPONSE_BAGGAGE
 	CRLPath                   string  // CRL_PATH
 	rust                      rustEnv // the Rust ztunnel's own variables, until resolveSources
 	maxHandshakes             int     // hbone.ServerConfig.MaxHandshakes; no variable, set by tests
@@ -547,6 +548,7 @@ func proxyConfig(c *config) proxy.Config {
 		HandshakeFailure:  certs.HandshakeFailure,
 
 		DisableResetPropagation: !c.ResetPropagation,
+		DisableBaggage:          !c.ResponseBaggage,
 		ConnectRetries:          c.ConnectRetries,
 	}
 }
