@@ -31,7 +31,7 @@ type config struct {
 	DNSAllFamilies                                              bool
 
 	AccessLog     metrics.AccessLogFilter // ACCESS_LOG_FILTER, ACCESS_LOG_SAMPLE
-	AccessLogOTLP string                  // ACCESS_LOG_OTLP_ENDPOINT
+	AccessLogOTLP otlp.Config             // ACCESS_LOG_OTLP_ENDPOINT and the OTEL_EXPORTER_OTLP_* variables
 	DropLabels    []string                // METRICS_DROP_LABELS
 	EnableSocks5  bool
 
@@ -202,8 +202,8 @@ func settings() []setting {
 		goztOnly(enum("LOG_LEVEL", "info", "log level (also settable at run time: POST /logging?level=)", []string{"debug", "info", "warn", "error"}, func(c *config) *string { return &c.LogLevel })),
 		enum("LOG_FORMAT", "plain", "log format", []string{"plain", "json"}, func(c *config) *string { return &c.LogFormat }),
 		goztOnly(enum("ACCESS_LOG_FILTER", "", "gozt only. Which connections get an access-log record: empty every one (and \"connection opened\" at debug), failed (an error or a response flag), denied (response flag DENY)", []string{"", "failed", "denied"}, func(c *config) *string { return &c.AccessLog.Only })),
-		{env: "ACCESS_LOG_OTLP_ENDPOINT", goztOnly: true, form: "http://host:port or https://host:port", help: "gozt only. Also export the access log (INFO and up, after ACCESS_LOG_FILTER and ACCESS_LOG_SAMPLE) over OpenTelemetry OTLP/gRPC to this collector: the same fields as log attributes, resource service.name=ztunnel and the node and pod; the SDK's OTEL_EXPORTER_OTLP_* variables set headers, timeout and certificates", set: func(c *config, v string) error {
-			if c.AccessLogOTLP = v; v == "" {
+		{env: "ACCESS_LOG_OTLP_ENDPOINT", goztOnly: true, form: "http://host:port or https://host:port", help: "gozt only. Also export the access log (INFO and up, after ACCESS_LOG_FILTER and ACCESS_LOG_SAMPLE) over OpenTelemetry OTLP/gRPC to this collector: the same fields as log attributes, resource service.name=ztunnel and the node and pod; the standard OTEL_EXPORTER_OTLP_* variables (and _LOGS_ ones) set headers, timeout, certificates and compression", set: func(c *config, v string) error {
+			if c.AccessLogOTLP.Endpoint = v; v == "" {
 				return nil // off
 			}
 			return otlp.CheckEndpoint(v)
@@ -282,6 +282,11 @@ func loadConfigMesh(getenv func(string) (string, bool), environ []string, args [
 		v := strings.TrimSpace(values[s.env])
 		if err := s.set(c, v); err != nil {
 			return nil, fmt.Errorf("config: %s=%q: %v; accepted: %s", s.env, v, err, s.form)
+		}
+	}
+	if c.AccessLogOTLP.Endpoint != "" {
+		if err := c.AccessLogOTLP.Env(func(k string) string { v, _ := getenv(k); return v }); err != nil {
+			return nil, fmt.Errorf("config: ACCESS_LOG_OTLP_ENDPOINT is set, and %w", err)
 		}
 	}
 	for _, p := range prefixed {

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/gozt/gozt/dns"
 	"github.com/gozt/gozt/identity/ca"
@@ -136,8 +135,10 @@ func newZtunnel(cfg *config, logLevel *logLevels) *ztunnel {
 		n.outliers = outlier.New(outlier.Config{Failures: cfg.EjectionFailures})
 	}
 	accessLog := slog.Default()
-	if cfg.AccessLogOTLP != "" {
-		exp, err := otlp.New(context.Background(), cfg.AccessLogOTLP, "access", otlpResource(cfg)...)
+	if cfg.AccessLogOTLP.Endpoint != "" {
+		oc := cfg.AccessLogOTLP
+		oc.Scope, oc.Resource = "access", otlpResource(cfg)
+		exp, err := otlp.New(oc)
 		if err != nil {
 			slog.Error("ACCESS_LOG_OTLP_ENDPOINT: access log not exported", "err", err)
 		} else {
@@ -160,11 +161,11 @@ func newZtunnel(cfg *config, logLevel *logLevels) *ztunnel {
 }
 
 // otlpResource names this process in exported records, with OpenTelemetry's attribute names.
-func otlpResource(cfg *config) []attribute.KeyValue {
-	attrs := []attribute.KeyValue{attribute.String("service.name", "ztunnel"), attribute.String("service.version", version)}
-	for _, kv := range [][2]string{{"k8s.node.name", cfg.NodeName}, {"k8s.pod.name", cfg.PodName}, {"k8s.namespace.name", cfg.PodNamespace}} {
-		if kv[1] != "" {
-			attrs = append(attrs, attribute.String(kv[0], kv[1]))
+func otlpResource(cfg *config) []otlp.KeyValue {
+	attrs := []otlp.KeyValue{{Key: "service.name", Value: "ztunnel"}, {Key: "service.version", Value: version}}
+	for _, kv := range []otlp.KeyValue{{Key: "k8s.node.name", Value: cfg.NodeName}, {Key: "k8s.pod.name", Value: cfg.PodName}, {Key: "k8s.namespace.name", Value: cfg.PodNamespace}} {
+		if kv.Value != "" {
+			attrs = append(attrs, kv)
 		}
 	}
 	return attrs
