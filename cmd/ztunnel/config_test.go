@@ -135,6 +135,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{env: map[string]string{"METRICS_DROP_LABELS": "reporter"}, want: []string{"METRICS_DROP_LABELS", "reporter cannot be dropped"}},
 		{env: map[string]string{"ACCESS_LOG_FILTER": "errors"}, want: []string{"ACCESS_LOG_FILTER", "failed"}},
 		{env: map[string]string{"ACCESS_LOG_SAMPLE": "1.5"}, want: []string{"ACCESS_LOG_SAMPLE", "fraction"}},
+		{env: map[string]string{"ACCESS_LOG_OTLP_ENDPOINT": "http://collector:4317", "OTEL_EXPORTER_OTLP_TIMEOUT": "5s"}, want: []string{"OTEL_EXPORTER_OTLP_TIMEOUT", "milliseconds"}},
 		{args: []string{"--no-such-flag"}, want: []string{"no-such-flag", "--help"}},
 		{args: []string{"stray"}, want: []string{"stray"}},
 	} {
