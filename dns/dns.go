@@ -85,12 +85,13 @@ type Config struct {
 	WorkloadWait time.Duration
 	// DisableIPv6 suppresses AAAA answers for mesh services (IPV6_ENABLED=false).
 	DisableIPv6 bool
-	// AllFamilies answers a mesh name with addresses of both families whatever the client
-	// has, as the Rust ztunnel does. By default a client gets only addresses of a family it
-	// has an address of itself (an IPv4-only pod an empty AAAA answer for a dual-stack
-	// service, an IPv6-only one an empty A): it could not reach the others, and a client
-	// that tries them first waits for the failure before it falls back.
-	AllFamilies bool
+	// OwnFamilies answers a mesh name only with addresses of a family the asking client
+	// has an address of itself (an IPv4-only pod gets an empty AAAA answer for a
+	// dual-stack service, an IPv6-only one an empty A), so that a client that tries the
+	// first answer does not wait for a failure before it falls back. Off (the default),
+	// every family the service has is answered, as the Rust ztunnel does: a pod without an
+	// address of a family may still reach it (istio/ztunnel#1965).
+	OwnFamilies bool
 	// UpstreamTimeout bounds one exchange with one upstream [5s].
 	UpstreamTimeout time.Duration
 	// Dial dials upstream nameservers ("udp" or "tcp"); nil uses a net.Dialer. Set it to

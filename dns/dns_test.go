@@ -113,6 +113,10 @@ func startUpstream(t testing.TB) *upstream {
 			resp.Answer = append(resp.Answer, mustRR(t, "external.test. 60 IN A 192.0.2.10"))
 		case q.Name == "external.test." && q.Qtype == dns.TypeTXT:
 			resp.Answer = append(resp.Answer, mustRR(t, `external.test. 60 IN TXT "hello"`))
+		case strings.HasSuffix(q.Name, "svc1.ns1.svc.cluster.local.") && q.Qtype == dns.TypeSRV:
+			// What the cluster DNS (CoreDNS's kubernetes plugin) answers for a named port.
+			resp.Authoritative = true
+			resp.Answer = append(resp.Answer, mustRR(t, q.Name+" 30 IN SRV 0 100 80 svc1.ns1.svc.cluster.local."))
 		case q.Name == "svc1.ns1.svc.cluster.local." && q.Qtype == dns.TypeTXT:
 			resp.Answer = append(resp.Answer, mustRR(t, `svc1.ns1.svc.cluster.local. 60 IN TXT "from-upstream"`))
 		case q.Name == "slow.test.":
@@ -708,9 +712,9 @@ func TestDig(t *testing.T) {
 	}
 }
 
-// A client gets addresses only of a family it has an address of (unless AllFamilies): an
+// With OwnFamilies a client gets addresses only of a family it has an address of: an
 // IPv4-only pod an empty AAAA answer for a dual-stack service, an IPv6-only pod an empty A
-// answer, each NOERROR and authoritative, as dig reads them; AllFamilies answers both.
+// answer, each NOERROR and authoritative, as dig reads them; by default it gets both.
 func TestClientFamilies(t *testing.T) {
 	leaktest.Check(t)
 	dig, err := exec.LookPath("dig")
@@ -720,19 +724,19 @@ func TestClientFamilies(t *testing.T) {
 	const name = "svc1.ns1.svc.cluster.local"
 	for _, tt := range []struct {
 		client      string
-		allFamilies bool
+		own         bool
 		qtype, want string // want: the answer section, "" for none
 	}{
-		{"client2", false, "A", name + ".\t30\tIN\tA\t10.96.0.1"},
-		{"client2", false, "AAAA", ""},
-		{"client2", true, "AAAA", name + ".\t30\tIN\tAAAA\tfd00::1"},
-		{"client6", false, "A", ""},
-		{"client6", false, "AAAA", name + ".\t30\tIN\tAAAA\tfd00::1"},
-		{"client6", true, "A", name + ".\t30\tIN\tA\t10.96.0.1"},
-		{"client1", false, "AAAA", name + ".\t30\tIN\tAAAA\tfd00::1"},
+		{"client2", true, "A", name + ".\t30\tIN\tA\t10.96.0.1"},
+		{"client2", true, "AAAA", ""},
+		{"client2", false, "AAAA", name + ".\t30\tIN\tAAAA\tfd00::1"},
+		{"client6", true, "A", ""},
+		{"client6", true, "AAAA", name + ".\t30\tIN\tAAAA\tfd00::1"},
+		{"client6", false, "A", name + ".\t30\tIN\tA\t10.96.0.1"},
+		{"client1", true, "AAAA", name + ".\t30\tIN\tAAAA\tfd00::1"},
 	} {
-		t.Run(fmt.Sprintf("%s/%s/all=%v", tt.client, tt.qtype, tt.allFamilies), func(t *testing.T) {
-			e := start(t, tt.client, func(c *Config) { c.AllFamilies = tt.allFamilies })
+		t.Run(fmt.Sprintf("%s/%s/own=%v", tt.client, tt.qtype, tt.own), func(t *testing.T) {
+			e := start(t, tt.client, func(c *Config) { c.OwnFamilies = tt.own })
 			_, port, _ := net.SplitHostPort(e.addr)
 			out, err := exec.Command(dig, "@127.0.0.1", "-p", port, "+time=5", "+tries=1", "+noall", "+comments", "+answer", name, tt.qtype).CombinedOutput()
 			if err != nil {
@@ -756,6 +760,28 @@ func TestClientFamilies(t *testing.T) {
 				t.Errorf("dig %s %s as %s: answer %q; want %q", name, tt.qtype, tt.client, got, tt.want)
 			}
 		})
+	}
+}
+
+// SRV records (_port._proto.service names, the service's named ports) are not in the
+// workload API, so the DNS proxy cannot answer them: an SRV query is forwarded, for a mesh
+// service's name too, and the client gets the upstream's (the cluster DNS's) answer, not an
+// empty authoritative one of ours (docs/CONFIGURATION.md, "DNS proxy").
+func TestSRVForwarded(t *testing.T) {
+	leaktest.Check(t)
+	e := start(t, "client1", nil)
+	for i, name := range []string{"_http._tcp.svc1.ns1.svc.cluster.local.", "svc1.ns1.svc.cluster.local."} {
+		resp := e.query(t, "udp", name, dns.TypeSRV, 0)
+		if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+			t.Fatalf("SRV %s: %v; want the upstream's one SRV answer", name, resp)
+		}
+		srv, ok := resp.Answer[0].(*dns.SRV)
+		if !ok || srv.Hdr.Name != name || srv.Port != 80 || srv.Target != "svc1.ns1.svc.cluster.local." {
+			t.Errorf("SRV %s: answer %v; want the upstream's SRV 0 100 80 svc1.ns1.svc.cluster.local.", name, resp.Answer[0])
+		}
+		if got := e.up.udp.Load(); got != int32(i+1) {
+			t.Errorf("SRV %s: the upstream saw %d queries; want %d (forwarded)", name, got, i+1)
+		}
 	}
 }
 

@@ -129,7 +129,7 @@ func (s *Server) answer(ctx context.Context, req *dns.Msg, src *state.Workload, 
 		s.logQuery(ctx, src, q, "service does not support this record type", 0)
 		return resp
 	}
-	if !s.cfg.AllFamilies && !hasFamily(src, v6) {
+	if s.cfg.OwnFamilies && !hasFamily(src, v6) {
 		s.logQuery(ctx, src, q, "client has no address of this family", 0)
 		return resp
 	}

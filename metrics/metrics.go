@@ -74,6 +74,10 @@ type Metrics struct {
 	// CRLRejections counts HBONE connections closed because a reloaded CRL revoked their
 	// peer, by reporter: destination (inbound) or source (outbound).
 	CRLRejections *prometheus.CounterVec
+	// CRLUntracked counts HBONE connections a CRL reload could not judge, by reporter: a
+	// list names their peer's chain, which no longer verifies against the roots held (the
+	// Rust ztunnel's crl_untracked_connections).
+	CRLUntracked *prometheus.CounterVec
 	// XDSConnectionTerminations is labelled reason = ConnectionError|Error|Reconnect|Complete.
 	XDSConnectionTerminations *prometheus.CounterVec
 	// XDSMessages and XDSMessageBytes are labelled url (the resource type URL).
@@ -167,6 +171,7 @@ func New(reg *prometheus.Registry, version string, opts ...Option) *Metrics {
 		[]string{"source_workload", "source_canonical_service", "source_canonical_revision", "source_workload_namespace",
 			"source_principal", "source_app", "source_version", "source_cluster", "hostname"})
 	m.CRLRejections = counter("istio_crl_policy_rejections_total", "The total number of connections rejected due to CRL certificate revocation (unstable)", []string{"reporter"})
+	m.CRLUntracked = counter("istio_crl_untracked_connections_total", "The total number of connections not tracked for CRL enforcement (unstable)", []string{"reporter"})
 	m.XDSConnectionTerminations = counter("istio_xds_connection_terminations_total", "The total number of completed connections to xds server (unstable)", []string{"reason"})
 	m.XDSMessages = counter("istio_xds_message_total", "Total number of messages received (unstable)", []string{"url"})
 	m.XDSMessageBytes = counter("istio_xds_message_bytes_total", "Total number of bytes received (unstable)", []string{"url"})

@@ -92,9 +92,10 @@ type AccessLogFilter struct {
 	// Only is "" (every connection), "failed" (an error or a response flag) or "denied"
 	// (response flag DENY: refused by policy).
 	Only string
-	// Sample, when in (0, 1), records only that fraction of the connections Only keeps that
-	// succeeded; failed ones are always recorded. 0 means 1.
-	Sample float64
+	// SkipSuccesses is the fraction of the successful connections Only keeps that get no
+	// record: 0 records every one, 1 none. Failed connections are always recorded.
+	// ACCESS_LOG_SAMPLE is 1 minus it, so that the zero value records everything.
+	SkipSuccesses float64
 }
 
 // WithAccessLogFilter records only the connections f keeps. With a filter, no "connection
@@ -112,8 +113,8 @@ func CheckAccessLogFilter(f AccessLogFilter) error {
 	if f.Only != "" && f.Only != "failed" && f.Only != "denied" {
 		return fmt.Errorf("%q: want failed, denied or empty (every connection)", f.Only)
 	}
-	if !(f.Sample >= 0 && f.Sample <= 1) {
-		return fmt.Errorf("sample %v: want a fraction from 0 to 1", f.Sample)
+	if !(f.SkipSuccesses >= 0 && f.SkipSuccesses <= 1) {
+		return fmt.Errorf("skipped successes %v: want a fraction from 0 to 1", f.SkipSuccesses)
 	}
 	return nil
 }
@@ -128,8 +129,11 @@ func (f *AccessLogFilter) logs(flag string, err error) bool {
 	case "denied":
 		return flag == FlagDeny
 	}
-	if failed || f.Sample <= 0 || f.Sample >= 1 {
+	switch {
+	case failed || f.SkipSuccesses <= 0:
 		return true
+	case f.SkipSuccesses >= 1:
+		return false
 	}
-	return rand.Float64() < f.Sample
+	return rand.Float64() >= f.SkipSuccesses
 }

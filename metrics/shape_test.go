@@ -71,7 +71,8 @@ func TestAccessLogFilter(t *testing.T) {
 		{AccessLogFilter{}, 5},
 		{AccessLogFilter{Only: "failed"}, 3},
 		{AccessLogFilter{Only: "denied"}, 1},
-		{AccessLogFilter{Sample: 1e-12}, 3}, // the successes are sampled away, failures kept
+		{AccessLogFilter{SkipSuccesses: 1}, 3},         // the successes are sampled away, failures kept
+		{AccessLogFilter{SkipSuccesses: 1 - 1e-12}, 3}, // as good as all of them
 	} {
 		if err := CheckAccessLogFilter(tt.f); err != nil {
 			t.Fatal(err)
@@ -101,7 +102,7 @@ func TestAccessLogFilter(t *testing.T) {
 			t.Errorf("filter %+v: closed counted %v; want %d", tt.f, v, len(ends))
 		}
 	}
-	for _, bad := range []AccessLogFilter{{Only: "errors"}, {Sample: 2}, {Sample: -1}} {
+	for _, bad := range []AccessLogFilter{{Only: "errors"}, {SkipSuccesses: 2}, {SkipSuccesses: -1}} {
 		if CheckAccessLogFilter(bad) == nil {
 			t.Errorf("CheckAccessLogFilter(%+v) = nil; want an error", bad)
 		}

@@ -68,9 +68,12 @@ services:
   - {name: sink-remote, namespace: default, hostname: sink-remote.default.svc.cluster.local, vips: ["net1/127.10.9.8"], ports: {80: 9090}}
 `
 
+// Node C knows more of server2 than node A's view says (its workload and canonical
+// names, its locality): node A learns them from server2's answer (response baggage).
 const multinetNet2 = `
 workloads:
   - {uid: c2//Pod/default/server2, name: server2, namespace: default, serviceAccount: server2, network: net2, clusterId: cluster2,
+     workloadName: server2-v2, canonicalName: echo-app, canonicalRevision: v2, locality: {region: r2, zone: z2},
      workloadIps: ["S.5"], protocol: HBONE, networkGateway: {destination: "net2/S.6", hboneMtlsPort: 15008},
      services: {"default/echo.default.svc.cluster.local": {80: 8080}, "default/remote.default.svc.cluster.local": {80: 8080},
                 "default/impostor.default.svc.cluster.local": {80: 8080},
@@ -97,7 +100,9 @@ type multinet struct {
 	logA, logC *logtest.Recorder
 }
 
-func startMultinet(t testing.TB) *multinet {
+// startMultinet starts the mesh; configure, if given, adjusts each node's proxy.Config
+// ("node-a", "node-b", "node-c", "node-w").
+func startMultinet(t testing.TB, configure ...func(node string, c *proxy.Config)) *multinet {
 	t.Helper()
 	var sub string
 	for _, s := range subnets {
@@ -123,18 +128,23 @@ func startMultinet(t testing.TB) *multinet {
 	for _, ip := range []string{"3", "5"} {
 		startBackend(t, sub+ip+":9090", chunkSink(benchChunk))
 	}
-	dedicated := func(name, network, ip string) proxy.Config {
-		return proxy.Config{
+	dedicated := func(node, name, network, ip string) proxy.Config {
+		c := proxy.Config{
 			Local:       state.Local{Mode: state.ModeDedicated, Network: network, Workload: state.WorkloadRef{Namespace: "default", Name: name, ServiceAccount: name}},
 			InboundAddr: sub + ip + ":15008",
 		}
+		if node == "node-a" {
+			c.InboundAddr, c.Socks5Addr = sub+"2:0", sub+"2:0"
+		}
+		for _, f := range configure {
+			f(node, &c)
+		}
+		return c
 	}
-	m.b = startNode(t, "node-b", caDir, net1, dedicated("server", "net1", "3"))
-	m.c = startNodeLogged(t, "node-c", caDir, net2, dedicated("server2", "net2", "5"), m.logC.Logger())
-	m.w = startNode(t, "node-w", caDir, net2, dedicated("waypoint", "net2", "7"))
-	cfgA := dedicated("client", "net1", "2")
-	cfgA.InboundAddr, cfgA.Socks5Addr = sub+"2:0", sub+"2:0"
-	m.a = startNodeLogged(t, "node-a", caDir, net1, cfgA, m.logA.Logger())
+	m.b = startNode(t, "node-b", caDir, net1, dedicated("node-b", "server", "net1", "3"))
+	m.c = startNodeLogged(t, "node-c", caDir, net2, dedicated("node-c", "server2", "net2", "5"), m.logC.Logger())
+	m.w = startNode(t, "node-w", caDir, net2, dedicated("node-w", "waypoint", "net2", "7"))
+	m.a = startNodeLogged(t, "node-a", caDir, net1, dedicated("node-a", "client", "net1", "2"), m.logA.Logger())
 
 	builtin, err := ca.NewBuiltin(caDir, time.Hour)
 	if err != nil {
@@ -218,7 +228,7 @@ func TestMultiNetwork(t *testing.T) {
 		}
 		// Node C saw the client's network and identity and took its cluster from baggage.
 		want := map[string]string{"reporter": "destination", "source_principal": clientID, "source_cluster": "cluster1",
-			"destination_service": "remote.default.svc.cluster.local", "destination_workload": "server2"}
+			"destination_service": "remote.default.svc.cluster.local", "destination_workload": "server2-v2"}
 		if err := eventually(func() bool { return counter(t, m.c.reg, "istio_tcp_connections_closed_total", want) >= 1 }); err != nil {
 			t.Errorf("node C has no closed connection %v:\n%s", want, dumpCounters(m.c.reg))
 		}
@@ -294,6 +304,55 @@ func TestMultiNetwork(t *testing.T) {
 			t.Errorf("node A's access log does not say the gateway is missing: %q", m.logA.Lines(slog.LevelWarn))
 		}
 	})
+}
+
+// Baggage across networks, as the Rust ztunnel reads it (istio/ztunnel#1734): node A
+// knows server2 only as node A's view describes it; server2's node answers the inner
+// CONNECT with baggage naming its workload, canonical service and revision, cluster and
+// locality, which node A's metrics and access log take for the destination. With
+// ENABLE_RESPONSE_BAGGAGE=false on node C (DisableBaggage) it answers without, and
+// node A keeps its own view; node C then ignores the client's baggage too, so a client it
+// knows only through the gateway has no cluster.
+func TestDoubleHBONEBaggage(t *testing.T) {
+	checkFDs(t)
+	const clientID = "spiffe://cluster.local/ns/default/sa/client"
+	for _, tc := range []struct {
+		name    string
+		disable bool
+		atA     map[string]string // node A's (source) labels of the connection
+		logA    []string          // in node A's access record
+		atC     map[string]string // node C's (destination) labels
+	}{{
+		name: "default",
+		atA: map[string]string{"reporter": "source", "destination_workload": "server2-v2", "destination_canonical_service": "echo-app",
+			"destination_canonical_revision": "v2", "destination_app": "server2-v2", "destination_version": "v2",
+			"destination_cluster": "cluster2", "destination_workload_namespace": "default", "destination_region": "r2", "destination_zone": "z2",
+			"destination_principal": "spiffe://cluster.local/ns/default/sa/server2", "destination_service": "remote.default.svc.cluster.local"},
+		logA: []string{"dst.workload=server2-v2", "dst.namespace=default"},
+		atC:  map[string]string{"reporter": "destination", "source_principal": clientID, "source_cluster": "cluster1"},
+	}, {
+		name: "ENABLE_RESPONSE_BAGGAGE=false", disable: true,
+		atA: map[string]string{"reporter": "source", "destination_workload": "server2", "destination_canonical_service": "server2",
+			"destination_canonical_revision": "unknown", "destination_cluster": "cluster2", "destination_region": "unknown"},
+		logA: []string{"dst.workload=server2"},
+		atC:  map[string]string{"reporter": "destination", "source_principal": clientID, "source_cluster": "unknown"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := startMultinet(t, func(node string, c *proxy.Config) { c.DisableBaggage = tc.disable && node == "node-c" })
+			if name, err := m.call(t, "127.10.9.2"); err != nil || name != "server2" {
+				t.Fatalf("got %q, %v; want server2's answer", name, err)
+			}
+			if err := eventually(func() bool { return counter(t, m.a.reg, "istio_tcp_connections_closed_total", tc.atA) >= 1 }); err != nil {
+				t.Errorf("node A has no closed connection %v:\n%s", tc.atA, dumpCounters(m.a.reg))
+			}
+			if !hasLine(m.logA, append([]string{"dst.hbone_addr=remote.default.svc.cluster.local:80"}, tc.logA...)...) {
+				t.Errorf("node A's access log lacks %v: %q", tc.logA, m.logA.Lines(slog.LevelInfo))
+			}
+			if err := eventually(func() bool { return counter(t, m.c.reg, "istio_tcp_connections_closed_total", tc.atC) >= 1 }); err != nil {
+				t.Errorf("node C has no closed connection %v:\n%s", tc.atC, dumpCounters(m.c.reg))
+			}
+		})
+	}
 }
 
 // hasLine reports whether some access-log line (any level) contains every one of parts.

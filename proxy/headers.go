@@ -59,16 +59,52 @@ func baggage(w *state.Workload) string {
 	return b.String()
 }
 
+// peerBaggage is what a peer's baggage header says of its workload: the keys baggage
+// writes, as the Rust ztunnel's parse_baggage_header reads them.
+type peerBaggage struct {
+	cluster, namespace, workload, service, version, region, zone string
+}
+
 // parseBaggage reads the keys of a peer's baggage header that feed metric labels.
-func parseBaggage(h string) map[string]string {
-	out := map[string]string{}
+func parseBaggage(h string) peerBaggage {
+	var b peerBaggage
 	for _, kv := range strings.Split(h, ",") {
-		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
-		if ok {
-			out[k] = v
+		k, v, _ := strings.Cut(strings.TrimSpace(kv), "=")
+		switch k {
+		case "k8s.cluster.name":
+			b.cluster = v
+		case "k8s.namespace.name":
+			b.namespace = v
+		case "k8s.deployment.name", "k8s.cronjob.name", "k8s.pod.name", "k8s.job.name":
+			b.workload = v
+		case "service.name":
+			b.service = v
+		case "service.version":
+			b.version = v
+		case "cloud.region":
+			b.region = v
+		case "cloud.availability_zone":
+			b.zone = v
 		}
 	}
-	return out
+	return b
+}
+
+// derivedDestLabels replaces the destination workload's labels with what the destination
+// said of itself in its answer's baggage, as the Rust ztunnel's with_derived_destination
+// does on double HBONE: across networks the local view of the destination is the remote
+// network's gateway's pick, not the workload that answered. The principal stays the TLS
+// peer's (the caller's). workload_name feeds destination_app too, as in the Rust ztunnel.
+func derivedDestLabels(l *metrics.Labels, bag string) {
+	b := parseBaggage(bag)
+	l.DestinationWorkload = b.workload
+	l.DestinationCanonicalService = b.service
+	l.DestinationCanonicalRevision = b.version
+	l.DestinationWorkloadNamespace = b.namespace
+	l.DestinationApp = b.workload
+	l.DestinationVersion = b.version
+	l.DestinationCluster = b.cluster
+	l.DestinationRegion, l.DestinationZone = b.region, b.zone
 }
 
 func traceparent() string {

@@ -101,9 +101,9 @@ func (p *Proxy) serveHBONE(r *hbone.Request) {
 		// Double HBONE through a gateway: the client is on network n, and the address the
 		// connection came from is the gateway's, so the source is known by its baggage only.
 		log.SrcNetwork = n
-		p.inboundSourceLabels(&labels, r.Peer, netip.Addr{}, r.Header.Get("Baggage"))
+		p.inboundSourceLabels(&labels, r.Peer, netip.Addr{}, p.peerBaggage(r.Header))
 	} else {
-		p.inboundSourceLabels(&labels, r.Peer, client.Addr(), r.Header.Get("Baggage"))
+		p.inboundSourceLabels(&labels, r.Peer, client.Addr(), p.peerBaggage(r.Header))
 	}
 	failed := func(flag string, err error) {
 		if !errors.Is(context.Cause(ctx), hbone.ErrPeerReset) {
@@ -129,7 +129,7 @@ func (p *Proxy) serveHBONE(r *hbone.Request) {
 		return
 	}
 	var resp http.Header
-	if b := baggage(t.dst); b != "" {
+	if b := baggage(t.dst); b != "" && !p.cfg.DisableBaggage {
 		resp = http.Header{"Baggage": []string{b}}
 	}
 	s, err := r.Accept(resp)
@@ -316,19 +316,23 @@ func (p *Proxy) inboundSourceLabels(l *metrics.Labels, peer identity.ID, client 
 		return
 	}
 	b := parseBaggage(bag)
-	l.SourceCluster = b["k8s.cluster.name"]
-	if ns := b["k8s.namespace.name"]; ns != "" {
-		l.SourceWorkloadNamespace = ns
+	l.SourceCluster = b.cluster
+	if b.namespace != "" {
+		l.SourceWorkloadNamespace = b.namespace
 	}
-	for _, kind := range []string{"deployment", "pod", "job", "cronjob"} {
-		if v := b["k8s."+kind+".name"]; v != "" {
-			l.SourceWorkload = v
-		}
-	}
-	l.SourceCanonicalService = b["service.name"]
-	l.SourceCanonicalRevision = b["service.version"]
+	l.SourceWorkload = b.workload
+	l.SourceCanonicalService = b.service
+	l.SourceCanonicalRevision = b.version
 	l.SourceApp, l.SourceVersion = l.SourceCanonicalService, l.SourceCanonicalRevision
-	l.SourceRegion, l.SourceZone = b["cloud.region"], b["cloud.availability_zone"]
+	l.SourceRegion, l.SourceZone = b.region, b.zone
+}
+
+// peerBaggage is the client's baggage header, unless DisableBaggage.
+func (p *Proxy) peerBaggage(h http.Header) string {
+	if p.cfg.DisableBaggage {
+		return ""
+	}
+	return h.Get("Baggage")
 }
 
 // servePlaintext handles a connection captured on 15006: policy with no peer identity,

@@ -183,7 +183,14 @@ func (p *Proxy) dialRoute(ctx context.Context, src *state.Workload, clientAddr n
 		labels.ConnectionSecurityPolicy = metrics.MutualTLS
 		labels.DestinationPrincipal = route.Workload.Identity().String()
 		log.DstAddr, log.HBONEAddr = route.Dial.String(), route.Authority
-		return p.dialThroughGateway(ctx, src, clientAddr, route)
+		s, err := p.dialThroughGateway(ctx, src, clientAddr, route)
+		if err != nil {
+			return nil, err
+		}
+		if bag := s.Header().Get("Baggage"); bag != "" {
+			derivedDestLabels(labels, bag)
+		}
+		return s, nil
 	}
 	return nil, fmt.Errorf("proxy: unknown route kind %v", route.Kind)
 }

@@ -118,6 +118,12 @@ type Config struct {
 	// carried as a reset (RFC 9113 §8.5: RST ↔ RST_STREAM(CONNECT_ERROR)) and such a
 	// connection gets a reset, so a client can tell a cut stream from a whole one.
 	DisableResetPropagation bool
+	// DisableBaggage (ENABLE_RESPONSE_BAGGAGE=false) makes inbound HBONE answer without a
+	// baggage header describing the destination workload, and ignore the client's baggage
+	// when the cache does not know the client (its labels stay unknown), as the Rust
+	// ztunnel does with the variable false. Outbound reads a double-HBONE destination's
+	// answer whatever it says, as the Rust ztunnel does.
+	DisableBaggage bool
 	// HandshakeFailure names why an inbound TLS handshake failed, in one word of a bounded
 	// set (identity/certs.HandshakeFailure, for the configs it makes), or "" for a
 	// connection we closed ourselves; nil: every failure is "other".

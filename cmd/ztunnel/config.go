@@ -31,7 +31,7 @@ type config struct {
 	DNSAllFamilies                                              bool
 
 	AccessLog     metrics.AccessLogFilter // ACCESS_LOG_FILTER, ACCESS_LOG_SAMPLE
-	AccessLogOTLP string                  // ACCESS_LOG_OTLP_ENDPOINT
+	AccessLogOTLP otlp.Config             // ACCESS_LOG_OTLP_ENDPOINT and the OTEL_EXPORTER_OTLP_* variables
 	DropLabels    []string                // METRICS_DROP_LABELS
 	EnableSocks5  bool
 
@@ -99,6 +99,7 @@ type config struct {
 
 	PreferredServiceNamespace string  // PREFERED_SERVICE_NAMESPACE
 	TLS12Enabled              bool    // TLS12_ENABLED
+	ResponseBaggage           bool    // ENABLE_RESPONSE_BAGGAGE
 	CRLPath                   string  // CRL_PATH
 	rust                      rustEnv // the Rust ztunnel's own variables, until resolveSources
 	maxHandshakes             int     // hbone.ServerConfig.MaxHandshakes; no variable, set by tests
@@ -137,7 +138,7 @@ func settings() []setting {
 		goztOnly(addr("INBOUND_ADDR", "[::]:15008", "inbound HBONE (mTLS HTTP/2 CONNECT); peers always dial port 15008 of a pod IP", func(c *config) *string { return &c.InboundAddr })),
 		goztOnly(addr("SOCKS5_ADDR", "127.0.0.1:15080", "SOCKS5 outbound; on when UNSTABLE_ENABLE_SOCKS5=true or this is set", func(c *config) *string { return &c.Socks5Addr })),
 		goztOnly(addr("DNS_PROXY_ADDR", "localhost:15053", "DNS proxy (UDP and TCP)", func(c *config) *string { return &c.DNSProxyAddr })),
-		goztOnly(boolean("DNS_PROXY_ALL_FAMILIES", "false", "gozt only. The DNS proxy answers a mesh name with addresses of every family the service has, as the Rust ztunnel does; false: only families the asking workload has an address of (an IPv4-only pod gets an empty AAAA answer for a dual-stack service)", func(c *config) *bool { return &c.DNSAllFamilies })),
+		goztOnly(boolean("DNS_PROXY_ALL_FAMILIES", "true", "gozt only. The DNS proxy answers a mesh name with addresses of every family the service has, as the Rust ztunnel does; false: only families the asking workload has an address of (an IPv4-only pod gets an empty AAAA answer for a dual-stack service)", func(c *config) *bool { return &c.DNSAllFamilies })),
 		boolean("UNSTABLE_ENABLE_SOCKS5", "false", "start the SOCKS5 listener", func(c *config) *bool { return &c.EnableSocks5 }),
 
 		{env: "PROXY_MODE", def: string(state.ModeShared), form: modesForm(), help: "shared: in-pod mode, as in Istio: istio-cni hands over each pod's network namespace on INPOD_UDS and the pod's listeners open inside it; node: every workload on NODE_NAME, captured by node-level redirection into ztunnel's own namespace (hosts without istio-cni); dedicated: the one workload of PROXY_WORKLOAD_INFO", set: func(c *config, v string) (err error) {
@@ -185,7 +186,7 @@ func settings() []setting {
 		goztOnly(boolean("ENABLE_RESET_PROPAGATION", "true", "carry a TCP reset as a reset (RFC 9113 §8.5): a peer's RST becomes RST_STREAM(CONNECT_ERROR) and back, and a connection refused after it was accepted (no route, dial failure, policy) gets a RST. false: a FIN in each case, as the Rust ztunnel does", func(c *config) *bool { return &c.ResetPropagation })),
 		goztOnly(count("ENDPOINT_CONNECT_RETRIES", "2", "gozt only. An outbound connection to a service whose endpoint fails before any byte has moved (dial, TLS, a 5xx CONNECT answer such as the backend refusing) is tried on up to this many other endpoints within the dial timeout; never once bytes have flowed. 0: fail at once, as the Rust ztunnel does (metric outbound_connect_retries_total)", func(c *config) *int { return &c.ConnectRetries })),
 		goztOnly(count("ENDPOINT_EJECTION_FAILURES", "3", "gozt only. A service endpoint this many outbound connects in a row failed on is picked only when no other is left, for 5s, doubling with each ejection in a row up to 2m; its next success ends it (passive outlier detection; metric outbound_endpoint_ejections_total, ejected endpoints in /config_dump). 0: off, as the Rust ztunnel", func(c *config) *int { return &c.EjectionFailures })),
-		goztOnly(boolean("ENDPOINT_UNHEALTHY_FALLBACK", "true", "gozt only. A service with no healthy endpoint left uses its unhealthy ones (istiod marks terminating pods unhealthy), as Kubernetes' ProxyTerminatingEndpoints does; false: the connection fails, as in the Rust ztunnel", func(c *config) *bool { return &c.UnhealthyFallback })),
+		goztOnly(boolean("ENDPOINT_UNHEALTHY_FALLBACK", "false", "gozt only. true: a service with no healthy endpoint left uses its unhealthy ones, which are its not-ready and terminating pods (istiod marks both UNHEALTHY), where Kubernetes sends only to terminating pods that still pass readiness; false: the connection fails, as in the Rust ztunnel", func(c *config) *bool { return &c.UnhealthyFallback })),
 		duration("CONNECTION_TERMINATION_DEADLINE", "5s", "on shutdown, how long live connections may finish before they are closed", func(c *config) *time.Duration { return &c.TerminationDeadline }),
 		{env: "PACKET_MARK", def: "1337", form: "integer", help: "SO_MARK on every dialed socket so redirection rules skip it (0 = none)", set: func(c *config, v string) error {
 			n, err := strconv.ParseUint(v, 0, 32)
@@ -201,18 +202,18 @@ func settings() []setting {
 		goztOnly(enum("LOG_LEVEL", "info", "log level (also settable at run time: POST /logging?level=)", []string{"debug", "info", "warn", "error"}, func(c *config) *string { return &c.LogLevel })),
 		enum("LOG_FORMAT", "plain", "log format", []string{"plain", "json"}, func(c *config) *string { return &c.LogFormat }),
 		goztOnly(enum("ACCESS_LOG_FILTER", "", "gozt only. Which connections get an access-log record: empty every one (and \"connection opened\" at debug), failed (an error or a response flag), denied (response flag DENY)", []string{"", "failed", "denied"}, func(c *config) *string { return &c.AccessLog.Only })),
-		{env: "ACCESS_LOG_OTLP_ENDPOINT", goztOnly: true, form: "http://host:port or https://host:port", help: "gozt only. Also export the access log (INFO and up, after ACCESS_LOG_FILTER and ACCESS_LOG_SAMPLE) over OpenTelemetry OTLP/gRPC to this collector: the same fields as log attributes, resource service.name=ztunnel and the node and pod; the SDK's OTEL_EXPORTER_OTLP_* variables set headers, timeout and certificates", set: func(c *config, v string) error {
-			if c.AccessLogOTLP = v; v == "" {
+		{env: "ACCESS_LOG_OTLP_ENDPOINT", goztOnly: true, form: "http://host:port or https://host:port", help: "gozt only. Also export the access log (INFO and up, after ACCESS_LOG_FILTER and ACCESS_LOG_SAMPLE) over OpenTelemetry OTLP/gRPC to this collector: the same fields as log attributes, resource service.name=ztunnel and the node and pod; the standard OTEL_EXPORTER_OTLP_* variables (and _LOGS_ ones) set headers, timeout, certificates and compression", set: func(c *config, v string) error {
+			if c.AccessLogOTLP.Endpoint = v; v == "" {
 				return nil // off
 			}
 			return otlp.CheckEndpoint(v)
 		}},
-		{env: "ACCESS_LOG_SAMPLE", goztOnly: true, def: "1", form: "a fraction from 0 to 1", help: "gozt only. The fraction of successful connections that get an access-log record (failed ones always do); below 1, no \"connection opened\" records", set: func(c *config, v string) error {
+		{env: "ACCESS_LOG_SAMPLE", goztOnly: true, def: "1", form: "a fraction from 0 to 1", help: "gozt only. The fraction of successful connections that get an access-log record (failed ones always do): 1 every one, 0 none, as a sampling ratio reads; below 1, no \"connection opened\" records", set: func(c *config, v string) error {
 			f, err := strconv.ParseFloat(v, 64)
-			if err == nil {
-				c.AccessLog.Sample = f
-				err = metrics.CheckAccessLogFilter(metrics.AccessLogFilter{Sample: f})
+			if err == nil && !(f >= 0 && f <= 1) {
+				err = errors.New("not a fraction from 0 to 1")
 			}
+			c.AccessLog.SkipSuccesses = 1 - f
 			return err
 		}},
 		{env: "METRICS_DROP_LABELS", goztOnly: true, form: "comma-separated istio_tcp_* label names", help: "gozt only. Labels left out of every istio_tcp_* family, so a big mesh's series stay bounded (connections that differ only in them share a series); the access log keeps every field. Not reporter or response_flags", set: func(c *config, v string) error {
@@ -281,6 +282,11 @@ func loadConfigMesh(getenv func(string) (string, bool), environ []string, args [
 		v := strings.TrimSpace(values[s.env])
 		if err := s.set(c, v); err != nil {
 			return nil, fmt.Errorf("config: %s=%q: %v; accepted: %s", s.env, v, err, s.form)
+		}
+	}
+	if c.AccessLogOTLP.Endpoint != "" {
+		if err := c.AccessLogOTLP.Env(func(k string) string { v, _ := getenv(k); return v }); err != nil {
+			return nil, fmt.Errorf("config: ACCESS_LOG_OTLP_ENDPOINT is set, and %w", err)
 		}
 	}
 	for _, p := range prefixed {
@@ -547,6 +553,7 @@ func proxyConfig(c *config) proxy.Config {
 		HandshakeFailure:  certs.HandshakeFailure,
 
 		DisableResetPropagation: !c.ResetPropagation,
+		DisableBaggage:          !c.ResponseBaggage,
 		ConnectRetries:          c.ConnectRetries,
 	}
 }

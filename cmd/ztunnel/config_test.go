@@ -1,10 +1,17 @@
 package main
 
 import (
+	"bytes"
+	"errors"
+	"log/slog"
 	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gozt/gozt/metrics"
 )
 
 func env(m map[string]string) func(string) (string, bool) {
@@ -128,6 +135,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{env: map[string]string{"METRICS_DROP_LABELS": "reporter"}, want: []string{"METRICS_DROP_LABELS", "reporter cannot be dropped"}},
 		{env: map[string]string{"ACCESS_LOG_FILTER": "errors"}, want: []string{"ACCESS_LOG_FILTER", "failed"}},
 		{env: map[string]string{"ACCESS_LOG_SAMPLE": "1.5"}, want: []string{"ACCESS_LOG_SAMPLE", "fraction"}},
+		{env: map[string]string{"ACCESS_LOG_OTLP_ENDPOINT": "http://collector:4317", "OTEL_EXPORTER_OTLP_TIMEOUT": "5s"}, want: []string{"OTEL_EXPORTER_OTLP_TIMEOUT", "milliseconds"}},
 		{args: []string{"--no-such-flag"}, want: []string{"no-such-flag", "--help"}},
 		{args: []string{"stray"}, want: []string{"stray"}},
 	} {
@@ -161,6 +169,40 @@ func TestHelpDocumentsEverySetting(t *testing.T) {
 	for _, s := range allSettings() {
 		if !strings.Contains(h, s.env) || !strings.Contains(h, "--"+flagName(s.env)) {
 			t.Errorf("--help does not document %s", s.env)
+		}
+	}
+}
+
+// ACCESS_LOG_SAMPLE is the fraction of successful connections recorded, as a sampling
+// ratio reads: 0 records none of them (failed ones still), 1 and unset every one.
+func TestAccessLogSample(t *testing.T) {
+	for _, tc := range []struct {
+		sample         string // "" unset
+		successes, all int    // records of 10 successes, of 10 successes and 2 failures
+	}{{"", 10, 12}, {"1", 10, 12}, {"0", 0, 2}} {
+		m := map[string]string{}
+		if tc.sample != "" {
+			m["ACCESS_LOG_SAMPLE"] = tc.sample
+		}
+		c, err := loadConfig(env(m), nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		mt := metrics.New(prometheus.NewRegistry(), "test", metrics.WithAccessLog(slog.New(slog.NewJSONHandler(&out, nil))),
+			metrics.WithAccessLogFilter(c.AccessLog))
+		l := metrics.Labels{Reporter: metrics.ReporterSource}
+		count := func() int { return strings.Count(out.String(), `"connection complete"`) }
+		for range 10 {
+			mt.Open(l, metrics.ConnLog{}).Close(1, 1, "", nil)
+		}
+		if got := count(); got != tc.successes {
+			t.Errorf("ACCESS_LOG_SAMPLE=%q: %d records of 10 successful connections; want %d", tc.sample, got, tc.successes)
+		}
+		mt.Open(l, metrics.ConnLog{}).Close(0, 0, metrics.FlagConnect, errors.New("refused"))
+		mt.Open(l, metrics.ConnLog{}).Close(0, 0, metrics.FlagDeny, nil)
+		if got := count(); got != tc.all {
+			t.Errorf("ACCESS_LOG_SAMPLE=%q: %d records after 2 failed connections; want %d", tc.sample, got, tc.all)
 		}
 	}
 }

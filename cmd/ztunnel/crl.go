@@ -15,33 +15,42 @@ import (
 // line each naming the peer and the revoked certificate, as the Rust ztunnel does.
 func (n *ztunnel) closeRevoked() {
 	n.certs.CheckCRL()
-	match := func(inbound bool, cs tls.ConnectionState) error {
-		err := n.certs.Revoked(cs)
-		if err == nil {
-			return nil
-		}
-		direction, reporter := "outbound", "source"
-		if inbound {
-			direction, reporter = "inbound", "destination"
-		}
-		attrs := []any{"direction", direction}
-		if re := (*certs.RevokedError)(nil); errors.As(err, &re) {
-			peer := ""
-			if len(re.Peer) > 0 {
-				peer = re.Peer[0].String()
-			}
-			attrs = append(attrs, "peer", peer, "serial", re.Cert.SerialNumber.String(), "certificate", re.Cert.Subject.String(), "issuer", re.Issuer.Subject.String())
-		}
-		slog.Warn("closing HBONE connection: the CRL now revokes its peer's certificate", append(attrs, "err", err)...)
-		n.metrics.CRLRejections.WithLabelValues(reporter).Inc()
-		return err
-	}
 	for _, p := range n.proxies() {
-		p.CloseMatching(match)
+		p.CloseMatching(n.revokedPeer)
 	}
 	if n.pods != nil {
-		n.pods.CloseMatching(match)
+		n.pods.CloseMatching(n.revokedPeer)
 	}
+}
+
+// revokedPeer is closeRevoked's judgement of one HBONE connection: an error closes it. A
+// connection whose peer a list names but cannot be judged (certs.ErrNotJudged) is kept
+// and counted as untracked, as the Rust ztunnel counts one its CRL index cannot hold.
+func (n *ztunnel) revokedPeer(inbound bool, cs tls.ConnectionState) error {
+	err := n.certs.Revoked(cs)
+	if err == nil {
+		return nil
+	}
+	direction, reporter := "outbound", "source"
+	if inbound {
+		direction, reporter = "inbound", "destination"
+	}
+	if errors.Is(err, certs.ErrNotJudged) {
+		slog.Warn("HBONE connection not checked against the CRL", "direction", direction, "err", err)
+		n.metrics.CRLUntracked.WithLabelValues(reporter).Inc()
+		return nil
+	}
+	attrs := []any{"direction", direction}
+	if re := (*certs.RevokedError)(nil); errors.As(err, &re) {
+		peer := ""
+		if len(re.Peer) > 0 {
+			peer = re.Peer[0].String()
+		}
+		attrs = append(attrs, "peer", peer, "serial", re.Cert.SerialNumber.String(), "certificate", re.Cert.Subject.String(), "issuer", re.Issuer.Subject.String())
+	}
+	slog.Warn("closing HBONE connection: the CRL now revokes its peer's certificate", append(attrs, "err", err)...)
+	n.metrics.CRLRejections.WithLabelValues(reporter).Inc()
+	return err
 }
 
 // crlCollector exports each CRL in force: its this/next update and how many certificates it

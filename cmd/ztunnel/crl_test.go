@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"io"
@@ -16,6 +17,8 @@ import (
 
 	"golang.org/x/net/proxy"
 
+	"github.com/gozt/gozt/identity"
+	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/ca/catest"
 	"github.com/gozt/gozt/identity/certs"
 	"github.com/gozt/gozt/internal/leaktest"
@@ -172,7 +175,13 @@ func echoes(t *testing.T, c net.Conn, msg string) {
 
 func dialVia(t *testing.T, n *ztunnel, dst string) net.Conn {
 	t.Helper()
-	d, err := proxy.SOCKS5("tcp", n.addrs["SOCKS5_ADDR"].String(), nil, &net.Dialer{Timeout: 5 * time.Second})
+	return dialSOCKS(t, n.addrs["SOCKS5_ADDR"].String(), dst)
+}
+
+// dialSOCKS connects to dst through the SOCKS5 listener at socks.
+func dialSOCKS(t *testing.T, socks, dst string) net.Conn {
+	t.Helper()
+	d, err := proxy.SOCKS5("tcp", socks, nil, &net.Dialer{Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,4 +256,48 @@ func startEcho(t *testing.T, addr string) net.Listener {
 		}
 	}()
 	return ln
+}
+
+// A connection whose peer a reloaded list names but whose chain no longer verifies against
+// the roots the node holds (they rotated since its handshake) is kept open and counted in
+// istio_crl_untracked_connections_total, the Rust ztunnel's crl_untracked_connections.
+func TestCRLUntrackedConnections(t *testing.T) {
+	dir := t.TempDir()
+	n := newZtunnel(testConfig(t, nil), mustLogLevels(t))
+	builtin, err := ca.NewBuiltin(filepath.Join(dir, "ca"), time.Hour) // the roots held now
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := catest.NewRoot(t, "old-root") // the peer's, rotated away
+	inter := old.Intermediate(t, "old-intermediate", time.Now().Add(-time.Hour), time.Now().Add(time.Hour))
+	peer := inter.Issue(t, identity.MustParse("spiffe://cluster.local/ns/default/sa/client"), time.Now().Add(-time.Minute), time.Now().Add(time.Hour))
+	crlPath := filepath.Join(dir, "ca-crl.pem")
+	writeCRL(t, crlPath, old, inter.Cert.SerialNumber)
+	crl, err := certs.OpenCRL(crlPath, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer crl.Close()
+	n.certs = certs.New(certs.Config{CRL: crl}, builtin)
+	defer n.certs.Close()
+	if _, err := n.certs.Certificate(context.Background(), identity.MustParse("spiffe://cluster.local/ns/default/sa/server")); err != nil {
+		t.Fatal(err)
+	}
+	var cs tls.ConnectionState
+	for _, der := range peer.Certificate.Certificate {
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs.PeerCertificates = append(cs.PeerCertificates, c)
+	}
+	if err := n.revokedPeer(true, cs); err != nil {
+		t.Errorf("a connection that cannot be judged was closed: %v", err)
+	}
+	if got := metricValue(t, n, "istio_crl_untracked_connections_total", "reporter", "destination"); got != 1 {
+		t.Errorf("istio_crl_untracked_connections_total{reporter=destination} = %v; want 1", got)
+	}
+	if got := crlRejections(t, n, "destination"); got != 0 {
+		t.Errorf("istio_crl_policy_rejections_total{reporter=destination} = %v; want 0", got)
+	}
 }

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/gozt/gozt/dns"
 	"github.com/gozt/gozt/identity/ca"
@@ -135,9 +134,11 @@ func newZtunnel(cfg *config, logLevel *logLevels) *ztunnel {
 	if cfg.EjectionFailures > 0 {
 		n.outliers = outlier.New(outlier.Config{Failures: cfg.EjectionFailures})
 	}
-	accessLog := slog.Default().With("scope", "access")
-	if cfg.AccessLogOTLP != "" {
-		exp, err := otlp.New(context.Background(), cfg.AccessLogOTLP, "access", otlpResource(cfg)...)
+	accessLog := slog.Default()
+	if cfg.AccessLogOTLP.Endpoint != "" {
+		oc := cfg.AccessLogOTLP
+		oc.Scope, oc.Resource = "access", otlpResource(cfg)
+		exp, err := otlp.New(oc)
 		if err != nil {
 			slog.Error("ACCESS_LOG_OTLP_ENDPOINT: access log not exported", "err", err)
 		} else {
@@ -145,6 +146,7 @@ func newZtunnel(cfg *config, logLevel *logLevels) *ztunnel {
 			accessLog = slog.New(slog.NewMultiHandler(accessLog.Handler(), exp.Handler()))
 		}
 	}
+	accessLog = accessLog.With("scope", "access") // after the split: exported records carry it too
 	mopts := []metrics.Option{
 		metrics.WithAccessLog(accessLog),
 		metrics.WithAccessLogFilter(cfg.AccessLog),
@@ -159,11 +161,11 @@ func newZtunnel(cfg *config, logLevel *logLevels) *ztunnel {
 }
 
 // otlpResource names this process in exported records, with OpenTelemetry's attribute names.
-func otlpResource(cfg *config) []attribute.KeyValue {
-	attrs := []attribute.KeyValue{attribute.String("service.name", "ztunnel"), attribute.String("service.version", version)}
-	for _, kv := range [][2]string{{"k8s.node.name", cfg.NodeName}, {"k8s.pod.name", cfg.PodName}, {"k8s.namespace.name", cfg.PodNamespace}} {
-		if kv[1] != "" {
-			attrs = append(attrs, attribute.String(kv[0], kv[1]))
+func otlpResource(cfg *config) []otlp.KeyValue {
+	attrs := []otlp.KeyValue{{Key: "service.name", Value: "ztunnel"}, {Key: "service.version", Value: version}}
+	for _, kv := range []otlp.KeyValue{{Key: "k8s.node.name", Value: cfg.NodeName}, {Key: "k8s.pod.name", Value: cfg.PodName}, {Key: "k8s.namespace.name", Value: cfg.PodNamespace}} {
+		if kv.Value != "" {
+			attrs = append(attrs, kv)
 		}
 	}
 	return attrs
@@ -459,6 +461,6 @@ func (n *ztunnel) dnsConfig(local state.Local) dns.Config {
 		Local:         local,
 		FixedSearch:   n.local.Dedicated(), // a dedicated ztunnel shares its workload's resolv.conf
 		DisableIPv6:   !n.cfg.IPv6Enabled,
-		AllFamilies:   n.cfg.DNSAllFamilies,
+		OwnFamilies:   !n.cfg.DNSAllFamilies,
 	}
 }

@@ -70,8 +70,10 @@ func TestRustVariablesMeaning(t *testing.T) {
 		{"crl", map[string]string{"CRL_PATH": "/var/run/secrets/istio/crl/ca-crl.pem"}, "", func(c *config) bool { return c.CRLPath == "/var/run/secrets/istio/crl/ca-crl.pem" }},
 		{"inline config", map[string]string{"LOCAL_XDS": "workloads: []"}, "LOCAL_XDS", nil},
 		{"localhost app tunnel off", map[string]string{"LOCALHOST_APP_TUNNEL": "false"}, "LOCALHOST_APP_TUNNEL", nil},
-		{"not used", map[string]string{"ENABLE_RESPONSE_BAGGAGE": "true", "ISTIO_METAJSON_LABELS": "{}"}, "", func(c *config) bool {
-			return strings.Contains(strings.Join(c.chart.unused, "\n"), "ENABLE_RESPONSE_BAGGAGE") && strings.Contains(strings.Join(c.chart.unused, "\n"), "ISTIO_METAJSON_LABELS")
+		{"response baggage on", map[string]string{}, "", func(c *config) bool { return !proxyConfig(c).DisableBaggage }},
+		{"response baggage off", map[string]string{"ENABLE_RESPONSE_BAGGAGE": "false"}, "", func(c *config) bool { return proxyConfig(c).DisableBaggage }},
+		{"not used", map[string]string{"AUTHZ_POLICY_INFO_LOGGING": "true", "ISTIO_METAJSON_LABELS": "{}"}, "", func(c *config) bool {
+			return strings.Contains(strings.Join(c.chart.unused, "\n"), "AUTHZ_POLICY_INFO_LOGGING") && strings.Contains(strings.Join(c.chart.unused, "\n"), "ISTIO_METAJSON_LABELS")
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

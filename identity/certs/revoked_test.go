@@ -252,3 +252,39 @@ func BenchmarkRevoked(b *testing.B) {
 		})
 	}
 }
+
+// A peer a list names whose chain does not verify against the roots the manager holds (its
+// root rotated away since the handshake) cannot be judged: ErrNotJudged, not a revocation,
+// and not silence, so the caller can count it (crl_untracked_connections).
+func TestManagerRevokedNotJudged(t *testing.T) {
+	leaktest.Check(t)
+	g := newGated(t, time.Hour)
+	now := time.Now()
+	old := catest.NewRoot(t, "old-root") // a root the manager no longer holds
+	peer := old.Intermediate(t, "old-intermediate", now.Add(-time.Hour), now.Add(time.Hour)).Issue(t, idA, now.Add(-time.Minute), now.Add(time.Hour))
+	var cs tls.ConnectionState
+	for _, der := range peer.Certificate.Certificate {
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs.PeerCertificates = append(cs.PeerCertificates, c)
+	}
+	path := filepath.Join(t.TempDir(), "ca-crl.pem")
+	if err := os.WriteFile(path, crlPEM(t, old, now.Add(time.Hour), cs.PeerCertificates[1].SerialNumber), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	crl, err := certs.OpenCRL(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer crl.Close()
+	m := certs.New(certs.Config{CRL: crl}, g)
+	defer m.Close()
+	if _, err := m.Certificate(context.Background(), idB); err != nil { // the bundle held: g's root only
+		t.Fatal(err)
+	}
+	if err := m.Revoked(cs); !errors.Is(err, certs.ErrNotJudged) {
+		t.Fatalf("a listed peer under a root no longer held: %v; want ErrNotJudged", err)
+	}
+}

@@ -94,12 +94,19 @@ func verifyPeer(h *held, crl *CRL, chain []*x509.Certificate) (identity.ID, erro
 	return id, nil
 }
 
+// ErrNotJudged is Revoked's answer for a peer that a list in force names but whose chain no
+// longer verifies against the trust roots held now (they rotated since its handshake): the
+// list's authority over it cannot be checked, so it is not closed. The Rust ztunnel counts
+// such connections as not tracked for CRL enforcement.
+var ErrNotJudged = errors.New("certs: the peer's chain no longer verifies against the trust roots held now; its revocation cannot be judged")
+
 // Revoked re-checks the peer of an established connection (its handshake's state) against
 // the CRL in force now, and returns a *RevokedError if a certificate of its chain is
-// revoked. A chain that no longer verifies against the bundles held now (roots rotated) is
-// not judged: only revocation closes a connection. The chain is verified as of the latest
-// start of validity among its certificates, a moment the handshake's chain was valid, so a
-// certificate that expired since does not hide its revocation.
+// revoked. A chain a list names that no longer verifies against the bundles held now
+// (roots rotated) is not judged: ErrNotJudged (wrapped), and only revocation closes a
+// connection. The chain is verified as of the latest start of validity among its
+// certificates, a moment the handshake's chain was valid, so a certificate that expired
+// since does not hide its revocation.
 func (m *Manager) Revoked(cs tls.ConnectionState) error {
 	crl := m.cfg.CRL
 	if crl == nil || len(cs.PeerCertificates) == 0 || !crl.mayRevoke(cs.PeerCertificates) {
@@ -119,7 +126,7 @@ func (m *Manager) Revoked(cs tls.ConnectionState) error {
 	}
 	chains, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: at, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
 	if err != nil {
-		return nil
+		return fmt.Errorf("%w: %v", ErrNotJudged, err)
 	}
 	for _, c := range chains {
 		if err := crl.check(c); err != nil {

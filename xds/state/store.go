@@ -36,11 +36,11 @@ type Options struct {
 	Network string
 	// PreferredServiceNamespace breaks VIP/hostname ties (PREFERED_SERVICE_NAMESPACE).
 	PreferredServiceNamespace string
-	// UnhealthyFallback picks an unhealthy endpoint when a service has no healthy one left,
-	// as Kubernetes' ProxyTerminatingEndpoints sends to terminating endpoints
-	// (ENDPOINT_UNHEALTHY_FALLBACK). istiod marks terminating and not-ready pods alike
-	// UNHEALTHY, so this is the nearest the workload API allows. Off: such a service has
-	// no endpoint (ErrNoHealthyEndpoint), as in the Rust ztunnel.
+	// UnhealthyFallback picks an unhealthy endpoint when a service has no healthy one left
+	// (ENDPOINT_UNHEALTHY_FALLBACK). istiod marks not-ready and terminating pods alike
+	// UNHEALTHY, so this sends to pods failing readiness too, which Kubernetes'
+	// ProxyTerminatingEndpoints never does. Off: such a service has no endpoint
+	// (ErrNoHealthyEndpoint), as in the Rust ztunnel.
 	UnhealthyFallback bool
 }
 
