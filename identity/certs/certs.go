@@ -35,6 +35,10 @@ type Config struct {
 	// CSRFail* words (a metric label). It runs with the manager's lock held: it must only
 	// count.
 	OnFetchFailure func(reason string)
+	// OnWithdraw, if set, is told the key of a workload whose SVIDs the SPIRE agent
+	// withdrew (its entry was deleted), so that its live connections can be closed. It
+	// runs on the subscription's goroutine, without the manager's lock.
+	OnWithdraw func(key string)
 }
 
 // Backoff bounds for a failing fetch: start, factor 2, ±20% jitter, cap.
@@ -64,9 +68,15 @@ type Manager struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex
-	entries map[identity.ID]*entry
-	closed  bool
+	// subscriber is the client when it issues certificates per workload (SPIRE): then
+	// certificates are workloads' (workload.go), never fetched per identity.
+	subscriber Subscriber
+
+	mu        sync.Mutex
+	entries   map[identity.ID]*entry
+	workloads map[string]*workloadEntry // per-workload certificates by workload key (workload.go)
+	anyPush   chan struct{}             // closed and replaced at every push of any workload
+	closed    bool
 }
 
 // entry is the state of one identity; its fields are guarded by Manager.mu.
@@ -122,6 +132,10 @@ func New(cfg Config, c ca.Client) *Manager {
 	m := &Manager{
 		cfg: cfg, client: c, slots: newSlots(cfg.MaxInflight),
 		ctx: ctx, cancel: cancel, entries: make(map[identity.ID]*entry),
+		workloads: make(map[string]*workloadEntry), anyPush: make(chan struct{}),
+	}
+	if s, ok := c.(Subscriber); ok {
+		m.subscriber = s
 	}
 	if n, ok := c.(ca.Notifier); ok {
 		m.wg.Add(1)
@@ -139,7 +153,16 @@ func (m *Manager) Close() error {
 			e.timer.Stop()
 		}
 	}
+	var stops []func()
+	for _, e := range m.workloads {
+		if e.stop != nil {
+			stops, e.stop = append(stops, e.stop), nil
+		}
+	}
 	m.mu.Unlock()
+	for _, stop := range stops {
+		stop()
+	}
 	m.cancel()
 	m.wg.Wait()
 	return nil
@@ -178,6 +201,9 @@ func (m *Manager) Certificate(ctx context.Context, id identity.ID) (*ca.Issued, 
 func (m *Manager) get(ctx context.Context, id identity.ID) (*held, error) {
 	if id.IsZero() {
 		return nil, errors.New("certs: certificate for the zero identity")
+	}
+	if m.subscriber != nil {
+		return m.anyWorkloadHeld(ctx, id)
 	}
 	m.mu.Lock()
 	if m.closed {
@@ -260,7 +286,7 @@ func (m *Manager) entryLocked(id identity.ID) *entry {
 // Prefetch starts a background fetch for id unless it is cached or already being fetched
 // (a workload with that identity appeared on this node).
 func (m *Manager) Prefetch(id identity.ID) {
-	if id.IsZero() {
+	if id.IsZero() || m.subscriber != nil {
 		return
 	}
 	m.mu.Lock()
