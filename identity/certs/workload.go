@@ -125,7 +125,7 @@ func (m *Manager) pushed(e *workloadEntry, u ca.SVIDs) {
 	if u.Err != nil {
 		m.cfg.Logger.Debug("certs: SPIRE stream down", "workload", e.ref.Name, "err", u.Err)
 	} else {
-		m.cfg.Logger.Info("certs: SPIRE pushed SVIDs", "workload", e.ref.Name, "svids", len(u.Issued))
+		m.cfg.Logger.Debug("certs: SPIRE pushed SVIDs", "workload", e.ref.Name, "svids", len(u.Issued))
 	}
 	if withdrawn {
 		m.cfg.Logger.Warn("certs: the SPIRE agent withdrew a workload's SVIDs; its connections are closed and new ones refused", "workload", e.ref.Name, "key", e.ref.Key)
