@@ -36,13 +36,13 @@ import (
 // it implements only to be a provider (Fetch fails); identity/certs follows its pushes per
 // workload (certs.Manager.Workload). SPIRE rotates the SVIDs, so nothing here renews.
 type Delegated struct {
-	socket string
 	conn   *grpc.ClientConn
 	api    delegatedv1.DelegatedIdentityClient
 	log    *slog.Logger
 	ctx    context.Context // ends at Close: every stream's
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // the bundle stream and every subscription
+	closed sync.Once
 
 	mu      sync.Mutex
 	bundles map[string][]*x509.Certificate // guarded by mu: by trust domain name; nil until the first push
@@ -108,22 +108,23 @@ const (
 	delegatedRetryMax   = 5 * time.Second
 )
 
-// NewDelegated connects to the agent's admin socket (a path, or a unix:// address). ctx
-// bounds start-up only; the bundle stream starts now and reconnects until Close.
-func NewDelegated(ctx context.Context, socket string) (*Delegated, error) {
+// NewDelegated returns a client of the agent's admin socket (a path, or a unix: address).
+// It does not wait for the agent: the bundle stream starts now and reconnects until Close
+// (the context is New's, bounding a start-up that here has nothing to wait for).
+func NewDelegated(_ context.Context, socket string) (*Delegated, error) {
 	if socket == "" {
 		return nil, errors.New("ca: CA_PROVIDER=spire needs SPIRE_ADMIN_ENDPOINT_SOCKET")
 	}
 	target := socket
 	if !strings.HasPrefix(target, "unix:") {
-		target = "unix://" + target
+		target = "unix:" + target // gRPC's unix:path, absolute or relative
 	}
 	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithConnectParams(caConnectParams))
 	if err != nil {
 		return nil, fmt.Errorf("ca: SPIRE_ADMIN_ENDPOINT_SOCKET %q: %w", socket, err)
 	}
 	d := &Delegated{
-		socket: socket, conn: conn, api: delegatedv1.NewDelegatedIdentityClient(conn),
+		conn: conn, api: delegatedv1.NewDelegatedIdentityClient(conn),
 		log:  slog.Default().With("component", "spire", "socket", socket),
 		subs: map[*subscription]struct{}{},
 	}
@@ -141,9 +142,13 @@ func (d *Delegated) Fetch(_ context.Context, id identity.ID) (*Issued, error) {
 
 // Close ends every stream and waits for their goroutines; it is idempotent.
 func (d *Delegated) Close() error {
-	d.cancel()
-	d.wg.Wait()
-	return d.conn.Close()
+	var err error
+	d.closed.Do(func() {
+		d.cancel()
+		d.wg.Wait()
+		err = d.conn.Close()
+	})
+	return err
 }
 
 // Bundles returns the trust bundles last pushed, by trust domain; nil before the first.

@@ -52,13 +52,13 @@ func (m *Manager) Dump() []CertState {
 	}
 	for _, e := range m.sortedWorkloadsLocked() {
 		base := CertState{Workload: e.ref.Name, Source: "spire: " + e.ref.As.String(), CertChain: []CertInfo{}, RootCerts: []CertInfo{}}
-		for _, h := range e.svids {
+		for _, sv := range e.svids {
 			s := base
-			s.Identity, s.State = h.iss.Certificate.Leaf.URIs[0].String(), "Available"
-			if !h.valid(now) {
+			s.Identity, s.State = sv.id.String(), "Available"
+			if !sv.h.valid(now) {
 				s.State = "Unavailable: certificate expired"
 			}
-			s.addChain(h)
+			s.addChain(sv.h)
 			out = append(out, s)
 		}
 		if len(e.svids) == 0 {
@@ -120,10 +120,9 @@ func (m *Manager) Expiries() []Expiry {
 	}
 	first := map[string]time.Time{}
 	for _, e := range m.workloads {
-		for _, h := range e.svids {
-			id := h.iss.Certificate.Leaf.URIs[0].String()
-			if t, ok := first[id]; !ok || h.iss.NotAfter.Before(t) {
-				first[id] = h.iss.NotAfter
+		for _, s := range e.svids {
+			if t, ok := first[s.id.String()]; !ok || s.h.iss.NotAfter.Before(t) {
+				first[s.id.String()] = s.h.iss.NotAfter
 			}
 		}
 	}

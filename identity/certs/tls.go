@@ -140,8 +140,8 @@ func (m *Manager) roots() []*x509.Certificate {
 		}
 	}
 	for _, e := range m.workloads {
-		for _, h := range e.svids {
-			roots = append(roots, h.iss.Roots...)
+		for _, s := range e.svids {
+			roots = append(roots, s.h.iss.Roots...)
 		}
 	}
 	return roots

@@ -44,12 +44,18 @@ type workloadEntry struct {
 	ref     WorkloadRef
 	refs    int           // holders of Workload's release; the subscription stops at 0
 	stop    func()        // the subscription's
-	svids   []*held       // the agent's last push, one per SVID; nil when it has none
+	svids   []svid        // the agent's last push, one per SVID; nil when it has none
 	err     error         // why svids is empty, or why the stream is down
 	pushed  bool          // the agent has answered (or failed) at least once
 	had     bool          // it had an SVID once: none now is a withdrawal, not a wait
 	changed chan struct{} // closed and replaced at every push
 	updated time.Time     // of the last push
+}
+
+// svid is one SVID of a workload, with the identity it carries.
+type svid struct {
+	id identity.ID
+	h  *held
 }
 
 // Workload subscribes to w's certificates, unless it is subscribed already (the same key),
@@ -111,9 +117,11 @@ func (m *Manager) pushed(e *workloadEntry, u ca.SVIDs) {
 		withdrawn = e.had && len(e.svids) > 0
 		e.svids, e.err = nil, errNoSVID
 	default:
-		e.svids, e.err, e.had = make([]*held, len(u.Issued)), nil, true
-		for i, iss := range u.Issued {
-			e.svids[i] = newHeld(iss)
+		e.svids, e.err, e.had = make([]svid, 0, len(u.Issued)), nil, true
+		for _, iss := range u.Issued {
+			if id, err := iss.Identity(); err == nil {
+				e.svids = append(e.svids, svid{id, newHeld(iss)})
+			}
 		}
 	}
 	close(e.changed)
@@ -137,11 +145,9 @@ func (m *Manager) pushed(e *workloadEntry, u ca.SVIDs) {
 
 // pickLocked returns e's valid SVID for id, nil if it has none.
 func (e *workloadEntry) pickLocked(id identity.ID, now time.Time) *held {
-	for _, h := range e.svids {
-		if h.valid(now) && h.iss.Certificate.Leaf != nil {
-			if got, err := identity.FromCert(h.iss.Certificate.Leaf); err == nil && got == id {
-				return h
-			}
+	for _, s := range e.svids {
+		if s.id == id && s.h.valid(now) {
+			return s.h
 		}
 	}
 	return nil
@@ -153,10 +159,8 @@ func (e *workloadEntry) errLocked(id identity.ID) error {
 		return fmt.Errorf("certs: workload %s (%s): %w", e.ref.Name, e.ref.As, e.err)
 	}
 	var have []string
-	for _, h := range e.svids {
-		if got, err := identity.FromCert(h.iss.Certificate.Leaf); err == nil {
-			have = append(have, got.String())
-		}
+	for _, s := range e.svids {
+		have = append(have, s.id.String())
 	}
 	return fmt.Errorf("certs: workload %s (%s): the SPIRE agent gives it no valid SVID for %s (has %v)", e.ref.Name, e.ref.As, id, have)
 }
@@ -166,8 +170,12 @@ func (e *workloadEntry) errLocked(id identity.ID) error {
 // the agent's first push). A workload whose SVID was withdrawn, or whose stream is down
 // with none held, fails at once.
 func (m *Manager) workloadHeld(ctx context.Context, key string, id identity.ID) (*held, error) {
-	timeout := time.NewTimer(m.cfg.FetchTimeout)
-	defer timeout.Stop()
+	var timeout *time.Timer // made when a lookup first has to wait
+	defer func() {
+		if timeout != nil {
+			timeout.Stop()
+		}
+	}()
 	for {
 		m.mu.Lock()
 		e := m.workloads[key]
@@ -186,6 +194,9 @@ func (m *Manager) workloadHeld(ctx context.Context, key string, id identity.ID) 
 		}
 		ch := e.changed
 		m.mu.Unlock()
+		if timeout == nil {
+			timeout = time.NewTimer(m.cfg.FetchTimeout)
+		}
 		select {
 		case <-ch:
 		case <-timeout.C:
@@ -207,33 +218,43 @@ func (m *Manager) workloadHeld(ctx context.Context, key string, id identity.ID) 
 // anyWorkloadHeld returns an SVID for id of any subscribed workload, the one that lasts
 // longest, waiting up to FetchTimeout while a subscription has had no answer yet.
 func (m *Manager) anyWorkloadHeld(ctx context.Context, id identity.ID) (*held, error) {
-	timeout := time.NewTimer(m.cfg.FetchTimeout)
-	defer timeout.Stop()
+	var timeout *time.Timer // made when a lookup first has to wait
+	defer func() {
+		if timeout != nil {
+			timeout.Stop()
+		}
+	}()
 	for {
 		m.mu.Lock()
 		var best *held
 		pending := false
-		var errs []error
 		now := time.Now()
 		for _, e := range m.workloads {
 			if h := e.pickLocked(id, now); h != nil && (best == nil || h.iss.NotAfter.After(best.iss.NotAfter)) {
 				best = h
 			}
 			pending = pending || !e.pushed
+		}
+		if best != nil {
+			m.mu.Unlock()
+			return best, nil
+		}
+		var errs []error
+		for _, e := range m.sortedWorkloadsLocked() {
 			if e.pushed {
 				errs = append(errs, e.errLocked(id))
 			}
 		}
 		ch := m.anyPush
 		m.mu.Unlock()
-		if best != nil {
-			return best, nil
-		}
 		if !pending {
 			if len(errs) == 0 {
 				return nil, fmt.Errorf("certs: no workload with identity %s is subscribed to SPIRE", id)
 			}
 			return nil, fmt.Errorf("certs: no SPIRE SVID for %s: %w", id, errors.Join(errs...))
+		}
+		if timeout == nil {
+			timeout = time.NewTimer(m.cfg.FetchTimeout)
 		}
 		select {
 		case <-ch:
@@ -255,7 +276,7 @@ func (m *Manager) WorkloadsReady() error {
 	var errs []error
 	now := time.Now()
 	for _, e := range m.sortedWorkloadsLocked() {
-		if !slices.ContainsFunc(e.svids, func(h *held) bool { return h.valid(now) }) {
+		if !slices.ContainsFunc(e.svids, func(s svid) bool { return s.h.valid(now) }) {
 			err := e.err
 			if err == nil {
 				err = errors.New("waiting for the SPIRE agent's first answer")
