@@ -75,7 +75,7 @@ func TestWorkloadCerts(t *testing.T) {
 	}
 	podA2, releaseA2, _ := m.Workload(ref("a")) // the same pod again (a restarted proxy): one subscription
 	podB, releaseB, _ := m.Workload(ref("b"))
-	svidA, svidB := root.Issue(t, idA, now, now.Add(time.Hour)), root.Issue(t, idA, now, now.Add(time.Hour))
+	svidA, svidB := root.Issue(t, idA, now, now.Add(time.Hour)), root.Issue(t, idA, now, now.Add(2*time.Hour)) // b lasts longer: a lookup by identity alone would pick it
 
 	// Pod a's first connection waits for the agent's first push: until its deadline, or
 	// until the push.

@@ -1,8 +1,9 @@
 // Package spiretest runs a real SPIRE server and agent for tests: the spire-server and
 // spire-agent binaries that `make spire-tools` builds into .tools/ from SPIRE's own Go module
 // (tools/spire). The server attests the agent with a join token and keeps its data in SQLite;
-// the agent attests workloads with its unix attestor and serves the Delegated Identity API on
-// its admin socket, to the delegates its configuration names.
+// the agent attests workloads with its unix attestor (uid, gid and the program's path:
+// ProgramSelector) and serves the Delegated Identity API on its admin socket, to the
+// delegates its configuration names.
 //
 // Without the binaries a test skips, saying how to build them (under CI=true it fails).
 package spiretest
@@ -161,7 +162,10 @@ plugins {
 		plugin_data {}
 	}
 	WorkloadAttestor "unix" {
-		plugin_data {}
+		plugin_data {
+			discover_workload_path = true
+			workload_size_limit = -1
+		}
 	}
 }
 `, filepath.Join(dir, "agent"), port, agentSock, s.AdminSocket, TrustDomain, token, strings.Join(quoted, ", ")))
@@ -192,6 +196,24 @@ func (s *SPIRE) Register(t testing.TB, id, spiffeID string, ttl time.Duration, s
 		args = append(args, "-selector", sel)
 	}
 	s.Server(t, args...)
+}
+
+// ProgramSelector is the selector the agent's unix attestor gives a process running the
+// program at path ("": this test's binary), so that an entry can name one program of the
+// machine's processes: the test's process, not a ztunnel binary it starts.
+func ProgramSelector(t testing.TB, path string) string {
+	t.Helper()
+	if path == "" {
+		var err error
+		if path, err = os.Executable(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "unix:path:" + path
 }
 
 // Delete deletes entry id.
