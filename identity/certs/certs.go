@@ -1,6 +1,7 @@
 // Package certs is the certificate manager: one entry per workload identity, fetched from a
 // ca.Client on first use or prefetch, rotated at half of its lifetime, retried with jittered
-// exponential backoff, and served while unexpired even if the CA is down. It also builds the
+// exponential backoff, and served while unexpired even if the CA is down. A CA that issues
+// per workload instead (SPIRE's agent) pushes each workload's certificates (workload.go). It also builds the
 // mesh's *tls.Config for both ends of an mTLS connection, looking certificates up per
 // handshake so a rotation never needs a listener restart or reconnect logic.
 //

@@ -49,7 +49,6 @@ type workloadEntry struct {
 	pushed  bool          // the agent has answered (or failed) at least once
 	had     bool          // it had an SVID once: none now is a withdrawal, not a wait
 	changed chan struct{} // closed and replaced at every push
-	updated time.Time     // of the last push
 }
 
 // svid is one SVID of a workload, with the identity it carries.
@@ -105,10 +104,15 @@ func (m *Manager) Workload(w WorkloadRef) (src *WorkloadCerts, release func(), e
 	}, nil
 }
 
-// pushed takes one push of e's subscription.
+// pushed takes one push of e's subscription; none once e was released (a push racing the
+// release must not act on a new subscription of the same key).
 func (m *Manager) pushed(e *workloadEntry, u ca.SVIDs) {
 	m.mu.Lock()
-	e.pushed, e.updated = true, time.Now()
+	if m.workloads[e.ref.Key] != e {
+		m.mu.Unlock()
+		return
+	}
+	e.pushed = true
 	withdrawn := false
 	switch {
 	case u.Err != nil:
@@ -239,11 +243,17 @@ func (m *Manager) anyWorkloadHeld(ctx context.Context, id identity.ID) (*held, e
 			m.mu.Unlock()
 			return best, nil
 		}
-		var errs []error
+		var errs []error // why, for the first few workloads (a node may have hundreds)
+		more := 0
 		for _, e := range m.sortedWorkloadsLocked() {
-			if e.pushed {
+			if e.pushed && len(errs) < 3 {
 				errs = append(errs, e.errLocked(id))
+			} else if e.pushed {
+				more++
 			}
+		}
+		if more > 0 {
+			errs = append(errs, fmt.Errorf("and %d more workloads", more))
 		}
 		ch := m.anyPush
 		m.mu.Unlock()
