@@ -7,7 +7,7 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 RUN_DIR   ?= .tmp/run
 
-.PHONY: all build image helm kube-apiserver kubectl istio-tools hbone-control otelcol bench-victim coredns cluster-tools cluster-tools-extra cluster-images cluster-up cluster-check cluster-migrate cluster-migrate-run cluster-drills cluster-down cluster-load cluster-rss manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale bench-pods bench-conns
+.PHONY: all build image helm kube-apiserver kubectl istio-tools spire-tools hbone-control otelcol bench-victim coredns cluster-tools cluster-tools-extra cluster-images cluster-up cluster-check cluster-migrate cluster-migrate-run cluster-drills cluster-down cluster-load cluster-rss manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale bench-pods bench-conns
 
 all: build
 
@@ -102,6 +102,15 @@ otelcol: .tools/otelcol
 coredns: .tools/coredns
 .tools/coredns: tools/coredns/go.mod tools/coredns/go.sum
 	cd tools/coredns && CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o ../../$@ github.com/coredns/coredns
+
+# SPIRE's server and agent from their Go module, pinned in tools/spire (so SPIRE's server
+# code stays out of gozt's go.mod), for the tests against a real SPIRE (identity/ca's
+# TestDelegatedSPIRE, cmd/ztunnel's TestSpire*), which skip without them (fail under CI=true,
+# where make check builds them first). The server's SQLite datastore needs cgo (gcc).
+SPIRE_TOOLS := .tools/spire-server .tools/spire-agent
+$(SPIRE_TOOLS): tools/spire/go.mod tools/spire/go.sum
+	cd tools/spire && $(GO) build -trimpath -o ../../$@ github.com/spiffe/spire/cmd/$(notdir $@)
+spire-tools: $(SPIRE_TOOLS)
 
 # Everything make cluster-up runs, built once per version (the Go build cache makes a rebuild
 # after a version change cheap for what did not change).
@@ -256,7 +265,7 @@ alloc-names:
 	@bad=$$(awk '/^func /{f=$$0} /testing\.AllocsPerRun/ && f !~ /^func [A-Za-z0-9_]*[Aa]llocs/ {print FILENAME": "f}' $$(git ls-files '*_test.go')); \
 	 if [ -n "$$bad" ]; then echo "allocation tests must have Allocs in their name (make test-norace runs them):"; echo "$$bad"; exit 1; fi
 
-check: fmt-check vet staticcheck tidy-check proto-check otelcol test chart-check k8s-check ktls-check bench-smoke soak-slice
+check: fmt-check vet staticcheck tidy-check proto-check otelcol spire-tools test chart-check k8s-check ktls-check bench-smoke soak-slice
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -63,6 +63,7 @@ type config struct {
 	AltCAHostname string
 	CADir         string
 	SpiffeSocket  string
+	SpireSocket   string // SPIRE_ADMIN_ENDPOINT_SOCKET
 	SecretTTL     time.Duration
 	Compliance    string // COMPLIANCE_POLICY: "" or pqc
 
@@ -168,12 +169,13 @@ func settings() []setting {
 		boolean("XDS_ON_DEMAND", "false", "ask the control plane for addresses on demand", func(c *config) *bool { return &c.XDSOnDemand }),
 		str("LOCAL_XDS_PATH", "", "local YAML config (workloads, services, policies), reloaded on change", func(c *config) *string { return &c.LocalXDSPath }),
 
-		goztOnly(enum("CA_PROVIDER", "", "istio | spiffe | builtin; empty: spiffe if SPIFFE_ENDPOINT_SOCKET is set, builtin if LOCAL_XDS_PATH is set and CA_ADDRESS is not, else istio", []string{"", "istio", "spiffe", "builtin"}, func(c *config) *string { return &c.CAProvider })),
+		goztOnly(enum("CA_PROVIDER", "", "istio | spiffe | spire | builtin; empty: spire if SPIRE_ADMIN_ENDPOINT_SOCKET is set, spiffe if SPIFFE_ENDPOINT_SOCKET is, builtin if LOCAL_XDS_PATH is set and CA_ADDRESS is not, else istio", []string{"", "istio", "spiffe", "spire", "builtin"}, func(c *config) *string { return &c.CAProvider })),
 		str("CA_ADDRESS", "", "Istio CA (IstioCertificateService) address; default https://localhost:15012 for the istio provider", func(c *config) *string { return &c.CAAddress }),
 		str("CA_ROOT_CA", istiogrpc.DefaultRootCA, "root for the CA's certificate: path (re-read at each connection), SYSTEM or inline PEM", func(c *config) *string { return &c.CARootCA }),
 		str("ALT_CA_HOSTNAME", "", "extra accepted CA server name", func(c *config) *string { return &c.AltCAHostname }),
 		goztOnly(str("CA_DIR", "./var/lib/gozt/ca", "built-in CA directory (Istio cacerts layout; a root is generated on first start)", func(c *config) *string { return &c.CADir })),
 		goztOnly(str("SPIFFE_ENDPOINT_SOCKET", "", "SPIFFE Workload API socket (unix:///path), for the spiffe provider", func(c *config) *string { return &c.SpiffeSocket })),
+		goztOnly(str("SPIRE_ADMIN_ENDPOINT_SOCKET", "", "the SPIRE agent's admin socket (path or unix:///path), for the spire provider: an SVID per workload through SPIRE's Delegated Identity API, subscribed by the selectors SPIRE's k8s workload attestor gives the pod (k8s:ns, k8s:sa, k8s:pod-name, k8s:pod-uid in in-pod mode, k8s:node-name); ztunnel's SPIFFE ID must be in the agent's authorized_delegates (docs/CONFIGURATION.md, SPIRE)", func(c *config) *string { return &c.SpireSocket })),
 		duration("SECRET_TTL", "24h", "requested workload certificate lifetime", func(c *config) *time.Duration { return &c.SecretTTL }),
 		enum("COMPLIANCE_POLICY", "", "pqc: HBONE key exchange X25519MLKEM768 only, no classical fallback (Istio's post-quantum policy); empty: Go's defaults", []string{"", "pqc"}, func(c *config) *string { return &c.Compliance }),
 
@@ -575,6 +577,7 @@ func caConfig(c *config) ca.Config {
 		Impersonate:  !c.local().Dedicated(), // one ztunnel, many workload identities
 		Dir:          c.CADir,
 		SpiffeSocket: c.SpiffeSocket,
+		SpireSocket:  c.SpireSocket,
 		LocalXDS:     c.LocalXDSPath != "",
 	}
 }

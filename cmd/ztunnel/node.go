@@ -44,6 +44,7 @@ type ztunnel struct {
 	otlp     *otlp.Exporter    // the access log's OTLP export; nil without ACCESS_LOG_OTLP_ENDPOINT
 	xds      *xds.Client       // nil without XDS_ADDRESS
 	certs    *certs.Manager
+	spire    bool           // CA_PROVIDER=spire: certificates per workload (spire.go)
 	crl      *certs.CRL     // nil without CRL_PATH
 	resolver *dns.Resolver  // hostname-only workloads' on-demand DNS; nil without a nameserver
 	proxy    *proxy.Proxy   // the node's own listeners (node and dedicated mode); nil in in-pod mode
@@ -213,8 +214,12 @@ func (n *ztunnel) construct(ctx context.Context, undo *cleanups) error {
 		n.registry.MustRegister(crlCollector{n.crl})
 	}
 	csrFailures := newCSRFailures()
-	n.certs = certs.New(certs.Config{PQCOnly: n.cfg.Compliance == "pqc", TLS12: n.cfg.TLS12Enabled, CRL: n.crl,
-		OnFetchFailure: func(reason string) { csrFailures.WithLabelValues(reason).Inc() }}, caClient)
+	certsCfg := certs.Config{PQCOnly: n.cfg.Compliance == "pqc", TLS12: n.cfg.TLS12Enabled, CRL: n.crl,
+		OnFetchFailure: func(reason string) { csrFailures.WithLabelValues(reason).Inc() }}
+	if _, n.spire = caClient.(*ca.Delegated); n.spire {
+		certsCfg.OnWithdraw = n.closeWithdrawn
+	}
+	n.certs = certs.New(certsCfg, caClient)
 	undo.push(func() { n.certs.Close() })
 	n.registry.MustRegister(csrFailures, certCollector{n.certs})
 	n.goBG("metrics sweep", n.forgetGoneWorkloads)
@@ -244,8 +249,13 @@ func (n *ztunnel) startNodeMode(undo *cleanups) error {
 			n.addrs[proxyListenerEnv[name]] = a
 		}
 		n.ready.watch(taskAccept, n.proxy.AcceptError) // out of file descriptors, say
-		n.ready.add(taskCerts)
-		n.goBG("certificate prefetch", n.prefetchCertificates)
+		if n.spire {
+			n.ready.watch(taskCerts, n.spireReady)
+			n.goBG("SPIRE subscriptions", n.subscribeWorkloads)
+		} else {
+			n.ready.add(taskCerts)
+			n.goBG("certificate prefetch", n.prefetchCertificates)
+		}
 	}
 	if cfg.DNSProxyAddr != "" {
 		d := dns.New(n.dnsConfig(n.local), n.store, n.metrics)
@@ -272,13 +282,17 @@ func (n *ztunnel) startInPod(undo *cleanups) error {
 	}
 	n.pods = pods
 	undo.push(n.pods.Close) // after the workload manager has drained them, or at once if the start failed
-	if self, ok := newSelfProxy(n); ok {
+	if self, ok := newSelfProxy(n, undo); ok {
 		if err := self.Listen(); err != nil {
 			return fmt.Errorf("self-proxy (POD_NAME, POD_NAMESPACE, SERVICE_ACCOUNT): %w", err)
 		}
 		n.self = self
 		undo.push(func() { self.Shutdown(context.Background()) }) // drained already, unless the start failed
 		n.addrs["SELF_PROXY"] = self.Addrs()[proxy.ListenerInbound]
+	}
+	if n.spire {
+		n.ready.watch(taskCerts, n.spireReady)
+		return nil
 	}
 	n.ready.add(taskCerts)
 	n.goBG("certificate prefetch", n.prefetchCertificates)

@@ -38,6 +38,9 @@ func newPodProxies(n *ztunnel) (*podproxy.Set, error) {
 	if cfg.DNSProxyAddr != "" {
 		pc.DNS = n.dnsConfig
 	}
+	if n.spire {
+		pc.PodCerts = n.podCerts
+	}
 	return podproxy.New(pc)
 }
 

@@ -21,8 +21,9 @@ func (c *config) selfWorkload() (state.WorkloadRef, bool) {
 // ports, the stats port above all, over mTLS. It is an inbound like a pod's: the HBONE
 // target must be the address the connection came to, ztunnel's capture ports are refused,
 // and the upstream leaves from ztunnel's own address (never the client's). nil, false when
-// the mode is not shared, ztunnel's workload is not named or INBOUND_ADDR is off.
-func newSelfProxy(n *ztunnel) (*proxy.Proxy, bool) {
+// the mode is not shared, ztunnel's workload is not named or INBOUND_ADDR is off. Under
+// CA_PROVIDER=spire it presents ztunnel's own workload's SVIDs, subscribed to until undo runs.
+func newSelfProxy(n *ztunnel, undo *cleanups) (*proxy.Proxy, bool) {
 	ref, ok := n.cfg.selfWorkload()
 	addr := podAddr(n.cfg.InboundAddr, n.cfg.IPv6Enabled)
 	if !ok || n.local.Mode != state.ModeShared || addr == "" {
@@ -36,5 +37,15 @@ func newSelfProxy(n *ztunnel) (*proxy.Proxy, bool) {
 	pcfg.InboundAddr = addr
 	pcfg.OrigSrc = false
 	pcfg.Logger = slog.Default().With("proxy", "self")
-	return proxy.New(pcfg, n.store, n.certs, n.metrics), true
+	var src proxy.CertSource = n.certs
+	if n.spire {
+		w, release, err := n.certs.Workload(n.spireRef(selfKey, ref.Namespace, ref.Name, ref.ServiceAccount, ""))
+		if err != nil {
+			slog.Error("self-proxy: no SPIRE subscription", "err", err)
+			return nil, false
+		}
+		undo.push(release)
+		src = w
+	}
+	return proxy.New(pcfg, n.store, src, n.metrics), true
 }

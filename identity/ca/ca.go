@@ -1,6 +1,7 @@
 // Package ca obtains workload certificates from a certificate authority: Istio's
-// IstioCertificateService over gRPC, a SPIFFE Workload API agent, or a built-in CA that
-// signs with a local root for standalone mode.
+// IstioCertificateService over gRPC, a SPIFFE Workload API agent, a SPIRE agent's Delegated
+// Identity API (per workload: spire.go), or a built-in CA that signs with a local root for
+// standalone mode.
 //
 // It owns one request: "give me a leaf for this identity". Caching, rotation, backoff and
 // TLS configuration live in identity/certs; this package keeps no per-identity state.
@@ -59,7 +60,7 @@ func (i *Issued) Identity() (identity.ID, error) {
 
 // Config mirrors the environment (cmd/ztunnel fills it): zero values mean the documented defaults.
 type Config struct {
-	Provider string // "istio" | "spiffe" | "builtin" | "" (auto, see New)
+	Provider string // "istio" | "spiffe" | "spire" | "builtin" | "" (auto, see New)
 	// The Istio CA's endpoint (CA_ADDRESS [DefaultAddress], CA_ROOT_CA, ALT_CA_HOSTNAME,
 	// AUTH_TOKEN, CLUSTER_ID, CA_HEADER_*), with internal/istiogrpc's defaults, the same as
 	// the xDS client's: host:port is TLS, http:// plaintext; the root file is re-read at each
@@ -69,6 +70,7 @@ type Config struct {
 	Impersonate  bool          // shared mode: send ImpersonatedIdentity metadata
 	Dir          string        // CA_DIR for builtin: cacerts layout; a self-signed root is generated on first start
 	SpiffeSocket string        // SPIFFE_ENDPOINT_SOCKET for spiffe
+	SpireSocket  string        // SPIRE_ADMIN_ENDPOINT_SOCKET for spire: the SPIRE agent's admin socket (Delegated Identity API)
 	LocalXDS     bool          // LOCAL_XDS_PATH set (for the auto rule)
 }
 
@@ -79,8 +81,8 @@ const (
 	DefaultSecretTTL = 24 * time.Hour
 )
 
-// New picks the provider: explicit Provider, else spiffe if SpiffeSocket is set, builtin if
-// LocalXDS && Address=="", else istio. Bad configuration is an error naming the variable.
+// New picks the provider: explicit Provider, else spire if SpireSocket is set, spiffe if
+// SpiffeSocket is, builtin if LocalXDS && Address=="", else istio. Bad configuration is an error naming the variable.
 // ctx bounds start-up only.
 func New(ctx context.Context, cfg Config) (Client, error) {
 	if cfg.SecretTTL < 0 {
@@ -92,6 +94,8 @@ func New(ctx context.Context, cfg Config) (Client, error) {
 	p := cfg.Provider
 	if p == "" {
 		switch {
+		case cfg.SpireSocket != "":
+			p = "spire"
 		case cfg.SpiffeSocket != "":
 			p = "spiffe"
 		case cfg.LocalXDS && cfg.Address == "":
@@ -108,13 +112,15 @@ func New(ctx context.Context, cfg Config) (Client, error) {
 			return nil, errors.New("ca: CA_PROVIDER=spiffe needs SPIFFE_ENDPOINT_SOCKET")
 		}
 		return newSpiffe(ctx, cfg.SpiffeSocket)
+	case "spire":
+		return NewDelegated(ctx, cfg.SpireSocket)
 	case "builtin":
 		if cfg.Dir == "" {
 			return nil, errors.New("ca: CA_PROVIDER=builtin needs CA_DIR")
 		}
 		return NewBuiltin(cfg.Dir, cfg.SecretTTL)
 	default:
-		return nil, fmt.Errorf("ca: CA_PROVIDER %q is not one of istio, spiffe, builtin", p)
+		return nil, fmt.Errorf("ca: CA_PROVIDER %q is not one of istio, spiffe, spire, builtin", p)
 	}
 }
 

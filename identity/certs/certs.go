@@ -1,6 +1,7 @@
 // Package certs is the certificate manager: one entry per workload identity, fetched from a
 // ca.Client on first use or prefetch, rotated at half of its lifetime, retried with jittered
-// exponential backoff, and served while unexpired even if the CA is down. It also builds the
+// exponential backoff, and served while unexpired even if the CA is down. A CA that issues
+// per workload instead (SPIRE's agent) pushes each workload's certificates (workload.go). It also builds the
 // mesh's *tls.Config for both ends of an mTLS connection, looking certificates up per
 // handshake so a rotation never needs a listener restart or reconnect logic.
 //
@@ -35,6 +36,10 @@ type Config struct {
 	// CSRFail* words (a metric label). It runs with the manager's lock held: it must only
 	// count.
 	OnFetchFailure func(reason string)
+	// OnWithdraw, if set, is told the key of a workload whose SVIDs the SPIRE agent
+	// withdrew (its entry was deleted), so that its live connections can be closed. It
+	// runs on the subscription's goroutine, without the manager's lock.
+	OnWithdraw func(key string)
 }
 
 // Backoff bounds for a failing fetch: start, factor 2, ±20% jitter, cap.
@@ -64,9 +69,15 @@ type Manager struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex
-	entries map[identity.ID]*entry
-	closed  bool
+	// subscriber is the client when it issues certificates per workload (SPIRE): then
+	// certificates are workloads' (workload.go), never fetched per identity.
+	subscriber Subscriber
+
+	mu        sync.Mutex
+	entries   map[identity.ID]*entry
+	workloads map[string]*workloadEntry // per-workload certificates by workload key (workload.go)
+	anyPush   chan struct{}             // closed and replaced at every push of any workload
+	closed    bool
 }
 
 // entry is the state of one identity; its fields are guarded by Manager.mu.
@@ -122,6 +133,10 @@ func New(cfg Config, c ca.Client) *Manager {
 	m := &Manager{
 		cfg: cfg, client: c, slots: newSlots(cfg.MaxInflight),
 		ctx: ctx, cancel: cancel, entries: make(map[identity.ID]*entry),
+		workloads: make(map[string]*workloadEntry), anyPush: make(chan struct{}),
+	}
+	if s, ok := c.(Subscriber); ok {
+		m.subscriber = s
 	}
 	if n, ok := c.(ca.Notifier); ok {
 		m.wg.Add(1)
@@ -139,7 +154,16 @@ func (m *Manager) Close() error {
 			e.timer.Stop()
 		}
 	}
+	var stops []func()
+	for _, e := range m.workloads {
+		if e.stop != nil {
+			stops, e.stop = append(stops, e.stop), nil
+		}
+	}
 	m.mu.Unlock()
+	for _, stop := range stops {
+		stop()
+	}
 	m.cancel()
 	m.wg.Wait()
 	return nil
@@ -178,6 +202,9 @@ func (m *Manager) Certificate(ctx context.Context, id identity.ID) (*ca.Issued, 
 func (m *Manager) get(ctx context.Context, id identity.ID) (*held, error) {
 	if id.IsZero() {
 		return nil, errors.New("certs: certificate for the zero identity")
+	}
+	if m.subscriber != nil {
+		return m.anyWorkloadHeld(ctx, id)
 	}
 	m.mu.Lock()
 	if m.closed {
@@ -260,7 +287,7 @@ func (m *Manager) entryLocked(id identity.ID) *entry {
 // Prefetch starts a background fetch for id unless it is cached or already being fetched
 // (a workload with that identity appeared on this node).
 func (m *Manager) Prefetch(id identity.ID) {
-	if id.IsZero() {
+	if id.IsZero() || m.subscriber != nil {
 		return
 	}
 	m.mu.Lock()

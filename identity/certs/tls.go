@@ -146,6 +146,11 @@ func (m *Manager) roots() []*x509.Certificate {
 			roots = append(roots, e.cur.iss.Roots...)
 		}
 	}
+	for _, e := range m.workloads {
+		for _, s := range e.svids {
+			roots = append(roots, s.h.iss.Roots...)
+		}
+	}
 	return roots
 }
 
@@ -175,10 +180,18 @@ func PeerIdentity(cs tls.ConnectionState) (identity.ID, error) {
 // chain is verified against src's bundle and its URI SAN must be one of expected. ctx bounds
 // the first fetch of src's certificate, which ClientConfig waits for.
 func (m *Manager) ClientConfig(ctx context.Context, src identity.ID, expected []identity.ID) (*tls.Config, error) {
+	return m.clientConfig(ctx, m.get, src, expected)
+}
+
+// getter looks up the certificate to present as an identity: the manager's own (get), or
+// one workload's (WorkloadCerts).
+type getter func(ctx context.Context, id identity.ID) (*held, error)
+
+func (m *Manager) clientConfig(ctx context.Context, get getter, src identity.ID, expected []identity.ID) (*tls.Config, error) {
 	if len(expected) == 0 {
 		return nil, errors.New("certs: client config with no expected server identity")
 	}
-	if _, err := m.get(ctx, src); err != nil {
+	if _, err := get(ctx, src); err != nil {
 		return nil, err
 	}
 	expected = slices.Clone(expected)
@@ -190,7 +203,7 @@ func (m *Manager) ClientConfig(ctx context.Context, src identity.ID, expected []
 		InsecureSkipVerify:     true,
 		SessionTicketsDisabled: true,
 		GetClientCertificate: func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			h, err := m.get(cri.Context(), src)
+			h, err := get(cri.Context(), src)
 			if err != nil {
 				return nil, err
 			}
@@ -200,7 +213,7 @@ func (m *Manager) ClientConfig(ctx context.Context, src identity.ID, expected []
 			if err := checkSuite(cs); err != nil {
 				return err
 			}
-			h, err := m.get(context.Background(), src)
+			h, err := get(context.Background(), src)
 			if err != nil {
 				return err
 			}
@@ -221,6 +234,10 @@ func (m *Manager) ClientConfig(ctx context.Context, src identity.ID, expected []
 // present a certificate chaining to that identity's bundle whose identity is in the same
 // trust domain. Certificates are looked up per handshake.
 func (m *Manager) ServerConfig(local func(*tls.ClientHelloInfo) (identity.ID, error)) *tls.Config {
+	return m.serverConfig(m.get, local)
+}
+
+func (m *Manager) serverConfig(get getter, local func(*tls.ClientHelloInfo) (identity.ID, error)) *tls.Config {
 	return m.versions(&tls.Config{
 		CurvePreferences:       m.curves(),
 		NextProtos:             alpns,
@@ -231,7 +248,7 @@ func (m *Manager) ServerConfig(local func(*tls.ClientHelloInfo) (identity.ID, er
 			if err != nil {
 				return nil, fmt.Errorf("certs: no local identity for %v: %w: %w", hello.Conn.LocalAddr(), errNoLocalIdentity, err)
 			}
-			h, err := m.get(hello.Context(), id)
+			h, err := get(hello.Context(), id)
 			if err != nil {
 				return nil, err
 			}

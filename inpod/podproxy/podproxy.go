@@ -60,9 +60,13 @@ type Config struct {
 	// (CONNECTION_TERMINATION_DEADLINE).
 	DrainDeadline time.Duration
 
-	Store   *state.Store
-	Certs   proxy.CertSource
-	Metrics *metrics.Metrics
+	Store *state.Store
+	Certs proxy.CertSource
+	// PodCerts, if set, is the certificate source of one pod's proxy in place of Certs,
+	// for a CA that issues certificates per workload (SPIRE): it starts following the
+	// pod's certificates, and release, called once the pod's proxy has stopped, ends that.
+	PodCerts func(p inpod.Pod) (src proxy.CertSource, release func(), err error)
+	Metrics  *metrics.Metrics
 }
 
 // Set is the running pods' proxies.
@@ -76,12 +80,13 @@ type Set struct {
 }
 
 type pod struct {
-	uid    string
-	ns     *netns.NetNS // owned from Start on; closed once both servers have stopped
-	proxy  *proxy.Proxy
-	dns    *dns.Server // nil without Config.DNS
-	cancel context.CancelFunc
-	served chan struct{} // closed when servePod has returned
+	uid     string
+	release func()       // PodCerts's, called once the proxy has stopped
+	ns      *netns.NetNS // owned from Start on; closed once both servers have stopped
+	proxy   *proxy.Proxy
+	dns     *dns.Server // nil without Config.DNS
+	cancel  context.CancelFunc
+	served  chan struct{} // closed when servePod has returned
 }
 
 // New returns an empty Set with its poller.
@@ -112,9 +117,17 @@ func (s *Set) Start(p inpod.Pod) error {
 			log.Debug("cannot set tcp_migrate_req in the pod; an upgrade may reset a few connections", "err", err)
 		}
 	}
-	px := proxy.New(pcfg, cfg.Store, cfg.Certs, cfg.Metrics)
+	certs, release := cfg.Certs, func() {}
+	if cfg.PodCerts != nil {
+		var err error
+		if certs, release, err = cfg.PodCerts(p); err != nil {
+			return err
+		}
+	}
+	px := proxy.New(pcfg, cfg.Store, certs, cfg.Metrics)
 	if err := px.Listen(); err != nil {
 		px.Shutdown(context.Background())
+		release()
 		return err
 	}
 	var d *dns.Server
@@ -131,11 +144,12 @@ func (s *Set) Start(p inpod.Pod) error {
 		if err := d.Listen(); err != nil {
 			d.Close()
 			px.Shutdown(context.Background())
+			release()
 			return err
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	pd := &pod{uid: p.UID, ns: p.NetNS, proxy: px, dns: d, cancel: cancel, served: make(chan struct{})}
+	pd := &pod{uid: p.UID, release: release, ns: p.NetNS, proxy: px, dns: d, cancel: cancel, served: make(chan struct{})}
 	s.mu.Lock()
 	s.pods[p.UID] = pd
 	s.mu.Unlock()
@@ -204,6 +218,7 @@ func (s *Set) shutdownPod(pd *pod, deadline time.Duration) {
 	dnsDone.Wait()
 	pd.cancel()
 	<-pd.served
+	pd.release()
 	pd.ns.Close()
 }
 
@@ -256,6 +271,17 @@ func (s *Set) AcceptError() error {
 func (s *Set) CloseMatching(match func(inbound bool, cs tls.ConnectionState) error) {
 	for _, pd := range s.running() {
 		pd.proxy.CloseMatching(match)
+	}
+}
+
+// ClosePod closes every HBONE connection of the proxy of the pod uid, both ways, with
+// why: the pod lost its certificate (its SPIRE entry was deleted).
+func (s *Set) ClosePod(uid string, why error) {
+	s.mu.Lock()
+	pd := s.pods[uid]
+	s.mu.Unlock()
+	if pd != nil {
+		pd.proxy.CloseMatching(func(bool, tls.ConnectionState) error { return why })
 	}
 }
 
