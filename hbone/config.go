@@ -94,7 +94,7 @@ type AdmissionConfig struct {
 	PeerConnRate           float64 // [32/s, burst 4 s of it] new HBONE connections of one peer identity; past it one waits up to 1 s, then is closed
 	PeerStreams            int     // [16384] open streams of one peer identity; past it a new one gets REFUSED_STREAM
 	PeerDials              int     // [256] streams of one peer identity whose handler has not answered; past it a new one waits
-	StreamStarts           float64 // [64/s, burst ¼ s of it] handlers started for one connection's streams, each given back once its stream carries a byte; past it a new stream waits without a goroutine
+	StreamStarts           float64 // [64/s, burst ¼ s of it] handlers started for one connection's streams, each given back once its stream carries a byte or ends; past it a new stream waits without a goroutine
 	// SourceRelays, if set, names source IPs that relay other clients' connections (a
 	// network gateway forwarding double HBONE): no per-source budget applies to them, nor
 	// PeerConnRate (a connection per proxied connection there); the other per-identity
