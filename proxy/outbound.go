@@ -8,10 +8,14 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"syscall"
 	"time"
+
+	"golang.org/x/net/http2"
 
 	"github.com/gozt/gozt/hbone"
 	"github.com/gozt/gozt/metrics"
+	"github.com/gozt/gozt/proxy/outlier"
 	"github.com/gozt/gozt/xds/state"
 )
 
@@ -116,12 +120,15 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 		if err != nil {
 			return fail(metrics.FlagConnect, err)
 		}
+		if attempt > 0 && route.Service != nil {
+			p.metrics.ConnectRetries.WithLabelValues(route.Service.Hostname).Inc()
+		}
 		labels, log.DstAddr, log.HBONEAddr = base, dstAddr, "" // what an earlier attempt set
 		destLabels(&labels, route.Workload, route.Service)
 		upstream, err := p.dialRoute(ctx, src, clientAddr, route, &labels, &log)
 		if err == nil {
 			if p.cfg.Outliers != nil && route.Workload != nil {
-				p.cfg.Outliers.Succeeded(route.Workload)
+				p.cfg.Outliers.Succeeded(endpointOf(route))
 			}
 			ready(nil)
 			return upstream, p.metrics.Open(labels, log), nil
@@ -130,30 +137,55 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 		if !p.endpointFailed(ctx, route, err) || attempt >= p.cfg.ConnectRetries || time.Now().After(deadline) {
 			return fail(connectFlag(err), err)
 		}
-		p.metrics.ConnectRetries.WithLabelValues(route.Service.Hostname).Inc()
 		p.log.Debug("proxy: outbound: retrying on another endpoint", "src", clientAddr, "dst", dst, "endpoint", route.Workload.UID, "err", err)
 		avoid.Tried = append(avoid.Tried, route.Workload)
 	}
 }
 
 // endpointFailed reports whether err, from connecting route, says its endpoint could not be
-// reached, and records it for outlier detection; only then is the connection retried. A
-// CONNECT answered 4xx (a policy denial, a bad target) would be answered the same by any
-// endpoint; a context ended by the client or shutdown is not the endpoint's fault; a
-// route without a service has no other endpoint.
+// reached, so another may be tried, and records the failures the endpoint caused for
+// outlier detection. Not retried: a CONNECT answered 4xx (a policy denial, a bad target),
+// which any endpoint would answer the same; a context ended by the client or shutdown; a
+// failure of this node's own (localFailure); a route without a service, which has no
+// other endpoint. Retried but not held against the endpoint: a stream its node refused
+// (REFUSED_STREAM: its budget of streams for our identity is full, which says it is up).
 func (p *Proxy) endpointFailed(ctx context.Context, route state.Route, err error) bool {
-	if route.Service == nil || route.Workload == nil || ctx.Err() != nil {
+	if route.Service == nil || route.Workload == nil || ctx.Err() != nil || localFailure(err) {
 		return false
 	}
 	var se *hbone.StatusError
 	if errors.As(err, &se) && se.Code < 500 {
 		return false
 	}
-	if p.cfg.Outliers != nil && p.cfg.Outliers.Failed(route.Workload, route.Service.Key()) {
+	if re := (*hbone.ResetError)(nil); errors.As(err, &re) && re.Code == http2.ErrCodeRefusedStream {
+		return true
+	}
+	if p.cfg.Outliers != nil && p.cfg.Outliers.Failed(endpointOf(route), route.Service.Key()) {
 		p.metrics.EndpointEjections.WithLabelValues(route.Service.Hostname).Inc()
-		p.log.Info("proxy: endpoint ejected after failed connects", "endpoint", route.Workload.UID, "service", route.Service.Key(), "err", err)
+		p.log.Info("proxy: endpoint ejected after failed connects", "endpoint", route.Workload.UID, "port", route.EndpointPort, "service", route.Service.Key(), "err", err)
 	}
 	return true
+}
+
+// errLocalCert marks a connect that failed for want of this node's own certificate (the
+// CA unreachable, say): no endpoint's doing.
+var errLocalCert = errors.New("proxy: no client certificate")
+
+// localFailure reports whether err is this node's own failure, not the endpoint's: no
+// certificate, or out of file descriptors, socket buffers, memory or local ports. Any
+// endpoint would fail the same, so it is neither retried nor counted against one.
+func localFailure(err error) bool {
+	for _, local := range []error{errLocalCert, syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.EADDRNOTAVAIL} {
+		if errors.Is(err, local) {
+			return true
+		}
+	}
+	return false
+}
+
+// endpointOf is the endpoint route goes to, as outlier detection keys it.
+func endpointOf(route state.Route) outlier.Endpoint {
+	return outlier.Endpoint{Workload: route.Workload, Port: route.EndpointPort}
 }
 
 // dialRoute opens the upstream leg of route and fills in the labels and log fields that

@@ -236,7 +236,11 @@ func New(cfg Config, store *state.Store, certs CertSource, m *metrics.Metrics) *
 		cfg.HBONEServer.Admission.SourceRelays = func(ip netip.Addr) bool { return store.IsNetworkGateway(network, ip) }
 	}
 	p.pool = hbone.NewPool(cfg.HBONEClient, func(ctx context.Context, k hbone.Key) (*tls.Config, error) {
-		return certs.ClientConfig(ctx, k.Src, k.Expected())
+		tc, err := certs.ClientConfig(ctx, k.Src, k.Expected())
+		if err != nil {
+			return nil, fmt.Errorf("%w for %v: %w", errLocalCert, k.Src, err)
+		}
+		return tc, nil
 	})
 	p.server = hbone.NewServer(cfg.HBONEServer, p.serveHBONE)
 	p.serverTLS = certs.ServerConfig(p.localIdentity)
