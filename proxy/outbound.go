@@ -79,10 +79,13 @@ func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Wo
 // connect routes and dials an outbound connection, then calls ready. A failure is recorded
 // in the metrics here; on success the returned record is open.
 //
-// A service's connection whose endpoint fails before any byte has moved (dial, TLS, a 5xx
-// CONNECT answer) is tried on another endpoint, up to ConnectRetries more times within
-// DialTimeout; each endpoint's outcome goes to the outlier detector, whose ejections steer
-// later picks. The client sees one connection: only its last attempt is in the metrics.
+// The whole connect, every attempt and the wait for each CONNECT answer included, ends
+// within DialTimeout, whatever the endpoints do (accept and never finish TLS, never answer
+// the CONNECT). A service's connection whose endpoint fails before any byte has moved
+// (dial, TLS, a 5xx CONNECT answer) is tried on another endpoint, up to ConnectRetries more
+// times within that time; each endpoint's outcome goes to the outlier detector, whose
+// ejections steer later picks. The client sees one connection: only its last attempt is
+// in the metrics.
 func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, dst netip.AddrPort, ready func(error)) (halfCloser, *metrics.Conn, error) {
 	base := metrics.Labels{Reporter: metrics.ReporterSource, SourcePrincipal: src.Identity().String()}
 	sourceLabels(&base, src)
@@ -105,12 +108,21 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 	if p.cfg.Outliers != nil {
 		avoid.Ejected = p.cfg.Outliers.Ejected
 	}
-	deadline := time.Now().Add(p.cfg.DialTimeout)
+	// One deadline for the whole connect. The first attempt runs on ctx: the pool (whose
+	// DialTimeout setDefaults holds to ours) and the dialer bound it themselves, without a
+	// context every connection would allocate. Later attempts, a hostname's lookup and
+	// double HBONE (two dials in a row) run on one with the deadline.
+	deadline := connectDeadline{at: time.Now().Add(p.cfg.DialTimeout)}
+	defer deadline.stop()
 	var lastErr error
 	for attempt := 0; ; attempt++ {
 		route, err := p.store.ResolveAvoiding(src, dst, avoid)
+		actx := ctx
+		if attempt > 0 || route.Hostname != "" || route.Kind == state.RouteDoubleHBONE {
+			actx = deadline.context(ctx)
+		}
 		if err == nil && route.Hostname != "" {
-			route, err = p.resolveHostname(ctx, src, route, dst)
+			route, err = p.resolveHostname(actx, src, route, dst)
 		}
 		if attempt > 0 && (err != nil || slices.Contains(avoid.Tried, route.Workload)) {
 			// Out of endpoints (or a waypoint addressed by IP, the same one again): the
@@ -125,7 +137,7 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 		}
 		labels, log.DstAddr, log.HBONEAddr = base, dstAddr, "" // what an earlier attempt set
 		destLabels(&labels, route.Workload, route.Service)
-		upstream, err := p.dialRoute(ctx, src, clientAddr, route, &labels, &log)
+		upstream, err := p.dialRoute(actx, src, clientAddr, route, &labels, &log)
 		if err == nil {
 			if p.cfg.Outliers != nil && route.Workload != nil {
 				p.cfg.Outliers.Succeeded(endpointOf(route))
@@ -134,11 +146,33 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 			return upstream, p.metrics.Open(labels, log), nil
 		}
 		lastErr = err
-		if !p.endpointFailed(ctx, route, err) || attempt >= p.cfg.ConnectRetries || time.Now().After(deadline) {
+		if !p.endpointFailed(ctx, route, err) || attempt >= p.cfg.ConnectRetries || !time.Now().Before(deadline.at) {
 			return fail(connectFlag(err), err)
 		}
 		p.log.Debug("proxy: outbound: retrying on another endpoint", "src", clientAddr, "dst", dst, "endpoint", route.Workload.UID, "err", err)
 		avoid.Tried = append(avoid.Tried, route.Workload)
+	}
+}
+
+// connectDeadline is an outbound connect's deadline, and the context that carries it once
+// one is needed.
+type connectDeadline struct {
+	at     time.Time
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// context returns parent with the deadline, made at the first call.
+func (d *connectDeadline) context(parent context.Context) context.Context {
+	if d.ctx == nil {
+		d.ctx, d.cancel = context.WithDeadline(parent, d.at)
+	}
+	return d.ctx
+}
+
+func (d *connectDeadline) stop() {
+	if d.cancel != nil {
+		d.cancel()
 	}
 }
 

@@ -88,7 +88,7 @@ type Config struct {
 	// so the application sees who connected. Needs CAP_NET_ADMIN, and for clients on other
 	// hosts the policy routing istio-cni installs, or the replies bypass this node.
 	OrigSrc     bool
-	DialTimeout time.Duration // [10s] plain TCP dials; also bounds an outbound connection's retries
+	DialTimeout time.Duration // [10s] plain TCP dials; bounds an outbound connect as a whole, every attempt and CONNECT answer included
 	// ConnectRetries is how many other endpoints of a service an outbound connection tries
 	// when its endpoint fails before any byte has moved (ENDPOINT_CONNECT_RETRIES; 0: none,
 	// as the Rust ztunnel).
@@ -127,6 +127,9 @@ type Config struct {
 func (c *Config) setDefaults() {
 	if c.DialTimeout == 0 {
 		c.DialTimeout = 10 * time.Second
+	}
+	if c.HBONEClient.DialTimeout <= 0 || c.HBONEClient.DialTimeout > c.DialTimeout {
+		c.HBONEClient.DialTimeout = c.DialTimeout // an outbound connect's first attempt rests on it (outbound.go)
 	}
 	if c.KeepaliveTime == 0 {
 		c.KeepaliveTime = 180 * time.Second
