@@ -5,8 +5,10 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/certs"
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 // withService adds to yaml the service name.default.svc.cluster.local at vip, port 80 to
@@ -174,4 +177,101 @@ func TestConnectDeadlineTLSStall(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// gate answers every CONNECT 503, but only when released: until then it holds them.
+type gate struct {
+	mu      sync.Mutex
+	open    bool            // answer at once from now on
+	waiting []chan struct{} // the CONNECTs held
+}
+
+func (g *gate) handle(r *hbone.Request) {
+	g.mu.Lock()
+	if g.open {
+		g.mu.Unlock()
+		r.Reject(http.StatusServiceUnavailable)
+		return
+	}
+	ch := make(chan struct{})
+	g.waiting = append(g.waiting, ch)
+	g.mu.Unlock()
+	select {
+	case <-ch:
+		r.Reject(http.StatusServiceUnavailable)
+	case <-r.Context().Done():
+	}
+}
+
+// held counts the CONNECTs held now.
+func (g *gate) held() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.waiting)
+}
+
+// release answers the CONNECTs held now; with open, every later one too.
+func (g *gate) release(open bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, ch := range g.waiting {
+		close(ch)
+	}
+	g.waiting, g.open = nil, open
+}
+
+// TestRetryBudget: every endpoint of the gated service answers 503, when the test lets it.
+// Thirty clients connect at once; when their first attempts fail together, six (a fifth
+// of the connects in flight) are retried and the other 24 are refused at once and counted,
+// where each would have been retried twice.
+func TestRetryBudget(t *testing.T) {
+	leaktest.Check(t)
+	m := newMesh(t)
+	ips := endpointIPs(t, m, 30, 6)
+	var eps, addrs []string
+	for i, ip := range ips {
+		eps = append(eps, fmt.Sprintf("gated%d=%s", i, ip))
+		addrs = append(addrs, ip+":15008")
+	}
+	m.yaml = withService(m.yaml, "gated", "127.10.0.5", eps...)
+	var g gate
+	serveHBONE(t, m, g.handle, addrs...)
+	cfg := m.clientConfig()
+	cfg.DialTimeout, cfg.ConnectRetries = time.Minute, 2 // only the budget ends a retry here
+	m.a = startNode(t, "node-a", m.caDir, m.yaml, cfg)
+	socks := m.a.socks(t)
+	svc := map[string]string{"destination_service": "gated.default.svc.cluster.local"}
+
+	const clients = 30
+	var failed atomic.Int32
+	var wg sync.WaitGroup
+	defer func() { g.release(true); wg.Wait() }() // when a check fails midway
+	for range clients {
+		wg.Go(func() {
+			c, code, err := socksConnect(socks, "gated.default.svc.cluster.local", 80)
+			if c != nil {
+				c.Close()
+			}
+			if err == nil && code == repSucceeded {
+				t.Error("a connection to the gated service succeeded")
+			}
+			failed.Add(1)
+		})
+	}
+	testutil.Eventually(t, "every client's first attempt held", func() bool { return g.held() == clients })
+	g.release(false)
+	testutil.Eventually(t, "six retries held, 24 clients answered", func() bool { return g.held() == 6 && failed.Load() == clients-6 })
+	if got := counter(t, m.a.reg, "outbound_connect_retries_total", svc); got != 6 {
+		t.Errorf("%v retries; want 6", got)
+	}
+	if got := counter(t, m.a.reg, "outbound_connect_retries_over_budget_total", svc); got != clients-6 {
+		t.Errorf("%v retries refused by the budget; want %d", got, clients-6)
+	}
+	g.release(true)
+	wg.Wait()
+	// The six retried connects, failing again, share a budget of three.
+	retries, refused := counter(t, m.a.reg, "outbound_connect_retries_total", svc), counter(t, m.a.reg, "outbound_connect_retries_over_budget_total", svc)
+	if retries > 6+3 || retries+refused != clients+6 {
+		t.Errorf("%v retries, %v refused; want at most 9, and %d in all (each connect asked once, the six retried twice)", retries, refused, clients+6)
+	}
 }

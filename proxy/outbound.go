@@ -83,8 +83,8 @@ func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Wo
 // within DialTimeout, whatever the endpoints do (accept and never finish TLS, never answer
 // the CONNECT). A service's connection whose endpoint fails before any byte has moved
 // (dial, TLS, a 5xx CONNECT answer) is tried on another endpoint, up to ConnectRetries more
-// times within that time; each endpoint's outcome goes to the outlier detector, whose
-// ejections steer later picks. The client sees one connection: only its last attempt is
+// times within that time, as the service's retry budget allows (RetryBudget); each
+// endpoint's outcome goes to the outlier detector, whose ejections steer later picks. The client sees one connection: only its last attempt is
 // in the metrics.
 func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, dst netip.AddrPort, ready func(error)) (halfCloser, *metrics.Conn, error) {
 	base := metrics.Labels{Reporter: metrics.ReporterSource, SourcePrincipal: src.Identity().String()}
@@ -114,6 +114,8 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 	// double HBONE (two dials in a row) run on one with the deadline.
 	deadline := connectDeadline{at: time.Now().Add(p.cfg.DialTimeout)}
 	defer deadline.stop()
+	var flight outlier.Flight // the connect's place in its service's retry budget
+	defer flight.End()
 	var lastErr error
 	for attempt := 0; ; attempt++ {
 		route, err := p.store.ResolveAvoiding(src, dst, avoid)
@@ -132,6 +134,9 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 		if err != nil {
 			return fail(metrics.FlagConnect, err)
 		}
+		if attempt == 0 && route.Service != nil && p.cfg.ConnectRetries > 0 {
+			flight = p.cfg.RetryBudget.Begin(route.Service)
+		}
 		if attempt > 0 && route.Service != nil {
 			p.metrics.ConnectRetries.WithLabelValues(route.Service.Hostname).Inc()
 		}
@@ -147,6 +152,11 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 		}
 		lastErr = err
 		if !p.endpointFailed(ctx, route, err) || attempt >= p.cfg.ConnectRetries || !time.Now().Before(deadline.at) {
+			return fail(connectFlag(err), err)
+		}
+		if !flight.Retry() {
+			p.metrics.ConnectRetriesOverBudget.WithLabelValues(route.Service.Hostname).Inc()
+			p.log.Debug("proxy: outbound: no retry, the service's retry budget is spent", "src", clientAddr, "dst", dst, "endpoint", route.Workload.UID, "err", err)
 			return fail(connectFlag(err), err)
 		}
 		p.log.Debug("proxy: outbound: retrying on another endpoint", "src", clientAddr, "dst", dst, "endpoint", route.Workload.UID, "err", err)

@@ -93,6 +93,9 @@ type Config struct {
 	// when its endpoint fails before any byte has moved (ENDPOINT_CONNECT_RETRIES; 0: none,
 	// as the Rust ztunnel).
 	ConnectRetries int
+	// RetryBudget bounds the retries in flight to each service (outlier.RetryBudget); one
+	// per node, shared by its proxies. Nil with ConnectRetries: the proxy makes its own.
+	RetryBudget *outlier.RetryBudget
 	// Outliers, when set, ejects endpoints whose connects keep failing from service picks
 	// for a while (ENDPOINT_EJECTION_FAILURES); shared by every proxy of a node.
 	Outliers          *outlier.Detector
@@ -127,6 +130,9 @@ type Config struct {
 func (c *Config) setDefaults() {
 	if c.DialTimeout == 0 {
 		c.DialTimeout = 10 * time.Second
+	}
+	if c.ConnectRetries > 0 && c.RetryBudget == nil {
+		c.RetryBudget = outlier.NewRetryBudget()
 	}
 	if c.HBONEClient.DialTimeout <= 0 || c.HBONEClient.DialTimeout > c.DialTimeout {
 		c.HBONEClient.DialTimeout = c.DialTimeout // an outbound connect's first attempt rests on it (outbound.go)

@@ -1,6 +1,7 @@
 // Package outlier is passive outlier detection for the endpoints outbound connections go
 // to: an endpoint whose connects keep failing is ejected for a while, so new connections
-// go elsewhere until it recovers or the control plane catches up.
+// go elsewhere until it recovers or the control plane catches up. It also holds the retry
+// budget (RetryBudget), which bounds the retries of those connects per service.
 //
 // The rules, and where they come from:
 //   - Consecutive failures eject (Envoy's consecutive_gateway_failure, Linkerd's
