@@ -24,7 +24,7 @@ type Config struct {
 	MaxFrameSize uint32        // [1 MiB] SETTINGS_MAX_FRAME_SIZE we accept
 	PingInterval time.Duration // [10s]
 	PingTimeout  time.Duration // [20s] no PING ack within this -> connection dropped
-	DialTimeout  time.Duration // [10s] client: TCP+TLS dial; timeout error says "maybe a NetworkPolicy is blocking HBONE port 15008"; server: TLS handshake and preface
+	DialTimeout  time.Duration // [10s] client: a Dial as a whole (TCP, TLS, SETTINGS, the CONNECT answer); a dial's timeout error says "maybe a NetworkPolicy is blocking HBONE port 15008"; server: TLS handshake and preface
 	// OnDrop, if set, is told of every stream dropped before it reached a handler's
 	// answer, of every connection closed for abuse (on either side), and of every
 	// connection or stream a per-node budget refused or delayed (see doc.go, "Limits"). It

@@ -84,8 +84,8 @@ func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Wo
 // the CONNECT). A service's connection whose endpoint fails before any byte has moved
 // (dial, TLS, a 5xx CONNECT answer) is tried on another endpoint, up to ConnectRetries more
 // times within that time, as the service's retry budget allows (RetryBudget); each
-// endpoint's outcome goes to the outlier detector, whose ejections steer later picks. The client sees one connection: only its last attempt is
-// in the metrics.
+// endpoint's outcome goes to the outlier detector, whose ejections steer later picks. The
+// client sees one connection: only its last attempt is in the metrics.
 func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, dst netip.AddrPort, ready func(error)) (halfCloser, *metrics.Conn, error) {
 	base := metrics.Labels{Reporter: metrics.ReporterSource, SourcePrincipal: src.Identity().String()}
 	sourceLabels(&base, src)
@@ -215,11 +215,14 @@ func (p *Proxy) endpointFailed(ctx context.Context, route state.Route, err error
 // CA unreachable, say): no endpoint's doing.
 var errLocalCert = errors.New("proxy: no client certificate")
 
-// localFailure reports whether err is this node's own failure, not the endpoint's: no
-// certificate, or out of file descriptors, socket buffers, memory or local ports. Any
+// localErrors are this node's own failures: no certificate, or out of file descriptors,
+// socket buffers, memory or local ports.
+var localErrors = []error{errLocalCert, syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.EADDRNOTAVAIL}
+
+// localFailure reports whether err is one of localErrors, not the endpoint's doing. Any
 // endpoint would fail the same, so it is neither retried nor counted against one.
 func localFailure(err error) bool {
-	for _, local := range []error{errLocalCert, syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.EADDRNOTAVAIL} {
+	for _, local := range localErrors {
 		if errors.Is(err, local) {
 			return true
 		}
