@@ -59,7 +59,7 @@ func TestZeroAllocsPerDataFrame(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.tryReserve(true)
-	s, err := c.open(context.Background(), "10.0.0.1:80", nil)
+	s, err := c.open(context.Background(), pool.deadline(context.Background()), "10.0.0.1:80", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

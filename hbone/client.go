@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/gozt/gozt/internal/ktls"
 	"golang.org/x/net/http2"
@@ -48,16 +49,20 @@ func NewPool(cfg ClientConfig, tlsConfig func(ctx context.Context, k Key) (*tls.
 }
 
 // Dial opens one CONNECT stream to authority on a pooled connection for k and returns
-// once the peer answered 200. Any other status is a *StatusError.
+// once the peer answered 200. Any other status is a *StatusError. It returns within
+// DialTimeout (or by ctx's deadline, if sooner) whatever the peer does: waiting for another
+// caller's dial of k, the dial, TLS, SETTINGS and the CONNECT answer all end by then, and
+// without a context of its own to allocate.
 func (p *Pool) Dial(ctx context.Context, k Key, authority string, hdr http.Header) (*Stream, error) {
+	deadline := p.deadline(ctx)
 	var err error
 	for range 3 {
-		c, dialed, gerr := p.get(ctx, k)
+		c, dialed, gerr := p.get(ctx, deadline, k)
 		if gerr != nil {
 			return nil, gerr
 		}
 		var s *Stream
-		s, err = c.open(ctx, authority, hdr)
+		s, err = c.open(ctx, deadline, authority, hdr)
 		if err == nil {
 			return s, nil
 		}
@@ -75,9 +80,19 @@ func (p *Pool) Dial(ctx context.Context, k Key, authority string, hdr http.Heade
 	return nil, err
 }
 
+// deadline is when a dial or CONNECT begun now must be done: DialTimeout from now, or
+// ctx's deadline if sooner.
+func (p *Pool) deadline(ctx context.Context) time.Time {
+	d := time.Now().Add(p.cfg.DialTimeout)
+	if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
+		return cd
+	}
+	return d
+}
+
 // get returns a connection for k with one stream slot reserved for the caller, and whether
-// it dialed that connection itself.
-func (p *Pool) get(ctx context.Context, k Key) (*conn, bool, error) {
+// it dialed that connection itself, by deadline.
+func (p *Pool) get(ctx context.Context, deadline time.Time, k Key) (*conn, bool, error) {
 	for {
 		p.mu.Lock()
 		if p.closed {
@@ -113,18 +128,16 @@ func (p *Pool) get(ctx context.Context, k Key) (*conn, bool, error) {
 		}
 		if ch := kp.dialing; ch != nil {
 			p.mu.Unlock()
-			select {
-			case <-ch:
-				continue
-			case <-ctx.Done():
-				return nil, false, fmt.Errorf("hbone: waiting for a connection to %s: %w", k.Addr, ctx.Err())
+			if err := waitDial(ctx, deadline, ch); err != nil {
+				return nil, false, fmt.Errorf("hbone: waiting for a connection to %s: %w", k.Addr, err)
 			}
+			continue
 		}
 		ch := make(chan struct{})
 		kp.dialing = ch
 		p.mu.Unlock()
 
-		c, err := p.dial(ctx, k)
+		c, err := p.dial(ctx, deadline, k)
 
 		p.mu.Lock()
 		kp.dialing = nil
@@ -162,6 +175,20 @@ func (p *Pool) get(ctx context.Context, k Key) (*conn, bool, error) {
 	}
 }
 
+// waitDial waits for another caller's dial to end (ch closed), until ctx ends or deadline.
+func waitDial(ctx context.Context, deadline time.Time, ch chan struct{}) error {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return context.DeadlineExceeded
+	}
+}
+
 func (p *Pool) dropKeyLocked(k Key, kp *keyPool) {
 	if len(kp.conns) == 0 && kp.dialing == nil && p.keys[k] == kp {
 		delete(p.keys, k)
@@ -181,8 +208,8 @@ func (p *Pool) remove(k Key, c *conn) {
 	}
 }
 
-func (p *Pool) dial(ctx context.Context, k Key) (*conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
+func (p *Pool) dial(ctx context.Context, deadline time.Time, k Key) (*conn, error) {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	tc, err := p.h2Config(ctx, k)
 	if err != nil {
@@ -256,7 +283,8 @@ func (p *Pool) handshakeOver(ctx context.Context, raw net.Conn, tc *tls.Config, 
 // ends when the returned stream does, closing raw; on error raw is closed too. Its TLS
 // stays in user space and its bytes are not spliced: raw is not a socket.
 func (p *Pool) DialOver(ctx context.Context, raw net.Conn, k Key, authority string, hdr http.Header) (*Stream, error) {
-	dctx, cancel := context.WithTimeout(ctx, p.cfg.DialTimeout)
+	deadline := p.deadline(ctx)
+	dctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	tc, err := p.h2Config(dctx, k)
 	if err != nil {
@@ -273,7 +301,7 @@ func (p *Pool) DialOver(ctx context.Context, raw net.Conn, k Key, authority stri
 	c.mu.Unlock()
 	// The CONNECT goes without waiting for the peer's SETTINGS (HTTP/2 allows it; the
 	// defaults hold until they come): a round trip less through the gateway.
-	s, err := c.open(ctx, authority, hdr)
+	s, err := c.open(ctx, deadline, authority, hdr)
 	if err != nil {
 		c.closeWith(err)
 		return nil, err
@@ -376,8 +404,12 @@ func (c *conn) limit() int {
 	return c.limitLocked()
 }
 
-// open sends the CONNECT request on a reserved slot and waits for the response.
-func (c *conn) open(ctx context.Context, authority string, hdr http.Header) (*Stream, error) {
+// errNoAnswer ends a CONNECT whose answer did not come by its deadline.
+var errNoAnswer = fmt.Errorf("no answer in time: %w", context.DeadlineExceeded)
+
+// open sends the CONNECT request on a reserved slot and waits for the response, until ctx
+// ends or deadline.
+func (c *conn) open(ctx context.Context, deadline time.Time, authority string, hdr http.Header) (*Stream, error) {
 	c.lockWrite()
 	// The RST_STREAMs that Close queued for writeLoop go out first: the peer frees their
 	// slots only when it reads them, and a HEADERS that overtook them would find its
@@ -424,11 +456,15 @@ func (c *conn) open(ctx context.Context, authority string, hdr http.Header) (*St
 		if err == nil && ctx.Err() != nil {
 			err = ctx.Err()
 		}
+		if err == nil && !time.Now().Before(deadline) {
+			err = errNoAnswer
+		}
 		if err != nil {
 			c.mu.Unlock()
 			s.Close()
 			return nil, fmt.Errorf("hbone: CONNECT %s: %w", authority, err)
 		}
+		c.answerByLocked(deadline)
 		s.cond.Wait()
 	}
 	code := s.status
@@ -438,6 +474,34 @@ func (c *conn) open(ctx context.Context, authority string, hdr http.Header) (*St
 		return nil, &StatusError{Code: code}
 	}
 	return s, nil
+}
+
+// answerByLocked has the connection's timer wake the CONNECTs waiting for their answer
+// at deadline, if it is not set to wake them sooner (c.mu held). One timer a connection,
+// made once and reset, so a CONNECT allocates none.
+func (c *conn) answerByLocked(deadline time.Time) {
+	if !c.answerAt.IsZero() && !deadline.Before(c.answerAt) {
+		return
+	}
+	c.answerAt = deadline
+	if c.answerTimer == nil {
+		c.answerTimer = time.AfterFunc(time.Until(deadline), c.answersDue)
+	} else {
+		c.answerTimer.Reset(time.Until(deadline))
+	}
+}
+
+// answersDue wakes every CONNECT waiting for its answer: each returns if its deadline has
+// passed, or waits again and sets the timer for its own.
+func (c *conn) answersDue() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.answerAt = time.Time{}
+	for _, s := range c.streams {
+		if !s.gotResp {
+			s.cond.Broadcast()
+		}
+	}
 }
 
 // CloseMatching closes every connection, pooled or draining, whose TLS handshake match

@@ -24,7 +24,7 @@ type Config struct {
 	MaxFrameSize uint32        // [1 MiB] SETTINGS_MAX_FRAME_SIZE we accept
 	PingInterval time.Duration // [10s]
 	PingTimeout  time.Duration // [20s] no PING ack within this -> connection dropped
-	DialTimeout  time.Duration // [10s] client: TCP+TLS dial; timeout error says "maybe a NetworkPolicy is blocking HBONE port 15008"; server: TLS handshake and preface
+	DialTimeout  time.Duration // [10s] client: a Dial as a whole (TCP, TLS, SETTINGS, the CONNECT answer); a dial's timeout error says "maybe a NetworkPolicy is blocking HBONE port 15008"; server: TLS handshake and preface
 	// OnDrop, if set, is told of every stream dropped before it reached a handler's
 	// answer, of every connection closed for abuse (on either side), and of every
 	// connection or stream a per-node budget refused or delayed (see doc.go, "Limits"). It
@@ -94,7 +94,7 @@ type AdmissionConfig struct {
 	PeerConnRate           float64 // [32/s, burst 4 s of it] new HBONE connections of one peer identity; past it one waits up to 1 s, then is closed
 	PeerStreams            int     // [16384] open streams of one peer identity; past it a new one gets REFUSED_STREAM
 	PeerDials              int     // [256] streams of one peer identity whose handler has not answered; past it a new one waits
-	StreamStarts           float64 // [64/s, burst ¼ s of it] handlers started for one connection's streams, each given back once its stream carries a byte; past it a new stream waits without a goroutine
+	StreamStarts           float64 // [64/s, burst ¼ s of it] handlers started for one connection's streams, each given back once its stream carries a byte or ends; past it a new stream waits without a goroutine
 	// SourceRelays, if set, names source IPs that relay other clients' connections (a
 	// network gateway forwarding double HBONE): no per-source budget applies to them, nor
 	// PeerConnRate (a connection per proxied connection there); the other per-identity

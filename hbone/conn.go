@@ -87,6 +87,8 @@ type conn struct {
 	waiting        []*Request  // server: open streams waiting for a handler, FIFO (limits.go)
 	startTimer     *time.Timer // server: starts the waiting streams once a stream start is back (limits.go)
 	reserved       int         // client: slots promised by the pool, not yet opened
+	answerTimer    *time.Timer // client: wakes the CONNECTs waiting for an answer past their deadline (client.go)
+	answerAt       time.Time   // client: when answerTimer fires; zero while it is not set
 	single         bool        // client: DialOver's one-stream connection, closed when it ends
 	peerMaxStreams uint32
 	peerInitWindow int64
@@ -245,6 +247,9 @@ func (c *conn) closeWith(err error) {
 	if c.startTimer != nil {
 		c.startTimer.Stop()
 		c.startTimer = nil
+	}
+	if c.answerTimer != nil {
+		c.answerTimer.Stop()
 	}
 	c.mu.Unlock()
 	if c.cancelCtx != nil {

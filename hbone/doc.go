@@ -134,13 +134,21 @@
 //     so the handler's dial stops, and Config.OnDrop hears of each such stream so the
 //     caller can count them rather than log each.
 //   - Stream starts (server): StreamStarts (64 a second, a burst of 16) handlers start on
-//     one connection, each start given back once its stream carries a byte either way;
-//     past it a new stream waits in the connection's queue with no goroutine (the peer's
-//     window and socket hold the rest), so a peer that opens streams to a live backend
-//     and never uses them is set up no faster than that, while an honest client, whose
-//     streams carry bytes within a round trip, never waits for it. Per connection, not per
-//     identity: a deployment's pods share an identity, and one of them flooding must not
-//     hold its siblings' streams back (each reconnect is held to PeerConnRate instead).
+//     one connection, each start given back once its stream carries a byte either way,
+//     or ends however it ends (a 5xx or a denial, a reset, a close); past it a new stream
+//     waits in the connection's queue with no goroutine (the peer's window and socket
+//     hold the rest), so a peer that opens streams to a live backend and never uses them
+//     is set up no faster than that, while an honest client, whose streams carry bytes
+//     within a round trip, never waits for it. Per connection, not per identity: a
+//     deployment's pods share an identity, and one of them flooding must not hold its
+//     siblings' streams back (each reconnect is held to PeerConnRate instead). The queue
+//     is first in, first out. Only streams that are open and silent hold starts, so a
+//     burst of used streams delays the later ones by its own round trips (16 a round
+//     trip), and only a burst of silent ones by the refill. Another order would not be
+//     fairer: a ztunnel pools a connection per client pod (in-pod mode), so the burst and
+//     the streams behind it are the same pod's, whose order is kept; where one connection
+//     carries many clients (a waypoint's), telling them apart means trusting a header the
+//     peer writes, and newest-first or random starves the oldest.
 //   - Junk frames: frames that make us work but carry nothing — PING, SETTINGS,
 //     PRIORITY, empty DATA, WINDOW_UPDATE under 1 KiB, RST_STREAM or HEADERS for a
 //     stream already gone, unknown frame types, 1xx responses — spend a second budget: 1000 at once, then 100 a

@@ -137,11 +137,11 @@ func (c *conn) takeStartLocked() (ok bool, wait time.Duration) {
 }
 
 // earnStartLocked gives the connection a stream start back: its stream carried a byte, so
-// its handler was work for a client, not a setup the peer left unused (c.mu held).
+// its handler was work for a client, not a setup the peer left unused; or it ended, and
+// holds no setup any more (c.mu held).
 func (c *conn) earnStartLocked() {
 	rate := c.cfg.StreamStarts
-	c.starts.refill(time.Now(), startsBurst(rate), rate)
-	c.starts.tokens = min(startsBurst(rate), c.starts.tokens+1)
+	c.starts.refund(time.Now(), startsBurst(rate), rate)
 }
 
 // calm is the connection error for a peer that ran out of a budget.

@@ -284,6 +284,11 @@ func (c *conn) streamDoneLocked(s *Stream) {
 	s.done = true
 	delete(c.streams, s.id)
 	c.active--
+	if s.unearned {
+		// Ended before it carried a byte (a 5xx or a denial, a reset, an empty close):
+		// it holds no handler's setup any more, so its start goes back as a byte's would.
+		c.earnedLocked(s)
+	}
 	if c.peerBudget != nil && !c.budgetDone {
 		c.budgetStreams--
 		c.peerBudget.streams.Add(-1)
@@ -490,8 +495,8 @@ func (c *conn) startsBack() {
 	c.startWaitingLocked()
 }
 
-// earnedLocked gives s's stream start back once it has carried a byte, either way, and
-// starts what waited for it.
+// earnedLocked gives s's stream start back once it has carried a byte, either way, or
+// has ended, and starts what waited for it.
 func (c *conn) earnedLocked(s *Stream) {
 	s.unearned = false
 	c.earnStartLocked()

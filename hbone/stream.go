@@ -64,7 +64,7 @@ type Stream struct {
 	// that is an early reset, limits.go); cancel ends the Request's context.
 	pending bool
 	// unearned: its handler spent one of the connection's stream starts (limits.go), which
-	// the stream gives back at its first byte either way; guarded by c.mu.
+	// the stream gives back at its first byte either way, or when it ends; guarded by c.mu.
 	unearned bool
 	cancel   context.CancelCauseFunc
 

@@ -111,9 +111,10 @@ type Metrics struct {
 	// bad_certificate, revoked, wrong_trust_domain, cipher, no_local_identity, peer_alert,
 	// protocol, timeout, peer_closed, other).
 	HBONEHandshakeFailures *prometheus.CounterVec
-	// ConnectRetries and EndpointEjections count the proxy's endpoint retries and outlier
-	// ejections by destination_service (gozt).
-	ConnectRetries, EndpointEjections *prometheus.CounterVec
+	// ConnectRetries, ConnectRetriesOverBudget and EndpointEjections count the proxy's
+	// endpoint retries, the retries its retry budget refused, and its outlier ejections, by
+	// destination_service (gozt).
+	ConnectRetries, ConnectRetriesOverBudget, EndpointEjections *prometheus.CounterVec
 	// In-pod (shared) mode workload manager.
 	ActiveProxies, PendingProxies  prometheus.Gauge
 	ProxiesStarted, ProxiesStopped prometheus.Counter
@@ -182,6 +183,7 @@ func New(reg *prometheus.Registry, version string, opts ...Option) *Metrics {
 	m.HBONEKeyLimitStreams = counter("hbone_tls_key_limit_reset_streams_total", "HBONE streams reset because their connection ended at a TLS key limit, by event: tx_limit, peer_key_update (gozt)", []string{"event"})
 	m.HBONEHandshakeFailures = counter("hbone_tls_handshake_failures_total", "Failed inbound HBONE TLS handshakes, by reason (gozt)", []string{"reason"})
 	m.ConnectRetries = counter("outbound_connect_retries_total", "Outbound connections tried on another endpoint of their service after one failed before any byte moved, by the service (gozt)", []string{"destination_service"})
+	m.ConnectRetriesOverBudget = counter("outbound_connect_retries_over_budget_total", "Outbound connections not tried on another endpoint after one failed because the service's retry budget was spent (retries in flight at 20% of its connects in flight, at least 3), by the service (gozt)", []string{"destination_service"})
 	m.EndpointEjections = counter("outbound_endpoint_ejections_total", "Service endpoints ejected from picks after consecutive failed connects, by the service (gozt)", []string{"destination_service"})
 	m.DNSRequests = counter("istio_dns_requests_total", "Total number of DNS requests (unstable)", dnsLabelNames)
 	m.DNSUpstreamRequests = counter("istio_dns_upstream_requests_total", "Total number of DNS requests forwarded to upstream (unstable)", dnsLabelNames)

@@ -112,7 +112,10 @@ func TestEndpointRetryAndEjection(t *testing.T) {
 	cfg.ConnectRetries, cfg.Outliers = 2, outliers
 	m.a = startNode(t, "node-a", m.caDir, m.yaml, cfg)
 
-	const conns, workers = 1000, 8
+	// Three clients at a time: the retry budget's floor (outlier.MinRetries), so every
+	// failed first attempt has its retry. More at once, and a burst of failures past the
+	// floor is refused a retry, as it should be.
+	const conns, workers = 1000, outlier.MinRetries
 	var failed atomic.Int64
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -158,7 +161,7 @@ func TestEndpointRetryAndEjection(t *testing.T) {
 }
 
 // TestRollingReplacement replaces the echo service's three endpoints one by one under load
-// the way a rolling update does: the new pod is up and known first, then the old one goes
+// (three looping clients) the way a rolling update does: the new pod is up and known first, then the old one goes
 // away, and the control plane tells node A only after some connections were sent to it.
 // Today (no retries, no ejection) some of those connections fail; with retries none does.
 func TestRollingReplacement(t *testing.T) {
@@ -238,7 +241,7 @@ func rollEndpoints(t *testing.T, retries int, eject bool) (failed, attempts int6
 	var nFailed, nAttempts atomic.Int64
 	stop := make(chan struct{})
 	var load sync.WaitGroup
-	for range 4 {
+	for range outlier.MinRetries { // the retry budget's floor: every failed attempt is retried
 		load.Go(func() {
 			for {
 				select {

@@ -91,6 +91,13 @@ func startNode(tb testing.TB, name, caDir, yaml string, cfg proxy.Config) *node 
 // startNodeLogged is startNode writing the access log to accessLog.
 func startNodeLogged(tb testing.TB, name, caDir, yaml string, cfg proxy.Config, accessLog *slog.Logger) *node {
 	tb.Helper()
+	return startNodeWith(tb, name, caDir, yaml, cfg, accessLog, nil)
+}
+
+// startNodeWith is startNodeLogged with the proxy's certificates coming through wrap, if
+// set.
+func startNodeWith(tb testing.TB, name, caDir, yaml string, cfg proxy.Config, accessLog *slog.Logger, wrap func(proxy.CertSource) proxy.CertSource) *node {
+	tb.Helper()
 	builtin, err := ca.NewBuiltin(caDir, time.Hour)
 	if err != nil {
 		tb.Fatalf("%s: builtin ca: %v", name, err)
@@ -102,7 +109,11 @@ func startNodeLogged(tb testing.TB, name, caDir, yaml string, cfg proxy.Config, 
 	if cfg.Logger == nil {
 		cfg.Logger = quiet
 	}
-	n.proxy = proxy.New(cfg, n.store, n.certs, m)
+	var source proxy.CertSource = n.certs
+	if wrap != nil {
+		source = wrap(source)
+	}
+	n.proxy = proxy.New(cfg, n.store, source, m)
 	if err := n.proxy.Listen(); err != nil {
 		n.certs.Close()
 		if errors.Is(err, syscall.EADDRINUSE) {

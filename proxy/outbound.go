@@ -8,10 +8,14 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"syscall"
 	"time"
+
+	"golang.org/x/net/http2"
 
 	"github.com/gozt/gozt/hbone"
 	"github.com/gozt/gozt/metrics"
+	"github.com/gozt/gozt/proxy/outlier"
 	"github.com/gozt/gozt/xds/state"
 )
 
@@ -75,10 +79,13 @@ func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Wo
 // connect routes and dials an outbound connection, then calls ready. A failure is recorded
 // in the metrics here; on success the returned record is open.
 //
-// A service's connection whose endpoint fails before any byte has moved (dial, TLS, a 5xx
-// CONNECT answer) is tried on another endpoint, up to ConnectRetries more times within
-// DialTimeout; each endpoint's outcome goes to the outlier detector, whose ejections steer
-// later picks. The client sees one connection: only its last attempt is in the metrics.
+// The whole connect, every attempt and the wait for each CONNECT answer included, ends
+// within DialTimeout, whatever the endpoints do (accept and never finish TLS, never answer
+// the CONNECT). A service's connection whose endpoint fails before any byte has moved
+// (dial, TLS, a 5xx CONNECT answer) is tried on another endpoint, up to ConnectRetries more
+// times within that time, as the service's retry budget allows (RetryBudget); each
+// endpoint's outcome goes to the outlier detector, whose ejections steer later picks. The
+// client sees one connection: only its last attempt is in the metrics.
 func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, dst netip.AddrPort, ready func(error)) (halfCloser, *metrics.Conn, error) {
 	base := metrics.Labels{Reporter: metrics.ReporterSource, SourcePrincipal: src.Identity().String()}
 	sourceLabels(&base, src)
@@ -101,12 +108,23 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 	if p.cfg.Outliers != nil {
 		avoid.Ejected = p.cfg.Outliers.Ejected
 	}
-	deadline := time.Now().Add(p.cfg.DialTimeout)
+	// One deadline for the whole connect. The first attempt runs on ctx: the pool (whose
+	// DialTimeout setDefaults holds to ours) and the dialer bound it themselves, without a
+	// context every connection would allocate. Later attempts, a hostname's lookup and
+	// double HBONE (two dials in a row) run on one with the deadline.
+	deadline := connectDeadline{at: time.Now().Add(p.cfg.DialTimeout)}
+	defer deadline.stop()
+	var flight outlier.Flight // the connect's place in its service's retry budget
+	defer flight.End()
 	var lastErr error
 	for attempt := 0; ; attempt++ {
 		route, err := p.store.ResolveAvoiding(src, dst, avoid)
+		actx := ctx
+		if attempt > 0 || route.Hostname != "" || route.Kind == state.RouteDoubleHBONE {
+			actx = deadline.context(ctx)
+		}
 		if err == nil && route.Hostname != "" {
-			route, err = p.resolveHostname(ctx, src, route, dst)
+			route, err = p.resolveHostname(actx, src, route, dst)
 		}
 		if attempt > 0 && (err != nil || slices.Contains(avoid.Tried, route.Workload)) {
 			// Out of endpoints (or a waypoint addressed by IP, the same one again): the
@@ -116,44 +134,105 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 		if err != nil {
 			return fail(metrics.FlagConnect, err)
 		}
+		if attempt == 0 && route.Service != nil && p.cfg.ConnectRetries > 0 {
+			flight = p.cfg.RetryBudget.Begin(route.Service)
+		}
+		if attempt > 0 && route.Service != nil {
+			p.metrics.ConnectRetries.WithLabelValues(route.Service.Hostname).Inc()
+		}
 		labels, log.DstAddr, log.HBONEAddr = base, dstAddr, "" // what an earlier attempt set
 		destLabels(&labels, route.Workload, route.Service)
-		upstream, err := p.dialRoute(ctx, src, clientAddr, route, &labels, &log)
+		upstream, err := p.dialRoute(actx, src, clientAddr, route, &labels, &log)
 		if err == nil {
 			if p.cfg.Outliers != nil && route.Workload != nil {
-				p.cfg.Outliers.Succeeded(route.Workload)
+				p.cfg.Outliers.Succeeded(endpointOf(route))
 			}
 			ready(nil)
 			return upstream, p.metrics.Open(labels, log), nil
 		}
 		lastErr = err
-		if !p.endpointFailed(ctx, route, err) || attempt >= p.cfg.ConnectRetries || time.Now().After(deadline) {
+		if !p.endpointFailed(ctx, route, err) || attempt >= p.cfg.ConnectRetries || !time.Now().Before(deadline.at) {
 			return fail(connectFlag(err), err)
 		}
-		p.metrics.ConnectRetries.WithLabelValues(route.Service.Hostname).Inc()
+		if !flight.Retry() {
+			p.metrics.ConnectRetriesOverBudget.WithLabelValues(route.Service.Hostname).Inc()
+			p.log.Debug("proxy: outbound: no retry, the service's retry budget is spent", "src", clientAddr, "dst", dst, "endpoint", route.Workload.UID, "err", err)
+			return fail(connectFlag(err), err)
+		}
 		p.log.Debug("proxy: outbound: retrying on another endpoint", "src", clientAddr, "dst", dst, "endpoint", route.Workload.UID, "err", err)
 		avoid.Tried = append(avoid.Tried, route.Workload)
 	}
 }
 
+// connectDeadline is an outbound connect's deadline, and the context that carries it once
+// one is needed.
+type connectDeadline struct {
+	at     time.Time
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// context returns parent with the deadline, made at the first call.
+func (d *connectDeadline) context(parent context.Context) context.Context {
+	if d.ctx == nil {
+		d.ctx, d.cancel = context.WithDeadline(parent, d.at)
+	}
+	return d.ctx
+}
+
+func (d *connectDeadline) stop() {
+	if d.cancel != nil {
+		d.cancel()
+	}
+}
+
 // endpointFailed reports whether err, from connecting route, says its endpoint could not be
-// reached, and records it for outlier detection; only then is the connection retried. A
-// CONNECT answered 4xx (a policy denial, a bad target) would be answered the same by any
-// endpoint; a context ended by the client or shutdown is not the endpoint's fault; a
-// route without a service has no other endpoint.
+// reached, so another may be tried, and records the failures the endpoint caused for
+// outlier detection. Not retried: a CONNECT answered 4xx (a policy denial, a bad target),
+// which any endpoint would answer the same; a context ended by the client or shutdown; a
+// failure of this node's own (localFailure); a route without a service, which has no
+// other endpoint. Retried but not held against the endpoint: a stream its node refused
+// (REFUSED_STREAM: its budget of streams for our identity is full, which says it is up).
 func (p *Proxy) endpointFailed(ctx context.Context, route state.Route, err error) bool {
-	if route.Service == nil || route.Workload == nil || ctx.Err() != nil {
+	if route.Service == nil || route.Workload == nil || ctx.Err() != nil || localFailure(err) {
 		return false
 	}
 	var se *hbone.StatusError
 	if errors.As(err, &se) && se.Code < 500 {
 		return false
 	}
-	if p.cfg.Outliers != nil && p.cfg.Outliers.Failed(route.Workload, route.Service.Key()) {
+	if re := (*hbone.ResetError)(nil); errors.As(err, &re) && re.Code == http2.ErrCodeRefusedStream {
+		return true
+	}
+	if p.cfg.Outliers != nil && p.cfg.Outliers.Failed(endpointOf(route), route.Service.Key()) {
 		p.metrics.EndpointEjections.WithLabelValues(route.Service.Hostname).Inc()
-		p.log.Info("proxy: endpoint ejected after failed connects", "endpoint", route.Workload.UID, "service", route.Service.Key(), "err", err)
+		p.log.Info("proxy: endpoint ejected after failed connects", "endpoint", route.Workload.UID, "port", route.EndpointPort, "service", route.Service.Key(), "err", err)
 	}
 	return true
+}
+
+// errLocalCert marks a connect that failed for want of this node's own certificate (the
+// CA unreachable, say): no endpoint's doing.
+var errLocalCert = errors.New("proxy: no client certificate")
+
+// localErrors are this node's own failures: no certificate, or out of file descriptors,
+// socket buffers, memory or local ports.
+var localErrors = []error{errLocalCert, syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.EADDRNOTAVAIL}
+
+// localFailure reports whether err is one of localErrors, not the endpoint's doing. Any
+// endpoint would fail the same, so it is neither retried nor counted against one.
+func localFailure(err error) bool {
+	for _, local := range localErrors {
+		if errors.Is(err, local) {
+			return true
+		}
+	}
+	return false
+}
+
+// endpointOf is the endpoint route goes to, as outlier detection keys it.
+func endpointOf(route state.Route) outlier.Endpoint {
+	return outlier.Endpoint{Workload: route.Workload, Port: route.EndpointPort}
 }
 
 // dialRoute opens the upstream leg of route and fills in the labels and log fields that

@@ -88,11 +88,14 @@ type Config struct {
 	// so the application sees who connected. Needs CAP_NET_ADMIN, and for clients on other
 	// hosts the policy routing istio-cni installs, or the replies bypass this node.
 	OrigSrc     bool
-	DialTimeout time.Duration // [10s] plain TCP dials; also bounds an outbound connection's retries
+	DialTimeout time.Duration // [10s] plain TCP dials; bounds an outbound connect as a whole, every attempt and CONNECT answer included
 	// ConnectRetries is how many other endpoints of a service an outbound connection tries
 	// when its endpoint fails before any byte has moved (ENDPOINT_CONNECT_RETRIES; 0: none,
 	// as the Rust ztunnel).
 	ConnectRetries int
+	// RetryBudget bounds the retries in flight to each service (outlier.RetryBudget); one
+	// per node, shared by its proxies. Nil with ConnectRetries: the proxy makes its own.
+	RetryBudget *outlier.RetryBudget
 	// Outliers, when set, ejects endpoints whose connects keep failing from service picks
 	// for a while (ENDPOINT_EJECTION_FAILURES); shared by every proxy of a node.
 	Outliers          *outlier.Detector
@@ -133,6 +136,12 @@ type Config struct {
 func (c *Config) setDefaults() {
 	if c.DialTimeout == 0 {
 		c.DialTimeout = 10 * time.Second
+	}
+	if c.ConnectRetries > 0 && c.RetryBudget == nil {
+		c.RetryBudget = outlier.NewRetryBudget()
+	}
+	if c.HBONEClient.DialTimeout <= 0 || c.HBONEClient.DialTimeout > c.DialTimeout {
+		c.HBONEClient.DialTimeout = c.DialTimeout // an outbound connect's first attempt rests on it (outbound.go)
 	}
 	if c.KeepaliveTime == 0 {
 		c.KeepaliveTime = 180 * time.Second
@@ -245,7 +254,11 @@ func New(cfg Config, store *state.Store, certs CertSource, m *metrics.Metrics) *
 		cfg.HBONEServer.Admission.SourceRelays = func(ip netip.Addr) bool { return store.IsNetworkGateway(network, ip) }
 	}
 	p.pool = hbone.NewPool(cfg.HBONEClient, func(ctx context.Context, k hbone.Key) (*tls.Config, error) {
-		return certs.ClientConfig(ctx, k.Src, k.Expected())
+		tc, err := certs.ClientConfig(ctx, k.Src, k.Expected())
+		if err != nil {
+			return nil, fmt.Errorf("%w for %v: %w", errLocalCert, k.Src, err)
+		}
+		return tc, nil
 	})
 	p.server = hbone.NewServer(cfg.HBONEServer, p.serveHBONE)
 	p.serverTLS = certs.ServerConfig(p.localIdentity)

@@ -26,7 +26,7 @@ func budgetSettings() []setting {
 		budgetRate("HBONE_PEER_CONNECTION_RATE", "Inbound HBONE: new connections a second of one peer identity, a burst of 4 s of it; past it one waits up to 1 s, then is closed (default 32)", func(c *config) *float64 { return &c.PeerConnRate }),
 		budgetInt("HBONE_PEER_STREAMS", "Inbound HBONE: open streams of one peer identity across its connections; past it a new one is refused (default 16384: a deployment's pods share one identity, so this is fan-in, not one client)", func(c *config) *int { return &c.PeerStreams }),
 		budgetInt("HBONE_PEER_DIALS", "Inbound HBONE: streams of one peer identity waiting for their backend dial; past it a new one waits (default 256)", func(c *config) *int { return &c.PeerDials }),
-		budgetRate("HBONE_STREAM_START_RATE", "Inbound HBONE: stream handlers started a second on one connection, a burst of ¼ s of it (at least 1), each given back once its stream carries a byte; past it a new stream waits without a goroutine, so a peer that opens streams it never uses is set up no faster than this (default 64)", func(c *config) *float64 { return &c.StreamStarts }),
+		budgetRate("HBONE_STREAM_START_RATE", "Inbound HBONE: stream handlers started a second on one connection, a burst of ¼ s of it (at least 1), each given back once its stream carries a byte or ends; past it a new stream waits without a goroutine, so a peer that opens streams it never uses is set up no faster than this (default 64)", func(c *config) *float64 { return &c.StreamStarts }),
 	}
 }
 

@@ -40,9 +40,10 @@ type ztunnel struct {
 	registry *prometheus.Registry
 	metrics  *metrics.Metrics
 	store    *state.Store
-	outliers *outlier.Detector // shared by every proxy of the node; nil with ENDPOINT_EJECTION_FAILURES=0
-	otlp     *otlp.Exporter    // the access log's OTLP export; nil without ACCESS_LOG_OTLP_ENDPOINT
-	xds      *xds.Client       // nil without XDS_ADDRESS
+	outliers *outlier.Detector    // shared by every proxy of the node; nil with ENDPOINT_EJECTION_FAILURES=0
+	retries  *outlier.RetryBudget // shared by every proxy of the node; nil with ENDPOINT_CONNECT_RETRIES=0
+	otlp     *otlp.Exporter       // the access log's OTLP export; nil without ACCESS_LOG_OTLP_ENDPOINT
+	xds      *xds.Client          // nil without XDS_ADDRESS
 	certs    *certs.Manager
 	spire    bool           // CA_PROVIDER=spire: certificates per workload (spire.go)
 	crl      *certs.CRL     // nil without CRL_PATH
@@ -134,6 +135,9 @@ func newZtunnel(cfg *config, logLevel *logLevels) *ztunnel {
 	}
 	if cfg.EjectionFailures > 0 {
 		n.outliers = outlier.New(outlier.Config{Failures: cfg.EjectionFailures})
+	}
+	if cfg.ConnectRetries > 0 {
+		n.retries = outlier.NewRetryBudget()
 	}
 	accessLog := slog.Default()
 	if cfg.AccessLogOTLP.Endpoint != "" {
@@ -229,12 +233,19 @@ func (n *ztunnel) construct(ctx context.Context, undo *cleanups) error {
 	return nil
 }
 
+// proxyConfig is a proxy's configuration from the settings, with the node's endpoint
+// health shared by its proxies.
+func (n *ztunnel) proxyConfig() proxy.Config {
+	pcfg := proxyConfig(n.cfg)
+	pcfg.Outliers, pcfg.RetryBudget = n.outliers, n.retries
+	return pcfg
+}
+
 // startNodeMode binds node and dedicated mode's listeners (unless none is configured) and
 // their DNS proxy, and starts prefetching the served workloads' certificates.
 func (n *ztunnel) startNodeMode(undo *cleanups) error {
 	cfg := n.cfg
-	pcfg := proxyConfig(cfg)
-	pcfg.Outliers = n.outliers
+	pcfg := n.proxyConfig()
 	if n.xds != nil && cfg.XDSOnDemand {
 		pcfg.Demand = n.xds.DemandAddress
 	}

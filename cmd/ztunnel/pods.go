@@ -19,9 +19,8 @@ func newPodProxies(n *ztunnel) (*podproxy.Set, error) {
 	pc := podproxy.Config{
 		Node: n.local,
 		Proxy: func(local state.Local) proxy.Config {
-			pcfg := proxyConfig(cfg)
+			pcfg := n.proxyConfig()
 			pcfg.Local = local
-			pcfg.Outliers = n.outliers
 			pcfg.OutboundAddr = podAddr(cfg.OutboundAddr, cfg.IPv6Enabled)
 			pcfg.InboundPlaintextAddr = podAddr(cfg.InboundPlaintextAddr, cfg.IPv6Enabled)
 			pcfg.InboundAddr = podAddr(cfg.InboundAddr, cfg.IPv6Enabled)

@@ -30,8 +30,7 @@ func newSelfProxy(n *ztunnel, undo *cleanups) (*proxy.Proxy, bool) {
 		return nil, false
 	}
 	slog.Info("ztunnel self-proxy", "identity", "spiffe://"+n.cfg.TrustDomain+"/ns/"+ref.Namespace+"/sa/"+ref.ServiceAccount, "workload", ref.Namespace+"/"+ref.Name)
-	pcfg := proxyConfig(n.cfg)
-	pcfg.Outliers = n.outliers
+	pcfg := n.proxyConfig()
 	pcfg.Local = n.local.Pod(ref)
 	pcfg.OutboundAddr, pcfg.InboundPlaintextAddr, pcfg.Socks5Addr = "", "", ""
 	pcfg.InboundAddr = addr

@@ -35,8 +35,9 @@ type Avoid struct {
 	// Tried endpoints are never picked again.
 	Tried []*Workload
 	// Ejected, when set, names endpoints picked only when no other is left, so an outage
-	// of every endpoint still tries them.
-	Ejected func(*Workload) bool
+	// of every endpoint still tries them: a workload and the port it would be picked for
+	// (Route.EndpointPort). Asked for every endpoint a pick weighs, twice.
+	Ejected func(w *Workload, port uint16) bool
 }
 
 func (a *Avoid) tried(w *Workload) bool {
@@ -174,7 +175,7 @@ func (s *Store) gatewayWorkloadLocked(src *Workload, network string, g *GatewayA
 	if svc == nil {
 		return nil
 	}
-	w, _ := s.pickEndpointLocked(src, network, svc, 0, 0, avoid)
+	w, _ := s.pickEndpointLocked(src, network, svc, 0, g.Port(), avoid) // picked for its HBONE port
 	return w
 }
 
@@ -193,6 +194,7 @@ func (s *Store) waypointRouteLocked(src *Workload, network string, g *GatewayAdd
 		if err != nil {
 			return Route{}, err
 		}
+		r.EndpointPort = g.Port()
 		r.Identities = []identity.ID{wp.Identity()}
 		if wsvc := s.idx.services[s.gatewayServiceKeyLocked(g)]; wsvc != nil {
 			r.Identities = serviceIdentities(wsvc, wp)
@@ -204,12 +206,13 @@ func (s *Store) waypointRouteLocked(src *Workload, network string, g *GatewayAdd
 		return Route{}, fmt.Errorf("%w: waypoint %s", ErrNoAddress, wp.UID)
 	}
 	return Route{
-		Kind:       RouteWaypoint,
-		Workload:   wp,
-		Service:    svc,
-		Dial:       netip.AddrPortFrom(ip, g.Port()),
-		Authority:  dst.String(),
-		Identities: []identity.ID{wp.Identity()},
+		Kind:         RouteWaypoint,
+		Workload:     wp,
+		Service:      svc,
+		EndpointPort: g.Port(),
+		Dial:         netip.AddrPortFrom(ip, g.Port()),
+		Authority:    dst.String(),
+		Identities:   []identity.ID{wp.Identity()},
 	}, nil
 }
 
@@ -220,7 +223,9 @@ func (s *Store) directRouteLocked(src *Workload, network string, svc *Service, w
 		if svc == nil { // by IP only workloads of the source's network are found
 			return Route{}, fmt.Errorf("%w: %s is on network %q; only services cross networks", ErrRemoteWorkload, w.UID, w.Network)
 		}
-		return s.doubleHBONELocked(src, svc, w, dst, avoid)
+		r, err := s.doubleHBONELocked(src, svc, w, dst, avoid)
+		r.EndpointPort = targetPort
+		return r, err
 	}
 	ip, ok := chooseIP(w, prefer)
 	if !ok && w.Hostname != "" {
@@ -231,20 +236,21 @@ func (s *Store) directRouteLocked(src *Workload, network string, svc *Service, w
 	}
 	if w.Protocol == TunnelHBONE {
 		return Route{
-			Kind:      RouteHBONE,
-			Workload:  w,
-			Service:   svc,
-			Dial:      netip.AddrPortFrom(ip, HBONEPort),
-			Authority: netip.AddrPortFrom(ip, targetPort).String(),
+			Kind:         RouteHBONE,
+			Workload:     w,
+			Service:      svc,
+			EndpointPort: targetPort,
+			Dial:         netip.AddrPortFrom(ip, HBONEPort),
+			Authority:    netip.AddrPortFrom(ip, targetPort).String(),
 		}, nil
 	}
-	return Route{Kind: RouteTCP, Workload: w, Service: svc, Dial: netip.AddrPortFrom(ip, targetPort)}, nil
+	return Route{Kind: RouteTCP, Workload: w, Service: svc, EndpointPort: targetPort, Dial: netip.AddrPortFrom(ip, targetPort)}, nil
 }
 
 // hostnameRoute is the route to a workload known only by its hostname (a ServiceEntry with
 // DNS resolution): the caller resolves Hostname and fills the address in with Resolved.
 func hostnameRoute(svc *Service, w *Workload, targetPort uint16) Route {
-	r := Route{Kind: RouteTCP, Workload: w, Service: svc, Dial: netip.AddrPortFrom(netip.Addr{}, targetPort), Hostname: w.Hostname, targetPort: targetPort}
+	r := Route{Kind: RouteTCP, Workload: w, Service: svc, EndpointPort: targetPort, Dial: netip.AddrPortFrom(netip.Addr{}, targetPort), Hostname: w.Hostname, targetPort: targetPort}
 	if w.Protocol == TunnelHBONE {
 		r.Kind, r.Dial = RouteHBONE, netip.AddrPortFrom(netip.Addr{}, HBONEPort)
 	}
@@ -464,9 +470,6 @@ func (s *Store) eligible(src *Workload, network string, svc *Service, w *Workloa
 	if len(avoid.Tried) > 0 && avoid.tried(w) {
 		return 0, 0, false
 	}
-	if avoid.Ejected != nil && avoid.Ejected(w) {
-		class--
-	}
 	port := target
 	if svcPort != 0 {
 		if p := ports[svcPort]; p != 0 {
@@ -477,6 +480,9 @@ func (s *Store) eligible(src *Workload, network string, svc *Service, w *Workloa
 			}
 			port = svcPort
 		}
+	}
+	if avoid.Ejected != nil && avoid.Ejected(w, port) {
+		class--
 	}
 	key := class << 16
 	if lb == nil || src == nil || (lb.Mode != LBFailover && lb.Mode != LBStrict) {

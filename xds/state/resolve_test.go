@@ -2,6 +2,8 @@ package state
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/gozt/gozt/identity"
@@ -300,14 +302,10 @@ func TestResolveAvoiding(t *testing.T) {
 		}
 		return seen
 	}
-	ejected := func(names ...string) func(*Workload) bool {
-		return func(w *Workload) bool {
-			for _, n := range names {
-				if w.Name == n {
-					return true
-				}
-			}
-			return false
+	// ejected names the endpoints ejected as name:port, the port the pick asks about.
+	ejected := func(endpoints ...string) func(*Workload, uint16) bool {
+		return func(w *Workload, port uint16) bool {
+			return slices.Contains(endpoints, fmt.Sprintf("%s:%d", w.Name, port))
 		}
 	}
 	s := NewStore()
@@ -318,10 +316,11 @@ func TestResolveAvoiding(t *testing.T) {
 		want  string
 	}{
 		{"nothing avoided: the best rank", Avoid{}, "local"},
-		{"the local endpoint ejected: the healthy remote one", Avoid{Ejected: ejected("local")}, "remote"},
+		{"the local endpoint ejected: the healthy remote one", Avoid{Ejected: ejected("local:8080")}, "remote"},
+		{"the local endpoint ejected on another port: still the best rank", Avoid{Ejected: ejected("local:9090")}, "local"},
 		{"the local endpoint tried: the remote one", Avoid{Tried: []*Workload{local}}, "remote"},
-		{"every healthy endpoint ejected: still picked, best rank first", Avoid{Ejected: ejected("local", "remote")}, "local"},
-		{"tried and ejected", Avoid{Tried: []*Workload{local}, Ejected: ejected("remote")}, "remote"},
+		{"every healthy endpoint ejected: still picked, best rank first", Avoid{Ejected: ejected("local:8080", "remote:8080")}, "local"},
+		{"tried and ejected", Avoid{Tried: []*Workload{local}, Ejected: ejected("remote:8080")}, "remote"},
 	} {
 		if got := picks(s, tc.avoid); got[tc.want] != 200 {
 			t.Errorf("%s: picks %v; want only %s", tc.name, got, tc.want)
@@ -333,7 +332,7 @@ func TestResolveAvoiding(t *testing.T) {
 
 	fb := NewStoreWith(Options{UnhealthyFallback: true})
 	fb.Apply(&Batch{Workloads: []*Workload{client, local, remote, gone}, Services: []*Service{echo(failover)}})
-	if got := picks(fb, Avoid{Ejected: ejected("local", "remote")}); got["local"] != 200 {
+	if got := picks(fb, Avoid{Ejected: ejected("local:8080", "remote:8080")}); got["local"] != 200 {
 		t.Errorf("fallback on, healthy ones ejected: %v; want the ejected healthy local one before the unhealthy one", got)
 	}
 	if got := picks(fb, Avoid{Tried: []*Workload{local, remote}}); got["gone"] != 200 {
@@ -341,5 +340,48 @@ func TestResolveAvoiding(t *testing.T) {
 	}
 	if got := picks(fb, Avoid{Tried: []*Workload{local, remote, gone}}); got["local"] != 0 || got["gone"] != 0 {
 		t.Errorf("fallback on, every endpoint tried: %v; want none", got)
+	}
+}
+
+// TestEndpointPort: a route names the port of its workload the pick weighed (the target
+// port, a waypoint's HBONE port), the one it asked Avoid.Ejected about, so outlier
+// detection keys a failure where the pick looks it up.
+func TestEndpointPort(t *testing.T) {
+	client := wl("client", "10.0.0.1")
+	for _, tc := range []struct {
+		name string
+		wls  []*Workload
+		svcs []*Service
+		want uint16
+	}{
+		{"service endpoint", []*Workload{wl("server", "10.0.0.2", inSvc(echoKey, nil))}, []*Service{echo()}, 8080},
+		{"named port", []*Workload{wl("server", "10.0.0.2", inSvc(echoKey, map[uint16]uint16{80: 9090}))},
+			[]*Service{echo(func(s *Service) { s.Ports = map[uint16]uint16{80: 0} })}, 9090},
+		{"service waypoint, picked from its service", []*Workload{wl("server", "10.0.0.2", inSvc(echoKey, nil)),
+			wl("wp-pod", "10.0.0.101", inSvc("default/wp.default.svc", nil))},
+			[]*Service{echo(func(s *Service) {
+				s.Waypoint = &GatewayAddress{Namespace: "default", Hostname: "wp.default.svc", HBONEPort: 15009}
+			}), svc("default", "wp.default.svc", "10.96.0.200")}, 15009},
+		{"remote network via gateway", []*Workload{
+			wl("server", "", inSvc(echoKey, nil), func(w *Workload) {
+				w.Network = "net2"
+				w.NetworkGateway = &GatewayAddress{Network: "net2", Address: ip("192.0.2.1"), HBONEPort: 15009}
+			}),
+			wl("ewgw", "192.0.2.1", func(w *Workload) { w.Network = "net2" }),
+		}, []*Service{echo()}, 8080},
+	} {
+		s := NewStore()
+		s.Apply(&Batch{Workloads: append(tc.wls, client), Services: tc.svcs})
+		var asked []string
+		r, err := s.ResolveAvoiding(client, ap("10.96.0.10:80"), Avoid{Ejected: func(w *Workload, port uint16) bool {
+			asked = append(asked, fmt.Sprintf("%s:%d", w.Name, port))
+			return false
+		}})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got := fmt.Sprintf("%s:%d", r.Workload.Name, r.EndpointPort); r.EndpointPort != tc.want || !slices.Contains(asked, got) {
+			t.Errorf("%s: route to %s; want port %d, one the pick asked about (%v)", tc.name, got, tc.want, asked)
+		}
 	}
 }

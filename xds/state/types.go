@@ -307,6 +307,10 @@ type Route struct {
 	Kind     RouteKind
 	Workload *Workload // destination workload or waypoint (nil for passthrough)
 	Service  *Service  // the service the dst address matched, if any
+	// EndpointPort is the port of Workload the route goes to: its target port (the
+	// authority's port for HBONE), a waypoint's HBONE port. With Workload, it is the
+	// endpoint the pick weighed (Avoid.Ejected) and outlier detection keys on.
+	EndpointPort uint16
 	// Dial is the TCP target: pod or waypoint IP + HBONE port (HBONE kinds), podIP:targetPort
 	// (TCP), the gateway's IP:hbone port (double HBONE) or the original dst (passthrough).
 	Dial netip.AddrPort
