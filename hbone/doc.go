@@ -90,10 +90,12 @@
 // send one moves to it: the peer negotiated NextProtoNoKeyUpdate ("gozt-h2", HTTP/2 from
 // gozt) rather than "h2" (the Rust ztunnel's rustls sends KeyUpdates); every other
 // connection stays in crypto/tls, which follows them, with TLSInfo.Reason
-// "peer_may_update_keys". A KeyUpdate that arrives anyway ends the connection (its streams
-// fail; the pool dials a new one); so does any alert. closeWith closes the socket, not the
-// kernel TLS conn, whose close_notify would bypass the write lock. A kernel TLS connection
-// also counts the records it receives (the kernel's sequence number) and drains (below).
+// "peer_may_update_keys", and reads as one that never tried kernel TLS (its handshake's
+// record-by-record reads end: ktls.Handoff.Decline). A KeyUpdate that arrives anyway
+// ends the connection (its streams fail; the pool dials a new one); so does any alert.
+// closeWith closes the socket, not the kernel TLS conn, whose close_notify would bypass
+// the write lock. A kernel TLS connection also counts the records it receives (the
+// kernel's sequence number) and drains (below).
 //
 // # Key limits
 //
