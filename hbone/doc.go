@@ -110,7 +110,8 @@
 // KeyMaxRecords sent (RFC 8446 §5.5's 2^24.5) or at such a KeyUpdate, never with a clean
 // EOF, and Config.OnKeyLimit hears of it. On the user-space path a peer's
 // KeyUpdate is followed by crypto/tls, and its answer to update_requested leaves at once
-// (bufConn writes through when the write lock is not held).
+// (bufConn writes through when the write lock is not held) and starts the sent count
+// again: the limits are per key.
 //
 // # Limits
 //

@@ -175,6 +175,9 @@ func (t *tlsStart) finish(hc *Config, memo *kernelMemo) (nc net.Conn, bc *bufCon
 		return bc, bc, kc, nil
 	}
 	t.bc.buffering = true
+	if t.tc.ConnectionState().Version == tls.VersionTLS13 {
+		t.bc.tx.keys = &sendKeys{}
+	}
 	return t.tc, t.bc, nil, nil
 }
 
