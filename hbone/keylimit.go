@@ -154,12 +154,12 @@ const (
 // record is told of the n-th record sent, of body bytes (recordCounter.add, under
 // crypto/tls's write lock).
 func (k *sendKeys) record(body int, n uint64) {
-	plain := int64(body - tls13RecordOverhead)
-	if plain == keyUpdateMsgLen && k.pending.Load() != keyUpdateMsgLen {
+	plain, pending := int64(body-tls13RecordOverhead), k.pending.Load()
+	if plain == keyUpdateMsgLen && pending != keyUpdateMsgLen {
 		k.start.Store(n) // this record is the old key's last
 		return
 	}
-	if k.pending.Load() > 0 {
+	if pending > 0 {
 		k.pending.Add(-plain)
 	}
 }
