@@ -120,8 +120,9 @@ func (b *bufConn) capacity() int {
 type recordCounter struct {
 	n    atomic.Uint64
 	hdr  [5]byte
-	hoff int // header bytes of the current record seen
-	left int // body bytes of the current record still to come
+	hoff int       // header bytes of the current record seen
+	left int       // body bytes of the current record still to come
+	keys *sendKeys // sent records after a TLS 1.3 handshake: told of each (keylimit.go)
 }
 
 func (r *recordCounter) add(p []byte) {
@@ -137,7 +138,10 @@ func (r *recordCounter) add(p []byte) {
 		p = p[k:]
 		if r.hoff == len(r.hdr) {
 			r.hoff, r.left = 0, int(binary.BigEndian.Uint16(r.hdr[3:]))
-			r.n.Add(1)
+			n := r.n.Add(1)
+			if r.keys != nil {
+				r.keys.record(r.left, n)
+			}
 		}
 	}
 }

@@ -90,10 +90,12 @@
 // send one moves to it: the peer negotiated NextProtoNoKeyUpdate ("gozt-h2", HTTP/2 from
 // gozt) rather than "h2" (the Rust ztunnel's rustls sends KeyUpdates); every other
 // connection stays in crypto/tls, which follows them, with TLSInfo.Reason
-// "peer_may_update_keys". A KeyUpdate that arrives anyway ends the connection (its streams
-// fail; the pool dials a new one); so does any alert. closeWith closes the socket, not the
-// kernel TLS conn, whose close_notify would bypass the write lock. A kernel TLS connection
-// also counts the records it receives (the kernel's sequence number) and drains (below).
+// "peer_may_update_keys", and reads as one that never tried kernel TLS (its handshake's
+// record-by-record reads end: ktls.Handoff.Decline). A KeyUpdate that arrives anyway
+// ends the connection (its streams fail; the pool dials a new one); so does any alert.
+// closeWith closes the socket, not the kernel TLS conn, whose close_notify would bypass
+// the write lock. A kernel TLS connection also counts the records it receives (the
+// kernel's sequence number) and drains (below).
 //
 // # Key limits
 //
@@ -108,7 +110,8 @@
 // KeyMaxRecords sent (RFC 8446 §5.5's 2^24.5) or at such a KeyUpdate, never with a clean
 // EOF, and Config.OnKeyLimit hears of it. On the user-space path a peer's
 // KeyUpdate is followed by crypto/tls, and its answer to update_requested leaves at once
-// (bufConn writes through when the write lock is not held).
+// (bufConn writes through when the write lock is not held) and starts the sent count
+// again: the limits are per key.
 //
 // # Limits
 //

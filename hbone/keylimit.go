@@ -15,9 +15,12 @@ package hbone
 //     breaks it. Received records are also counted on TLS 1.2, which has no KeyUpdate
 //     (rustls closes the connection there instead).
 //
-// Counts run from the connection's first record (on the user-space path the handshake's
-// few are in them) and never restart: after crypto/tls answers a peer's update_requested
-// our sent records are under a fresh key, so the drain comes early, never late.
+// Sent records are counted per key. crypto/tls's one KeyUpdate, its answer to a peer's
+// update_requested, puts the records after it under a fresh key, and the count restarts
+// there (sendKeys tells that record from application data); a peer's KeyUpdate without
+// update_requested renews only the peer's key. Received records, counted only where no
+// KeyUpdate is followed, and the first key's sent records run from the connection's
+// first record (on the user-space path the handshake's few are in them).
 //
 // Once either count reaches KeyDrainRecords (by default half the rustls limit, so the
 // peer's KeyUpdate is far off) the connection drains: a server sends GOAWAY(NO_ERROR), a
@@ -31,6 +34,7 @@ package hbone
 import (
 	"crypto/tls"
 	"errors"
+	"sync/atomic"
 )
 
 // Record limits by cipher suite (see the file comment).
@@ -57,7 +61,7 @@ type KeyLimit struct {
 	// kernel TLS connection).
 	Event   string
 	Streams int    // streams open at that moment: for a close, the streams that failed
-	TX, RX  uint64 // records sent and received under the connection's keys (RX: 0 when not counted)
+	TX, RX  uint64 // records sent and received under the connection's current keys (RX: 0 when not counted)
 	Kernel  bool   // the connection runs in kernel TLS
 	Server  bool
 }
@@ -111,12 +115,63 @@ func limitOf(v int64, def uint64) uint64 {
 	return uint64(v)
 }
 
-// records returns the records sent and received so far under the connection's keys.
+// records returns the records sent and received so far under the connection's current
+// keys.
 func (c *conn) records() (tx, rx uint64, err error) {
 	if c.kt.conn != nil {
 		return c.kt.conn.Records()
 	}
-	return c.bc.tx.n.Load(), c.bc.rx.n.Load(), nil
+	var start uint64
+	if k := c.bc.tx.keys; k != nil {
+		start = k.start.Load() // before n: a KeyUpdate in between would make it pass n
+	}
+	return c.bc.tx.n.Load() - start, c.bc.rx.n.Load(), nil
+}
+
+// sendKeys finds, among the records crypto/tls sends after a TLS 1.3 handshake, its
+// KeyUpdates (answers to the peer's update_requested, the only ones it sends), so that
+// the sent count restarts with each key. The records are encrypted, but their lengths
+// tell: a KeyUpdate is a 5-byte message, so a record of 5 bytes of plaintext, and an
+// application record that short can only be the tail of a Write that crypto/tls cut into
+// records, whose others went out just before it under crypto/tls's write lock. A
+// KeyUpdate is written under that lock too, so never inside a Write. conn.writing tells
+// pending of each Write that may be cut before crypto/tls takes it, and each record of
+// it takes its plaintext off again: a 5-byte record while pending is not exactly 5 is a
+// KeyUpdate. (crypto/tls cuts a Write into records of a TCP segment's payload or more,
+// and a tail; the Writes not told are frames of 33 bytes at most, one record each.)
+type sendKeys struct {
+	pending atomic.Int64  // bytes of the Write in crypto/tls not yet seen in a record
+	start   atomic.Uint64 // records sent before the current key's first
+}
+
+// TLS 1.3 record sizes: every record carries its content type and a 16-byte AEAD tag
+// (crypto/tls adds no padding); a KeyUpdate message is type, 3-byte length, request.
+const (
+	tls13RecordOverhead = 1 + 16
+	keyUpdateMsgLen     = 5
+)
+
+// record is told of the n-th record sent, of body bytes (recordCounter.add, under
+// crypto/tls's write lock).
+func (k *sendKeys) record(body int, n uint64) {
+	plain, pending := int64(body-tls13RecordOverhead), k.pending.Load()
+	if plain == keyUpdateMsgLen && pending != keyUpdateMsgLen {
+		k.start.Store(n) // this record is the old key's last
+		return
+	}
+	if pending > 0 {
+		k.pending.Add(-plain)
+	}
+}
+
+// writing tells sendKeys that the next Write to crypto/tls, of n bytes, may be cut into
+// several records (wmu held). It is not a wrapper around the Write: a frame more under
+// it would double the stack of an idle connection's copy goroutine to 8 KiB
+// (proxy's TestIdleConnectionStacks).
+func (c *conn) writing(n int) {
+	if c.bc != nil && c.bc.tx.keys != nil {
+		c.bc.tx.keys.pending.Add(int64(n))
+	}
 }
 
 // checkKeys is the frame reader's look at the record counts after each frame. It drains

@@ -36,6 +36,52 @@ func TestRecordCounter(t *testing.T) {
 	}
 }
 
+// TestSendKeys: sendKeys tells crypto/tls's KeyUpdates from application records of the
+// same length (5 bytes of plaintext) by whether a Write is partly written, and the count
+// under the current key restarts after each KeyUpdate.
+func TestSendKeys(t *testing.T) {
+	var rc recordCounter
+	k := &sendKeys{}
+	rc.keys = k
+	record := func(plain int) {
+		body := plain + tls13RecordOverhead
+		rc.add(append([]byte{23, 3, 3, byte(body >> 8), byte(body)}, make([]byte, body)...))
+	}
+	// write is a Write of crypto/tls, split into records of these plaintext sizes.
+	write := func(sizes ...int) {
+		n := 0
+		for _, s := range sizes {
+			n += s
+		}
+		k.pending.Add(int64(n))
+		for _, s := range sizes {
+			record(s)
+		}
+	}
+	check := func(what string, start uint64) {
+		t.Helper()
+		if got := k.start.Load(); got != start || k.pending.Load() != 0 {
+			t.Fatalf("%s: the current key starts after record %d, %d bytes pending; want %d, 0", what, got, k.pending.Load(), start)
+		}
+	}
+	write(16384, 5)
+	write(1369, 2738, 5)
+	write(9)
+	check("a Write's 5-byte tail", 0)
+	record(keyUpdateMsgLen)
+	check("a KeyUpdate between Writes", 7)
+	write(24)
+	check("a Write after it", 7)
+	k.pending.Add(16389) // a Write waiting for crypto/tls's write lock
+	record(keyUpdateMsgLen)
+	record(16384)
+	record(5)
+	check("a KeyUpdate before a Write's records", 9)
+	if got := rc.n.Load() - k.start.Load(); got != 2 {
+		t.Fatalf("%d records under the current key; want 2", got)
+	}
+}
+
 // keyEvents collects OnKeyLimit's reports.
 type keyEvents struct {
 	mu  sync.Mutex

@@ -391,3 +391,115 @@ func testPeerKeyUpdate(t *testing.T, kernelTLS bool, protos ...string) {
 		t.Fatalf("the peer followed %d KeyUpdates after sending %d requests; want 1 and 1", f, r)
 	}
 }
+
+// TestKeyLimitPerKey: the sent-record count is per key. A peer's KeyUpdate without
+// update_requested leaves our key, and the count, as they are; with update_requested
+// crypto/tls answers with a KeyUpdate of its own and the count restarts. The connection
+// then carries past the drain point and the hard limit its first key had, with no drain
+// and no reset, until its new key reaches the drain point.
+func TestKeyLimitPerKey(t *testing.T) {
+	leaktest.Check(t)
+	const drainAt, maxTX = 330, 400
+	ev := newKeyEvents()
+	peer := startKeyUpdatePeer(t, "h2")
+	pool := NewPool(ClientConfig{Config: Config{DisableKernelTLS: true, KeyDrainRecords: drainAt, KeyMaxRecords: maxTX, OnKeyLimit: ev.on}},
+		func(context.Context, Key) (*tls.Config, error) { return cliTLS, nil })
+	defer pool.Close()
+	k := NewKey(mustID(clientID), ids(serverID), netip.MustParseAddrPort(peer.addr), z0)
+	s, err := pool.Dial(context.Background(), k, "10.0.0.1:80", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	u := <-peer.conns
+	sent := func() uint64 {
+		tx, _, err := s.c.records()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tx
+	}
+	// messages sends pingPong messages until the records sent under the current key
+	// reach n.
+	messages := func(n uint64, seed byte) {
+		t.Helper()
+		for i := 0; sent() < n; i++ {
+			if i > int(n) {
+				t.Fatalf("%d messages and %d records sent; want %d", i, sent(), n)
+			}
+			if err := pingPong(t, s, 1, seed+byte(i)); err != nil {
+				t.Fatalf("at %d records under the current key: %v", sent(), err)
+			}
+		}
+	}
+	messages(drainAt-150, 'a')
+	// Writes that crypto/tls cuts into records and a tail of 5 bytes (once 128 KiB have
+	// gone, its records are full: 16 KiB), a KeyUpdate's length: none is taken for one.
+	msg, echoed := make([]byte, 2<<14+5), make([]byte, 2<<14+5)
+	tailsFrom := sent()
+	for i := range 8 {
+		msg[0] = byte(i)
+		if _, err := s.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(s, echoed); err != nil || echoed[0] != byte(i) {
+			t.Fatalf("echo: %v", err)
+		}
+	}
+	if got := sent(); got < tailsFrom+8*3 {
+		t.Fatalf("%d records under the current key after 8 writes of 3 records from %d: a tail was taken for a KeyUpdate", got, tailsFrom)
+	}
+	before := sent()
+	if err := u.SendKeyUpdate(false); err != nil {
+		t.Fatal(err)
+	}
+	if err := pingPong(t, s, 10, 'b'); err != nil { // read past the KeyUpdate: echoed after it
+		t.Fatal(err)
+	}
+	if got := sent(); got < before+10 {
+		t.Fatalf("%d records sent after the peer's KeyUpdate without update_requested; want the count to go on from %d", got, before)
+	}
+	if err := u.SendKeyUpdate(true); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; u.followed.Load() == 0; i++ {
+		// Each message makes the pool's frame reader read, and so answer the request.
+		if i > 100 {
+			t.Fatal("no KeyUpdate from the pool's connection after the peer's update_requested")
+		}
+		if err := pingPong(t, s, 1, 'c'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Past the first key's hard limit, all under the new one.
+	for i := 0; s.c.bc.tx.n.Load() < maxTX+50; i++ {
+		if i > maxTX {
+			t.Fatalf("%d messages; the connection has sent %d records", i, s.c.bc.tx.n.Load())
+		}
+		if err := pingPong(t, s, 1, 'd'+byte(i)); err != nil {
+			t.Fatalf("after %d records in all, %d under the new key: %v", s.c.bc.tx.n.Load(), sent(), err)
+		}
+	}
+	if got := sent(); got >= drainAt-20 {
+		t.Fatalf("%d records in all, %d under the new key; want the count restarted at the KeyUpdate", s.c.bc.tx.n.Load(), got)
+	}
+	t.Logf("%d records sent in all, %d under the new key", s.c.bc.tx.n.Load(), sent())
+	select {
+	case l := <-ev.ch:
+		t.Fatalf("OnKeyLimit heard %+v under a new key %d records in", l, sent())
+	default:
+	}
+	if s.c.leaving() {
+		t.Fatal("the connection drained under a key that has not reached the drain point")
+	}
+	// The new key reaches the drain point: the connection drains, its stream carries on.
+	messages(drainAt+5, 'e')
+	l := ev.wait(t, "drain")
+	if l.Server || l.TX < drainAt || l.TX > drainAt+20 || l.Streams != 1 {
+		t.Errorf("OnKeyLimit heard %+v; want the client's drain at about %d records of its new key", l, drainAt)
+	}
+	waitLeaving(t, s)
+	if err := pingPong(t, s, 5, 'f'); err != nil {
+		t.Fatalf("the stream across the drain: %v", err)
+	}
+}

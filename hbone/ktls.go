@@ -147,7 +147,10 @@ func negotiatedH2(tc *tls.Conn) (h2, keepsKeys bool) {
 // on the user-space path). An error means the connection is unusable.
 func (t *tlsStart) finish(hc *Config, memo *kernelMemo) (nc net.Conn, bc *bufConn, kc *ktls.Conn, err error) {
 	if _, keepsKeys := negotiatedH2(t.tc); t.h != nil && !keepsKeys {
-		t.h = nil // the ULP stays installed without keys: a plain socket under crypto/tls
+		// The ULP stays installed without keys: a plain socket under crypto/tls, which
+		// from now on reads it in bulk, not record by record.
+		t.h.Decline()
+		t.h = nil
 		t.info.Reason = reasonPeerMayRekey
 	}
 	if t.h != nil {
@@ -172,6 +175,9 @@ func (t *tlsStart) finish(hc *Config, memo *kernelMemo) (nc net.Conn, bc *bufCon
 		return bc, bc, kc, nil
 	}
 	t.bc.buffering = true
+	if t.tc.ConnectionState().Version == tls.VersionTLS13 {
+		t.bc.tx.keys = &sendKeys{}
+	}
 	return t.tc, t.bc, nil, nil
 }
 

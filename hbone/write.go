@@ -227,12 +227,14 @@ func (c *conn) writeDataWLocked(id uint32, p []byte) error {
 			c.bigWrites = true
 			c.noteWriteGrown()
 		}
+		c.writing(frameHeaderLen + len(p))
 		return c.fr.WriteData(id, false, p)
 	}
 	h := c.dataHeaderWLocked(id, len(p))
 	if _, err := c.nc.Write(h); err != nil {
 		return err
 	}
+	c.writing(len(p))
 	_, err := c.nc.Write(p)
 	return err
 }
@@ -248,7 +250,10 @@ func (c *conn) dataHeaderWLocked(id uint32, n int) []byte {
 
 // smallData is the largest DATA payload written as one TLS record with its header
 // (a record carries at most 16 KiB).
-const smallData = 16<<10 - 9
+const smallData = 16<<10 - frameHeaderLen
+
+// frameHeaderLen is an HTTP/2 frame header's length.
+const frameHeaderLen = 9
 
 func (c *conn) writeGoAwayWLocked(code http2.ErrCode) error {
 	if c.goawaySent && code == http2.ErrCodeNo {
@@ -292,6 +297,7 @@ func (c *conn) writeHeadersWLocked(id uint32, end bool, status int, authority st
 	for first || len(block) > 0 {
 		n := min(len(block), int(maxFrame))
 		var err error
+		c.writing(frameHeaderLen + n)
 		if first {
 			err = c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block[:n], EndStream: end, EndHeaders: n == len(block)})
 		} else {

@@ -41,9 +41,10 @@
 // hbone is the user: its Pool and Server ask Available before each handshake, run it
 // through Client and Server if the kernel has kernel TLS (over hbone's write-coalescing
 // conn, a TCPWrapper, so a later fallback keeps the coalescing), call Enable after the
-// ALPN check, and on a *FallbackError carry on with the *tls.Conn and
-// report the Reason; on success they frame HTTP/2 over the Conn and splice DATA payloads
-// both ways (hbone/doc.go, "Kernel TLS").
+// ALPN check (Decline instead when the peer may send KeyUpdates), and on a
+// *FallbackError carry on with the *tls.Conn and report the Reason; on success they
+// frame HTTP/2 over the Conn and splice DATA payloads both ways (hbone/doc.go, "Kernel
+// TLS").
 package ktls
 
 import (
@@ -254,7 +255,7 @@ func (h *Handoff) Handshake(ctx context.Context) error {
 // *FallbackError the *tls.Conn carries on (unless Unusable), now with plain reads.
 func (h *Handoff) Enable() (*Conn, error) {
 	if h.enableAttempted {
-		return nil, errors.New("ktls: Enable called twice")
+		return nil, errors.New("ktls: Enable called twice, or after Decline")
 	}
 	h.enableAttempted = true
 	keys, ferr := h.keys()
@@ -279,6 +280,16 @@ func (h *Handoff) Enable() (*Conn, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// Decline keeps the connection in crypto/tls for good, as a caller does that will not
+// call Enable (hbone, for a peer that may send KeyUpdates): from now on the raw connection
+// reads as much as crypto/tls asks for, not one record at a time, which would cost a
+// read(2) for each record's header and another for its body. Call it after Handshake and
+// before the *tls.Conn reads again; Enable fails after it.
+func (h *Handoff) Decline() {
+	h.enableAttempted = true
+	h.raw.mode.Store(modePass)
 }
 
 // keys checks that the connection can be switched and derives its keys.

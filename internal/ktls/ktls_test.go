@@ -17,6 +17,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -319,6 +320,55 @@ func TestFallbackReasons(t *testing.T) {
 			t.Fatal("second Enable succeeded")
 		}
 	})
+}
+
+// tinyReads is a TCPWrapper that counts the reads that returned no more than a record
+// header's 5 bytes.
+type tinyReads struct {
+	*net.TCPConn
+	n atomic.Int64
+}
+
+func (c *tinyReads) Read(p []byte) (int, error) {
+	n, err := c.TCPConn.Read(p)
+	if n > 0 && n <= 5 {
+		c.n.Add(1)
+	}
+	return n, err
+}
+
+func (c *tinyReads) TCP() *net.TCPConn { return c.TCPConn }
+
+// TestDecline: a connection the caller keeps in crypto/tls after a handshake through
+// Client and Server (Decline) carries on, reading in bulk rather than a record header at
+// a time, and cannot be enabled any more.
+func TestDecline(t *testing.T) {
+	leaktest.Check(t)
+	ccfg, scfg := testConfigs(t)
+	ca, sa := tcpPair(t)
+	cr, sr := &tinyReads{TCPConn: ca}, &tinyReads{TCPConn: sa}
+	ctc, ch := Client(cr, ccfg)
+	stc, sh := Server(sr, scfg)
+	errc := make(chan error, 1)
+	go func() { errc <- sh.Handshake(context.Background()) }()
+	if err := ch.Handshake(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	handshakeTiny := cr.n.Load() + sr.n.Load()
+	ch.Decline()
+	sh.Decline()
+	exchange(t, ctc, stc, 4<<20)
+	// 4 MiB each way is 256 full records or more: reading record by record, as during
+	// the handshake, would take a tiny read for each.
+	if tiny := cr.n.Load() + sr.n.Load() - handshakeTiny; tiny > 64 {
+		t.Errorf("%d reads of a record header or less after Decline; want reads in bulk", tiny)
+	}
+	if kc, err := ch.Enable(); kc != nil || err == nil {
+		t.Errorf("Enable after Decline = %v, %v; want an error", kc, err)
+	}
 }
 
 func checkFallback(t *testing.T, s side, want Reason) {
