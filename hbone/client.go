@@ -54,7 +54,17 @@ func NewPool(cfg ClientConfig, tlsConfig func(ctx context.Context, k Key) (*tls.
 // caller's dial of k, the dial, TLS, SETTINGS and the CONNECT answer all end by then, and
 // without a context of its own to allocate.
 func (p *Pool) Dial(ctx context.Context, k Key, authority string, hdr http.Header) (*Stream, error) {
+	return p.DialBy(ctx, time.Time{}, k, authority, hdr)
+}
+
+// DialBy is Dial ending by, if by is set and earlier than Dial's own deadline: one attempt of
+// several that share a deadline (the proxy's retries on other endpoints), without a context
+// to allocate.
+func (p *Pool) DialBy(ctx context.Context, by time.Time, k Key, authority string, hdr http.Header) (*Stream, error) {
 	deadline := p.deadline(ctx)
+	if !by.IsZero() && by.Before(deadline) {
+		deadline = by
+	}
 	var err error
 	for range 3 {
 		c, dialed, gerr := p.get(ctx, deadline, k)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -131,6 +132,48 @@ func TestConnectDeadlineSilentPeers(t *testing.T) {
 			t.Errorf("the client heard after %v; want about the dial timeout, %v", took, timeout)
 		}
 	}
+}
+
+// TestConnectRetryAfterSilentEndpoint: of the service's two endpoints one reads the CONNECT
+// and never answers (a node cut off, a pooled connection to a peer that is gone), the other
+// serves. Every connect succeeds within the dial timeout: an attempt that may be retried
+// gets its share of the deadline (half, with one other endpoint to retry on), not all of
+// it, so the silent endpoint leaves time to try the other.
+func TestConnectRetryAfterSilentEndpoint(t *testing.T) {
+	leaktest.Check(t)
+	m := newMesh(t)
+	ips := endpointIPs(t, m, 24, 2)
+	m.yaml = withService(m.yaml, "halfsilent", "127.10.0.5", "quiet0="+ips[0], "serves1="+ips[1])
+	serveHBONE(t, m, func(r *hbone.Request) { <-r.Context().Done() }, ips[0]+":15008")
+	serveHBONE(t, m, func(r *hbone.Request) {
+		if s, err := r.Accept(nil); err == nil {
+			io.Copy(io.Discard, s)
+			s.Close()
+		}
+	}, ips[1]+":15008")
+	const timeout = 3 * time.Second
+	cfg := m.clientConfig()
+	cfg.DialTimeout, cfg.ConnectRetries, cfg.Outliers = timeout, 2, nil // every connect may pick the silent one
+	m.a = startNode(t, "node-a", m.caDir, m.yaml, cfg)
+	slow := 0
+	for range 8 {
+		start := time.Now()
+		c, code, err := socksConnect(m.a.socks(t), "halfsilent.default.svc.cluster.local", 80)
+		took := time.Since(start)
+		if c != nil {
+			c.Close()
+		}
+		if err != nil || code != repSucceeded {
+			t.Fatalf("connect after %v: code %d, %v; want it to succeed on the endpoint that serves", took, code, err)
+		}
+		if took > timeout/3 {
+			slow++ // it tried the silent endpoint first
+		}
+		if took > timeout*2/3 {
+			t.Errorf("connect took %v; want the silent endpoint given up after about %v", took, timeout/2)
+		}
+	}
+	t.Logf("%d of 8 connects tried the silent endpoint first", slow)
 }
 
 // TestConnectDeadlineTLSStall: the stalled service's endpoint accepts TCP and never

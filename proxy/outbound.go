@@ -142,7 +142,7 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 		}
 		labels, log.DstAddr, log.HBONEAddr = base, dstAddr, "" // what an earlier attempt set
 		destLabels(&labels, route.Workload, route.Service)
-		upstream, err := p.dialRoute(actx, src, clientAddr, route, &labels, &log)
+		upstream, err := p.dialRoute(actx, deadline.attempt(p.cfg.ConnectRetries-attempt, route), src, clientAddr, route, &labels, &log)
 		if err == nil {
 			if p.cfg.Outliers != nil && route.Workload != nil {
 				p.cfg.Outliers.Succeeded(endpointOf(route))
@@ -178,6 +178,19 @@ func (d *connectDeadline) context(parent context.Context) context.Context {
 		d.ctx, d.cancel = context.WithDeadline(parent, d.at)
 	}
 	return d.ctx
+}
+
+// attempt is when an attempt that may still be retried retries times must end: an equal
+// share of what is left, so that an endpoint that never answers (its node cut off, a pooled
+// connection whose peer is gone) leaves time to try another, as Envoy's per-try timeout
+// does. The last attempt, and one with no other endpoint to go to, gets all that is left:
+// the zero time, the connect's own deadline.
+func (d *connectDeadline) attempt(retries int, route state.Route) time.Time {
+	retries = min(retries, route.Others)
+	if retries <= 0 || route.Service == nil || route.Workload == nil {
+		return time.Time{}
+	}
+	return time.Now().Add(time.Until(d.at) / time.Duration(retries+1))
 }
 
 func (d *connectDeadline) stop() {
@@ -237,7 +250,7 @@ func endpointOf(route state.Route) outlier.Endpoint {
 
 // dialRoute opens the upstream leg of route and fills in the labels and log fields that
 // depend on it.
-func (p *Proxy) dialRoute(ctx context.Context, src *state.Workload, clientAddr netip.AddrPort, route state.Route, labels *metrics.Labels, log *metrics.ConnLog) (halfCloser, error) {
+func (p *Proxy) dialRoute(ctx context.Context, by time.Time, src *state.Workload, clientAddr netip.AddrPort, route state.Route, labels *metrics.Labels, log *metrics.ConnLog) (halfCloser, error) {
 	switch route.Kind {
 	case state.RouteHBONE, state.RouteWaypoint:
 		labels.ConnectionSecurityPolicy = metrics.MutualTLS
@@ -246,14 +259,19 @@ func (p *Proxy) dialRoute(ctx context.Context, src *state.Workload, clientAddr n
 		}
 		log.DstAddr, log.HBONEAddr = route.Dial.String(), route.Authority
 		key := hbone.NewKey(src.Identity(), route.Identities, route.Dial, p.sourceIP(src))
-		s, err := p.pool.Dial(ctx, key, route.Authority, hboneHeaders(src, clientAddr, route.Service))
+		s, err := p.pool.DialBy(ctx, by, key, route.Authority, hboneHeaders(src, clientAddr, route.Service))
 		if err != nil {
 			return nil, fmt.Errorf("proxy: hbone to %v (%s): %w", route.Dial, route.Authority, err)
 		}
 		return s, nil
 	case state.RouteTCP, state.RoutePassthrough:
 		log.DstAddr = route.Dial.String()
-		s, err := p.dialTCP(ctx, route.Dial)
+		d := &p.dialer
+		if !by.IsZero() {
+			dc := p.dialer // this attempt's share of the connect's deadline
+			dc.Deadline, d = by, &dc
+		}
+		s, err := p.dialWith(ctx, d, route.Dial)
 		if err != nil {
 			return nil, fmt.Errorf("proxy: dial %v: %w", route.Dial, err)
 		}

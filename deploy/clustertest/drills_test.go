@@ -756,27 +756,12 @@ func (d *drills) oom(node string) time.Time {
 	zt := ztunnelPods(t)[node]
 	before := restarts(t, zt)
 	id := containerID(t, zt)
-	sock := filepath.Join(root, ".tmp/cluster", node, "root/run/containerd/containerd.sock")
-	out, err := exec.Command("ctr", "-a", sock, "-n", "k8s.io", "task", "ls").CombinedOutput()
-	if err != nil {
-		t.Fatalf("ctr task ls: %v: %s", err, out)
+	// The kubelet's cgroupfs layout: <cgroupRoot>/kubepods/<qos>/pod<uid>/<container id>.
+	mems, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/memory", "gozt-"+node, "kubepods", "*", "pod"+zt.Metadata.UID, id))
+	if len(mems) != 1 {
+		t.Fatalf("the memory cgroup of %s's ztunnel container %s: found %v", node, id, mems)
 	}
-	pid := ""
-	for _, l := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == id {
-			pid = f[1]
-		}
-	}
-	cg, err := os.ReadFile("/proc/" + pid + "/cgroup")
-	if err != nil {
-		t.Fatalf("ztunnel's task %s (pid %q): %v", id, pid, err)
-	}
-	mem := ""
-	for _, l := range strings.Split(string(cg), "\n") {
-		if f := strings.SplitN(l, ":", 3); len(f) == 3 && f[1] == "memory" {
-			mem = filepath.Join("/sys/fs/cgroup/memory", f[2])
-		}
-	}
+	mem := mems[0]
 	usage, err := os.ReadFile(filepath.Join(mem, "memory.usage_in_bytes"))
 	if err != nil {
 		t.Fatalf("ztunnel's memory cgroup %q: %v", mem, err)

@@ -82,7 +82,7 @@ func (s *Store) ResolveAvoiding(src *Workload, dst netip.AddrPort, avoid Avoid) 
 	if lb := svc.LoadBalancing; lb != nil && lb.Mode == LBPassthrough {
 		return Route{Kind: RoutePassthrough, Service: svc, Dial: dst}, nil
 	}
-	w, port := s.pickEndpointLocked(src, network, svc, dst.Port(), target, &avoid)
+	w, port, others := s.pickEndpointLocked(src, network, svc, dst.Port(), target, &avoid)
 	if w == nil {
 		return Route{}, fmt.Errorf("%w for %s port %d", ErrNoHealthyEndpoint, svc.Key(), dst.Port())
 	}
@@ -90,7 +90,7 @@ func (s *Store) ResolveAvoiding(src *Workload, dst netip.AddrPort, avoid Avoid) 
 	if err != nil {
 		return Route{}, err
 	}
-	r.Identities = serviceIdentities(svc, w)
+	r.Identities, r.Others = serviceIdentities(svc, w), others
 	return r, nil
 }
 
@@ -175,7 +175,7 @@ func (s *Store) gatewayWorkloadLocked(src *Workload, network string, g *GatewayA
 	if svc == nil {
 		return nil
 	}
-	w, _ := s.pickEndpointLocked(src, network, svc, 0, g.Port(), avoid) // picked for its HBONE port
+	w, _, _ := s.pickEndpointLocked(src, network, svc, 0, g.Port(), avoid) // picked for its HBONE port
 	return w
 }
 
@@ -315,7 +315,7 @@ func (s *Store) networkGatewayLocked(src *Workload, g *GatewayAddress, dst netip
 	if !ok {
 		return nil, netip.AddrPort{}, nil, fmt.Errorf("%w: network gateway service %s has no port %d", ErrNoGateway, svc.Key(), g.Port())
 	}
-	w, port := s.pickEndpointLocked(src, g.Network, svc, g.Port(), target, avoid)
+	w, port, _ := s.pickEndpointLocked(src, g.Network, svc, g.Port(), target, avoid)
 	if w == nil {
 		return nil, netip.AddrPort{}, nil, fmt.Errorf("%w: network gateway service %s has no healthy endpoint", ErrNoGateway, svc.Key())
 	}
@@ -400,13 +400,17 @@ func rank(prefs []LBScope, src, w *Workload) (n, r int) {
 // Health comes before routing preference: a healthy endpoint in another zone is picked
 // before an ejected or unhealthy one in the client's (see eligible). Two passes over the
 // endpoint map and no allocation: the first finds the best key and the total weight, the
-// second walks to the drawn weight (map order does not bias a uniform draw).
-func (s *Store) pickEndpointLocked(src *Workload, network string, svc *Service, svcPort, target uint16, avoid *Avoid) (*Workload, uint16) {
+// second walks to the drawn weight (map order does not bias a uniform draw). The third result
+// is how many other endpoints it could have taken, in any class.
+func (s *Store) pickEndpointLocked(src *Workload, network string, svc *Service, svcPort, target uint16, avoid *Avoid) (*Workload, uint16, int) {
 	eps := s.idx.endpoints[svc.Key()]
-	best, n := -1, 0
+	best, n, eligible := -1, 0, 0
 	var total uint64
 	for w, ports := range eps {
 		_, key, ok := s.eligible(src, network, svc, w, ports, svcPort, target, avoid)
+		if ok {
+			eligible++
+		}
 		switch {
 		case !ok || key < best:
 		case key > best:
@@ -417,7 +421,7 @@ func (s *Store) pickEndpointLocked(src *Workload, network string, svc *Service, 
 		}
 	}
 	if n == 0 {
-		return nil, 0
+		return nil, 0, 0
 	}
 	draw, byCount := uint64(0), total == 0
 	if byCount {
@@ -437,12 +441,12 @@ func (s *Store) pickEndpointLocked(src *Workload, network string, svc *Service, 
 			weight = 1
 		}
 		if draw < weight {
-			return w, port
+			return w, port, eligible - 1
 		}
 		draw -= weight
 		last, lastPort = w, port
 	}
-	return last, lastPort
+	return last, lastPort, eligible - 1
 }
 
 // Health classes of an endpoint; the pick takes the best class present. Healthy, then

@@ -332,4 +332,7 @@ type Route struct {
 	// resolves the name on demand and calls Resolved.
 	Hostname   string
 	targetPort uint16 // with Hostname: the port the HBONE authority names
+	// Others is how many other endpoints of Service the pick could have taken (any health):
+	// whether a failed connect has another to be retried on.
+	Others int
 }
