@@ -7,18 +7,15 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"net"
-	"net/url"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gozt/gozt/identity"
-	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/ca/catest"
 	"github.com/gozt/gozt/internal/netns/netnstest"
 )
@@ -103,7 +100,7 @@ func TestFIPSNodes(t *testing.T) {
 	// leaves alone).
 	now := time.Now()
 	meshCert := root.Issue(t, clientID, now.Add(-time.Minute), now.Add(time.Hour)).Certificate
-	rsa1024 := leafWithKey(t, root, clientID, must(rsa.GenerateKey(rand.Reader, 1024)))
+	rsa1024 := root.IssueKey(t, clientID, must(rsa.GenerateKey(rand.Reader, 1024))).Certificate
 	type offer struct {
 		name   string
 		cert   tls.Certificate
@@ -258,19 +255,6 @@ func dialTLSFrom(t *testing.T, ns *netnstest.NS, addr string, cfg *tls.Config) s
 	}
 	cs := c.ConnectionState()
 	return tls.VersionName(cs.Version) + " " + cs.CurveID.String()
-}
-
-// leafWithKey is a certificate for id from root carrying key (what catest's P-256 leaves
-// cannot: an RSA key, here).
-func leafWithKey(t *testing.T, root *catest.Root, id identity.ID, key *rsa.PrivateKey) tls.Certificate {
-	t.Helper()
-	u, _ := url.Parse(id.String())
-	now := time.Now()
-	der, err := x509.CreateCertificate(rand.Reader, ca.LeafTemplate(u, now.Add(-time.Minute), now.Add(time.Hour)), root.Cert, key.Public(), root.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
 func must[T any](v T, err error) T {

@@ -8,34 +8,13 @@ import (
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/tls"
-	"crypto/x509"
-	"net/url"
 	"testing"
 	"time"
 
 	"github.com/gozt/gozt/identity"
-	"github.com/gozt/gozt/identity/ca"
-	"github.com/gozt/gozt/identity/ca/catest"
 	"github.com/gozt/gozt/identity/certs"
 	"github.com/gozt/gozt/internal/testutil"
 )
-
-// issueKey is a leaf for id from root carrying key's public key (RSA, Ed25519, any curve:
-// what catest's P-256 leaves cannot show).
-func issueKey(t *testing.T, root *catest.Root, id identity.ID, key crypto.Signer) tls.Certificate {
-	t.Helper()
-	u, _ := url.Parse(id.String())
-	now := time.Now()
-	der, err := x509.CreateCertificate(rand.Reader, ca.LeafTemplate(u, now.Add(-time.Minute), now.Add(time.Hour)), root.Cert, key.Public(), root.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
-}
 
 func rsaKey(t *testing.T, bits int) crypto.Signer {
 	t.Helper()
@@ -107,7 +86,7 @@ func TestFIPSMode(t *testing.T) {
 		{"Ed25519", edKey(t), true},
 	} {
 		t.Run("client key "+c.name, func(t *testing.T) {
-			r := handshake(t, peer(tls.VersionTLS13, issueKey(t, g.root, idA, c.key)), sc)
+			r := handshake(t, peer(tls.VersionTLS13, g.root.IssueKey(t, idA, c.key).Certificate), sc)
 			if c.ok {
 				if r.clientErr != nil || r.serverErr != nil {
 					t.Fatalf("client err %v, server err %v", r.clientErr, r.serverErr)
@@ -119,7 +98,7 @@ func TestFIPSMode(t *testing.T) {
 		})
 	}
 	t.Run("server key RSA 1024", func(t *testing.T) {
-		srv := &tls.Config{Certificates: []tls.Certificate{issueKey(t, g.root, idB, rsaKey(t, 1024))}}
+		srv := &tls.Config{Certificates: []tls.Certificate{g.root.IssueKey(t, idB, rsaKey(t, 1024)).Certificate}}
 		r := handshake(t, clientCfg(t, m, idA, idB), srv)
 		wantErr(t, "client", r.clientErr, "which FIPS 140-3 does not approve")
 	})
