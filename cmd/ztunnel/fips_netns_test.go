@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,7 +23,8 @@ import (
 
 // TestFIPSNodes runs FIPS nodes (the binary make image FIPS=1 builds: GOFIPS140=v1.0.0)
 // beside default ones as separate processes, since FIPS 140-3 mode is process-wide: pod to
-// pod over HBONE for a FIPS node to a FIPS node and to a default node, both ways; what a
+// pod over HBONE, with certificates from an Istio CA over TLS, for a FIPS node to a FIPS
+// node and to a default node, both ways; what a
 // FIPS node's 15008 negotiates with peers offering what a default gozt, an older Rust
 // ztunnel and a non-FIPS-only client offer; the WARN a refused one gets; and a FIPS node
 // dialing a server that accepts only X25519.
@@ -37,14 +39,26 @@ func TestFIPSNodes(t *testing.T) {
 	redirect(t, b)
 	dir := t.TempDir()
 	writeWorkloads(t, dir, nsClientIP, nsServerIP, nsEchoVIP)
+	// One Istio-protocol CA over TLS, inside each node's namespace on 127.0.0.1:15012: the
+	// nodes' CA client runs in FIPS mode too.
 	root := catest.NewRoot(t, "fips-root")
-	caDir := "CA_DIR=" + root.WriteCACerts(t) // the nodes' built-in CA, whose root the test holds
+	caCert := root.ServingCert(t, "127.0.0.1")
+	istioCA := catest.NewIstio(root, &caCert)
+	t.Cleanup(istioCA.Stop)
+	for _, ns := range []*netnstest.NS{a, b} {
+		var ln net.Listener
+		if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp", "127.0.0.1:15012"); return err }); err != nil {
+			t.Fatal(err)
+		}
+		istioCA.Serve(ln)
+	}
+	caEnv := []string{"CA_PROVIDER=istio", "CA_ADDRESS=127.0.0.1:15012", "CA_ROOT_CA=" + root.WriteRootFile(t)}
 	server := startPodServer(t, b, nsServerIP, "8080")
 	clientID := identity.MustParse("spiffe://cluster.local/ns/default/sa/client")
 	serverID := identity.MustParse("spiffe://cluster.local/ns/default/sa/server")
 
 	node := func(t *testing.T, ns *netnstest.NS, bin, workload string, env ...string) *proc {
-		return startNodeIn(t, bin, ns, dir, append([]string{caDir, "PROXY_MODE=dedicated", "PROXY_WORKLOAD_INFO=" + workload}, env...)...)
+		return startNodeIn(t, bin, ns, dir, slices.Concat(caEnv, []string{"PROXY_MODE=dedicated", "PROXY_WORKLOAD_INFO=" + workload}, env)...)
 	}
 	for _, pair := range []struct {
 		name           string
