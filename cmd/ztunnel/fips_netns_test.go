@@ -24,10 +24,10 @@ import (
 // TestFIPSNodes runs FIPS nodes (the binary make image FIPS=1 builds: GOFIPS140=v1.0.0)
 // beside default ones as separate processes, since FIPS 140-3 mode is process-wide: pod to
 // pod over HBONE, with certificates from an Istio CA over TLS, for a FIPS node to a FIPS
-// node and to a default node, both ways; what a
-// FIPS node's 15008 negotiates with peers offering what a default gozt, an older Rust
-// ztunnel and a non-FIPS-only client offer; the WARN a refused one gets; and a FIPS node
-// dialing a server that accepts only X25519.
+// node and to a default node, both ways; how a FIPS node refuses to be turned off; what its
+// 15008 negotiates with peers offering what a default gozt and an older Rust ztunnel offer,
+// and the WARN it logs for peers offering only what FIPS mode refuses; and a FIPS node
+// dialing a server that accepts X25519 alone.
 func TestFIPSNodes(t *testing.T) {
 	netnstest.Require(t, "iptables", "curl")
 	bin, fipsBin := buildZtunnel(t), buildZtunnelFIPS(t)
@@ -179,7 +179,9 @@ func TestFIPSNodes(t *testing.T) {
 			t.Fatal(err)
 		}
 		handshakes := make(chan error, 4)
+		done := make(chan struct{})
 		go func() {
+			defer close(done)
 			for {
 				c, err := ln.Accept()
 				if err != nil {
@@ -195,7 +197,7 @@ func TestFIPSNodes(t *testing.T) {
 				tc.Close()
 			}
 		}()
-		t.Cleanup(func() { ln.Close() })
+		t.Cleanup(func() { ln.Close(); <-done })
 		nodeA := node(t, a, fipsBin, "default/client/client")
 		out, err := a.Exec("curl", "-sS", "-m", "10", "http://"+nsServerIP+":8080/x25519-only")
 		if err == nil {
