@@ -13,6 +13,7 @@ import (
 
 	"github.com/gozt/gozt/identity"
 	"github.com/gozt/gozt/identity/certs"
+	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/testutil"
 )
 
@@ -34,6 +35,7 @@ func TestFIPSMode(t *testing.T) {
 	if !testutil.InFIPSMode(t) {
 		return
 	}
+	leaktest.Check(t)
 	m, g, sc := setup(t)
 	peer := func(max uint16, cert tls.Certificate, curves ...tls.CurveID) *tls.Config {
 		return &tls.Config{MaxVersion: max, CurvePreferences: curves, Certificates: []tls.Certificate{cert},
@@ -82,7 +84,7 @@ func TestFIPSMode(t *testing.T) {
 	}{
 		{"RSA 1024", rsaKey(t, 1024), false},
 		{"RSA 2048", rsaKey(t, 2048), true},
-		{"ECDSA P-384", must(ecdsa.GenerateKey(elliptic.P384(), rand.Reader)), true},
+		{"ECDSA P-384", ecKey(t, elliptic.P384()), true},
 		{"Ed25519", edKey(t), true},
 	} {
 		t.Run("client key "+c.name, func(t *testing.T) {
@@ -112,9 +114,10 @@ func edKey(t *testing.T) crypto.Signer {
 	return k
 }
 
-func must[T any](v T, err error) T {
+func ecKey(t *testing.T, c elliptic.Curve) crypto.Signer {
+	k, err := ecdsa.GenerateKey(c, rand.Reader)
 	if err != nil {
-		panic(err)
+		t.Fatal(err)
 	}
-	return v
+	return k
 }
