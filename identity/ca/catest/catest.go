@@ -261,6 +261,20 @@ func (r *Root) NewServingCert(names ...string) (tls.Certificate, error) {
 	if err != nil {
 		return tls.Certificate{}, err
 	}
+	return r.servingCert(key, names)
+}
+
+// ServingCertKey is ServingCert carrying key (an RSA key, say).
+func (r *Root) ServingCertKey(tb testing.TB, key crypto.Signer, names ...string) tls.Certificate {
+	tb.Helper()
+	c, err := r.servingCert(key, names)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return c
+}
+
+func (r *Root) servingCert(key crypto.Signer, names []string) (tls.Certificate, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
 		NotBefore:    time.Now().Add(-time.Hour),
