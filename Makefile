@@ -23,7 +23,7 @@ TAGS      := grpcnotrace
 # TLS is off. The binary is bin/ztunnel-fips, the image's tag ends in -fips (mkimage checks
 # it) and its label gozt.fips140 names the module.
 FIPS_MODULE ?= v1.0.0
-ifneq ($(FIPS),)
+ifeq ($(FIPS),1)
 FIPS_ENV    := GOFIPS140=$(FIPS_MODULE)
 FIPS_SUFFIX := -fips
 endif
