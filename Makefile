@@ -16,19 +16,32 @@ all: build
 # html/template calls reflect's MethodByName, which makes the linker keep every exported
 # method of every type in the binary (2.9 MB of code, 2.1 MiB RSS per node).
 TAGS      := grpcnotrace
+
+# FIPS=1: the FIPS 140-3 build (docs/CONFIGURATION.md, "FIPS 140-3"). GOFIPS140 links the
+# frozen Go Cryptographic Module FIPS_MODULE (v1.0.0: CMVP certificate #5247) and makes
+# fips140=on the binary's default GODEBUG, which the binary refuses to run without; kernel
+# TLS is off. The binary is bin/ztunnel-fips, the image's tag ends in -fips (mkimage checks
+# it) and its label gozt.fips140 names the module.
+FIPS_MODULE ?= v1.0.0
+ifeq ($(FIPS),1)
+FIPS_ENV    := GOFIPS140=$(FIPS_MODULE)
+FIPS_SUFFIX := -fips
+endif
+
 build:
-	CGO_ENABLED=0 $(GO) build -tags $(TAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/ztunnel ./cmd/ztunnel
+	CGO_ENABLED=0 $(FIPS_ENV) $(GO) build -tags $(TAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/ztunnel$(FIPS_SUFFIX) ./cmd/ztunnel
 	$(GO) build -o $(BIN)/zbench ./cmd/zbench
 
 # The container image, without a Docker daemon: the static binary alone, uid 0 gid 1337 as
 # Istio's ztunnel chart runs it. Reproducible: the same commit gives the same digest
 # (-trimpath, fixed timestamps). Writes $(IMAGE_DIR)/oci (OCI layout: umoci, skopeo, crane)
-# and $(IMAGE_DIR)/ztunnel.tar (docker load / podman load).
-IMAGE     ?= gozt/ztunnel:$(VERSION)
-IMAGE_DIR ?= .tmp/image
+# and $(IMAGE_DIR)/ztunnel.tar (docker load / podman load). FIPS=1: the FIPS 140-3 image,
+# gozt/ztunnel:$(VERSION)-fips in .tmp/image-fips.
+IMAGE     ?= gozt/ztunnel:$(VERSION)$(FIPS_SUFFIX)
+IMAGE_DIR ?= .tmp/image$(FIPS_SUFFIX)
 image:
-	CGO_ENABLED=0 $(GO) build -trimpath -tags $(TAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/image/ztunnel ./cmd/ztunnel
-	$(GO) run ./cmd/mkimage -bin $(BIN)/image/ztunnel -tag $(IMAGE) -arch $$($(GO) env GOARCH) -out $(IMAGE_DIR)
+	CGO_ENABLED=0 $(FIPS_ENV) $(GO) build -trimpath -tags $(TAGS) -ldflags "$(LDFLAGS)" -o $(BIN)/image$(FIPS_SUFFIX)/ztunnel ./cmd/ztunnel
+	$(GO) run ./cmd/mkimage -bin $(BIN)/image$(FIPS_SUFFIX)/ztunnel -tag $(IMAGE) -arch $$($(GO) env GOARCH) -out $(IMAGE_DIR)
 
 # The Helm chart (deploy/charts/ztunnel, Istio's ztunnel chart's values): helm lint, a render
 # checked against Istio's DaemonSet, and deploy/manifests/ztunnel.yaml compared with the

@@ -2,12 +2,14 @@ package hbone
 
 import (
 	"context"
+	"crypto/fips140"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -265,13 +267,24 @@ func (p *Pool) h2Config(ctx context.Context, k Key) (*tls.Config, error) {
 	return tc, nil
 }
 
+// fipsHint is what a client handshake the peer refused adds to its error in FIPS 140-3
+// mode, where crypto/tls offers only approved parameters: the peer may accept none of them
+// (X25519 alone, say), which its handshake_failure alert does not say.
+func fipsHint(err error, tc *tls.Config) string {
+	var op *net.OpError
+	if !fips140.Enabled() || !errors.As(err, &op) || op.Op != "remote error" || !strings.HasSuffix(op.Err.Error(), "handshake failure") {
+		return ""
+	}
+	return fmt.Sprintf(" (FIPS 140-3 mode: this node offered only approved parameters, key exchange %v and AES-GCM; the peer may accept none of them)", tc.CurvePreferences)
+}
+
 // handshakeOver runs the TLS client handshake over raw, checks the peer chose h2 and starts
 // the HTTP/2 connection; on error raw is closed. what names the handshake in errors.
 func (p *Pool) handshakeOver(ctx context.Context, raw net.Conn, tc *tls.Config, k Key, what string) (*conn, error) {
 	ts := startTLS(raw, tc, false, &p.cfg.Config, &p.kernel)
 	if err := ts.handshake(ctx); err != nil {
 		raw.Close()
-		return nil, dialErr(k, fmt.Errorf("%s: %w", what, err), ctx)
+		return nil, dialErr(k, fmt.Errorf("%s: %w%s", what, err, fipsHint(err, tc)), ctx)
 	}
 	if h2, _ := negotiatedH2(ts.tc); !h2 {
 		raw.Close()

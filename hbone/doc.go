@@ -65,7 +65,8 @@
 // kernel is asked first (ktls.Available installs the TLS ULP, which leaves the socket
 // plain TCP until keys arrive). If it has kernel TLS (tls.ko), the handshake goes through
 // internal/ktls, and after it (and the ALPN check) the record layer moves to the kernel
-// if it also has the cipher suite; Config.DisableKernelTLS turns this off. Where it
+// if it also has the cipher suite; Config.DisableKernelTLS turns this off, and FIPS 140-3
+// mode does (internal/ktls refuses with "fips": records stay in Go's module). Where it
 // cannot, the connection runs in crypto/tls as before (from its start, when the kernel
 // said no before the handshake), and Config.OnTLS hears why in one word (no_kernel_tls,
 // cipher, ...); a kernel that refused the ULP is not asked again for a minute (each

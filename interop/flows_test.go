@@ -5,7 +5,9 @@ package interop
 import (
 	"context"
 	"io"
+	"maps"
 	"net"
+	"slices"
 	"testing"
 	"time"
 )
@@ -24,7 +26,8 @@ func (o observed) add(kase, pair, outcome string) {
 // TestFlows runs the same traffic through every pair of programs (client node → server
 // node, over HBONE with certificates from one CA) in dedicated mode with SOCKS5: what must
 // work is asserted per pair; what each pair answers to a reset backend and to each policy is
-// compared across the pairs, and a disagreement not in testdata/differences.txt fails.
+// compared across the pairs, and a disagreement not in testdata/differences.txt fails. The
+// FIPS gozt beside the Rust ztunnel (fipsPairs) must work and answer as gozt does there.
 func TestFlows(t *testing.T) {
 	requirePeers(t)
 	obs := observed{}
@@ -34,7 +37,20 @@ func TestFlows(t *testing.T) {
 			runFlows(t, m, pairName(pair), obs)
 		})
 	}
-	checkDifferences(t, "flows", compareObserved(obs))
+	for _, fp := range fipsPairs {
+		t.Run(pairName(fp.pair), func(t *testing.T) {
+			m := newMesh(t, fp.pair)
+			runFlows(t, m, pairName(fp.pair), obs)
+		})
+	}
+	checkDifferences(t, "flows", compareObserved(obs)) // pairs only
+	for _, kase := range slices.Sorted(maps.Keys(obs)) {
+		for _, fp := range fipsPairs {
+			if got, want := obs[kase][pairName(fp.pair)], obs[kase][pairName(fp.as)]; got != want {
+				t.Errorf("%s: %s=%s, %s=%s; want the same", kase, pairName(fp.pair), got, pairName(fp.as), want)
+			}
+		}
+	}
 }
 
 func runFlows(t *testing.T, m *mesh, pair string, obs observed) {

@@ -27,17 +27,21 @@ import (
 
 var rsFlag = flag.String("ztunnel-rs", "", "the Rust ztunnel's binary (default $ZTUNNEL_RS)")
 
-// The two programs. A node runs one of them.
+// The two programs. A node runs one of them; goztFIPS is gozt's FIPS 140-3 build
+// (GOFIPS140=v1.0.0, as make image FIPS=1 builds it), which TestFlows also runs beside the
+// Rust ztunnel.
 const (
-	gozt = "gozt"
-	rs   = "rs"
+	gozt     = "gozt"
+	rs       = "rs"
+	goztFIPS = "gozt-fips"
 )
 
 var (
-	buildOnce sync.Once
-	goztBin   string // built once per test binary, into buildDir
-	buildErr  error
-	buildDir  string
+	buildOnce   sync.Once
+	goztBin     string // built once per test binary, into buildDir
+	goztFIPSBin string // likewise, with GOFIPS140
+	buildErr    error
+	buildDir    string
 )
 
 func TestMain(m *testing.M) {
@@ -73,11 +77,14 @@ func requirePeers(t *testing.T) {
 		if buildDir, buildErr = os.MkdirTemp("", "gozt-interop-"); buildErr != nil {
 			return
 		}
-		goztBin = filepath.Join(buildDir, "ztunnel")
-		cmd := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", goztBin, "github.com/gozt/gozt/cmd/ztunnel")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/ztunnel: %v\n%s", err, out)
+		goztBin, goztFIPSBin = filepath.Join(buildDir, "ztunnel"), filepath.Join(buildDir, "ztunnel-fips")
+		for bin, env := range map[string][]string{goztBin: nil, goztFIPSBin: {"GOFIPS140=v1.0.0"}} {
+			cmd := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", bin, "github.com/gozt/gozt/cmd/ztunnel")
+			cmd.Env = append(append(os.Environ(), "CGO_ENABLED=0"), env...)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("%s go build ./cmd/ztunnel: %v\n%s", env, err, out)
+				return
+			}
 		}
 	})
 	if buildErr != nil {
@@ -87,8 +94,11 @@ func requirePeers(t *testing.T) {
 
 // binary returns the program's binary.
 func binary(prog string) string {
-	if prog == rs {
+	switch prog {
+	case rs:
 		return rsBinary()
+	case goztFIPS:
+		return goztFIPSBin
 	}
 	return goztBin
 }
@@ -97,6 +107,13 @@ func binary(prog string) string {
 var pairs = [][2]string{{gozt, gozt}, {gozt, rs}, {rs, gozt}, {rs, rs}}
 
 func pairName(p [2]string) string { return p[0] + "-" + p[1] }
+
+// fipsPairs put the FIPS gozt beside the Rust ztunnel, each in place of gozt in one of the
+// mixed pairs, whose outcomes it must match.
+var fipsPairs = []struct{ pair, as [2]string }{
+	{[2]string{goztFIPS, rs}, [2]string{gozt, rs}},
+	{[2]string{rs, goztFIPS}, [2]string{rs, gozt}},
+}
 
 // host is a network namespace with the sockets to reach into it from the test process.
 type host struct {

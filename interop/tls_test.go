@@ -59,6 +59,14 @@ func (m *mesh) clientCert(t *testing.T) tls.Certificate {
 // dialTLS handshakes with addr from node A's namespace presenting cert, at most TLS version
 // maxVersion, and says what was negotiated ("refused" when the handshake fails).
 func dialTLS(t *testing.T, m *mesh, addr string, maxVersion uint16, cert tls.Certificate) string {
+	return dialTLSConfig(t, m, addr, &tls.Config{
+		MaxVersion: maxVersion, Certificates: []tls.Certificate{cert},
+		InsecureSkipVerify: true, NextProtos: []string{"h2"},
+	})
+}
+
+// dialTLSConfig is dialTLS with the client's whole config.
+func dialTLSConfig(t *testing.T, m *mesh, addr string, cfg *tls.Config) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	raw, err := m.a.dial(ctx, addr)
@@ -66,10 +74,7 @@ func dialTLS(t *testing.T, m *mesh, addr string, maxVersion uint16, cert tls.Cer
 		t.Fatalf("dial %s: %v", addr, err)
 	}
 	defer raw.Close()
-	c := tls.Client(raw, &tls.Config{
-		MaxVersion: maxVersion, Certificates: []tls.Certificate{cert},
-		InsecureSkipVerify: true, NextProtos: []string{"h2"},
-	})
+	c := tls.Client(raw, cfg)
 	c.SetDeadline(time.Now().Add(10 * time.Second))
 	if err := c.Handshake(); err != nil {
 		t.Logf("handshake: %v", err)
@@ -87,7 +92,27 @@ func dialTLS(t *testing.T, m *mesh, addr string, maxVersion uint16, cert tls.Cer
 		return "refused after the handshake"
 	}
 	cs := c.ConnectionState()
-	return fmt.Sprintf("%s %s alpn %s", tls.VersionName(cs.Version), tls.CipherSuiteName(cs.CipherSuite), cs.NegotiatedProtocol)
+	return fmt.Sprintf("%s %s %s alpn %s", tls.VersionName(cs.Version), tls.CipherSuiteName(cs.CipherSuite), cs.CurveID, cs.NegotiatedProtocol)
+}
+
+// TestFIPSOffer dials the Rust ztunnel's 15008 with what a FIPS gozt offers (X25519MLKEM768,
+// P-256, P-384 and TLS 1.3's AES-GCM suites: crypto/tls in FIPS 140-3 mode offers nothing
+// else) and with what a FIPS gozt without ML-KEM would, and says what the Rust ztunnel
+// picks: an approved group, both times. TestFlows runs the FIPS gozt itself beside it.
+func TestFIPSOffer(t *testing.T) {
+	requirePeers(t)
+	m := newHosts(t)
+	startNode(t, rs, m.b, m.dedicatedEnv(rs, "node-b", "default/server/server"))
+	for _, curves := range [][]tls.CurveID{{tls.X25519MLKEM768, tls.CurveP256, tls.CurveP384}, {tls.CurveP256, tls.CurveP384}} {
+		got := dialTLSConfig(t, m, net.JoinHostPort(serverIP, "15008"), &tls.Config{
+			MinVersion: tls.VersionTLS13, CurvePreferences: curves, Certificates: []tls.Certificate{m.clientCert(t)},
+			InsecureSkipVerify: true, NextProtos: []string{"h2"},
+		})
+		t.Logf("offering %v: the Rust ztunnel negotiates %s", curves, got)
+		if !strings.Contains(got, " "+curves[0].String()+" ") {
+			t.Errorf("offering %v: %s; want %v", curves, got, curves[0])
+		}
+	}
 }
 
 // TestCRL gives each program as node B a CRL_PATH that revokes one client certificate of the

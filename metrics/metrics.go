@@ -108,8 +108,8 @@ type Metrics struct {
 	HBONEKeyLimit, HBONEKeyLimitStreams *prometheus.CounterVec
 	// HBONEHandshakeFailures counts failed inbound HBONE TLS handshakes by reason
 	// (identity/certs.HandshakeFailure's: no_client_certificate, unknown_ca, expired,
-	// bad_certificate, revoked, wrong_trust_domain, cipher, no_local_identity, peer_alert,
-	// protocol, timeout, peer_closed, other).
+	// bad_certificate, revoked, wrong_trust_domain, cipher, not_fips_approved,
+	// no_local_identity, peer_alert, protocol, timeout, peer_closed, other).
 	HBONEHandshakeFailures *prometheus.CounterVec
 	// ConnectRetries, ConnectRetriesOverBudget and EndpointEjections count the proxy's
 	// endpoint retries, the retries its retry budget refused, and its outlier ejections, by

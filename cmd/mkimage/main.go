@@ -5,17 +5,23 @@
 // entries are written in a fixed order. It writes an OCI layout (for umoci, crane, skopeo)
 // and a docker-archive tarball (for docker load, podman load).
 //
+// A FIPS 140-3 build (GOFIPS140 set when the binary was built, make image FIPS=1) gets the
+// label gozt.fips140 naming its Go Cryptographic Module, and its tag must end in -fips; the
+// tag of any other binary must not, so that the tag says which image it is.
+//
 //	mkimage -bin bin/image/ztunnel -tag gozt/ztunnel:dev -out .tmp/image
 package main
 
 import (
 	"archive/tar"
 	"bytes"
+	"debug/buildinfo"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -53,7 +59,17 @@ func build(bin, tag, arch, out string) (v1.Hash, error) {
 	if err != nil {
 		return v1.Hash{}, err
 	}
-	img, err := image(bin, arch)
+	fips, err := fipsModule(bin)
+	if err != nil {
+		return v1.Hash{}, err
+	}
+	switch suffixed := strings.HasSuffix(ref.TagStr(), fipsSuffix); {
+	case fips != "" && !suffixed:
+		return v1.Hash{}, fmt.Errorf("%s is a FIPS 140-3 build (GOFIPS140=%s): its tag must end in %s, not %q", bin, fips, fipsSuffix, ref.TagStr())
+	case fips == "" && suffixed:
+		return v1.Hash{}, fmt.Errorf("%s is not a FIPS 140-3 build (no GOFIPS140): its tag must not end in %s", bin, fipsSuffix)
+	}
+	img, err := image(bin, arch, fips)
 	if err != nil {
 		return v1.Hash{}, err
 	}
@@ -75,8 +91,30 @@ func build(bin, tag, arch, out string) (v1.Hash, error) {
 	return img.Digest()
 }
 
-// image is the OCI image: one gzip layer, the chart's user, the binary as entrypoint.
-func image(bin, arch string) (v1.Image, error) {
+// fipsSuffix ends the tag of a FIPS 140-3 image.
+const fipsSuffix = "-fips"
+
+// fipsLabel names, on a FIPS 140-3 image, the Go Cryptographic Module its binary links.
+const fipsLabel = "gozt.fips140"
+
+// fipsModule returns the GOFIPS140 setting bin was built with ("v1.0.0-c2097c7c"), or ""
+// for a build without one.
+func fipsModule(bin string) (string, error) {
+	bi, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", bin, err)
+	}
+	for _, s := range bi.Settings {
+		if s.Key == "GOFIPS140" && s.Value != "off" {
+			return s.Value, nil
+		}
+	}
+	return "", nil
+}
+
+// image is the OCI image: one gzip layer, the chart's user, the binary as entrypoint, and
+// for a FIPS 140-3 build (fips: its module) the label saying so.
+func image(bin, arch, fips string) (v1.Image, error) {
 	exe, err := os.ReadFile(bin)
 	if err != nil {
 		return nil, err
@@ -112,6 +150,9 @@ func image(bin, arch string) (v1.Image, error) {
 		User:       "0:1337", // the chart's runAsUser and runAsGroup
 		WorkingDir: "/",
 		Env:        []string{"PATH=/"},
+	}
+	if fips != "" {
+		cf.Config.Labels = map[string]string{fipsLabel: fips}
 	}
 	return mutate.ConfigFile(img, cf)
 }

@@ -20,12 +20,13 @@ import (
 	"github.com/gozt/gozt/internal/testutil"
 )
 
-// buildStatic builds the node binary as make image does.
-func buildStatic(t *testing.T) string {
+// buildStatic builds the node binary as make image does; env adds to its build environment
+// (GOFIPS140=v1.0.0: make image FIPS=1).
+func buildStatic(t *testing.T, env ...string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "ztunnel")
 	cmd := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-o", bin, "github.com/gozt/gozt/cmd/ztunnel")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd.Env = append(append(os.Environ(), "CGO_ENABLED=0"), env...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -72,6 +73,41 @@ func TestReproducible(t *testing.T) {
 	layers, _ := img.Layers()
 	if len(layers) != 1 {
 		t.Errorf("%d layers; want 1", len(layers))
+	}
+}
+
+// The FIPS 140-3 image (make image FIPS=1): its tag must say -fips and another's must not,
+// its label names the module, and two builds from the binary give one digest.
+func TestFIPSImage(t *testing.T) {
+	fipsBin := buildStatic(t, "GOFIPS140=v1.0.0")
+	if _, err := build(fipsBin, "gozt/ztunnel:test", "amd64", t.TempDir()); err == nil || !strings.Contains(err.Error(), "must end in -fips") {
+		t.Errorf("FIPS build tagged without -fips: %v; want refused", err)
+	}
+	if _, err := build(buildStatic(t), "gozt/ztunnel:test-fips", "amd64", t.TempDir()); err == nil || !strings.Contains(err.Error(), "not a FIPS 140-3 build") {
+		t.Errorf("default build tagged -fips: %v; want refused", err)
+	}
+	a, b := t.TempDir(), t.TempDir()
+	da, err := build(fipsBin, "gozt/ztunnel:test-fips", "amd64", a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if db, err := build(fipsBin, "gozt/ztunnel:test-fips", "amd64", b); err != nil || da != db {
+		t.Errorf("digests %v and %v (%v); want one", da, db, err)
+	}
+	p, err := layout.FromPath(filepath.Join(a, "oci"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := p.Image(da)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cf.Config.Labels[fipsLabel]; !strings.HasPrefix(got, "v1.0.0-") || len(cf.Config.Env) != 1 {
+		t.Errorf("label %s = %q, env %v; want the module v1.0.0-... and PATH alone (the binary holds fips140=on)", fipsLabel, got, cf.Config.Env)
 	}
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/fips140"
 	"errors"
 	"flag"
 	"fmt"
@@ -184,7 +185,7 @@ func settings() []setting {
 		size("HTTP2_STREAM_WINDOW_SIZE", "4Mi", "HTTP/2 stream flow-control window", func(c *config) *uint32 { return &c.StreamWindow }),
 		size("HTTP2_CONNECTION_WINDOW_SIZE", "16Mi", "HTTP/2 connection flow-control window", func(c *config) *uint32 { return &c.ConnWindow }),
 		size("HTTP2_FRAME_SIZE", "1Mi", "HTTP/2 max frame size", func(c *config) *uint32 { return &c.FrameSize }),
-		goztOnly(boolean("KERNEL_TLS", "true", "after the TLS 1.3 handshake, hand HBONE connections' TLS records to the Linux kernel (kernel TLS, tls.ko) and splice DATA payloads, where the kernel offers it; connections it cannot take stay in user space (one INFO line per reason, metric hbone_kernel_tls_connections_total). false: always user space", func(c *config) *bool { return &c.KernelTLS })),
+		goztOnly(boolean("KERNEL_TLS", "true", "after the TLS 1.3 handshake, hand HBONE connections' TLS records to the Linux kernel (kernel TLS, tls.ko) and splice DATA payloads, where the kernel offers it; connections it cannot take stay in user space (one INFO line per reason, metric hbone_kernel_tls_connections_total). false: always user space. Off in FIPS 140-3 mode, where true is refused (docs/CONFIGURATION.md, FIPS 140-3)", func(c *config) *bool { return &c.KernelTLS })),
 		goztOnly(boolean("ENABLE_RESET_PROPAGATION", "true", "carry a TCP reset as a reset (RFC 9113 §8.5): a peer's RST becomes RST_STREAM(CONNECT_ERROR) and back, and a connection refused after it was accepted (no route, dial failure, policy) gets a RST. false: a FIN in each case, as the Rust ztunnel does", func(c *config) *bool { return &c.ResetPropagation })),
 		goztOnly(count("ENDPOINT_CONNECT_RETRIES", "2", "gozt only. An outbound connection to a service whose endpoint fails before any byte has moved (dial, TLS, a 5xx CONNECT answer such as the backend refusing) is tried on up to this many other endpoints, all within the connect's one dial timeout (10s), of which an attempt that can still be retried gets an equal share (an endpoint that never answers leaves time to try another); never once bytes have flowed, nor after a failure of the node's own (its certificate, its file descriptors). Retries in flight to a service are held to 20% of the connects in flight to it, at least 3 (Envoy's retry budget). 0: fail at once, as the Rust ztunnel does (metrics outbound_connect_retries_total, outbound_connect_retries_over_budget_total)", func(c *config) *int { return &c.ConnectRetries })),
 		goztOnly(count("ENDPOINT_EJECTION_FAILURES", "3", "gozt only. A service endpoint (a workload and port) this many outbound connects in a row failed on is picked only when no other is left, for 5s, doubling with each ejection in a row up to 2m; its next success on that port ends it. Only failures the endpoint caused count, not the node's own (passive outlier detection; metric outbound_endpoint_ejections_total, ejected endpoints in /config_dump). 0: off, as the Rust ztunnel", func(c *config) *int { return &c.EjectionFailures })),
@@ -307,6 +308,9 @@ func loadConfigMesh(getenv func(string) (string, bool), environ []string, args [
 		}
 	}
 	if err := resolveSources(c, explicit, meshPath); err != nil {
+		return nil, err
+	}
+	if err := fipsKernelTLS(c, explicit, fips140.Enabled()); err != nil {
 		return nil, err
 	}
 	if c.local().Dedicated() && c.ProxyWorkloadInfo.IsZero() {

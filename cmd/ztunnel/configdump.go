@@ -9,7 +9,9 @@ import (
 // configDump is /config_dump's sections (admin.go serves them).
 func (n *ztunnel) configDump() map[string]any {
 	d := map[string]any{
-		"version":      map[string]string{"version": version, "buildInfo": versionString()},
+		// fips140 (gozt's) is FIPS 140-3 mode, its module and build, where the Rust ztunnel
+		// names its cryptoProvider.
+		"version":      map[string]any{"version": version, "buildInfo": versionString(), "fips140": currentFIPS()},
 		"config":       n.cfg,
 		"certificates": n.certs.Dump(),
 	}

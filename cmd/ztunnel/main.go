@@ -43,6 +43,10 @@ func mainExit(args []string) int {
 			return 0
 		}
 	}
+	if err := currentFIPS().check(); err != nil {
+		fmt.Fprintln(os.Stderr, "ztunnel:", err)
+		return 2
+	}
 	reexecWithSysmonPolling()
 	cfg, err := loadConfig(osGetenv, os.Environ(), args)
 	if err != nil {
@@ -93,7 +97,11 @@ func versionString() string {
 				rev = s.Value
 			}
 		}
-		return fmt.Sprintf("ztunnel (gozt) %s revision %s %s", version, rev, bi.GoVersion)
+		s := fmt.Sprintf("ztunnel (gozt) %s revision %s %s", version, rev, bi.GoVersion)
+		if f := currentFIPS(); f.Build != "off" {
+			s += " GOFIPS140=" + f.Build
+		}
+		return s
 	}
 	return "ztunnel (gozt) " + version
 }

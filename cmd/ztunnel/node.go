@@ -340,7 +340,7 @@ func (n *ztunnel) serveAndDrain(ctx context.Context, servers []*http.Server, sta
 		n.crl.Watch(n.closeRevoked)
 	}
 
-	slog.Info("ztunnel started", "version", version, "mode", n.local.Mode, "threads", runtime.GOMAXPROCS(0), "listeners", n.listenerSummary())
+	slog.Info("ztunnel started", "version", version, "mode", n.local.Mode, "threads", runtime.GOMAXPROCS(0), "listeners", n.listenerSummary(), "fips140", currentFIPS().logValue())
 	if started != nil {
 		started(n)
 	}

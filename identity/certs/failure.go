@@ -2,6 +2,7 @@ package certs
 
 import (
 	"context"
+	"crypto/fips140"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -49,6 +50,7 @@ const (
 	FailRevoked         = "revoked"               // CRL_PATH revokes a certificate of its chain
 	FailTrustDomain     = "wrong_trust_domain"    // a valid certificate of another trust domain
 	FailCipher          = "cipher"                // a cipher suite the mesh does not use
+	FailNotApproved     = "not_fips_approved"     // FIPS 140-3 mode: the peer offered only parameters, or a certificate key, the mode refuses
 	FailNoLocalIdentity = "no_local_identity"     // we have no certificate for the address it dialed
 	FailPeerAlert       = "peer_alert"            // the peer refused the handshake (our certificate, say)
 	FailProtocol        = "protocol"              // not TLS, or a version or parameters we do not speak
@@ -66,6 +68,7 @@ func HandshakeFailure(err error) string {
 		revoked *RevokedError
 		td      *trustDomainError
 		ce      *cipherError
+		uk      *unapprovedKeyError
 		ua      x509.UnknownAuthorityError
 		ci      x509.CertificateInvalidError
 		op      *net.OpError
@@ -86,6 +89,8 @@ func HandshakeFailure(err error) string {
 		return FailTrustDomain
 	case errors.As(err, &ce):
 		return FailCipher
+	case errors.As(err, &uk), fips140.Enabled() && notApprovedNegotiation(err.Error()):
+		return FailNotApproved
 	case errors.As(err, &ua):
 		return FailUnknownCA
 	case errors.As(err, &ci):

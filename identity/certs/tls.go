@@ -2,6 +2,7 @@ package certs
 
 import (
 	"context"
+	"crypto/fips140"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -12,16 +13,24 @@ import (
 	"github.com/gozt/gozt/identity"
 )
 
-// Key exchange: hybrid post-quantum first, X25519 so peers without ML-KEM (older Rust
-// ztunnels) still connect.
+// Key exchange, the Rust ztunnel's groups (rustls' defaults on aws-lc-rs): hybrid
+// post-quantum first, X25519 for peers without ML-KEM (older Rust ztunnels), then P-256 and
+// P-384 for peers limited to NIST curves (FIPS builds of either ztunnel). In FIPS 140-3 mode
+// crypto/tls drops X25519 from any list (crypto/tls/defaults_fips140.go); fipsCurves is
+// what it keeps of ours, offered as such so that what a FIPS node offers is written here.
+// P-256 is then also the only group a TLS 1.2 peer (TLS12_ENABLED) can use.
 var (
-	curves    = []tls.CurveID{tls.X25519MLKEM768, tls.X25519}
-	pqcCurves = []tls.CurveID{tls.X25519MLKEM768} // COMPLIANCE_POLICY=pqc
+	curves     = []tls.CurveID{tls.X25519MLKEM768, tls.X25519, tls.CurveP256, tls.CurveP384}
+	fipsCurves = []tls.CurveID{tls.X25519MLKEM768, tls.CurveP256, tls.CurveP384}
+	pqcCurves  = []tls.CurveID{tls.X25519MLKEM768} // COMPLIANCE_POLICY=pqc, in either mode
 )
 
 func (m *Manager) curves() []tls.CurveID {
-	if m.cfg.PQCOnly {
+	switch {
+	case m.cfg.PQCOnly:
 		return pqcCurves
+	case fips140.Enabled():
+		return fipsCurves
 	}
 	return curves
 }
@@ -81,6 +90,9 @@ func verifyPeer(h *held, crl *CRL, chain []*x509.Certificate) (identity.ID, erro
 	})
 	if err != nil {
 		return identity.ID{}, fmt.Errorf("certs: peer certificate %v (serial %s) rejected: %w", leaf.URIs, leaf.SerialNumber, err)
+	}
+	if chains, err = fipsChains(chains); err != nil {
+		return identity.ID{}, err
 	}
 	for _, verified := range chains {
 		if err := crl.check(verified); err != nil {
@@ -174,7 +186,8 @@ func PeerIdentity(cs tls.ConnectionState) (identity.ID, error) {
 }
 
 // ClientConfig returns the config for dialing as src a server that must be one of expected:
-// TLS 1.3 only (1.2 too with Config.TLS12), AES-GCM, X25519MLKEM768 preferred with X25519 fallback, ALPN h2, no SNI (the
+// TLS 1.3 only (1.2 too with Config.TLS12), AES-GCM, X25519MLKEM768 preferred with X25519,
+// P-256 and P-384 fallbacks (no X25519 in FIPS 140-3 mode), ALPN h2, no SNI (the
 // caller must leave ServerName empty), no session resumption. The client certificate is
 // looked up per handshake, so a long-lived pool picks up rotations by itself. The server's
 // chain is verified against src's bundle and its URI SAN must be one of expected. ctx bounds

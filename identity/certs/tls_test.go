@@ -148,6 +148,24 @@ func TestHandshakeX25519Fallback(t *testing.T) {
 	}
 }
 
+// A peer limited to NIST curves (a FIPS build of either ztunnel without ML-KEM) gets P-256,
+// as from the Rust ztunnel, whose rustls offers P-256 and P-384 after X25519.
+func TestHandshakeNISTFallback(t *testing.T) {
+	leaktest.Check(t)
+	_, g, sc := setup(t)
+	now := time.Now()
+	for _, curve := range []tls.CurveID{tls.CurveP256, tls.CurveP384} {
+		nist := &tls.Config{
+			MinVersion: tls.VersionTLS13, CurvePreferences: []tls.CurveID{curve},
+			Certificates: []tls.Certificate{g.root.Issue(t, idA, now, now.Add(time.Hour)).Certificate}, InsecureSkipVerify: true, NextProtos: []string{"h2"},
+		}
+		r := handshake(t, nist, sc)
+		if r.clientErr != nil || r.serverErr != nil || r.server.CurveID != curve {
+			t.Errorf("peer offering %v: client err %v, server err %v, key exchange %v", curve, r.clientErr, r.serverErr, r.server.CurveID)
+		}
+	}
+}
+
 func TestHandshakePQCOnly(t *testing.T) {
 	leaktest.Check(t)
 	g := newGated(t, time.Hour)

@@ -2,6 +2,8 @@ package istiogrpc_test
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/rsa"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	"github.com/gozt/gozt/identity/ca/catest"
 	"github.com/gozt/gozt/internal/istiogrpc"
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 // The server in these tests is catest's real IstioCertificateService on loopback; an empty
@@ -138,6 +141,31 @@ func TestRoots(t *testing.T) {
 		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
 			t.Errorf("%s: err = %v; want one containing %q", tc.name, err, tc.wantErr)
 		}
+	}
+}
+
+// TestFIPSMode: in FIPS 140-3 mode (a child process, testutil.InFIPSMode) the xDS and CA
+// connections still reach an istiod whose chain has approved keys (catest's P-256), and
+// refuse one whose serving key is 1024-bit RSA: crypto/tls verifies these chains itself, and
+// applies FIPS 140-3's key rule to them.
+func TestFIPSMode(t *testing.T) {
+	if !testutil.InFIPSMode(t) {
+		return
+	}
+	leaktest.Check(t)
+	root := catest.NewRoot(t, "root")
+	srv := catest.StartIstioTLS(t, root, "127.0.0.1")
+	ep := newEndpoint(t, istiogrpc.Config{Address: srv.Addr, RootCA: root.WriteRootFile(t)})
+	if _, err := call(t, ep, srv); err != nil {
+		t.Fatalf("P-256 chain: %v", err)
+	}
+	key, err := rsa.GenerateKey(rand.Reader, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.SetTLSCert(root.ServingCertKey(t, key, "127.0.0.1"))
+	if _, err := call(t, ep, srv); err == nil || !strings.Contains(err.Error(), "no FIPS compatible certificate chains found") {
+		t.Fatalf("1024-bit RSA serving key: err = %v; want no FIPS compatible chain", err)
 	}
 }
 

@@ -33,6 +33,9 @@
 // Conn.Records gives the kernel's record sequence numbers both ways, by which hbone drains
 // a connection well before either limit (hbone/keylimit.go).
 //
+// Never in FIPS 140-3 mode (crypto/fips140.Enabled): Available and Enable refuse with
+// ReasonFIPS, since the kernel's AES-GCM is not the Go Cryptographic Module (errFIPS).
+//
 // Splicer moves bytes socket → pipe → socket with splice(2), so a payload read from a TCP
 // socket reaches a kernel TLS socket (and back) without crossing user space. FillFD,
 // DrainFD and DrainN serve callers that wait in their own RawConn callbacks (to hold no
@@ -50,6 +53,7 @@ package ktls
 import (
 	"bytes"
 	"context"
+	"crypto/fips140"
 	"crypto/hkdf"
 	"crypto/sha256"
 	"crypto/sha512"
@@ -78,6 +82,7 @@ const (
 	ReasonKernelKeys   Reason = "kernel_rejected" // TLS_TX or TLS_RX refused (e.g. the kernel lacks that cipher)
 	ReasonNotSupported Reason = "unsupported_os"  // not Linux
 	ReasonNotTCP       Reason = "not_tcp"         // the connection is neither a *net.TCPConn nor a TCPWrapper
+	ReasonFIPS         Reason = "fips"            // FIPS 140-3 mode: records stay with Go's validated module
 )
 
 // FallbackError is Enable's error. Unless Unusable is set, the *tls.Conn from Client or
@@ -141,12 +146,15 @@ type Handoff struct {
 }
 
 // Available reports whether the kernel can take tcp's records, as a *FallbackError
-// (ReasonNoKernelTLS, ReasonNotSupported) if not. It installs the TLS ULP (setsockopt
+// (ReasonNoKernelTLS, ReasonNotSupported; ReasonFIPS in FIPS 140-3 mode) if not. It installs the TLS ULP (setsockopt
 // TCP_ULP "tls"), which without keys leaves the socket plain TCP, so the handshake runs
 // as before; Enable then only adds the keys. A caller that asks first runs a connection
 // the kernel cannot take through plain crypto/tls from its start, not through Client's
 // record-exact reads. tcp must be connected.
 func Available(tcp *net.TCPConn) error {
+	if fips140.Enabled() {
+		return errFIPS
+	}
 	rc, err := tcp.SyscallConn()
 	if err != nil {
 		return &FallbackError{Reason: ReasonNoKernelTLS, Err: err}
@@ -163,6 +171,12 @@ func Available(tcp *net.TCPConn) error {
 	}
 	return nil
 }
+
+// errFIPS is every refusal in FIPS 140-3 mode (crypto/fips140.Enabled). Kernel TLS would
+// take each connection's traffic keys out of the Go Cryptographic Module, through the key
+// log, and encrypt its records with the kernel's AES-GCM, which is not that module: the
+// records of a FIPS node are sealed by the validated module or not at all.
+var errFIPS = &FallbackError{Reason: ReasonFIPS, Err: errors.New("FIPS 140-3 mode keeps TLS records in Go's cryptographic module")}
 
 // TCPWrapper is a connection over a *net.TCPConn (TCP returns it) whose Read and Write
 // go straight to that socket until Enable has returned; after a fallback its writes may
@@ -250,7 +264,7 @@ func (h *Handoff) Handshake(ctx context.Context) error {
 	return nil
 }
 
-// Enable switches the connection to kernel TLS. On success the *tls.Conn must be neither
+// Enable switches the connection to kernel TLS (never in FIPS 140-3 mode). On success the *tls.Conn must be neither
 // used (its raw connection refuses I/O) nor closed: the returned Conn owns the socket. On a
 // *FallbackError the *tls.Conn carries on (unless Unusable), now with plain reads.
 func (h *Handoff) Enable() (*Conn, error) {
@@ -258,6 +272,10 @@ func (h *Handoff) Enable() (*Conn, error) {
 		return nil, errors.New("ktls: Enable called twice, or after Decline")
 	}
 	h.enableAttempted = true
+	if fips140.Enabled() {
+		h.raw.mode.Store(modePass)
+		return nil, errFIPS
+	}
 	keys, ferr := h.keys()
 	if ferr != nil {
 		h.raw.mode.Store(modePass)

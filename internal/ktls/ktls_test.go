@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 func unhex(t *testing.T, s string) []byte {
@@ -369,6 +370,26 @@ func TestDecline(t *testing.T) {
 	if kc, err := ch.Enable(); kc != nil || err == nil {
 		t.Errorf("Enable after Decline = %v, %v; want an error", kc, err)
 	}
+}
+
+// TestFIPSModeRefused: in FIPS 140-3 mode neither Available nor Enable hands a connection
+// to the kernel, whether or not it has kernel TLS (the VM's has), and the *tls.Conn
+// carries on.
+func TestFIPSModeRefused(t *testing.T) {
+	if !testutil.InFIPSMode(t) {
+		return
+	}
+	leaktest.Check(t)
+	a, _ := tcpPair(t)
+	var fe *FallbackError
+	if err := Available(a); !errors.As(err, &fe) || fe.Reason != ReasonFIPS {
+		t.Errorf("Available = %v; want reason %q", err, ReasonFIPS)
+	}
+	ccfg, scfg := testConfigs(t)
+	client, server := handshake(t, ccfg, scfg, true, true)
+	checkFallback(t, client, ReasonFIPS)
+	checkFallback(t, server, ReasonFIPS)
+	exchange(t, client.tc, server.tc, 64<<10)
 }
 
 func checkFallback(t *testing.T, s side, want Reason) {

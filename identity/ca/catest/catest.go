@@ -7,6 +7,7 @@ package catest
 
 import (
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -196,6 +197,22 @@ func (r *Root) IssueErr(id identity.ID, notBefore, notAfter time.Time) (*ca.Issu
 	if err != nil {
 		return nil, err
 	}
+	return r.issueKey(id, key, notBefore, notAfter)
+}
+
+// IssueKey is Issue for a leaf carrying key (RSA, Ed25519, another curve: what a CA with
+// other keys than Istio's issues), valid from a minute ago for an hour.
+func (r *Root) IssueKey(tb testing.TB, id identity.ID, key crypto.Signer) *ca.Issued {
+	tb.Helper()
+	now := time.Now()
+	iss, err := r.issueKey(id, key, now.Add(-time.Minute), now.Add(time.Hour))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return iss
+}
+
+func (r *Root) issueKey(id identity.ID, key crypto.Signer, notBefore, notAfter time.Time) (*ca.Issued, error) {
 	leaf, err := r.sign(key.Public(), id.String(), notBefore, notAfter)
 	if err != nil {
 		return nil, err
@@ -244,6 +261,20 @@ func (r *Root) NewServingCert(names ...string) (tls.Certificate, error) {
 	if err != nil {
 		return tls.Certificate{}, err
 	}
+	return r.servingCert(key, names)
+}
+
+// ServingCertKey is ServingCert carrying key (an RSA key, say).
+func (r *Root) ServingCertKey(tb testing.TB, key crypto.Signer, names ...string) tls.Certificate {
+	tb.Helper()
+	c, err := r.servingCert(key, names)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return c
+}
+
+func (r *Root) servingCert(key crypto.Signer, names []string) (tls.Certificate, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
 		NotBefore:    time.Now().Add(-time.Hour),
