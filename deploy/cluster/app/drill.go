@@ -89,7 +89,7 @@ func hashConn(c net.Conn, who string) {
 type loadStats struct {
 	mu        sync.Mutex
 	conns     map[string]int // outcome (ok, refused, reset, closed, timeout, wrong, other) -> count
-	connMs    []int          // time to the answer of each successful connection
+	connMs    map[string][]int // time to the answer of each successful connection, by target
 	lookups   map[string]int // ok, timeout, servfail, nxdomain, empty, other
 	lookupMs  []int
 	broken    int // long-lived streams that ended with an error after carrying bytes
@@ -113,7 +113,7 @@ type loadEvent struct {
 type loadLine struct {
 	T         time.Time      `json:"t"`
 	Conns     map[string]int `json:"conns"`
-	ConnMs    []int          `json:"connMs"`
+	ConnMs    map[string][]int `json:"connMs"`
 	Lookups   map[string]int `json:"lookups"`
 	LookupMs  []int          `json:"lookupMs"`
 	Broken    int            `json:"broken"`
@@ -136,7 +136,7 @@ func (s *loadStats) flush(now time.Time) loadLine {
 	defer s.mu.Unlock()
 	l := loadLine{T: now.UTC(), Conns: s.conns, ConnMs: s.connMs, Lookups: s.lookups, LookupMs: s.lookupMs,
 		Broken: s.broken, Redials: s.redials, StreamsUp: s.streamsUp, Events: s.events}
-	s.conns, s.lookups, s.connMs, s.lookupMs, s.events = map[string]int{}, map[string]int{}, nil, nil, nil
+	s.conns, s.lookups, s.connMs, s.lookupMs, s.events = map[string]int{}, map[string]int{}, map[string][]int{}, nil, nil
 	s.broken, s.redials = 0, 0
 	return l
 }
@@ -174,7 +174,7 @@ func drillLoad(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	s := &loadStats{conns: map[string]int{}, lookups: map[string]int{}}
+	s := &loadStats{conns: map[string]int{}, lookups: map[string]int{}, connMs: map[string][]int{}}
 	var wg sync.WaitGroup
 	every := func(perSecond int, f func(i int)) {
 		if perSecond <= 0 {
@@ -266,7 +266,7 @@ func hashRequest(s *loadStats, addr string) {
 	s.mu.Lock()
 	s.conns[kind]++
 	if kind == "ok" {
-		s.connMs = append(s.connMs, int(time.Since(start).Milliseconds()))
+		s.connMs[addr] = append(s.connMs[addr], int(time.Since(start).Milliseconds()))
 	}
 	s.mu.Unlock()
 	if kind != "ok" {
