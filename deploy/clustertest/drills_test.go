@@ -341,7 +341,7 @@ func (d *drills) steady(what string) {
 				return fmt.Errorf("no load line from %s", node)
 			}
 			l := ls[len(ls)-1]
-			if l.StreamsUp != 4 || failedOf(l.Conns) > 0 || failedOf(l.Lookups) > 0 || l.Conns["ok"] == 0 {
+			if l.StreamsUp != 4 || connsFailed(l) > 0 || failedOf(l.Lookups) > 0 || connsOK(l) == 0 {
 				return fmt.Errorf("%s: %+v", node, l)
 			}
 		}
@@ -367,7 +367,7 @@ func (d *drills) settled(faultAt time.Time) time.Time {
 			n := 0
 			for i := len(ls) - 1; i >= 0 && n < 5; i-- {
 				l := ls[i]
-				if failedOf(l.Conns) > 0 || failedOf(l.Lookups) > 0 || l.StreamsUp != 4 || l.Broken+l.Redials > 0 {
+				if connsFailed(l) > 0 || failedOf(l.Lookups) > 0 || l.StreamsUp != 4 || l.Broken+l.Redials > 0 {
 					break
 				}
 				n++
@@ -395,7 +395,7 @@ func failedOf(m map[string]int) int {
 // loadLine is one second of a load pod's report (deploy/cluster/app's loadLine).
 type loadLine struct {
 	T         time.Time
-	Conns     map[string]int
+	Conns     map[string]map[string]int // by target, by outcome
 	ConnMs    map[string][]int // by target
 	Lookups   map[string]int
 	LookupMs  []int
@@ -464,8 +464,21 @@ func (d *drills) collect(program string, dr drill, rep int, base, faultAt, end t
 				ms = append(ms, v...)
 				r.slowestMs = max(r.slowestMs, slices.Max(v))
 			}
-			for _, v := range l.Conns {
-				r.connsTried += v
+			for target, outcomes := range l.Conns {
+				for kind, n := range outcomes {
+					r.connsTried += n
+					switch {
+					case kind == "ok":
+					case !dr.counted(node, target):
+						r.outside += n
+					default:
+						r.connsFailed += n
+						r.connFails[kind] += n
+						if !l.T.Before(faultAt) && l.T.After(lastFail) {
+							lastFail = l.T // the end of the second it failed in
+						}
+					}
+				}
 			}
 			for k, v := range l.Lookups {
 				r.lookupsTried += v
@@ -476,25 +489,12 @@ func (d *drills) collect(program string, dr drill, rep int, base, faultAt, end t
 			}
 			r.broken += l.Broken
 			for _, e := range l.Events {
-				switch e.What {
-				case "conn":
-					if !dr.counted(node, e.Target) {
-						r.outside++
-						continue
-					}
-					r.connsFailed++
-					r.connFails[e.Kind]++
-					if !e.T.Before(faultAt) && e.T.After(lastFail) {
-						lastFail = e.T
-					}
+				if e.What == "conn" && !dr.counted(node, e.Target) {
+					continue
 				}
-				if len(r.firstErrors) < 3 && (e.What != "conn" || dr.counted(node, e.Target)) {
+				if len(r.firstErrors) < 3 {
 					r.firstErrors = append(r.firstErrors, fmt.Sprintf("%s %s %s %s: %s", e.T.Format("15:04:05.000"), node, e.What, e.Target, e.Err))
 				}
-			}
-			// Failures past the 20 events a line keeps are in the counts only.
-			if n := failedOf(l.Conns); n > countConnEvents(l) {
-				r.connsFailed += n - countConnEvents(l)
 			}
 		}
 	}
@@ -505,12 +505,18 @@ func (d *drills) collect(program string, dr drill, rep int, base, faultAt, end t
 	return r
 }
 
-func countConnEvents(l loadLine) int {
+func connsFailed(l loadLine) int {
 	n := 0
-	for _, e := range l.Events {
-		if e.What == "conn" {
-			n++
-		}
+	for _, o := range l.Conns {
+		n += failedOf(o)
+	}
+	return n
+}
+
+func connsOK(l loadLine) int {
+	n := 0
+	for _, o := range l.Conns {
+		n += o["ok"]
 	}
 	return n
 }

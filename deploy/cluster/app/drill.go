@@ -88,7 +88,7 @@ func hashConn(c net.Conn, who string) {
 // loadStats is what app load counts between two report lines. The mutex guards every field.
 type loadStats struct {
 	mu        sync.Mutex
-	conns     map[string]int // outcome (ok, refused, reset, closed, timeout, wrong, other) -> count
+	conns     map[string]map[string]int // target -> outcome (ok, dns, refused, reset, closed, timeout, wrong, other) -> count
 	connMs    map[string][]int // time to the answer of each successful connection, by target
 	lookups   map[string]int // ok, timeout, servfail, nxdomain, empty, other
 	lookupMs  []int
@@ -112,7 +112,7 @@ type loadEvent struct {
 // loadLine is one report line: a second's counts, and the failures in it.
 type loadLine struct {
 	T         time.Time      `json:"t"`
-	Conns     map[string]int `json:"conns"`
+	Conns     map[string]map[string]int `json:"conns"`
 	ConnMs    map[string][]int `json:"connMs"`
 	Lookups   map[string]int `json:"lookups"`
 	LookupMs  []int          `json:"lookupMs"`
@@ -136,7 +136,7 @@ func (s *loadStats) flush(now time.Time) loadLine {
 	defer s.mu.Unlock()
 	l := loadLine{T: now.UTC(), Conns: s.conns, ConnMs: s.connMs, Lookups: s.lookups, LookupMs: s.lookupMs,
 		Broken: s.broken, Redials: s.redials, StreamsUp: s.streamsUp, Events: s.events}
-	s.conns, s.lookups, s.connMs, s.lookupMs, s.events = map[string]int{}, map[string]int{}, map[string][]int{}, nil, nil
+	s.conns, s.lookups, s.connMs, s.lookupMs, s.events = map[string]map[string]int{}, map[string]int{}, map[string][]int{}, nil, nil
 	s.broken, s.redials = 0, 0
 	return l
 }
@@ -174,7 +174,7 @@ func drillLoad(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	s := &loadStats{conns: map[string]int{}, lookups: map[string]int{}, connMs: map[string][]int{}}
+	s := &loadStats{conns: map[string]map[string]int{}, lookups: map[string]int{}, connMs: map[string][]int{}}
 	var wg sync.WaitGroup
 	every := func(perSecond int, f func(i int)) {
 		if perSecond <= 0 {
@@ -237,6 +237,10 @@ func hashRequest(s *loadStats, addr string) {
 	start := time.Now()
 	kind, err := func() (string, error) {
 		c, err := net.DialTimeout("tcp", addr, 15*time.Second)
+		var dnsErr *net.DNSError
+		if errors.As(err, &dnsErr) {
+			return "dns", err // the service's name did not resolve
+		}
 		if err != nil {
 			return classify(err), err
 		}
@@ -264,7 +268,10 @@ func hashRequest(s *loadStats, addr string) {
 		return "ok", nil
 	}()
 	s.mu.Lock()
-	s.conns[kind]++
+	if s.conns[addr] == nil {
+		s.conns[addr] = map[string]int{}
+	}
+	s.conns[addr][kind]++
 	if kind == "ok" {
 		s.connMs[addr] = append(s.connMs[addr], int(time.Since(start).Milliseconds()))
 	}
