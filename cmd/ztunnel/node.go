@@ -233,19 +233,11 @@ func (n *ztunnel) construct(ctx context.Context, undo *cleanups) error {
 	return nil
 }
 
-// proxyConfig is a proxy's configuration from the settings, with the node's endpoint
-// health shared by its proxies.
-func (n *ztunnel) proxyConfig() proxy.Config {
-	pcfg := proxyConfig(n.cfg)
-	pcfg.Outliers, pcfg.RetryBudget = n.outliers, n.retries
-	return pcfg
-}
-
 // startNodeMode binds node and dedicated mode's listeners (unless none is configured) and
 // their DNS proxy, and starts prefetching the served workloads' certificates.
 func (n *ztunnel) startNodeMode(undo *cleanups) error {
 	cfg := n.cfg
-	pcfg := n.proxyConfig()
+	pcfg := n.proxyConfig(n.local, slog.Default(), nil)
 	if n.xds != nil && cfg.XDSOnDemand {
 		pcfg.Demand = n.xds.DemandAddress
 	}
