@@ -1,5 +1,49 @@
 package hbone
 
+// Per-node budgets (server): limits.go's are per connection, so a peer with N
+// connections would get N times them, and a reconnect after each calm close would buy a
+// fresh handshake (~0.7 ms of CPU) per cycle. These hold across a Server's connections
+// (AdmissionConfig; the ztunnel binary sets them from its HBONE_* variables,
+// docs/CONFIGURATION.md), and each refusal or wait goes to Config.OnDrop with its reason.
+//
+// Before the handshake, by source IP (a refused connection is read nothing: it gets an
+// RST, no key exchange and no TIME_WAIT): SourceHandshakes in flight; SourceHandshakeRate
+// new connections, past it one waits up to maxFairWait, then is refused;
+// SourceFailedHandshakes failures (TLS error, wrong ALPN, no preface, handshake deadline,
+// evicted), past it every connection from the source is refused (its burst lets a client
+// retry through a certificate rotation). In Istio ambient's in-pod mode an HBONE
+// connection comes from the client pod's address, so one pod's storm does not slow its
+// node's other pods. But in node mode, or with many pods behind one address (NAT), every
+// identity of a node comes from one IP, and a node that restarts reconnects them all at
+// once: one connection per identity with traffic to us, up to the node's pods (Kubernetes'
+// max-pods is 110 by default, 250 at most on most providers). So the in-flight cap and
+// the rate's burst are a node's worth, 256, and a handshake that succeeds gives its rate
+// token back: the rate binds a source whose handshakes fail, stall or end in a calm close
+// (calmPenalty, a debt on the same bucket), never a node whose identities are all valid.
+// (Measured: 200 identities from one IP, all at once, each get a connection and an
+// answered stream in 0.65 s with the defaults; with 64 in flight, 127 to 135 of them were
+// refused.) A network gateway's address is the exception: it relays many clients' double
+// HBONE, so AdmissionConfig.SourceRelays exempts it from these and from PeerConnRate (the
+// ztunnel binary names every network gateway its workload store knows).
+//
+// After the handshake, by peer identity (connections without one, h2c, are not counted):
+// PeerConnRate new connections, past it one waits up to maxFairWait, then is closed: this
+// is where a source with valid certificates that churns connections is slowed;
+// PeerStreams open streams, past it a new one gets REFUSED_STREAM, sized for fan-in, not
+// for one client (every pod of a deployment shares its identity, and thousands of them
+// holding a few pooled connections each to one database pod is ordinary; the Rust ztunnel
+// has no such limit), while 16384 proxied connections are a few percent of what a node's
+// descriptors allow; PeerDials streams whose handler has not answered (a backend dial),
+// past it a new one waits, so a peer that floods CONNECTs to a live backend holds that
+// many dials at most, whatever its number of connections. A budget keyed by identity is
+// shared by every client of that identity: an honest one of the same identity waits too,
+// another identity never does.
+//
+// At most HandshakeWorkers ServeTLS handshakes compute at once: a handshake holds its
+// place only between its reads, so one stalled by its peer holds none, and one P is always
+// left to established connections. Per-source and per-identity entries are forgotten once
+// idle with full buckets, swept when their number passes 4096.
+
 import (
 	"context"
 	"net"
@@ -11,11 +55,6 @@ import (
 
 	"github.com/gozt/gozt/identity"
 )
-
-// Per-node budgets (server): limits.go's are per connection, so a peer with N
-// connections gets N times them. These are kept per source IP before the handshake and
-// per peer identity after it, across all of a Server's connections; doc.go ("Limits")
-// says why each is what it is.
 
 // maxFairWait is the longest a connection waits for a rate budget's next token; past it
 // the connection is refused instead.
@@ -128,7 +167,7 @@ func (f *admission) admitSource(src netip.Addr, relay bool) (release func(failed
 		if !failed && cfg.SourceHandshakeRate > 0 {
 			// A handshake that succeeded gives its token back: the rate binds a source
 			// whose handshakes fail or end in a calm close, not a node whose many
-			// identities reconnect at once from its one IP (doc.go, "Limits").
+			// identities reconnect at once from its one IP (the file comment).
 			st.rate.refund(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate)
 		}
 		f.mu.Unlock()

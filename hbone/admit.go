@@ -1,5 +1,25 @@
 package hbone
 
+// Handshakes (server): at most MaxHandshakes connections are in their TLS handshake (and
+// preface) at once, each for at most DialTimeout; past the limit the oldest is closed
+// (Server.oldestPastLimitLocked). A connection that never starts TLS or stalls halfway
+// (slowloris) is the oldest, while an honest handshake takes milliseconds, so a flood of
+// them delays no honest client; each costs about 6.5 KiB of heap, a goroutine and a socket
+// until then, and an evicted one waiting for the CPU (HandshakeWorkers, admission.go)
+// stops waiting at once.
+//
+// The accept side's backpressure: past 2 × MaxHandshakes connections not yet serving
+// HTTP/2 (in their handshake, or evicted and on their way out), and until the goroutine of
+// the connection let in last has started, a Server's listeners take no more. The rest
+// wait in the kernel's backlog, where they cost nothing and their handshake deadline has
+// not started, instead of in goroutines. It does not wait for handshakes queued for the
+// CPU (the gate): that would make the backlog first come, first served, and a full one
+// drops SYNs, while eviction sheds the oldest unserved, so the newest, an honest
+// client's, still gets in.
+//
+// It reaches every accept loop through AdmitListener: a goroutine blocked in Accept waits
+// there, and a poller that accepts on the socket itself (internal/podpoll) asks Room first.
+
 import (
 	"fmt"
 	"net"
@@ -8,17 +28,6 @@ import (
 	"syscall"
 	"time"
 )
-
-// The accept side's backpressure (doc.go, "Limits": Handshakes). Past 2 × MaxHandshakes
-// connections not yet serving HTTP/2 (in their handshake, or evicted and on their way
-// out), and until the goroutine of the connection let in last has started, a Server's
-// listeners take no more: the rest wait in the kernel's backlog, where they cost nothing
-// and their handshake deadline has not started, instead of in goroutines. It does not wait
-// for handshakes queued for the CPU (the gate): past MaxHandshakes the oldest are evicted
-// unserved, so the newest, an honest client's, still gets in.
-//
-// It reaches every accept loop through AdmitListener: a goroutine blocked in Accept waits
-// there, and a poller that accepts on the socket itself (internal/podpoll) asks Room first.
 
 // acceptRoom counts the connections a Server's listeners have let in that are not serving
 // HTTP/2 yet, and wakes the accept loops waiting for room.

@@ -18,7 +18,10 @@ import (
 )
 
 // Pool is the HBONE client: CONNECT streams over pooled mTLS HTTP/2 connections, one set
-// of connections per Key.
+// of connections per Key. A key has one dial in flight at a time; a connection leaves the
+// pool once idle for IdleTimeout, or at the peer's GOAWAY (never reused after it); a
+// CONNECT left unanswered by a refusal, or by a pooled connection breaking under it, is
+// retried on another (DialBy).
 type Pool struct {
 	cfg       ClientConfig
 	tlsConfig func(ctx context.Context, k Key) (*tls.Config, error)

@@ -27,14 +27,14 @@ type Config struct {
 	DialTimeout  time.Duration // [10s] client: a Dial as a whole (TCP, TLS, SETTINGS, the CONNECT answer); a dial's timeout error says "maybe a NetworkPolicy is blocking HBONE port 15008"; server: TLS handshake and preface
 	// OnDrop, if set, is told of every stream dropped before it reached a handler's
 	// answer, of every connection closed for abuse (on either side), and of every
-	// connection or stream a per-node budget refused or delayed (see doc.go, "Limits"). It
-	// runs on the connection's frame reader, serving goroutine or handler goroutine: it
-	// must be quick and must not block.
+	// connection or stream a per-node budget refused or delayed (limits.go,
+	// admission.go). It runs on the connection's frame reader, serving goroutine or
+	// handler goroutine: it must be quick and must not block.
 	OnDrop func(DropReason)
 	// DisableKernelTLS keeps every connection's TLS records in crypto/tls. By default the
 	// connections this package runs the handshake of (Pool's, ServeTLS's) hand the record
 	// layer to the Linux kernel after the handshake when the kernel can take it, and carry
-	// on in crypto/tls when it cannot (see doc.go, "Kernel TLS").
+	// on in crypto/tls when it cannot (ktls.go).
 	DisableKernelTLS bool
 	// OnTLS, if set, is told once per such connection, after its handshake and before it
 	// carries HTTP/2, where its TLS records are handled. It runs on the dialing or serving
@@ -79,13 +79,13 @@ type ClientConfig struct {
 type ServerConfig struct {
 	Config
 	MaxConcurrentStreams uint32 // [200] SETTINGS_MAX_CONCURRENT_STREAMS advertised
-	MaxHandshakes        int    // [1024] TLS handshakes in flight; past it the oldest is dropped (doc.go, "Limits")
+	MaxHandshakes        int    // [1024] TLS handshakes in flight; past it the oldest is dropped (admit.go)
 	Admission            AdmissionConfig
 }
 
-// AdmissionConfig holds a Server's per-node budgets across its connections (admission.go;
-// doc.go, "Limits"): zero means the default in brackets, a negative value turns the
-// budget off.
+// AdmissionConfig holds a Server's per-node budgets across its connections (admission.go
+// says why each is what it is): zero means the default in brackets, a negative value
+// turns the budget off.
 type AdmissionConfig struct {
 	HandshakeWorkers       int     // [GOMAXPROCS-1, at least 1] ServeTLS handshakes computing at once
 	SourceHandshakes       int     // [256] handshakes in flight from one source IP; past it a new connection is refused

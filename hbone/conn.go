@@ -1,5 +1,50 @@
 package hbone
 
+// One HTTP/2 connection, client or server side: its lifecycle (newConn, closeWith) and its
+// fields, grouped by the lock or goroutine that owns them.
+//
+// It is our own loop on golang.org/x/net/http2's Framer and hpack because net/http's
+// HTTP/2 server cannot send END_STREAM while still reading the request body, so it cannot
+// half-close a CONNECT tunnel, and its layering cost about 2.4 CPU-seconds per GB more
+// than Go's TLS alone (docs/ARCHITECTURE.md, decision 1). The loop:
+//
+//   - One frame reader (read.go) delivers DATA: to a stream whose consumer is a WriteTo
+//     into a *net.TCPConn with nothing queued, straight to that socket with one
+//     non-blocking write(2); otherwise into the stream's queue of pooled chunks
+//     (deliver.go). Neither allocates. It never blocks on the socket's write side: the
+//     control frames it owes are queued for the writer goroutine (writeLoop, which also
+//     runs PING and idle timers), so two peers sending bulk data at each other cannot
+//     deadlock.
+//   - Writers, the goroutines that read the TCP sockets, write their own DATA frames, large
+//     ones (reads grow to 1 MiB), under the write lock (write.go). Where this package runs
+//     the TLS (Pool, ServeTLS) a buffering layer under crypto/tls (buf.go) collects the
+//     records and is flushed when the last queued writer releases the lock, so a batch of
+//     frames costs one write(2); a DATA frame's 9-byte header is its own record, so the
+//     payload is encrypted straight from the caller's buffer. A caller-made *tls.Conn
+//     (ServeConn) cannot be wrapped.
+//   - WINDOW_UPDATEs (flow.go) go out once a quarter of a window has been consumed, and
+//     capacity returns as the consumer takes the data, so a reader that stops reading
+//     stops its peer after one stream window. Data dropped by a Close, a reset or a
+//     rejection gives its window back, as does a DATA frame that loses the race to its
+//     stream's RST_STREAM: a window leaked per aborted stream would stall the connection
+//     in the end (TestAbortsKeepWindowsWhole).
+//
+// Locks, taken in this order, never the other way: Pool.mu → conn.mu; Stream.wmu →
+// conn.wmu → conn.mu; Stream.rmu → conn.mu. Server.mu is never held with a conn's lock,
+// nor admission.mu with any other. conn.wmu (the write lock: the Framer's write side, the
+// HPACK encoder, the coalescing buffer) is held by whoever writes frames; functions that
+// need it end in WLocked. conn.mu (the state lock: streams, windows, settings, the
+// control-frame queue) guards the rest of conn and Stream's fields marked so; functions
+// that need it end in Locked. The frame reader owns the Framer's read side alone.
+//
+// Goroutines: per connection one frame reader and one writer, owned by the Pool or by the
+// ServeConn call, plus one per server stream running the Handler, which waits up to a
+// second to run the connection's next stream so its grown stack is reused. A stream
+// under DeliverTo has no goroutine of its own: the frame reader's direct writes carry its
+// data, and a short-lived goroutine starts only when the socket is full (or the stream
+// ends with data still queued). Pool.Close and ServeConn return only after all of theirs,
+// drains included, have exited.
+
 import (
 	"bytes"
 	"context"
@@ -19,10 +64,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 )
 
-// conn is one HTTP/2 connection, client or server side. Its single frame reader
-// (readLoop) never blocks on the socket's write side: the control frames it must answer
-// with (SETTINGS/PING acks, WINDOW_UPDATE, RST_STREAM, rejections) are queued for
-// writeLoop, so two peers that both write bulk data cannot deadlock each other.
+// conn is one HTTP/2 connection, client or server side (see the file comment).
 type conn struct {
 	// Set by newConn (handler and onClose before the goroutines start), then read-only.
 	cfg        connConfig

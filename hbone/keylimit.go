@@ -16,8 +16,9 @@ package hbone
 //     (rustls closes the connection there instead).
 //
 // Sent records are counted per key. crypto/tls's one KeyUpdate, its answer to a peer's
-// update_requested, puts the records after it under a fresh key, and the count restarts
-// there (sendKeys tells that record from application data); a peer's KeyUpdate without
+// update_requested (which leaves at once: bufConn writes through when the write lock is
+// not held), puts the records after it under a fresh key, and the count restarts there
+// (sendKeys tells that record from application data); a peer's KeyUpdate without
 // update_requested renews only the peer's key. Received records, counted only where no
 // KeyUpdate is followed, and the first key's sent records run from the connection's
 // first record (on the user-space path the handshake's few are in them).

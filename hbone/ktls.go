@@ -3,6 +3,34 @@ package hbone
 // Kernel TLS, its start: the handshake through internal/ktls, the move of the record layer
 // to the kernel after it, the fallback to crypto/tls, and what a connection reports. The
 // send side is ksend.go, the receive side kread.go.
+//
+// On the connections whose handshake this package runs (Pool's dials, ServeTLS) the kernel
+// is asked first: ktls.Available installs the TLS ULP, which leaves the socket plain TCP
+// until keys arrive. If it has kernel TLS (tls.ko), the handshake goes through
+// internal/ktls, and after it (and the ALPN check) the record layer moves to the kernel if
+// it also has the cipher suite. Config.DisableKernelTLS turns this off, and so does FIPS
+// 140-3 mode (internal/ktls refuses with "fips": records stay in Go's module). Where the
+// kernel cannot, the connection runs in crypto/tls (from its start, when the kernel said
+// no before the handshake), and Config.OnTLS hears why in one word (no_kernel_tls,
+// cipher, ...); a kernel that refused the ULP is not asked again for a minute (each
+// refusal can run modprobe).
+//
+// In kernel TLS a DATA payload moves by splice(2), never through user space: from a TCP
+// socket into the connection (Stream.ReadFrom, ksend.go) and from the connection into a
+// DeliverTo socket (the frame reader, kread.go); other writes go through the coalescing
+// buffer, a large user-space payload joining it in one writev(2). Stream.KernelTLSBytes
+// counts the bytes spliced and copied each way. Each connection's frame reader keeps a
+// pipe (two descriptors); a stream borrows one from a free list only while it sends.
+//
+// Kernel TLS here follows no KeyUpdate, so only a connection whose peer promised never to
+// send one moves to it: the peer negotiated NextProtoNoKeyUpdate ("gozt-h2", HTTP/2 from
+// gozt) rather than "h2" (the Rust ztunnel's rustls sends KeyUpdates). Every other
+// connection stays in crypto/tls, which follows them, with TLSInfo.Reason
+// "peer_may_update_keys", and reads as one that never tried (ktls.Handoff.Decline ends its
+// handshake's record-by-record reads). A KeyUpdate that arrives anyway ends the connection
+// (its streams fail; the pool dials a new one), and so does any alert; keylimit.go counts
+// the records each key protects. closeWith closes the socket, not the kernel TLS conn,
+// whose close_notify would bypass the write lock.
 
 import (
 	"context"

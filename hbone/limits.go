@@ -1,5 +1,54 @@
 package hbone
 
+// Limits on what one peer may make a connection do. Port 15008 is reachable by every
+// workload in the mesh, so a peer with a valid certificate is not a trusted one: before
+// these limits, one connection opening streams and resetting each at once (HTTP/2 rapid
+// reset, CVE-2023-44487) had a node dial about 80,000 backends a second and grow to
+// 500 MB. Each applies to both sides of a connection unless it says "server". What a peer
+// may make a whole Server do is admission.go's (per source IP and per peer identity) and
+// admit.go's (handshakes); every refusal or wait is told to Config.OnDrop, so the caller
+// counts them rather than log each.
+//
+//   - Streams and handlers (server): at most MAX_CONCURRENT_STREAMS (200) streams are open;
+//     a new one past that gets RST_STREAM(REFUSED_STREAM). At most as many handlers run,
+//     however early the peer reset their streams: when all are busy a new stream waits for
+//     one to return, as net/http does since that CVE (refusing it would refuse an honest
+//     client whose closed streams' handlers are still finishing). So handler goroutines
+//     and backend sockets stay within the limit per connection, whatever the peer resets.
+//   - Early resets (server): a stream refused, or reset by the peer before its handler
+//     answered, spends a token of a per-connection budget (earlyReset*, below); a peer that
+//     runs out gets a calm close. The h2 crate, the Rust ztunnel's, counts the same
+//     streams (max_pending_accept_reset_streams, 20 at a time); a rate also catches a peer
+//     whose resets our handlers keep up with. The reset ends the Request's context at
+//     once, so the handler's dial stops.
+//   - Stream starts (server): StreamStarts handlers start on one connection (a burst of
+//     startBurst), each start given back once its stream carries a byte either way or
+//     ends; past it a new stream waits in the connection's queue, first in first out, with
+//     no goroutine. A peer that opens streams to a live backend and never uses them is set
+//     up no faster than that, while an honest client's streams carry bytes within a round
+//     trip. Per connection, not per identity: a deployment's pods share an identity, and
+//     one of them flooding must not hold its siblings back (each reconnect is held to
+//     PeerConnRate instead). No other order is fairer: a ztunnel pools a connection per
+//     client pod, so a burst and the streams behind it are one pod's; where a connection
+//     carries many clients (a waypoint's), telling them apart means trusting a header the
+//     peer writes, and newest-first or random starves the oldest.
+//   - Junk frames, which make us work but carry nothing (PING, SETTINGS, PRIORITY, empty
+//     DATA, a WINDOW_UPDATE under minUsefulWindowUpdate, RST_STREAM or HEADERS for a
+//     stream already gone, unknown frame types, 1xx responses), spend a second budget;
+//     past it, a calm close. Keepalive PINGs come every 10 s.
+//   - Owed control frames (acks, RST_STREAM, WINDOW_UPDATE) queue for the writer up to
+//     maxQueuedControl; past it the connection closes.
+//   - Header blocks: 64 KiB decoded on the server, 16 KiB on the client (x/net's Framer
+//     enforces it across CONTINUATION frames); frames up to MaxFrameSize.
+//   - Calm close (server): a peer that runs out of a budget gets GOAWAY(ENHANCE_YOUR_CALM)
+//     and its connection drains rather than closes (conn.go, calmDrain): a pooled
+//     connection carries every client of one identity, so a close would cut the honest
+//     streams beside the flood. Our Pool takes the connection out of the pool at the
+//     GOAWAY, so new streams dial a fresh one while the old ones finish.
+//   - A hostile server can do no more to the client: it gets the same frame budgets,
+//     PUSH_PROMISE is a connection error, a refused CONNECT is retried at most twice, and
+//     Dial's deadline bounds how long an unanswered CONNECT waits.
+
 import (
 	"context"
 	"errors"
@@ -8,8 +57,7 @@ import (
 	"golang.org/x/net/http2"
 )
 
-// Limits on what one peer may make a connection do; doc.go ("Limits") says why each
-// exists and how a peer that passes one is treated.
+// The per-connection budgets (the file comment says why each exists).
 const (
 	// earlyResetBurstPerSlot × MaxConcurrentStreams early resets may come at once: a client
 	// whose every pending CONNECT was cancelled together (its pod deleted), twice over.

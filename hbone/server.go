@@ -134,7 +134,7 @@ func NewServer(cfg ServerConfig, h Handler) *Server {
 // TLS records are coalesced into fewer writes; otherwise it is ServeConn.
 //
 // raw is a *net.TCPConn, or a connection over one whose Read and Write go straight to
-// it and that returns it from a TCP() *net.TCPConn method, for kernel TLS (see doc.go).
+// it and that returns it from a TCP() *net.TCPConn method, for kernel TLS (ktls.go).
 func (s *Server) ServeTLS(ctx context.Context, raw net.Conn, cfg *tls.Config) error {
 	return s.serve(ctx, raw, nil, startTLS(raw, cfg, true, &s.cfg.Config, &s.kernel))
 }

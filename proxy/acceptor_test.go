@@ -7,12 +7,10 @@ import (
 	"net"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/gozt/gozt/hbone"
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/podpoll"
 	"github.com/gozt/gozt/internal/testutil"
@@ -131,22 +129,4 @@ func TestAcceptorCannotWatch(t *testing.T) {
 	if err := pingEcho(c, "served by a fallback accept loop"); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// Hooks a caller set on Config.HBONEServer still hear what hbone reports: the proxy adds its own
-// counting beside them rather than replacing them.
-func TestCallerHBONEHooksKept(t *testing.T) {
-	m := newMesh(t)
-	var tlsSeen atomic.Int32
-	cfg := m.serverConfig()
-	cfg.HBONEServer.OnTLS = func(hbone.TLSInfo) { tlsSeen.Add(1) }
-	m.b = startNode(t, "node-b", m.caDir, m.yaml, cfg)
-	m.a = startNode(t, "node-a", m.caDir, m.yaml, m.clientConfig())
-	be := startBackend(t, m.serverIP+":0", echo)
-	c, code, err := socksConnect(m.a.socks(t), m.serverIP, be.port())
-	if err != nil {
-		t.Fatalf("socks5 code %d: %v", code, err)
-	}
-	c.Close()
-	testutil.Eventually(t, "node B's caller hook to hear of the HBONE connection's TLS", func() bool { return tlsSeen.Load() >= 1 })
 }

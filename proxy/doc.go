@@ -2,7 +2,8 @@
 // plaintext 15006, inbound HBONE 15008, SOCKS5 15080) and, for each connection, the flow of
 // resolve → authorize → dial → copy → record.
 //
-// It owns connection handling and drain. It does not own the wire protocol (hbone), the
+// It owns connection handling and drain. It does not own the wire protocol (hbone, whose
+// configuration it takes as given: its caller sets hbone's hooks to an HBONEEvents), the
 // workload cache (xds/state, read only), authorization rules (proxy/rbac), metric families
 // (metrics) or where certificates come from: those arrive through the CertSource interface,
 // so the data plane never imports the CA clients or the xDS client.

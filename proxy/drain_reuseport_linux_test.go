@@ -63,7 +63,8 @@ func testDrainLeavesReusePortGroup(t *testing.T, ns *netns.NetNS, acceptor proxy
 	for i := range nodes {
 		cfg := m.clientConfig()
 		cfg.OutboundAddr, cfg.InboundAddr, cfg.Socks5Addr = "", "", addr
-		cfg.Sockets = netns.Sockets{NS: ns, ReusePort: true}
+		sockets := netns.Sockets{NS: ns, ReusePort: true}
+		cfg.Sockets, cfg.HBONEClient.Dial = sockets, sockets.Dial
 		cfg.Acceptor = acceptor
 		nodes[i] = startNode(t, fmt.Sprintf("node %d", i), m.caDir, m.yaml, cfg)
 		addr = nodes[i].socks(t)

@@ -52,18 +52,18 @@ func (l *summaryLog) add(kind string, extra int) (n, extraSum int, since time.Ti
 	return n, extraSum, since, true
 }
 
-// onDrop is hbone's Config.OnDrop: it runs on a connection's frame reader (or its
+// OnDrop is hbone's Config.OnDrop: it runs on a connection's frame reader (or its
 // serving or handler goroutine), so it only counts, and logs when a summary is due. The
 // drops are HBONE streams dropped before they were answered, connections closed for
 // abuse and connections refused or delayed by a per-source or per-identity budget.
-func (p *Proxy) onDrop(r hbone.DropReason) {
-	if p.metrics != nil {
-		p.metrics.HBONEDrops.WithLabelValues(r.String()).Inc()
+func (e *HBONEEvents) OnDrop(r hbone.DropReason) {
+	if e.metrics != nil {
+		e.metrics.HBONEDrops.WithLabelValues(r.String()).Inc()
 	}
 	if r >= hbone.NumDropReasons {
 		return
 	}
-	n, _, since, due := p.drops.add(r.String(), 0)
+	n, _, since, due := e.drops.add(r.String(), 0)
 	if !due {
 		return
 	}
@@ -71,5 +71,5 @@ func (p *Proxy) onDrop(r hbone.DropReason) {
 	if !since.IsZero() {
 		attrs = append(attrs, "since", since.Format(time.RFC3339))
 	}
-	p.log.Warn("proxy: dropped HBONE streams or connections of peers that reset, flood or pass a budget", attrs...)
+	e.log.Warn("proxy: dropped HBONE streams or connections of peers that reset, flood or pass a budget", attrs...)
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gozt/gozt/hbone"
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/certs"
 	"github.com/gozt/gozt/internal/testutil"
@@ -109,6 +110,7 @@ func startNodeWith(tb testing.TB, name, caDir, yaml string, cfg proxy.Config, ac
 	if cfg.Logger == nil {
 		cfg.Logger = quiet
 	}
+	wireHBONE(&cfg, m, n.store)
 	var source proxy.CertSource = n.certs
 	if wrap != nil {
 		source = wrap(source)
@@ -135,6 +137,31 @@ func startNodeWith(tb testing.TB, name, caDir, yaml string, cfg proxy.Config, ac
 		}
 	})
 	return n
+}
+
+// wireHBONE completes cfg's HBONE configurations as cmd/ztunnel does, keeping what the
+// test set itself: the hooks count into m (proxy.HBONEEvents), and the network gateways
+// store names are the server's relaying sources.
+func wireHBONE(cfg *proxy.Config, m *metrics.Metrics, store *state.Store) {
+	if cfg.HBONEServer.Admission.SourceRelays == nil {
+		network := cfg.Local.Network
+		cfg.HBONEServer.Admission.SourceRelays = func(ip netip.Addr) bool { return store.IsNetworkGateway(network, ip) }
+	}
+	ev := proxy.NewHBONEEvents(m, cfg.Logger)
+	for _, hc := range []*hbone.Config{&cfg.HBONEClient.Config, &cfg.HBONEServer.Config} {
+		if hc.OnDrop == nil {
+			hc.OnDrop = ev.OnDrop
+		}
+		if hc.OnTLS == nil {
+			hc.OnTLS = ev.OnTLS
+		}
+		if hc.OnKernelTLSEnd == nil {
+			hc.OnKernelTLSEnd = ev.OnKernelTLSEnd
+		}
+		if hc.OnKeyLimit == nil {
+			hc.OnKeyLimit = ev.OnKeyLimit
+		}
+	}
 }
 
 // shutdown drains the proxy until ctx ends, stops Serve and the certificate manager.

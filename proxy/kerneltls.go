@@ -10,15 +10,15 @@ import (
 // in-pod mode a node runs a proxy per pod and the kernel's answer is the same for all.
 var kernelTLSLogged sync.Map // reason string -> struct{}
 
-// onTLS is hbone's Config.OnTLS: a metric per connection, an INFO line per fallback
+// OnTLS is hbone's Config.OnTLS: a metric per connection, an INFO line per fallback
 // reason.
-func (p *Proxy) onTLS(info hbone.TLSInfo) {
+func (e *HBONEEvents) OnTLS(info hbone.TLSInfo) {
 	result := "kernel"
 	if !info.Kernel {
 		result = info.Reason
 	}
-	if p.metrics != nil {
-		p.metrics.HBONEKernelTLS.WithLabelValues(result).Inc()
+	if e.metrics != nil {
+		e.metrics.HBONEKernelTLS.WithLabelValues(result).Inc()
 	}
 	if info.Kernel || info.Reason == "disabled" {
 		return
@@ -30,15 +30,15 @@ func (p *Proxy) onTLS(info hbone.TLSInfo) {
 	if info.Err != nil {
 		attrs = append(attrs, "err", info.Err)
 	}
-	p.log.Info("proxy: HBONE connections stay on user-space TLS where the kernel cannot take them (logged once per reason)", attrs...)
+	e.log.Info("proxy: HBONE connections stay on user-space TLS where the kernel cannot take them (logged once per reason)", attrs...)
 }
 
-// onKernelTLSEnd is hbone's Config.OnKernelTLSEnd.
-func (p *Proxy) onKernelTLSEnd(b hbone.KernelTLSBytes) {
-	if p.metrics == nil {
+// OnKernelTLSEnd is hbone's Config.OnKernelTLSEnd.
+func (e *HBONEEvents) OnKernelTLSEnd(b hbone.KernelTLSBytes) {
+	if e.metrics == nil {
 		return
 	}
-	m := p.metrics.HBONEKernelTLSBytes
+	m := e.metrics.HBONEKernelTLSBytes
 	m.WithLabelValues("sent", "spliced").Add(float64(b.SplicedOut))
 	m.WithLabelValues("sent", "copied").Add(float64(b.CopiedOut))
 	m.WithLabelValues("received", "spliced").Add(float64(b.SplicedIn))

@@ -18,12 +18,12 @@ import (
 func TestOnKeyLimit(t *testing.T) {
 	var rec logtest.Recorder
 	reg := prometheus.NewRegistry()
-	p := &Proxy{log: rec.Logger(), metrics: metrics.New(reg, "test")}
-	p.onKeyLimit(hbone.KeyLimit{Event: "drain", Streams: 3, TX: 1 << 22})
+	e := NewHBONEEvents(metrics.New(reg, "test"), rec.Logger())
+	e.OnKeyLimit(hbone.KeyLimit{Event: "drain", Streams: 3, TX: 1 << 22})
 	for range 3 {
-		p.onKeyLimit(hbone.KeyLimit{Event: "peer_key_update", Streams: 2, RX: 1 << 23, Kernel: true})
+		e.OnKeyLimit(hbone.KeyLimit{Event: "peer_key_update", Streams: 2, RX: 1 << 23, Kernel: true})
 	}
-	p.onKeyLimit(hbone.KeyLimit{Event: "tx_limit", Streams: 1, TX: 23726566})
+	e.OnKeyLimit(hbone.KeyLimit{Event: "tx_limit", Streams: 1, TX: 23726566})
 	m := testutil.Gather(t, reg)
 	for _, c := range []struct {
 		name, event string

@@ -108,9 +108,9 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 	if p.cfg.Outliers != nil {
 		avoid.Ejected = p.cfg.Outliers.Ejected
 	}
-	// One deadline for the whole connect. The first attempt runs on ctx: the pool (whose
-	// DialTimeout setDefaults holds to ours) and the dialer bound it themselves, without a
-	// context every connection would allocate. Later attempts, a hostname's lookup and
+	// One deadline for the whole connect. The first attempt runs on ctx: the dialer (its
+	// Timeout) and the pool (DialBy, told DialTimeout from now) bound it themselves, without
+	// a context every connection would allocate. Later attempts, a hostname's lookup and
 	// double HBONE (two dials in a row) run on one with the deadline.
 	deadline := connectDeadline{at: time.Now().Add(p.cfg.DialTimeout)}
 	defer deadline.stop()
@@ -249,7 +249,8 @@ func endpointOf(route state.Route) outlier.Endpoint {
 }
 
 // dialRoute opens the upstream leg of route and fills in the labels and log fields that
-// depend on it.
+// depend on it; by, if set, is when this attempt must end (connectDeadline.attempt), else
+// DialTimeout from now or ctx's deadline.
 func (p *Proxy) dialRoute(ctx context.Context, by time.Time, src *state.Workload, clientAddr netip.AddrPort, route state.Route, labels *metrics.Labels, log *metrics.ConnLog) (halfCloser, error) {
 	switch route.Kind {
 	case state.RouteHBONE, state.RouteWaypoint:
@@ -258,6 +259,9 @@ func (p *Proxy) dialRoute(ctx context.Context, by time.Time, src *state.Workload
 			labels.DestinationPrincipal = route.Workload.Identity().String()
 		}
 		log.DstAddr, log.HBONEAddr = route.Dial.String(), route.Authority
+		if by.IsZero() {
+			by = time.Now().Add(p.cfg.DialTimeout) // as the dialer's Timeout bounds a plain dial
+		}
 		key := hbone.NewKey(src.Identity(), route.Identities, route.Dial, p.sourceIP(src))
 		s, err := p.pool.DialBy(ctx, by, key, route.Authority, hboneHeaders(src, clientAddr, route.Service))
 		if err != nil {

@@ -65,13 +65,15 @@ type Config struct {
 	Socks5Addr           string // 15080
 
 	// HBONEClient configures the outbound pool (hbone.NewPool), HBONEServer the inbound
-	// HBONE server on 15008 (hbone.NewServer). Hooks a caller sets on either still hear
-	// what hbone reports beside the proxy's own counting.
+	// HBONE server on 15008 (hbone.NewServer), each taken as given: the caller sets their
+	// hooks (HBONEEvents's, to count and log them), how the pool dials (Control or Dial,
+	// as the proxy's own dials: PacketMark, Sockets) and which sources relay others'
+	// connections (AdmissionConfig.SourceRelays: the network gateways).
 	HBONEClient hbone.ClientConfig
 	HBONEServer hbone.ServerConfig
 
-	// Sockets opens every listener and dials every connection, HBONE included; nil: the
-	// process's own sockets.
+	// Sockets opens every listener and dials every plain TCP connection; nil: the
+	// process's own sockets. HBONEClient.Dial dials the pool's.
 	Sockets Sockets
 	// Acceptor, when set, accepts on the listeners; nil: a goroutine per listener.
 	Acceptor Acceptor
@@ -80,15 +82,15 @@ type Config struct {
 	// closes it at Shutdown.
 	IdlePoller IdlePoller
 
-	// PacketMark is SO_MARK on the sockets the proxy dials itself (0 = none). With
-	// Sockets it is not used: the socket factory marks what it opens (internal/netns), so
-	// SO_MARK has one owner.
+	// PacketMark is SO_MARK on the plain TCP sockets the proxy dials (0 = none); leave it
+	// 0 with a Sockets that marks what it opens (internal/netns). HBONEClient.Control
+	// marks the pool's.
 	PacketMark uint32
 	// OrigSrc makes inbound dials to a workload leave from the client's IP (IP_TRANSPARENT),
 	// so the application sees who connected. Needs CAP_NET_ADMIN, and for clients on other
 	// hosts the policy routing istio-cni installs, or the replies bypass this node.
 	OrigSrc     bool
-	DialTimeout time.Duration // [10s] plain TCP dials; bounds an outbound connect as a whole, every attempt and CONNECT answer included
+	DialTimeout time.Duration // [10s] plain TCP dials; bounds an outbound connect as a whole, every attempt and CONNECT answer included (HBONEClient.DialTimeout bounds each pool dial within it)
 	// ConnectRetries is how many other endpoints of a service an outbound connection tries
 	// when its endpoint fails before any byte has moved (ENDPOINT_CONNECT_RETRIES; 0: none,
 	// as the Rust ztunnel).
@@ -140,9 +142,6 @@ func (c *Config) setDefaults() {
 	if c.ConnectRetries > 0 && c.RetryBudget == nil {
 		c.RetryBudget = outlier.NewRetryBudget()
 	}
-	if c.HBONEClient.DialTimeout <= 0 || c.HBONEClient.DialTimeout > c.DialTimeout {
-		c.HBONEClient.DialTimeout = c.DialTimeout // an outbound connect's first attempt rests on it (outbound.go)
-	}
 	if c.KeepaliveTime == 0 {
 		c.KeepaliveTime = 180 * time.Second
 	}
@@ -157,15 +156,6 @@ func (c *Config) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
-	}
-	if c.Sockets != nil {
-		c.PacketMark = 0
-	}
-	if c.HBONEClient.Control == nil && c.PacketMark != 0 {
-		c.HBONEClient.Control = sockopt.Control(c.PacketMark)
-	}
-	if c.HBONEClient.Dial == nil && c.Sockets != nil {
-		c.HBONEClient.Dial = c.Sockets.Dial
 	}
 }
 
@@ -193,8 +183,6 @@ type Proxy struct {
 
 	listeners  map[string]net.Listener
 	conns      tracker
-	drops      summaryLog // by hbone.DropReason
-	keyLimits  summaryLog // by hbone.KeyLimit event
 	handshakes summaryLog // by handshake failure reason
 
 	acceptMu      sync.Mutex
@@ -240,19 +228,6 @@ func New(cfg Config, store *state.Store, certs CertSource, m *metrics.Metrics) *
 	if cfg.PacketMark != 0 {
 		p.dialer.Control = sockopt.Control(cfg.PacketMark)
 	}
-	// The proxy counts and logs what hbone reports; a hook the caller set still hears it.
-	for _, hc := range []*hbone.Config{&cfg.HBONEClient.Config, &cfg.HBONEServer.Config} {
-		hc.OnDrop = also(p.onDrop, hc.OnDrop)
-		hc.OnTLS = also(p.onTLS, hc.OnTLS)
-		hc.OnKernelTLSEnd = also(p.onKernelTLSEnd, hc.OnKernelTLSEnd)
-		hc.OnKeyLimit = also(p.onKeyLimit, hc.OnKeyLimit)
-	}
-	if cfg.HBONEServer.Admission.SourceRelays == nil {
-		// A network gateway's connections carry many clients' double HBONE: budgeting
-		// them as one source would let a few clients' failures shut out every other.
-		network := cfg.Local.Network
-		cfg.HBONEServer.Admission.SourceRelays = func(ip netip.Addr) bool { return store.IsNetworkGateway(network, ip) }
-	}
 	p.pool = hbone.NewPool(cfg.HBONEClient, func(ctx context.Context, k hbone.Key) (*tls.Config, error) {
 		tc, err := certs.ClientConfig(ctx, k.Src, k.Expected())
 		if err != nil {
@@ -263,14 +238,6 @@ func New(cfg Config, store *state.Store, certs CertSource, m *metrics.Metrics) *
 	p.server = hbone.NewServer(cfg.HBONEServer, p.serveHBONE)
 	p.serverTLS = certs.ServerConfig(p.localIdentity)
 	return p
-}
-
-// also is f, then g if it is set.
-func also[T any](f, g func(T)) func(T) {
-	if g == nil {
-		return f
-	}
-	return func(v T) { f(v); g(v) }
 }
 
 // Listen binds every configured listener. On error nothing stays bound and the error names

@@ -46,18 +46,19 @@ func (r *recordingSockets) has(call string) bool {
 	return false
 }
 
-// TestSocketsSeam: with Config.Sockets set, every listener is opened and every connection
-// dialed through it: node A's outbound HBONE connection, node B's dial to the workload.
+// TestSocketsSeam: with Config.Sockets set (and HBONEClient.Dial its Dial, as in-pod mode
+// sets both), every listener is opened and every connection dialed through it: node A's
+// outbound HBONE connection, node B's dial to the workload.
 func TestSocketsSeam(t *testing.T) {
 	leaktest.Check(t)
 	checkFDs(t)
 	m := newMesh(t)
 	sa, sb := &recordingSockets{}, &recordingSockets{}
 	bcfg := m.serverConfig()
-	bcfg.Sockets = sb
+	bcfg.Sockets, bcfg.HBONEClient.Dial = sb, sb.Dial
 	m.b = startNode(t, "node-b", m.caDir, m.yaml, bcfg)
 	acfg := m.clientConfig()
-	acfg.Sockets = sa
+	acfg.Sockets, acfg.HBONEClient.Dial = sa, sa.Dial
 	m.a = startNode(t, "node-a", m.caDir, m.yaml, acfg)
 	be := startBackend(t, m.serverIP+":0", echo)
 

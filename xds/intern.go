@@ -174,13 +174,11 @@ func (in *interner) portsOf(pairs []portPair) map[uint16]uint16 {
 }
 
 // meta returns a meta equal to *m (svcs: its services map's number from services), shared
-// with earlier workloads of the push, with its identity cached. *m is copied only when new,
-// so a hit allocates nothing; m must not be used afterwards.
+// with earlier workloads of the push, with its identity. *m is copied only when new, so a
+// hit allocates nothing; m must not be used afterwards.
 func (in *interner) meta(m *state.WorkloadMeta, svcs uint32) *state.WorkloadMeta {
 	if in == nil {
-		v := *m
-		v.CacheIdentity()
-		return &v
+		return newMeta(m)
 	}
 	k := in.key[:0]
 	for _, s := range [...]string{m.Namespace, m.Network, m.TrustDomain, m.ServiceAccount,
@@ -209,16 +207,23 @@ func (in *interner) meta(m *state.WorkloadMeta, svcs uint32) *state.WorkloadMeta
 	if v, ok := in.metas[string(k)]; ok {
 		return v
 	}
-	v := new(state.WorkloadMeta)
-	*v = *m
+	v := newMeta(m)
 	if len(m.AuthorizationPolicies) > 0 {
 		v.AuthorizationPolicies = make([]string, len(m.AuthorizationPolicies))
 		for i, s := range m.AuthorizationPolicies {
 			v.AuthorizationPolicies[i] = in.str(s)
 		}
 	}
-	v.CacheIdentity()
 	in.metas[string(k)] = v
+	return v
+}
+
+// newMeta is a copy of *m with its identity computed: the one place a workload's identity
+// is (once per meta, which the workloads of a deployment share within a push).
+func newMeta(m *state.WorkloadMeta) *state.WorkloadMeta {
+	v := new(state.WorkloadMeta)
+	*v = *m
+	v.CacheIdentity()
 	return v
 }
 

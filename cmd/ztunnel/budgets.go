@@ -7,7 +7,8 @@ import (
 	"time"
 )
 
-// The per-node budgets of the HBONE server (hbone.AdmissionConfig; hbone/doc.go, "Limits").
+// The per-node budgets of the HBONE server (hbone.AdmissionConfig; hbone/admission.go says
+// why each is what it is).
 // Istio has no variables for them: the names are gozt's own. Each takes the
 // hbone.AdmissionConfig convention: 0 is the default, a negative value turns the budget off.
 

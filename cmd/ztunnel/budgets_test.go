@@ -47,7 +47,7 @@ func TestBudgetSettings(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := tc.get(proxyConfig(c).HBONEServer.Admission); got != tc.want {
+			if got := tc.get(nodeProxyConfig(c).HBONEServer.Admission); got != tc.want {
 				t.Errorf("hbone.AdmissionConfig gets %v; want %v", got, tc.want)
 			}
 		})

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -15,6 +17,7 @@ import (
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/certs"
 	"github.com/gozt/gozt/internal/istiogrpc"
+	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/metrics/otlp"
 	"github.com/gozt/gozt/proxy"
@@ -517,15 +520,30 @@ func (c *config) enableProxy() bool {
 	return c.OutboundAddr != "" || c.InboundPlaintextAddr != "" || c.InboundAddr != "" || c.Socks5Addr != ""
 }
 
-func proxyConfig(c *config) proxy.Config {
+// proxyConfig is the whole configuration of one proxy serving local and logging to log,
+// hbone's included, each field decided here: the settings; hbone's hooks counting into the
+// node's metrics (proxy.HBONEEvents); the network gateways, which relay other clients'
+// connections, exempt from the per-source budgets (a few clients' failures must not shut
+// out every other); the node's endpoint health, shared by its proxies. Its sockets: a
+// pod's proxy opens and dials every one through sockets, inside the pod's network
+// namespace and marked there (internal/netns); any other proxy through the process's own,
+// each dial marked with PACKET_MARK.
+func (n *ztunnel) proxyConfig(local state.Local, log *slog.Logger, sockets proxy.Sockets) proxy.Config {
+	c := n.cfg
+	events := proxy.NewHBONEEvents(n.metrics, log)
 	conn := hbone.Config{
 		StreamWindow:     c.StreamWindow,
 		ConnWindow:       c.ConnWindow,
 		MaxFrameSize:     c.FrameSize,
 		DisableKernelTLS: !c.KernelTLS,
+		OnDrop:           events.OnDrop,
+		OnTLS:            events.OnTLS,
+		OnKernelTLSEnd:   events.OnKernelTLSEnd,
+		OnKeyLimit:       events.OnKeyLimit,
 	}
-	return proxy.Config{
-		Local:                c.local(),
+	pcfg := proxy.Config{
+		Local:                local,
+		Logger:               log,
 		OutboundAddr:         c.OutboundAddr,
 		InboundPlaintextAddr: c.InboundPlaintextAddr,
 		InboundAddr:          c.InboundAddr,
@@ -547,9 +565,9 @@ func proxyConfig(c *config) proxy.Config {
 				PeerStreams:            c.PeerStreams,
 				PeerDials:              c.PeerDials,
 				StreamStarts:           c.StreamStarts,
+				SourceRelays:           func(ip netip.Addr) bool { return n.store.IsNetworkGateway(local.Network, ip) },
 			},
 		},
-		PacketMark:        c.PacketMark,
 		OrigSrc:           c.EnableOrigSrc == "true",
 		KeepaliveDisabled: !c.KeepaliveEnabled,
 		KeepaliveTime:     c.KeepaliveTime,
@@ -557,11 +575,19 @@ func proxyConfig(c *config) proxy.Config {
 		KeepaliveRetries:  c.KeepaliveRetries,
 		UserTimeout:       c.userTimeout(),
 		HandshakeFailure:  certs.HandshakeFailure,
+		Outliers:          n.outliers,
+		RetryBudget:       n.retries,
 
 		DisableResetPropagation: !c.ResetPropagation,
 		DisableBaggage:          !c.ResponseBaggage,
 		ConnectRetries:          c.ConnectRetries,
 	}
+	if sockets != nil {
+		pcfg.Sockets, pcfg.HBONEClient.Dial = sockets, sockets.Dial
+	} else if c.PacketMark != 0 {
+		pcfg.PacketMark, pcfg.HBONEClient.Control = c.PacketMark, sockopt.Control(c.PacketMark)
+	}
+	return pcfg
 }
 
 // userTimeout is TCP_USER_TIMEOUT when USER_TIMEOUT_ENABLED is true: as the Rust ztunnel

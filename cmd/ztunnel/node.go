@@ -52,6 +52,7 @@ type ztunnel struct {
 	self     *proxy.Proxy   // in-pod mode: ztunnel's own 15008 (selfproxy.go); nil if not named
 	inpod    *inpod.Manager // in-pod (shared) mode only
 	pods     *podproxy.Set  // in-pod mode: the pods' proxies the Manager drives
+	servers  []*http.Server // admin, stats and readiness (startHTTP)
 
 	quitOnce sync.Once
 	quit     chan struct{} // closed by POST /quitquitquit
@@ -79,9 +80,12 @@ const (
 //
 // Its phases: construct (what every mode shares: metrics, the background goroutines, the
 // config sources, the CA client and certificates), start the node's proxies (node and
-// dedicated mode's listeners and DNS proxy, or in-pod mode's pod proxies), start the admin,
-// metrics and readiness servers, then serve until told to stop and drain. Whatever a phase
-// opens goes on one cleanup stack, which undoes it, last first, however run returns.
+// dedicated mode's listeners and DNS proxy, or in-pod mode's workload manager, pod proxies
+// and self-proxy), start the admin, metrics and readiness servers, then serve until told to
+// stop. Whatever a phase starts goes on one cleanup stack, and the drain is that stack
+// run, last first, under CONNECTION_TERMINATION_DEADLINE: the proxies drain first, the
+// HTTP servers answer until they have (their cleanup is pushed before the proxies start),
+// the background goroutines and the certificates go last. A failed start runs it too.
 func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*ztunnel)) error {
 	if limit, err := sockopt.RaiseFileLimit(); err != nil {
 		slog.Warn("could not raise the open-file limit", "err", err)
@@ -90,10 +94,11 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*zt
 	}
 	n := newZtunnel(cfg, logLevel)
 	var undo cleanups
-	defer undo.run()
+	defer undo.run(cfg.TerminationDeadline) // a failed start; after a drain, nothing is left
 	if err := n.construct(ctx, &undo); err != nil {
 		return err
 	}
+	undo.pushDrain(n.stopHTTP) // below the proxies': readiness and metrics answer through their drain
 	start := n.startNodeMode
 	if n.local.Mode == state.ModeShared {
 		start = n.startInPod
@@ -101,24 +106,40 @@ func run(ctx context.Context, cfg *config, logLevel *logLevels, started func(*zt
 	if err := start(&undo); err != nil {
 		return err
 	}
-	servers, err := n.startHTTP()
-	if err != nil {
+	if err := n.startHTTP(); err != nil {
 		return err
 	}
-	return n.serveAndDrain(ctx, servers, started)
+	n.serve(ctx, started)
+	slog.Info("draining", "deadline", cfg.TerminationDeadline)
+	err := undo.run(cfg.TerminationDeadline)
+	slog.Info("ztunnel stopped")
+	return err
 }
 
-// cleanups is a stack of what to undo when run returns.
-type cleanups []func()
+// cleanups is a stack of what to undo when run returns: each entry undoes one thing a
+// phase started, within the drain's context.
+type cleanups []func(drain context.Context) error
 
-func (c *cleanups) push(f func()) { *c = append(*c, f) }
+// push adds f, which undoes its thing at once.
+func (c *cleanups) push(f func()) {
+	*c = append(*c, func(context.Context) error { f(); return nil })
+}
 
-// run undoes everything pushed, last first.
-func (c *cleanups) run() {
+// pushDrain adds f, which undoes its thing within drain (a proxy's connections finish, or
+// are closed at its deadline).
+func (c *cleanups) pushDrain(f func(drain context.Context) error) { *c = append(*c, f) }
+
+// run undoes everything pushed, last first, within one deadline from now, and returns
+// what failed.
+func (c *cleanups) run(deadline time.Duration) error {
+	drain, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	var errs []error
 	for i := len(*c) - 1; i >= 0; i-- {
-		(*c)[i]()
+		errs = append(errs, (*c)[i](drain))
 	}
 	*c = nil
+	return errors.Join(errs...)
 }
 
 func newZtunnel(cfg *config, logLevel *logLevels) *ztunnel {
@@ -187,7 +208,9 @@ func (n *ztunnel) goBG(name string, fn func(context.Context) error) {
 }
 
 // construct starts what every mode shares: the config sources, the CA client, the CRL and
-// the certificate manager, and the background goroutines.
+// the certificate manager, and the background goroutines. Those start only once their
+// stop is pushed, after the certificates' close: a drain stops them first (prefetch and
+// SPIRE subscriptions use the certificates).
 func (n *ztunnel) construct(ctx context.Context, undo *cleanups) error {
 	if n.otlp != nil { // first in, last out: after the proxies' last records
 		undo.push(func() {
@@ -198,11 +221,8 @@ func (n *ztunnel) construct(ctx context.Context, undo *cleanups) error {
 			}
 		})
 	}
-	undo.push(func() {
-		n.stopBG()
-		n.bgWG.Wait()
-	})
-	if err := n.startConfigSources(); err != nil {
+	startSources, err := n.openConfigSources()
+	if err != nil {
 		return err
 	}
 	caClient, err := ca.New(ctx, caConfig(n.cfg))
@@ -214,7 +234,7 @@ func (n *ztunnel) construct(ctx context.Context, undo *cleanups) error {
 		if n.crl, err = certs.OpenCRL(n.cfg.CRLPath, nil); err != nil {
 			return fmt.Errorf("CRL_PATH: %w", err)
 		}
-		undo.push(func() { n.crl.Close() }) // Watch starts in serveAndDrain, once the proxies its callback closes exist
+		undo.push(func() { n.crl.Close() }) // Watch starts in serve, once the proxies its callback closes exist
 		n.registry.MustRegister(crlCollector{n.crl})
 	}
 	csrFailures := newCSRFailures()
@@ -226,6 +246,11 @@ func (n *ztunnel) construct(ctx context.Context, undo *cleanups) error {
 	n.certs = certs.New(certsCfg, caClient)
 	undo.push(func() { n.certs.Close() })
 	n.registry.MustRegister(csrFailures, certCollector{n.certs})
+	undo.push(func() {
+		n.stopBG()
+		n.bgWG.Wait()
+	})
+	startSources()
 	n.goBG("metrics sweep", n.forgetGoneWorkloads)
 	if n.resolver, err = dns.NewResolver(dns.ResolverConfig{}); err != nil {
 		slog.Warn("workloads known only by hostname cannot be reached: no nameserver for on-demand DNS", "err", err)
@@ -233,29 +258,30 @@ func (n *ztunnel) construct(ctx context.Context, undo *cleanups) error {
 	return nil
 }
 
-// proxyConfig is a proxy's configuration from the settings, with the node's endpoint
-// health shared by its proxies.
-func (n *ztunnel) proxyConfig() proxy.Config {
-	pcfg := proxyConfig(n.cfg)
-	pcfg.Outliers, pcfg.RetryBudget = n.outliers, n.retries
-	return pcfg
-}
-
-// startNodeMode binds node and dedicated mode's listeners (unless none is configured) and
-// their DNS proxy, and starts prefetching the served workloads' certificates.
+// startNodeMode binds node and dedicated mode's DNS proxy and listeners (unless none is
+// configured) and serves them, and starts prefetching the served workloads' certificates.
+// The DNS proxy's cleanup is pushed first, so it answers until the proxy has drained.
 func (n *ztunnel) startNodeMode(undo *cleanups) error {
 	cfg := n.cfg
-	pcfg := n.proxyConfig()
+	if cfg.DNSProxyAddr != "" {
+		d := dns.New(n.dnsConfig(n.local), n.store, n.metrics)
+		if err := d.Listen(); err != nil {
+			return fmt.Errorf("DNS_PROXY_ADDR: %w", err)
+		}
+		undo.push(func() { d.Close() })
+		n.addrs["DNS_PROXY_ADDR"] = d.Addr()
+		n.goBG("dns proxy", d.Serve)
+	}
+	pcfg := n.proxyConfig(n.local, slog.Default(), nil)
 	if n.xds != nil && cfg.XDSOnDemand {
 		pcfg.Demand = n.xds.DemandAddress
 	}
 	n.withResolver(&pcfg)
 	n.proxy = proxy.New(pcfg, n.store, n.certs, n.metrics)
-	undo.push(func() { n.proxy.Shutdown(context.Background()) }) // drained already, unless the start failed
+	if err := n.serveProxy(n.proxy, cfg.enableProxy(), undo); err != nil {
+		return err
+	}
 	if cfg.enableProxy() {
-		if err := n.proxy.Listen(); err != nil {
-			return err
-		}
 		for name, a := range n.proxy.Addrs() {
 			n.addrs[proxyListenerEnv[name]] = a
 		}
@@ -268,21 +294,39 @@ func (n *ztunnel) startNodeMode(undo *cleanups) error {
 			n.goBG("certificate prefetch", n.prefetchCertificates)
 		}
 	}
-	if cfg.DNSProxyAddr != "" {
-		d := dns.New(n.dnsConfig(n.local), n.store, n.metrics)
-		if err := d.Listen(); err != nil {
-			return fmt.Errorf("DNS_PROXY_ADDR: %w", err)
-		}
-		undo.push(func() { d.Close() })
-		n.addrs["DNS_PROXY_ADDR"] = d.Addr()
-		n.goBG("dns proxy", d.Serve)
-	}
 	return nil
 }
 
-// startInPod readies in-pod mode: no node-level listeners (every pod's open inside its
-// netns, inpod/podproxy), ztunnel's own 15008 if the chart named its pod, and certificate
-// prefetch. The pods arrive over ZDS once serveAndDrain starts the workload manager.
+// serveProxy binds p's listeners (if listen) and serves them until undo drains it: p shuts
+// down within the drain's deadline, then its Serve stops (Serve's context is its
+// connections', so it must outlive the drain). A proxy that cannot bind is shut down at
+// once.
+func (n *ztunnel) serveProxy(p *proxy.Proxy, listen bool, undo *cleanups) error {
+	if listen {
+		if err := p.Listen(); err != nil {
+			p.Shutdown(context.Background())
+			return err
+		}
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		p.Serve(ctx)
+	}()
+	undo.pushDrain(func(drain context.Context) error {
+		err := p.Shutdown(drain)
+		stop()
+		<-served
+		return err
+	})
+	return nil
+}
+
+// startInPod starts in-pod mode: no node-level listeners (every pod's open inside its
+// netns, inpod/podproxy), ztunnel's own 15008 if the chart named its pod, certificate
+// prefetch, and the workload manager, over which the pods arrive from istio-cni's node
+// agent.
 func (n *ztunnel) startInPod(undo *cleanups) error {
 	if err := netns.CheckCapabilities(); err != nil {
 		return fmt.Errorf("PROXY_MODE=shared (in-pod) cannot enter pod namespaces or mark sockets: %w", err)
@@ -292,54 +336,38 @@ func (n *ztunnel) startInPod(undo *cleanups) error {
 		return err
 	}
 	n.pods = pods
-	undo.push(n.pods.Close) // after the workload manager has drained them, or at once if the start failed
+	undo.push(n.pods.Close) // waits for the pods' drains the workload manager's Close began
 	if self, ok := newSelfProxy(n, undo); ok {
-		if err := self.Listen(); err != nil {
+		if err := n.serveProxy(self, true, undo); err != nil {
 			return fmt.Errorf("self-proxy (POD_NAME, POD_NAMESPACE, SERVICE_ACCOUNT): %w", err)
 		}
 		n.self = self
-		undo.push(func() { self.Shutdown(context.Background()) }) // drained already, unless the start failed
 		n.addrs["SELF_PROXY"] = self.Addrs()[proxy.ListenerInbound]
 	}
 	if n.spire {
 		n.ready.watch(taskCerts, n.spireReady)
-		return nil
+	} else {
+		n.ready.add(taskCerts)
+		n.goBG("certificate prefetch", n.prefetchCertificates)
 	}
-	n.ready.add(taskCerts)
-	n.goBG("certificate prefetch", n.prefetchCertificates)
+	n.inpod = inpod.New(inpod.Config{Path: n.cfg.InpodUDS, Metrics: n.metrics}, n.pods)
+	undo.push(func() { n.inpod.Close() }) // drains every pod's proxy, each within CONNECTION_TERMINATION_DEADLINE
+	n.ready.watch(taskInpod, n.inpodReady)
+	n.ready.watch(taskAccept, func() error {
+		if n.self != nil {
+			return errors.Join(n.self.AcceptError(), n.pods.AcceptError())
+		}
+		return n.pods.AcceptError()
+	})
 	return nil
 }
 
-// serveAndDrain serves the node's proxies (and in-pod mode's workload manager) until ctx
-// ends or /quitquitquit, then drains within CONNECTION_TERMINATION_DEADLINE: the pods'
-// proxies and the node's own, then the HTTP servers and the background goroutines.
-func (n *ztunnel) serveAndDrain(ctx context.Context, servers []*http.Server, started func(*ztunnel)) error {
-	cfg := n.cfg
-	proxyCtx, stopProxy := context.WithCancel(context.Background())
-	defer stopProxy()
-	proxyDone := make(chan struct{})
-	go func() {
-		defer close(proxyDone)
-		var wg sync.WaitGroup
-		for _, p := range n.proxies() {
-			wg.Go(func() { p.Serve(proxyCtx) })
-		}
-		wg.Wait()
-	}()
-	if n.pods != nil {
-		n.inpod = inpod.New(inpod.Config{Path: cfg.InpodUDS, Metrics: n.metrics}, n.pods)
-		n.ready.watch(taskInpod, n.inpodReady)
-		n.ready.watch(taskAccept, func() error {
-			if n.self != nil {
-				return errors.Join(n.self.AcceptError(), n.pods.AcceptError())
-			}
-			return n.pods.AcceptError()
-		})
-	}
+// serve runs until ctx ends or /quitquitquit: the proxies and the workload manager run
+// already, and a CRL reload now closes their connections to revoked peers.
+func (n *ztunnel) serve(ctx context.Context, started func(*ztunnel)) {
 	if n.crl != nil {
 		n.crl.Watch(n.closeRevoked)
 	}
-
 	slog.Info("ztunnel started", "version", version, "mode", n.local.Mode, "threads", runtime.GOMAXPROCS(0), "listeners", n.listenerSummary(), "fips140", currentFIPS().logValue())
 	if started != nil {
 		started(n)
@@ -348,66 +376,50 @@ func (n *ztunnel) serveAndDrain(ctx context.Context, servers []*http.Server, sta
 	case <-ctx.Done():
 	case <-n.quit:
 	}
-
-	slog.Info("draining", "deadline", cfg.TerminationDeadline)
-	drainCtx, cancel := context.WithTimeout(context.Background(), cfg.TerminationDeadline)
-	defer cancel()
-	if n.inpod != nil {
-		n.inpod.Close() // drains every pod's proxy, in the background...
-		n.pods.Close()  // ...each within CONNECTION_TERMINATION_DEADLINE
-	}
-	err := n.shutdownProxies(drainCtx)
-	stopProxy()
-	<-proxyDone
-	for _, s := range servers {
-		_ = s.Shutdown(drainCtx)
-		s.Close()
-	}
-	n.stopBG()
-	n.bgWG.Wait()
-	slog.Info("ztunnel stopped")
-	return err
 }
 
-// startConfigSources loads the local file (synchronously: a bad file stops the start) and
-// starts the xDS client.
-func (n *ztunnel) startConfigSources() error {
+// openConfigSources loads the local file (synchronously: a bad file stops the start) and
+// makes the xDS client; start runs them on background goroutines.
+func (n *ztunnel) openConfigSources() (start func(), err error) {
 	cfg := n.cfg
 	if cfg.LocalXDSPath == "" && cfg.XDSAddress == "" {
-		return errors.New("config: no workload source: set LOCAL_XDS_PATH (a local YAML file) or XDS_ADDRESS (a control plane)")
+		return nil, errors.New("config: no workload source: set LOCAL_XDS_PATH (a local YAML file) or XDS_ADDRESS (a control plane)")
 	}
+	var file *xds.FileSource
 	if cfg.LocalXDSPath != "" {
-		file, err := xds.LoadFile(cfg.LocalXDSPath, n.store)
-		if err != nil {
-			return fmt.Errorf("LOCAL_XDS_PATH: %w", err)
+		if file, err = xds.LoadFile(cfg.LocalXDSPath, n.store); err != nil {
+			return nil, fmt.Errorf("LOCAL_XDS_PATH: %w", err)
 		}
-		n.goBG("local config", file.Run)
 	}
 	if cfg.XDSAddress != "" {
 		xc := xdsConfig(cfg)
 		xc.OnError = func(err error) { n.ready.failed(taskState, err) }
-		client, err := xds.NewClient(xc, n.store, n.metrics)
-		if err != nil {
-			return fmt.Errorf("XDS_ADDRESS: %w", err)
+		if n.xds, err = xds.NewClient(xc, n.store, n.metrics); err != nil {
+			return nil, fmt.Errorf("XDS_ADDRESS: %w", err)
 		}
-		n.xds = client
 		n.ready.add(taskState)
-		n.goBG("xds", client.Run)
-		n.goBG("xds readiness", func(ctx context.Context) error {
-			select {
-			case <-client.Synced():
-				n.ready.done(taskState)
-			case <-ctx.Done():
-			}
-			return nil
-		})
 	}
-	return nil
+	return func() {
+		if file != nil {
+			n.goBG("local config", file.Run)
+		}
+		if client := n.xds; client != nil {
+			n.goBG("xds", client.Run)
+			n.goBG("xds readiness", func(ctx context.Context) error {
+				select {
+				case <-client.Synced():
+					n.ready.done(taskState)
+				case <-ctx.Done():
+				}
+				return nil
+			})
+		}
+	}, nil
 }
 
-// startHTTP binds the admin, stats and readiness servers.
-func (n *ztunnel) startHTTP() ([]*http.Server, error) {
-	var servers []*http.Server
+// startHTTP binds and serves the admin, stats and readiness servers (n.servers), which
+// stopHTTP shuts down.
+func (n *ztunnel) startHTTP() error {
 	for _, l := range []struct {
 		name, addr string
 		h          http.Handler
@@ -421,21 +433,27 @@ func (n *ztunnel) startHTTP() ([]*http.Server, error) {
 		}
 		ln, err := net.Listen("tcp", l.addr)
 		if err != nil {
-			for _, s := range servers {
-				s.Close()
-			}
-			return nil, fmt.Errorf("listen %s=%s: %w", l.name, l.addr, err)
+			return fmt.Errorf("listen %s=%s: %w", l.name, l.addr, err)
 		}
 		n.addrs[l.name] = ln.Addr()
 		srv := &http.Server{Handler: l.h, ReadHeaderTimeout: 2 * time.Second}
-		servers = append(servers, srv)
+		n.servers = append(n.servers, srv)
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				slog.Error("http server", "listener", l.name, "err", err)
 			}
 		}()
 	}
-	return servers, nil
+	return nil
+}
+
+// stopHTTP shuts the HTTP servers down, letting requests in flight finish within drain.
+func (n *ztunnel) stopHTTP(drain context.Context) error {
+	for _, s := range n.servers {
+		_ = s.Shutdown(drain)
+		s.Close()
+	}
+	return nil
 }
 
 // proxies are the node's own proxies: its listeners (node and dedicated mode) or the
@@ -448,15 +466,6 @@ func (n *ztunnel) proxies() []*proxy.Proxy {
 		}
 	}
 	return ps
-}
-
-// shutdownProxies drains the node's own proxies until ctx ends.
-func (n *ztunnel) shutdownProxies(ctx context.Context) error {
-	var errs []error
-	for _, p := range n.proxies() {
-		errs = append(errs, p.Shutdown(ctx))
-	}
-	return errors.Join(errs...)
 }
 
 func (n *ztunnel) requestQuit() { n.quitOnce.Do(func() { close(n.quit) }) }

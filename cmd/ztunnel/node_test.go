@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/gozt/gozt/identity/ca/catest"
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 // testConfig is a node with every listener on an ephemeral loopback port.
@@ -147,5 +149,58 @@ func TestReadinessNamesCertificateError(t *testing.T) {
 	if code != 500 || !strings.Contains(body, "pending: certificates\n") || !strings.Contains(body, want) ||
 		!strings.Contains(body, "CA chain expired at "+expired.Cert.NotAfter.UTC().Format(time.RFC3339)) {
 		t.Fatalf("readiness with an expired CA: %d %q; want 500 with the certificate's error", code, body)
+	}
+}
+
+// TestDrainServesHTTPUntilProxiesDrain: the drain is run's cleanup stack, last first. While
+// the node's proxy drains a live connection, its stats server still answers (its cleanup
+// sits below the proxy's); once the connection ends the drain goes on at once, not at
+// CONNECTION_TERMINATION_DEADLINE, and run returns with the HTTP servers closed.
+func TestDrainServesHTTPUntilProxiesDrain(t *testing.T) {
+	leaktest.Check(t)
+	http.DefaultClient.Transport = &http.Transport{DisableKeepAlives: true}
+	echo := startEcho(t, "127.0.0.9:0") // outside the mesh: passthrough
+	defer echo.Close()
+	n, stop, done := startStoppableNode(t, testConfig(t, map[string]string{
+		"PROXY_MODE": "dedicated", "PROXY_WORKLOAD_INFO": "default/local/default",
+		"UNSTABLE_ENABLE_SOCKS5": "true", "SOCKS5_ADDR": "127.0.0.1:0",
+		"CONNECTION_TERMINATION_DEADLINE": "1m",
+	}))
+	live := dialVia(t, n, echo.Addr().String())
+	defer live.Close()
+	echoes(t, live, "before the drain")
+
+	stop()
+	socks := n.addrs["SOCKS5_ADDR"].String()
+	testutil.Eventually(t, "the SOCKS5 listener to close as the drain begins", func() bool {
+		c, err := net.Dial("tcp", socks)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	stats := "http://" + n.addrs["STATS_ADDR"].String() + "/stats/prometheus"
+	if code, _ := get(t, stats); code != 200 {
+		t.Errorf("stats during the drain: %d; want 200 while the proxy drains", code)
+	}
+	echoes(t, live, "during the drain")
+	select {
+	case err := <-done:
+		t.Fatalf("run returned (%v) with a connection still live, long before the drain deadline", err)
+	default:
+	}
+
+	live.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("run: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("run did not return once the last connection had ended")
+	}
+	if resp, err := http.Get(stats); err == nil {
+		resp.Body.Close()
+		t.Error("the stats server still answers after run returned")
 	}
 }

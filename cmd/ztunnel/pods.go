@@ -2,25 +2,27 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 
 	"github.com/gozt/gozt/inpod"
 	"github.com/gozt/gozt/inpod/podproxy"
+	"github.com/gozt/gozt/internal/netns"
 	"github.com/gozt/gozt/proxy"
 	"github.com/gozt/gozt/xds/state"
 )
 
 // newPodProxies is in-pod mode's per-pod proxies (inpod/podproxy), built from the node's
-// settings: each pod's proxy listens on the settings' ports on the pod's wildcard address
-// and uses the node's resolver; each pod's DNS proxy, unless DNS_PROXY_ADDR=off, answers
-// with the pod's namespace as its search list, not ztunnel's resolv.conf.
+// settings: each pod's proxy opens its sockets through the pod's, listens on the settings'
+// ports on the pod's wildcard address and uses the node's resolver; each pod's DNS proxy,
+// unless DNS_PROXY_ADDR=off, answers with the pod's namespace as its search list, not
+// ztunnel's resolv.conf.
 func newPodProxies(n *ztunnel) (*podproxy.Set, error) {
 	cfg := n.cfg
 	pc := podproxy.Config{
 		Node: n.local,
-		Proxy: func(local state.Local) proxy.Config {
-			pcfg := n.proxyConfig()
-			pcfg.Local = local
+		Proxy: func(local state.Local, sockets netns.Sockets, log *slog.Logger) proxy.Config {
+			pcfg := n.proxyConfig(local, log, sockets)
 			pcfg.OutboundAddr = podAddr(cfg.OutboundAddr, cfg.IPv6Enabled)
 			pcfg.InboundPlaintextAddr = podAddr(cfg.InboundPlaintextAddr, cfg.IPv6Enabled)
 			pcfg.InboundAddr = podAddr(cfg.InboundAddr, cfg.IPv6Enabled)

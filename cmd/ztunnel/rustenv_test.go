@@ -61,8 +61,8 @@ func TestRustVariablesMeaning(t *testing.T) {
 		{"dns proxy port", map[string]string{"ISTIO_META_DNS_PROXY_ADDR": "15054"}, "", func(c *config) bool { return c.DNSProxyAddr == "localhost:15054" }},
 		{"dns proxy addr", map[string]string{"ISTIO_META_DNS_PROXY_ADDR": "127.0.0.1:15054"}, "", func(c *config) bool { return c.DNSProxyAddr == "127.0.0.1:15054" }},
 		{"bad dns capture", map[string]string{"ISTIO_META_DNS_CAPTURE": "maybe"}, "ISTIO_META_DNS_CAPTURE", nil},
-		{"user timeout", map[string]string{"USER_TIMEOUT_ENABLED": "true", "KEEPALIVE_TIME": "60s", "KEEPALIVE_INTERVAL": "10s", "KEEPALIVE_RETRIES": "3"}, "", func(c *config) bool { return proxyConfig(c).UserTimeout == 90*time.Second }},
-		{"user timeout off", map[string]string{}, "", func(c *config) bool { return proxyConfig(c).UserTimeout == 0 }},
+		{"user timeout", map[string]string{"USER_TIMEOUT_ENABLED": "true", "KEEPALIVE_TIME": "60s", "KEEPALIVE_INTERVAL": "10s", "KEEPALIVE_RETRIES": "3"}, "", func(c *config) bool { return nodeProxyConfig(c).UserTimeout == 90*time.Second }},
+		{"user timeout off", map[string]string{}, "", func(c *config) bool { return nodeProxyConfig(c).UserTimeout == 0 }},
 		{"preferred namespace", map[string]string{"PREFERED_SERVICE_NAMESPACE": "istio-system"}, "", func(c *config) bool { return c.PreferredServiceNamespace == "istio-system" }},
 		{"proxy off", map[string]string{"ENABLE_PROXY": "false"}, "ENABLE_PROXY", nil},
 		{"proxy on", map[string]string{"ENABLE_PROXY": "true"}, "", func(*config) bool { return true }},
@@ -70,8 +70,8 @@ func TestRustVariablesMeaning(t *testing.T) {
 		{"crl", map[string]string{"CRL_PATH": "/var/run/secrets/istio/crl/ca-crl.pem"}, "", func(c *config) bool { return c.CRLPath == "/var/run/secrets/istio/crl/ca-crl.pem" }},
 		{"inline config", map[string]string{"LOCAL_XDS": "workloads: []"}, "LOCAL_XDS", nil},
 		{"localhost app tunnel off", map[string]string{"LOCALHOST_APP_TUNNEL": "false"}, "LOCALHOST_APP_TUNNEL", nil},
-		{"response baggage on", map[string]string{}, "", func(c *config) bool { return !proxyConfig(c).DisableBaggage }},
-		{"response baggage off", map[string]string{"ENABLE_RESPONSE_BAGGAGE": "false"}, "", func(c *config) bool { return proxyConfig(c).DisableBaggage }},
+		{"response baggage on", map[string]string{}, "", func(c *config) bool { return !nodeProxyConfig(c).DisableBaggage }},
+		{"response baggage off", map[string]string{"ENABLE_RESPONSE_BAGGAGE": "false"}, "", func(c *config) bool { return nodeProxyConfig(c).DisableBaggage }},
 		{"not used", map[string]string{"AUTHZ_POLICY_INFO_LOGGING": "true", "ISTIO_METAJSON_LABELS": "{}"}, "", func(c *config) bool {
 			return strings.Contains(strings.Join(c.chart.unused, "\n"), "AUTHZ_POLICY_INFO_LOGGING") && strings.Contains(strings.Join(c.chart.unused, "\n"), "ISTIO_METAJSON_LABELS")
 		}},

@@ -30,12 +30,10 @@ func newSelfProxy(n *ztunnel, undo *cleanups) (*proxy.Proxy, bool) {
 		return nil, false
 	}
 	slog.Info("ztunnel self-proxy", "identity", "spiffe://"+n.cfg.TrustDomain+"/ns/"+ref.Namespace+"/sa/"+ref.ServiceAccount, "workload", ref.Namespace+"/"+ref.Name)
-	pcfg := n.proxyConfig()
-	pcfg.Local = n.local.Pod(ref)
+	pcfg := n.proxyConfig(n.local.Pod(ref), slog.Default().With("proxy", "self"), nil)
 	pcfg.OutboundAddr, pcfg.InboundPlaintextAddr, pcfg.Socks5Addr = "", "", ""
 	pcfg.InboundAddr = addr
 	pcfg.OrigSrc = false
-	pcfg.Logger = slog.Default().With("proxy", "self")
 	var src proxy.CertSource = n.certs
 	if n.spire {
 		w, release, err := n.certs.Workload(n.spireRef(selfKey, ref.Namespace, ref.Name, ref.ServiceAccount, ""))

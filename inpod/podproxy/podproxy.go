@@ -43,10 +43,11 @@ var (
 type Config struct {
 	// Node is what the node serves; a pod's proxies serve Node.Pod(the pod's workload).
 	Node state.Local
-	// Proxy is the configuration of a pod's proxy serving local: its listeners (on the
-	// pod's wildcard addresses) and the node's settings. Start sets its Local, Sockets,
-	// Acceptor and Logger.
-	Proxy func(local state.Local) proxy.Config
+	// Proxy is the whole configuration of a pod's proxy serving local, its sockets opened
+	// by sockets (inside the pod's network namespace, marked: its HBONE pool's dials too),
+	// logging to log: its listeners (on the pod's wildcard addresses) and the node's
+	// settings. Start adds the node's poller (Acceptor, IdlePoller).
+	Proxy func(local state.Local, sockets netns.Sockets, log *slog.Logger) proxy.Config
 	// DNS, if set, is the configuration of a pod's DNS proxy answering for local; nil
 	// runs none (DNS_PROXY_ADDR=off). Start sets its sockets, Poller, WorkloadWait and
 	// Logger.
@@ -106,12 +107,9 @@ func (s *Set) Start(p inpod.Pod) error {
 	log := slog.Default().With("pod", p.Info.Namespace+"/"+p.Info.Name, "uid", p.UID)
 	sockets := netns.Sockets{NS: p.NetNS, Mark: cfg.Mark, ReusePort: cfg.ReusePort, Transparent: true}
 	local := cfg.Node.Pod(state.WorkloadRef{Namespace: p.Info.Namespace, Name: p.Info.Name, ServiceAccount: p.Info.ServiceAccount})
-	pcfg := cfg.Proxy(local)
-	pcfg.Local = local
-	pcfg.Sockets = sockets
+	pcfg := cfg.Proxy(local, sockets, log)
 	pcfg.Acceptor = s.poller
 	pcfg.IdlePoller = s.poller // idle proxied connections park in it too
-	pcfg.Logger = log
 	if cfg.ReusePort {
 		if err := migrateOnClose(p.NetNS); err != nil {
 			log.Debug("cannot set tcp_migrate_req in the pod; an upgrade may reset a few connections", "err", err)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"log/slog"
 	"net"
 	"testing"
 
@@ -38,8 +39,10 @@ var _ proxy.CertSource = noCerts{}
 func newSet(t *testing.T) *Set {
 	t.Helper()
 	s, err := New(Config{
-		Node:    state.Local{Mode: state.ModeShared, Node: "node-a"},
-		Proxy:   func(state.Local) proxy.Config { return proxy.Config{InboundPlaintextAddr: "127.0.0.1:15006"} },
+		Node: state.Local{Mode: state.ModeShared, Node: "node-a"},
+		Proxy: func(local state.Local, sockets netns.Sockets, log *slog.Logger) proxy.Config {
+			return proxy.Config{Local: local, Sockets: sockets, Logger: log, InboundPlaintextAddr: "127.0.0.1:15006"}
+		},
 		Store:   state.NewStore(),
 		Certs:   noCerts{},
 		Metrics: metrics.New(prometheus.NewRegistry(), "test"),

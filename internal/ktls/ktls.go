@@ -46,8 +46,7 @@
 // conn, a TCPWrapper, so a later fallback keeps the coalescing), call Enable after the
 // ALPN check (Decline instead when the peer may send KeyUpdates), and on a
 // *FallbackError carry on with the *tls.Conn and report the Reason; on success they
-// frame HTTP/2 over the Conn and splice DATA payloads both ways (hbone/doc.go, "Kernel
-// TLS").
+// frame HTTP/2 over the Conn and splice DATA payloads both ways (hbone/ktls.go).
 package ktls
 
 import (

@@ -36,6 +36,7 @@ func genBatch(n int) *Batch {
 				Services: map[string]map[uint16]uint16{s.Key(): {80: 8080}},
 			},
 		}
+		b.Workloads[i].CacheIdentity() // as the xDS converter does
 	}
 	return b
 }

@@ -26,8 +26,6 @@ import (
 	"net/netip"
 	"sort"
 	"sync"
-
-	"github.com/gozt/gozt/identity"
 )
 
 // Options tunes a Store. The zero value is the default.
@@ -101,40 +99,10 @@ func (s *Store) Apply(b *Batch) {
 	if b.Empty() {
 		return
 	}
-	// Work that needs no lock: identities, one per service account. A meta without a
-	// cached one (not from the xDS converter) is replaced by a private copy that has it:
-	// the meta may be shared with a stored workload, so it is never written.
-	var ids map[[3]string]*identity.ID
-	var metas map[*WorkloadMeta]*WorkloadMeta
 	for _, w := range b.Workloads {
-		if w.WorkloadMeta == nil {
+		if w.WorkloadMeta == nil { // built by hand: the converter always sets one
 			w.WorkloadMeta = &WorkloadMeta{}
 		}
-		if w.id != nil {
-			continue
-		}
-		if m := metas[w.WorkloadMeta]; m != nil {
-			w.WorkloadMeta = m
-			continue
-		}
-		if ids == nil {
-			ids = make(map[[3]string]*identity.ID)
-			metas = make(map[*WorkloadMeta]*WorkloadMeta)
-		}
-		k := [3]string{w.TrustDomain, w.Namespace, w.ServiceAccount}
-		id := ids[k]
-		if id == nil {
-			v, err := identity.New(w.TrustDomain, w.Namespace, w.ServiceAccount)
-			if err != nil {
-				continue // Identity() is zero for it, as before
-			}
-			id = &v
-			ids[k] = id
-		}
-		m := *w.WorkloadMeta
-		m.id = id
-		metas[w.WorkloadMeta] = &m
-		w.WorkloadMeta = &m
 	}
 	s.pushMu.Lock()
 	defer s.pushMu.Unlock()

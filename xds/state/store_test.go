@@ -39,6 +39,7 @@ func wl(name string, addr string, mods ...func(*Workload)) *Workload {
 	for _, m := range mods {
 		m(w)
 	}
+	w.CacheIdentity() // as the xDS converter does
 	return w
 }
 
@@ -101,6 +102,21 @@ func TestOnDemandIndexes(t *testing.T) {
 	s.Apply(&Batch{Workloads: []*Workload{on("d", "n2")}})
 	if w := s.FindWorkload("default", "d"); w == nil || len(s.idx.byName) != 2 {
 		t.Errorf("a namespace asked about is kept up to date: %v, %d indexed", w, len(s.idx.byName))
+	}
+}
+
+// TestApplyKeepsMeta: Apply stores each workload's meta as given, never a copy of its
+// own, and computes no identity: the xDS converter computes each once (CacheIdentity).
+func TestApplyKeepsMeta(t *testing.T) {
+	m := &WorkloadMeta{Namespace: "default", TrustDomain: "cluster.local", ServiceAccount: "a"}
+	w := &Workload{UID: "Kubernetes//v1/Pod/default/a", Name: "a", Addresses: ips("10.0.0.1"), WorkloadMeta: m}
+	s := NewStore()
+	s.Apply(&Batch{Workloads: []*Workload{w}})
+	if got := s.WorkloadByIP("", ip("10.0.0.1")); got != w || got.WorkloadMeta != m {
+		t.Fatalf("stored %p with meta %p; want the workload %p with its meta %p", got, got.WorkloadMeta, w, m)
+	}
+	if id := w.Identity(); !id.IsZero() {
+		t.Errorf("Identity = %v for a meta whose identity no converter computed; want zero", id)
 	}
 }
 

@@ -140,29 +140,26 @@ type WorkloadMeta struct {
 	NetworkMode           NetworkMode
 	NativeTunnel          bool
 
-	// id caches Identity(): set by CacheIdentity before the meta is shared, or by the
-	// Store on a private copy (never on a meta a reader may hold).
+	// id is Identity(), set by CacheIdentity before the meta is shared; nil if invalid.
 	id *identity.ID
 }
 
-// CacheIdentity computes and caches the meta's identity. Call it only while the meta is
-// not yet shared with a reader (at conversion).
+// CacheIdentity computes the meta's identity and keeps it for Identity. The xDS converter
+// calls it once per meta it makes, before any reader holds the meta; nothing else computes
+// a workload's identity (a test that builds a Workload by hand calls it likewise).
 func (m *WorkloadMeta) CacheIdentity() {
 	if id, err := identity.New(m.TrustDomain, m.Namespace, m.ServiceAccount); err == nil {
 		m.id = &id
 	}
 }
 
-// Identity is spiffe://TrustDomain/ns/Namespace/sa/ServiceAccount; zero if invalid.
+// Identity is spiffe://TrustDomain/ns/Namespace/sa/ServiceAccount, as CacheIdentity
+// computed it; zero if invalid (or never computed).
 func (w *Workload) Identity() identity.ID {
-	if w.WorkloadMeta == nil {
+	if w.WorkloadMeta == nil || w.id == nil {
 		return identity.ID{}
 	}
-	if w.id != nil {
-		return *w.id
-	}
-	id, _ := identity.New(w.TrustDomain, w.Namespace, w.ServiceAccount)
-	return id
+	return *w.id
 }
 
 // HasAddress reports whether ip is one of the workload's addresses.
