@@ -18,7 +18,8 @@ import (
 // unserved, so the newest, an honest client's, still gets in.
 //
 // It reaches every accept loop through AdmitListener: a goroutine blocked in Accept waits
-// there, and a poller that accepts on the socket itself (internal/podpoll) asks Room first.
+// there, and a poller that accepts on the socket itself (internal/netpoll's epoll) asks
+// Room first.
 
 // acceptRoom counts the connections a Server's listeners have let in that are not serving
 // HTTP/2 yet, and wakes the accept loops waiting for room.

@@ -25,6 +25,7 @@ import (
 
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/certs"
+	"github.com/gozt/gozt/internal/netpoll"
 	"github.com/gozt/gozt/internal/testutil"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/proxy"
@@ -82,6 +83,24 @@ var quiet = slog.New(slog.DiscardHandler)
 
 var _ proxy.CertSource = (*certs.Manager)(nil)
 
+// perSocket, when set (TestPerSocket), makes nodePoller a goroutine per socket.
+var perSocket bool
+
+// nodePoller is a test node's poller, as cmd/ztunnel makes one per node: on Linux epoll,
+// in which idle connections park; closed when the test ends.
+func nodePoller(tb testing.TB) netpoll.Poller {
+	tb.Helper()
+	if perSocket {
+		return netpoll.PerSocket{}
+	}
+	p, err := netpoll.New()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { p.Close() })
+	return p
+}
+
 // startNode binds and serves a proxy; it is shut down at cleanup (or earlier by shutdown).
 func startNode(tb testing.TB, name, caDir, yaml string, cfg proxy.Config) *node {
 	tb.Helper()
@@ -108,6 +127,9 @@ func startNodeWith(tb testing.TB, name, caDir, yaml string, cfg proxy.Config, ac
 	m := metrics.New(n.reg, "test", metrics.WithAccessLog(accessLog))
 	if cfg.Logger == nil {
 		cfg.Logger = quiet
+	}
+	if cfg.Poller == nil {
+		cfg.Poller = nodePoller(tb) // closed after the shutdown below: cleanups run last first
 	}
 	var source proxy.CertSource = n.certs
 	if wrap != nil {

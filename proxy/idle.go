@@ -9,24 +9,12 @@ import (
 	"errors"
 	"net"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/gozt/gozt/hbone"
-	"github.com/gozt/gozt/internal/podpoll"
 )
-
-// IdlePoller watches the sockets of idle proxied connections for readability, so that no
-// goroutine waits on them. internal/podpoll's Poller implements it; in-pod mode passes the
-// node's, which its pod listeners share.
-type IdlePoller interface {
-	// WatchReadable calls ready once, not blocking, when sc is readable, half-closed by its
-	// peer or failed, unless cancel is called first; cancel reports whether it was.
-	WatchReadable(sc syscall.Conn, ready func()) (cancel func() bool, err error)
-}
 
 // idleSweep is how often the sweep looks for quiet connections among the running ones; a
 // connection whose socket has sent nothing for between one and two sweeps parks (two to
@@ -104,7 +92,7 @@ type pump struct {
 // the stream, and the sweep's past read deadline ends the splice as it ends a read), or two
 // TCP sockets.
 func (p *Proxy) parkable(client, server halfCloser) *parkCopy {
-	if !parkIdle || runtime.GOOS != "linux" { // podpoll is epoll
+	if !parkIdle || !p.cfg.Poller.Parks() { // a goroutine per socket would not save one
 		return nil
 	}
 	ctc, _ := client.(*net.TCPConn)
@@ -180,20 +168,16 @@ func (pm *pump) run() {
 // read since the last wake-up and the sockets are not being closed, parks; true if it did.
 func (pm *pump) idle(quiet bool) bool {
 	s := pm.c
-	var poller IdlePoller
-	if quiet {
-		poller = s.p.idlePoller()
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	pm.src.SetReadDeadline(time.Time{}) // under mu: a sweep cannot set it again in between
-	if poller == nil || s.closing {
+	if !quiet || s.closing {
 		// Bytes moved since the last wake-up: look again at the next sweep, so that a
 		// direction parks one to two sweeps after its last byte.
 		pm.sweeps = 1
 		return false
 	}
-	cancel, err := poller.WatchReadable(pm.src, pm.ready)
+	cancel, err := s.p.cfg.Poller.WatchReadable(pm.src, pm.ready)
 	if err != nil {
 		return false // keep the goroutine
 	}
@@ -315,29 +299,6 @@ func (s *parkCopy) complete() {
 	s.finish(received, sent, errors.Join(s.down.err, s.up.err))
 }
 
-// idlePoller is the poller idle connections park in: Config.IdlePoller, else the proxy's
-// own, started at the first park; nil once Shutdown has closed it, or if none can start.
-func (p *Proxy) idlePoller() IdlePoller {
-	if p.cfg.IdlePoller != nil {
-		return p.cfg.IdlePoller
-	}
-	p.idleMu.Lock()
-	defer p.idleMu.Unlock()
-	if p.ownPoller == nil && !p.idleClosed && !p.pollerFailed {
-		pp, err := podpoll.New()
-		if err != nil {
-			p.pollerFailed = true
-			p.log.Debug("proxy: idle connections keep their goroutines", "err", err)
-			return nil
-		}
-		p.ownPoller = pp
-	}
-	if p.ownPoller == nil || p.idleClosed {
-		return nil
-	}
-	return p.ownPoller
-}
-
 // setRunning adds a pump to the set the sweep visits (on), or takes it out; called under
 // its copy's mu at each change of state, so the set follows the state. The sweep runs while
 // the set is not empty.
@@ -385,24 +346,13 @@ func (p *Proxy) sweepIdle() {
 	}
 }
 
-// closeIdle stops the sweep and closes the proxy's own poller: Shutdown calls it once every
-// connection has ended, so nothing is parked.
-func (p *Proxy) closeIdle() {
+// stopSweep stops the sweep: Shutdown calls it once every connection has ended, so nothing
+// is parked or running.
+func (p *Proxy) stopSweep() {
 	p.runMu.Lock()
+	defer p.runMu.Unlock()
 	p.sweepStopped = true
 	if p.sweepTimer != nil {
 		p.sweepTimer.Stop()
 	}
-	p.runMu.Unlock()
-	p.idleMu.Lock()
-	p.idleClosed = true
-	pp := p.ownPoller
-	p.ownPoller = nil
-	p.idleMu.Unlock()
-	if pp != nil {
-		pp.Close()
-	}
 }
-
-// Compile-time check that the node's poller is an IdlePoller.
-var _ IdlePoller = (*podpoll.Poller)(nil)

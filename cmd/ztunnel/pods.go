@@ -13,8 +13,9 @@ import (
 // newPodProxies is in-pod mode's per-pod proxies (inpod/podproxy), built from the node's
 // settings: each pod's proxy listens on the settings' ports on the pod's wildcard address
 // and uses the node's resolver; each pod's DNS proxy, unless DNS_PROXY_ADDR=off, answers
-// with the pod's namespace as its search list, not ztunnel's resolv.conf.
-func newPodProxies(n *ztunnel) (*podproxy.Set, error) {
+// with the pod's namespace as its search list, not ztunnel's resolv.conf. Both watch their
+// sockets with the node's poller (proxyConfig, dnsConfig).
+func newPodProxies(n *ztunnel) *podproxy.Set {
 	cfg := n.cfg
 	pc := podproxy.Config{
 		Node: n.local,

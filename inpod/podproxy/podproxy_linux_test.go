@@ -37,17 +37,13 @@ var _ proxy.CertSource = noCerts{}
 // newSet is a Set whose pods listen on 15006 only (their own namespace: no clash).
 func newSet(t *testing.T) *Set {
 	t.Helper()
-	s, err := New(Config{
+	return New(Config{
 		Node:    state.Local{Mode: state.ModeShared, Node: "node-a"},
 		Proxy:   func(state.Local) proxy.Config { return proxy.Config{InboundPlaintextAddr: "127.0.0.1:15006"} },
 		Store:   state.NewStore(),
 		Certs:   noCerts{},
 		Metrics: metrics.New(prometheus.NewRegistry(), "test"),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
 }
 
 func testPod(uid string, ns *netns.NetNS) inpod.Pod {
