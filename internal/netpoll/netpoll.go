@@ -33,11 +33,11 @@ import (
 // Poller waits on sockets. Callbacks run on the poller's goroutines and must not block:
 // they hand work to goroutines of their own.
 type Poller interface {
-	// Watch calls accepted with each connection ln accepts (a *net.TCPConn, with no
-	// keepalive when ln is a listener made with KeepAlive -1, as a proxy's are), or with
-	// the error of a failed accept, until stop is called; once stop has returned it calls
-	// it no more. stop leaves ln open, and is idempotent. A listener that is a Gate takes
-	// connections only while it has room.
+	// Watch calls accepted with each connection ln accepts (a *net.TCPConn; the epoll
+	// poller's have no keepalive, as if ln were made with KeepAlive -1, as a proxy's
+	// listeners are), or with the error of a failed accept, until stop is called; once stop
+	// has returned it calls it no more. stop leaves ln open, and is idempotent. A listener
+	// that is a Gate takes connections only while it has room.
 	Watch(ln net.Listener, accepted func(net.Conn, error)) (stop func(), err error)
 	// WatchPacket calls read with each datagram pc receives (b is valid only during the
 	// call, and holds at most 64 KiB), its sender and the address it was sent to (when pc
