@@ -32,6 +32,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/gozt/gozt/internal/netpoll"
 	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/xds/state"
@@ -102,25 +103,12 @@ type Config struct {
 	// must return a *net.UDPConn.
 	Listen       func(ctx context.Context, network, address string) (net.Listener, error)
 	ListenPacket func(ctx context.Context, network, address string) (net.PacketConn, error)
-	// Poller, when set, waits on the sockets in place of a goroutine blocked on each: in-pod
-	// mode, whose node-wide poller (internal/podpoll) serves every pod's DNS proxy from one
-	// goroutine. Either way the queries are read, framed and answered by the same code.
-	Poller Poller
+	// Poller waits on the sockets: the node's (internal/netpoll), which in-pod mode shares
+	// among every pod's DNS proxy; nil: a goroutine per socket (netpoll.PerSocket). Either
+	// way the queries are read, framed and answered by the same code.
+	Poller netpoll.Poller
 	// Logger receives the per-query debug log [slog.Default()], with scope=dns.
 	Logger *slog.Logger
-}
-
-// Poller waits on a DNS proxy's sockets for it; internal/podpoll.Poller is one, goPoller
-// (a goroutine per socket) another.
-type Poller interface {
-	// Watch calls accepted with each connection ln accepts, or with the error of a failed
-	// accept, until stop is called; once stop has returned it calls it no more. accepted
-	// does not block.
-	Watch(ln net.Listener, accepted func(net.Conn, error)) (stop func(), err error)
-	// WatchPacket calls read with each datagram pc receives (b is valid only during the
-	// call), its sender and the address it was sent to (the zero Addr unless pc reports it,
-	// sockopt.SetRecvDst), likewise.
-	WatchPacket(pc net.PacketConn, read func(b []byte, from netip.AddrPort, to netip.Addr, err error)) (stop func(), err error)
 }
 
 // Server is the DNS proxy. Create it with New, bind with Listen, run with Serve.
@@ -373,7 +361,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer close(s.done)
 	poller := s.cfg.Poller
 	if poller == nil {
-		poller = goPoller{}
+		poller = netpoll.PerSocket{}
 	}
 	return s.serve(ctx, poller)
 }

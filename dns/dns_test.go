@@ -22,6 +22,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/netpoll"
 	"github.com/gozt/gozt/internal/testutil"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/xds/state"
@@ -180,7 +181,7 @@ func mustRR(t testing.TB, s string) dns.RR {
 
 // testPoller, when set (TestPolled), is the Poller of the servers start and
 // TestListenServeClose run; nil is a goroutine per socket.
-var testPoller Poller
+var testPoller netpoll.Poller
 
 type env struct {
 	srv  *Server

@@ -20,7 +20,7 @@ import (
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/netns"
 	"github.com/gozt/gozt/internal/netns/netnstest"
-	"github.com/gozt/gozt/internal/podpoll"
+	"github.com/gozt/gozt/internal/netpoll"
 	"github.com/gozt/gozt/internal/testutil"
 	"github.com/gozt/gozt/xds/state"
 )
@@ -111,7 +111,7 @@ func TestShutdownLeavesReusePortGroup(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("tcp_migrate_req: %v", err)
 	}
-	p, err := podpoll.New()
+	p, err := netpoll.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func TestShutdownLeavesReusePortGroup(t *testing.T) {
 	}
 }
 
-func testShutdownLeavesReusePortGroup(t *testing.T, ns *netns.NetNS, poller Poller) {
+func testShutdownLeavesReusePortGroup(t *testing.T, ns *netns.NetNS, poller netpoll.Poller) {
 	sockets := netns.Sockets{NS: ns, ReusePort: true}
 	st := testStore()
 	var asked [2]atomic.Int32 // queries each proxy took
@@ -302,7 +302,7 @@ func migrateCounters(ns *netns.NetNS) string {
 // query after it began gets its answer; one that has had its answer and is idle is let go
 // at once, without holding the drain for its idle timeout.
 func TestShutdownTCPClients(t *testing.T) {
-	p, err := podpoll.New()
+	p, err := netpoll.New()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,23 +14,31 @@ import (
 
 	"github.com/miekg/dns"
 
+	"github.com/gozt/gozt/internal/netpoll"
 	"github.com/gozt/gozt/internal/sockopt"
 )
 
 // maxTCPQueries is how many queries one TCP connection may send, as miekg/dns's server allows.
 const maxTCPQueries = 128
 
+// udpReadSize is how much of a UDP query is read: 4 KiB, RFC 6891's recommended largest
+// EDNS payload and hickory's receive buffer (the Rust ztunnel's). A longer query is cut to
+// it and answered FORMERR, as miekg/dns's server did with this size, whichever Poller
+// read it.
+const udpReadSize = 4096
+
 // serve has poller watch every socket and answers each query it hands over on a goroutine
 // of its own, until ctx ends, Close or Shutdown. Then it stops the watches, ends the TCP
 // clients' reads, waits for the queries in flight (Shutdown: until its context ends) and
-// closes the sockets. With podpoll an idle DNS proxy thus holds only the goroutine that runs
-// Serve, and no read buffer.
+// closes the sockets. With the node's epoll poller an idle DNS proxy thus holds only the
+// goroutine that runs Serve, and no read buffer. A stopped watch leaves its socket open:
+// UDP answers leave by the socket their query came in on.
 //
 // Shutdown first takes the sockets out of their SO_REUSEPORT groups (leave), so that no
 // query reaches a socket that is no longer read: the queries it had taken, those queued on
 // its UDP sockets included (readQueued), are answered, and every later one goes to the
 // sockets bound beside it.
-func (s *Server) serve(ctx context.Context, poller Poller) error {
+func (s *Server) serve(ctx context.Context, poller netpoll.Poller) error {
 	var inflight sync.WaitGroup // Add only from the Poller's callbacks and readQueued, so before Wait
 	var stops []func()
 	var err error
@@ -42,7 +50,7 @@ func (s *Server) serve(ctx context.Context, poller Poller) error {
 				s.log.Debug("dns: read", "error", rerr)
 				return
 			}
-			q := slices.Clone(b)
+			q := slices.Clone(b[:min(len(b), udpReadSize)])
 			inflight.Add(1)
 			go func() {
 				defer inflight.Done()

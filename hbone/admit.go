@@ -18,7 +18,8 @@ package hbone
 // client's, still gets in.
 //
 // It reaches every accept loop through AdmitListener: a goroutine blocked in Accept waits
-// there, and a poller that accepts on the socket itself (internal/podpoll) asks Room first.
+// there, and a poller that accepts on the socket itself (internal/netpoll's epoll) asks Room
+// first.
 
 import (
 	"fmt"

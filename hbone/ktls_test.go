@@ -189,7 +189,7 @@ func TestKernelTLSNotTCP(t *testing.T) {
 	<-done
 }
 
-// relay is a proxy's copy between st and tc (proxy.copyStream): the frame reader
+// relay is a proxy's copy between st and tc (proxy's parkCopy, unparked): the frame reader
 // delivers st's data to tc, and st is fed from tc until tc's EOF; each end half-closes
 // the other, and a failure aborts both (tc with a reset). It returns once both
 // directions are done.

@@ -12,15 +12,15 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/internal/leaktest"
-	"github.com/gozt/gozt/internal/podpoll"
+	"github.com/gozt/gozt/internal/netpoll"
 	"github.com/gozt/gozt/internal/testutil"
 )
 
-// recordingAcceptor is a podpoll.Poller that keeps each watch's callback by listener
+// recordingAcceptor is a netpoll.Poller that keeps each watch's callback by listener
 // address, so a test can tell the proxy an accept failed, and counts the watches not
 // stopped yet.
 type recordingAcceptor struct {
-	*podpoll.Poller
+	netpoll.Poller
 	mu       sync.Mutex
 	accepted map[string]func(net.Conn, error)
 	running  int
@@ -49,12 +49,12 @@ func (r *recordingAcceptor) watches() int {
 	return r.running
 }
 
-// With an Acceptor (in-pod mode's node-wide poller) a proxy runs no accept loop: every
-// listener is the Acceptor's, connections it hands over are carried over HBONE as usual, a
-// failed accept shows in AcceptError until one succeeds, and Shutdown stops every watch.
+// With the node's poller a proxy runs no accept loop: every listener is the poller's,
+// connections it hands over are carried over HBONE as usual, a failed accept shows in
+// AcceptError until one succeeds, and Shutdown stops every watch.
 func TestAcceptor(t *testing.T) {
 	leaktest.Check(t)
-	p, err := podpoll.New()
+	p, err := netpoll.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func TestAcceptor(t *testing.T) {
 	acc := &recordingAcceptor{Poller: p, accepted: map[string]func(net.Conn, error){}}
 	m := newMesh(t)
 	cfgB, cfgA := m.serverConfig(), m.clientConfig()
-	cfgB.Acceptor, cfgA.Acceptor = acc, acc
+	cfgB.Poller, cfgA.Poller = acc, acc
 	m.b = startNode(t, "node-b", m.caDir, m.yaml, cfgB)
 	m.a = startNode(t, "node-a", m.caDir, m.yaml, cfgA)
 	testutil.Eventually(t, "both nodes' listeners watched", func() bool { return acc.watches() == 4 })
@@ -105,19 +105,19 @@ func TestAcceptor(t *testing.T) {
 	}
 }
 
-// failingAcceptor watches nothing.
-type failingAcceptor struct{}
+// failingAcceptor watches no listener.
+type failingAcceptor struct{ netpoll.PerSocket }
 
 func (failingAcceptor) Watch(net.Listener, func(net.Conn, error)) (func(), error) {
 	return nil, syscall.ENOSPC // epoll_ctl's answer past fs.epoll.max_user_watches
 }
 
-// A listener the Acceptor cannot watch is served by an accept loop of its own.
+// A listener the poller cannot watch is served by an accept loop of its own.
 func TestAcceptorCannotWatch(t *testing.T) {
 	leaktest.Check(t)
 	m := newMesh(t)
 	cfgA := m.clientConfig()
-	cfgA.Acceptor = failingAcceptor{}
+	cfgA.Poller = failingAcceptor{}
 	m.b = startNode(t, "node-b", m.caDir, m.yaml, m.serverConfig())
 	m.a = startNode(t, "node-a", m.caDir, m.yaml, cfgA)
 	be := startBackend(t, m.serverIP+":0", echo)

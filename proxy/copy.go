@@ -1,10 +1,19 @@
 package proxy
 
+// The copy: every proxied connection is a TCP socket paired with an HBONE stream or with
+// another TCP socket, and one engine, parkCopy, copies each pair both ways. Its rules for
+// how a direction ends (half-close, a reset carried as a reset, a failure as an abort) and
+// what the access log counts are here; idle.go has how a quiet direction gives up its
+// goroutine (parking), which it does only where the proxy's poller parks (epoll).
+
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/gozt/gozt/hbone"
@@ -20,39 +29,31 @@ type halfCloser interface {
 
 // handOff registers a connection (tc, or a fresh record) for the drain deadline, then
 // copies between client and server on a new tracked goroutine and returns at once. When
-// the copy ends, done gets copyBoth's result; then both ends are closed and the record
-// removed. A TCP socket ↔ HBONE stream pair and a TCP ↔ TCP pair go to handOffParkable
-// instead, whose copy gives up its goroutines while idle (idle.go).
+// the copy ends, done gets the bytes copied client→server (received) and server→client
+// (sent) and the copy's failure, if any; then both ends are closed and the record
+// removed. client and server are each a *net.TCPConn or an *hbone.Stream, not both
+// streams.
 //
 // Why a new goroutine: a proxied connection's goroutine lives as long as the connection,
 // mostly waiting, and a goroutine's stack never shrinks below what its deepest call needed
 // until a GC. The setup (routing, policy, TLS, HPACK, metrics) grows the accepting
 // goroutine's stack; with the copy's own TLS writes on top it needs 8 KiB. Started fresh,
 // the copy fits in 4 KiB (29.5 -> 21.6 KiB per idle proxied connection, both nodes).
+//
+// The tracker's count for the copy is held from here until the copy completes, whether
+// goroutines run it or it is parked, so drain waits for parked connections too.
 func (p *Proxy) handOff(client, server halfCloser, tc *liveConn, done func(received, sent int64, err error)) {
 	if tc == nil {
 		tc = &liveConn{}
 	}
 	tc.client, tc.server = client, server
-	if s := p.parkable(client, server); s != nil {
-		p.handOffParkable(client, server, tc, s, done)
+	s := p.newParkCopy(client, server)
+	if s == nil {
+		client.Close()
+		server.Close()
+		done(0, 0, fmt.Errorf("proxy: cannot copy %T to %T", client, server))
 		return
 	}
-	remove := p.conns.add(tc)
-	tc.closeWith(client, server)
-	p.conns.goEvenDraining(func() {
-		defer remove()
-		defer client.Close()
-		defer server.Close()
-		done(copyBoth(client, server, !p.cfg.DisableResetPropagation))
-	})
-}
-
-// handOffParkable is handOff for a pair parkable made s for (a TCP socket ↔ HBONE stream
-// in either TLS, or TCP ↔ TCP), whose directions give up their goroutines while idle
-// (idle.go). The tracker's count for the copy is held from here until the copy completes,
-// whether goroutines run it or it is parked, so drain waits for parked connections too.
-func (p *Proxy) handOffParkable(client, server halfCloser, tc *liveConn, s *parkCopy, done func(received, sent int64, err error)) {
 	tc.copy = s
 	remove := p.conns.add(tc)
 	s.finish = func(received, sent int64, err error) {
@@ -67,104 +68,198 @@ func (p *Proxy) handOffParkable(client, server halfCloser, tc *liveConn, s *park
 	go s.start()
 }
 
-// copyBoth moves bytes both ways until both directions have ended, propagating each
-// half-close (EOF on one side becomes FIN/END_STREAM on the other while the opposite
-// direction keeps flowing). It returns the bytes copied client→server (received) and
-// server→client (sent). Resets and EOFs are clean ends, not errors; any other error aborts
-// both directions. It closes neither connection; the caller does.
+// A pump (one direction of a parkCopy that reads a TCP socket) is in one of these states.
+const (
+	copyRunning uint8 = iota // a goroutine reads the socket (or is about to)
+	copyParked               // in the poller: no goroutine
+	copyEnded                // the direction is over
+)
+
+// parkCopy copies a TCP socket ↔ HBONE stream pair (in user-space or kernel TLS) or a
+// TCP ↔ TCP pair both ways until both directions have ended, propagating each half-close
+// (EOF on one side becomes FIN/END_STREAM on the other while the opposite direction keeps
+// flowing). Resets and EOFs are clean ends, not errors; any other error aborts both
+// directions.
 //
-// Plain TCP legs stay *net.TCPConn so io.Copy splices them; hbone.Stream implements
-// ReaderFrom/WriterTo so the HTTP/2 leg takes its own fast path.
+// Each direction that reads a TCP socket is a pump, on a goroutine of its own. A stream
+// pair has one pump (socket → stream); its other direction is the stream's frame reader's
+// (hbone.Stream.DeliverTo, which writes each DATA payload straight into the socket), with
+// no goroutine. A TCP pair has two, each splicing (TCPConn.ReadFrom). Whichever direction
+// ends last completes the connection (complete), once.
 //
-// With resets, a TCP peer's reset is carried as a reset (RFC 9113 §8.5): to an HBONE
-// stream as RST_STREAM(CONNECT_ERROR), which the peer's proxy turns back into a reset of
-// its TCP leg, and to a TCP leg as a reset (abort). The copy still ends without an error,
-// as a reset did before: the peer went away, the proxy did not fail.
-func copyBoth(client, server halfCloser, resets bool) (received, sent int64, err error) {
-	if st, ok := server.(*hbone.Stream); ok {
-		if tc, ok := client.(*net.TCPConn); ok {
-			return copyStream(tc, st, resets)
-		}
-	}
-	if st, ok := client.(*hbone.Stream); ok {
-		if tc, ok := server.(*net.TCPConn); ok {
-			sent, received, err = copyStream(tc, st, resets)
-			return received, sent, err
-		}
-	}
-	up := func() error {
-		var err error
-		received, err = copyHalf(server, client, resets)
-		return err
-	}
-	down := func() error {
-		var err error
-		sent, err = copyHalf(client, server, resets)
-		return err
-	}
-	var wg sync.WaitGroup
-	var bgErr error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if bgErr = up(); bgErr != nil {
-			abort(client, server)
-		}
-	}()
-	fgErr := down()
-	if fgErr != nil {
-		abort(client, server)
-	}
-	wg.Wait()
-	return received, sent, errors.Join(bgErr, fgErr)
+// Where the proxy's poller parks (idle.go), a pump gives up its goroutine while its
+// socket is quiet and takes a fresh one when the socket becomes readable; elsewhere
+// (netpoll.PerSocket) it keeps it, and nothing sweeps.
+type parkCopy struct {
+	p      *Proxy
+	resets bool
+	parks  bool // the pumps park while idle: the poller parks (and tests have not turned it off)
+	flip   bool // a stream pair whose socket is the server leg: received and sent swap
+	// finish is handOff's end of the connection: done, the closes, the tracker.
+	finish func(received, sent int64, err error)
+
+	// up copies the client's socket into the server leg, or (flip) the server's socket
+	// into the stream; down the other way: a pump in a TCP pair, DeliverTo's in a stream
+	// pair (only its results used).
+	up, down pump
+	st       *hbone.Stream // the stream of a stream pair; nil in a TCP pair
+
+	// pending counts the directions not yet over; the one that takes it to 0 completes.
+	pending atomic.Int32
+
+	mu      sync.Mutex
+	closing bool // guarded by mu: the sockets are being closed; never park again
 }
 
-// copyStream is copyBoth between a TCP socket and an HBONE stream on one goroutine: the
-// caller's copies the socket into the stream while the stream's frame reader delivers the
-// other way (hbone.Stream.DeliverTo), so an idle proxied connection holds one goroutine
-// stack, not two. It returns the bytes copied tc→st and st→tc.
-func copyStream(tc *net.TCPConn, st *hbone.Stream, resets bool) (toStream, fromStream int64, err error) {
-	type result struct {
-		n   int64
-		err error
+// pump is one direction of a parkCopy that reads a TCP socket, into an HBONE stream
+// (Stream.ReadFrom: user-space reads, or in kernel TLS a splice into the kernel TLS
+// socket) or into the other socket (TCPConn.ReadFrom: a splice). A past read deadline ends
+// either without losing a byte and with the bytes moved counted: the deadline is checked
+// before a read or splice, or when one found nothing.
+type pump struct {
+	c   *parkCopy
+	src *net.TCPConn // read; what parks in the poller
+	dst halfCloser   // the stream or the other socket
+	// The direction's results: written by the goroutine running it (one at a time: park
+	// and ready hand it over under c.mu), or by DeliverTo's callback, read by complete
+	// after pending.
+	n   int64
+	err error
+
+	state  uint8       // guarded by c.mu: copyRunning, copyParked, copyEnded
+	sweeps uint8       // guarded by c.mu: sweeps seen running since the last wake-up
+	cancel func() bool // guarded by c.mu: the poller's, while parked
+}
+
+// newParkCopy returns the parkCopy for handOff's pair, or nil if it is not a TCP socket
+// and an HBONE stream (in either TLS: in kernel TLS Stream.ReadFrom splices the socket
+// into the stream, and the sweep's past read deadline ends the splice as it ends a read),
+// or two TCP sockets.
+func (p *Proxy) newParkCopy(client, server halfCloser) *parkCopy {
+	ctc, _ := client.(*net.TCPConn)
+	stc, _ := server.(*net.TCPConn)
+	cst, _ := client.(*hbone.Stream)
+	sst, _ := server.(*hbone.Stream)
+	var up, down pump
+	var st *hbone.Stream
+	var flip bool
+	switch {
+	case ctc != nil && stc != nil:
+		up, down = pump{src: ctc, dst: stc}, pump{src: stc, dst: ctc}
+	case ctc != nil && sst != nil:
+		st, up, down.state = sst, pump{src: ctc, dst: sst}, copyEnded // down is DeliverTo's
+	case stc != nil && cst != nil:
+		st, up, down.state, flip = cst, pump{src: stc, dst: cst}, copyEnded, true
+	default:
+		return nil
 	}
-	downc := make(chan result, 1)
-	derr := st.DeliverTo(tc, func(n int64, err error) {
-		if resets && tcpReset(err) {
-			resetBoth(tc, st) // tc's peer reset it: so does the stream's
-			downc <- result{n, nil}
+	s := &parkCopy{p: p, resets: !p.cfg.DisableResetPropagation, parks: parkIdle && p.cfg.Poller.Parks(),
+		flip: flip, up: up, down: down, st: st}
+	s.up.c, s.down.c = s, s
+	return s
+}
+
+// start runs the copy on the caller's goroutine (a tracked one handOff started) until
+// the up direction ends or parks; a TCP pair's down direction starts on its own.
+func (s *parkCopy) start() {
+	s.pending.Store(2)
+	if s.st != nil {
+		if err := s.st.DeliverTo(s.up.src, s.downDone); err != nil {
+			s.mu.Lock()
+			s.up.state = copyEnded
+			s.mu.Unlock()
+			s.finish(0, 0, err)
 			return
 		}
-		if err = endHalf(tc, err); err != nil {
-			abort(tc, st) // unblock the other direction
+	}
+	if s.parks {
+		s.mu.Lock()
+		s.p.setRunning(&s.up, true)
+		if s.st == nil {
+			s.p.setRunning(&s.down, true)
 		}
-		downc <- result{n, err}
-	})
-	if derr != nil {
-		return 0, 0, derr
+		s.mu.Unlock()
 	}
-	// ReadFrom directly: io.Copy would reach it through five frames of the net package's
-	// WriteTo plumbing, all on the stack under every TLS write this goroutine makes.
-	toStream, uerr := st.ReadFrom(tc)
-	if resets && tcpReset(uerr) {
-		resetBoth(tc, st)
-		uerr = nil
-	} else if uerr = endHalf(st, uerr); uerr != nil {
-		abort(tc, st)
+	if s.st == nil {
+		go s.down.run()
 	}
-	down := <-downc
-	return toStream, down.n, errors.Join(down.err, uerr)
+	s.up.run()
 }
 
-// copyHalf copies src to dst, then half-closes dst; with resets, a reset of src's or
-// dst's TCP peer resets both.
-func copyHalf(dst, src halfCloser, resets bool) (int64, error) {
-	n, err := io.Copy(dst, src)
-	if resets && tcpReset(err) {
-		resetBoth(dst, src)
-		return n, nil
+// run copies the socket into dst until the socket's data ends (end) or it parks.
+func (pm *pump) run() {
+	for {
+		var n int64
+		var err error
+		if st := pm.c.st; st != nil {
+			n, err = st.ReadFrom(pm.src)
+		} else {
+			n, err = pm.dst.(*net.TCPConn).ReadFrom(pm.src)
+		}
+		pm.n += n
+		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+			if pm.idle(n == 0) {
+				return // parked: ready resumes on another goroutine
+			}
+			continue
+		}
+		pm.end(err)
+		return
 	}
-	return n, endHalf(dst, err)
+}
+
+// end ends the direction: a clean end half-closes dst; a TCP peer's reset (with resets)
+// resets both legs (RFC 9113 §8.5: to an HBONE stream as RST_STREAM(CONNECT_ERROR), which
+// the peer's proxy turns back into a reset of its TCP leg), and the copy still ends
+// without an error: the peer went away, the proxy did not fail. A failure aborts both.
+// Either of those resumes the other direction if it is parked, to find its socket closed.
+func (pm *pump) end(err error) {
+	s := pm.c
+	if s.resets && tcpReset(err) {
+		resetBoth(pm.src, pm.dst)
+		err = nil
+		s.unpark()
+	} else if err = endHalf(pm.dst, err); err != nil {
+		abort(pm.src, pm.dst)
+		s.unpark()
+	}
+	pm.err = err
+	s.mu.Lock()
+	pm.state = copyEnded
+	if s.parks {
+		s.p.setRunning(pm, false)
+	}
+	s.mu.Unlock()
+	if s.pending.Add(-1) == 0 {
+		s.complete()
+	}
+}
+
+// downDone is DeliverTo's callback, on the stream's frame reader (or DeliverTo's caller):
+// the stream → socket direction is over. Closing the socket unparks the other direction.
+func (s *parkCopy) downDone(n int64, err error) {
+	tc := s.up.src
+	if s.resets && tcpReset(err) {
+		resetBoth(tc, s.st) // tc's peer reset it: so does the stream's
+		err = nil
+		s.unpark()
+	} else if err = endHalf(tc, err); err != nil {
+		abort(tc, s.st) // unblock the other direction
+		s.unpark()
+	}
+	s.down.n, s.down.err = n, err
+	if s.pending.Add(-1) == 0 {
+		go s.complete() // not on the frame reader: done records metrics and logs
+	}
+}
+
+// complete runs once, after both directions: handOff's done, closes and removal.
+func (s *parkCopy) complete() {
+	received, sent := s.up.n, s.down.n
+	if s.flip {
+		received, sent = sent, received
+	}
+	s.finish(received, sent, errors.Join(s.down.err, s.up.err))
 }
 
 // tcpReset reports whether err is a TCP peer's reset of one of the copy's sockets

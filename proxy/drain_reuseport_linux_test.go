@@ -16,8 +16,7 @@ import (
 	"github.com/gozt/gozt/internal/leaktest"
 	"github.com/gozt/gozt/internal/netns"
 	"github.com/gozt/gozt/internal/netns/netnstest"
-	"github.com/gozt/gozt/internal/podpoll"
-	"github.com/gozt/gozt/proxy"
+	"github.com/gozt/gozt/internal/netpoll"
 )
 
 // Two proxies share a SOCKS5 listener in one SO_REUSEPORT group inside a namespace with
@@ -33,23 +32,23 @@ func TestDrainLeavesReusePortGroup(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("tcp_migrate_req: %v", err)
 	}
-	p, err := podpoll.New()
+	p, err := netpoll.New()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
 	for _, tc := range []struct {
-		name     string
-		acceptor proxy.Acceptor
-	}{{"goroutine per listener", nil}, {"podpoll", p}} {
+		name   string
+		poller netpoll.Poller
+	}{{"goroutine per listener", netpoll.PerSocket{}}, {"epoll", p}} {
 		t.Run(tc.name, func(t *testing.T) {
 			leaktest.Check(t)
-			testDrainLeavesReusePortGroup(t, ns, tc.acceptor)
+			testDrainLeavesReusePortGroup(t, ns, tc.poller)
 		})
 	}
 }
 
-func testDrainLeavesReusePortGroup(t *testing.T, ns *netns.NetNS, acceptor proxy.Acceptor) {
+func testDrainLeavesReusePortGroup(t *testing.T, ns *netns.NetNS, poller netpoll.Poller) {
 	m := newMesh(t)
 	var be *backend
 	if err := ns.Do(func() error {
@@ -65,7 +64,7 @@ func testDrainLeavesReusePortGroup(t *testing.T, ns *netns.NetNS, acceptor proxy
 		cfg.OutboundAddr, cfg.InboundAddr, cfg.Socks5Addr = "", "", addr
 		sockets := netns.Sockets{NS: ns, ReusePort: true}
 		cfg.Sockets, cfg.HBONEClient.Dial = sockets, sockets.Dial
-		cfg.Acceptor = acceptor
+		cfg.Poller = poller
 		nodes[i] = startNode(t, fmt.Sprintf("node %d", i), m.caDir, m.yaml, cfg)
 		addr = nodes[i].socks(t)
 	}

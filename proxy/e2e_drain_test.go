@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/netpoll"
 	"github.com/gozt/gozt/internal/testutil"
 )
 
@@ -186,10 +187,11 @@ func TestDrainWithIdleSocksClient(t *testing.T) {
 }
 
 // lateAcceptor accepts on its own goroutine per listener but hands each connection over
-// only when its watch is being stopped, as the Acceptor contract allows (until stop
+// only when its watch is being stopped, as the Poller contract allows (until stop
 // returns): the race of a drain with connections accepted just before the listeners closed.
 type lateAcceptor struct {
-	accepted chan struct{} // a connection is waiting to be handed over
+	netpoll.PerSocket               // the rest of a Poller
+	accepted          chan struct{} // a connection is waiting to be handed over
 }
 
 func (a lateAcceptor) Watch(ln net.Listener, handOver func(net.Conn, error)) (func(), error) {
@@ -213,7 +215,7 @@ func (a lateAcceptor) Watch(ln net.Listener, handOver func(net.Conn, error)) (fu
 	}), nil
 }
 
-// A connection the Acceptor accepted before the drain began and hands over as the drain
+// A connection the Poller accepted before the drain began and hands over as the drain
 // stops its watch is served like a live one, not closed: the kernel gave it to this proxy
 // and no other will see it.
 func TestDrainServesAcceptedConnection(t *testing.T) {
@@ -221,7 +223,7 @@ func TestDrainServesAcceptedConnection(t *testing.T) {
 	m := newMesh(t)
 	acc := lateAcceptor{accepted: make(chan struct{}, 1)}
 	cfg := m.clientConfig()
-	cfg.Acceptor = acc
+	cfg.Poller = acc
 	m.a = startNode(t, "node-a", m.caDir, m.yaml, cfg)
 	be := startBackend(t, m.outsideIP+":0", echo)
 	c, err := net.Dial("tcp", m.a.socks(t))

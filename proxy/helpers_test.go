@@ -26,6 +26,7 @@ import (
 	"github.com/gozt/gozt/hbone"
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/certs"
+	"github.com/gozt/gozt/internal/netpoll"
 	"github.com/gozt/gozt/internal/testutil"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/proxy"
@@ -83,6 +84,24 @@ var quiet = slog.New(slog.DiscardHandler)
 
 var _ proxy.CertSource = (*certs.Manager)(nil)
 
+// perSocket, when set (TestPerSocket), makes nodePoller a goroutine per socket.
+var perSocket bool
+
+// nodePoller is a test node's poller, as cmd/ztunnel makes one per node: on Linux epoll,
+// in which idle connections park; closed when the test ends.
+func nodePoller(tb testing.TB) netpoll.Poller {
+	tb.Helper()
+	if perSocket {
+		return netpoll.PerSocket{}
+	}
+	p, err := netpoll.New()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { p.Close() })
+	return p
+}
+
 // startNode binds and serves a proxy; it is shut down at cleanup (or earlier by shutdown).
 func startNode(tb testing.TB, name, caDir, yaml string, cfg proxy.Config) *node {
 	tb.Helper()
@@ -111,6 +130,9 @@ func startNodeWith(tb testing.TB, name, caDir, yaml string, cfg proxy.Config, ac
 		cfg.Logger = quiet
 	}
 	wireHBONE(&cfg, m, n.store)
+	if cfg.Poller == nil {
+		cfg.Poller = nodePoller(tb) // closed after the shutdown below: cleanups run last first
+	}
 	var source proxy.CertSource = n.certs
 	if wrap != nil {
 		source = wrap(source)

@@ -16,7 +16,7 @@ import (
 
 	"github.com/gozt/gozt/hbone"
 	"github.com/gozt/gozt/identity"
-	"github.com/gozt/gozt/internal/podpoll"
+	"github.com/gozt/gozt/internal/netpoll"
 	"github.com/gozt/gozt/internal/reuse"
 	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/metrics"
@@ -42,16 +42,6 @@ type Sockets interface {
 	Dial(ctx context.Context, d *net.Dialer, network, address string) (net.Conn, error)
 }
 
-// Acceptor waits on a proxy's listeners in place of a goroutine blocked in Accept on each:
-// in-pod mode's node-wide poller (internal/podpoll), which serves the listeners of every pod
-// on the node from one goroutine.
-type Acceptor interface {
-	// Watch calls accepted with each connection ln accepts (a *net.TCPConn), or with the
-	// error of a failed accept, until stop is called; once stop has returned it calls it no
-	// more. accepted does not block.
-	Watch(ln net.Listener, accepted func(net.Conn, error)) (stop func(), err error)
-}
-
 // Config is the data plane's configuration. The zero value of each field is its default
 // (listeners with an empty address are not started).
 type Config struct {
@@ -75,12 +65,11 @@ type Config struct {
 	// Sockets opens every listener and dials every plain TCP connection; nil: the
 	// process's own sockets. HBONEClient.Dial dials the pool's.
 	Sockets Sockets
-	// Acceptor, when set, accepts on the listeners; nil: a goroutine per listener.
-	Acceptor Acceptor
-	// IdlePoller, when set, watches idle proxied connections' sockets (in-pod mode: the
-	// node's poller); nil: the proxy starts its own at the first idle connection and
-	// closes it at Shutdown.
-	IdlePoller IdlePoller
+	// Poller accepts on the listeners and watches idle proxied connections' sockets: the
+	// node's (internal/netpoll: on Linux one epoll set for every proxy and DNS proxy of
+	// the node, in which idle connections park without a goroutine). nil: a goroutine per
+	// listener, and copies that keep their goroutines (netpoll.PerSocket).
+	Poller netpoll.Poller
 
 	// PacketMark is SO_MARK on the plain TCP sockets the proxy dials (0 = none); leave it
 	// 0 with a Sockets that marks what it opens (internal/netns). HBONEClient.Control
@@ -154,6 +143,9 @@ func (c *Config) setDefaults() {
 	if c.WorkloadWait == 0 {
 		c.WorkloadWait = 5 * time.Second
 	}
+	if c.Poller == nil {
+		c.Poller = netpoll.PerSocket{}
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -189,7 +181,7 @@ type Proxy struct {
 	acceptFailing map[string]acceptFailure // guarded by acceptMu: listener -> its last accept error
 
 	watchMu sync.Mutex
-	watches []func() // guarded by watchMu: Serve's Acceptor watches' stops, for Shutdown
+	watches []func() // guarded by watchMu: Serve's watches' stops, for Shutdown
 
 	// stopped ends when Shutdown gives up waiting: work still waiting (for a workload to
 	// appear, for a dial) stops with it.
@@ -197,10 +189,6 @@ type Proxy struct {
 	stop    context.CancelFunc
 
 	// Idle connections (idle.go).
-	idleMu       sync.Mutex
-	ownPoller    *podpoll.Poller // guarded by idleMu: started by idlePoller, closed by closeIdle
-	pollerFailed bool            // guarded by idleMu: podpoll.New failed; do not park
-	idleClosed   bool            // guarded by idleMu: Shutdown has closed the poller
 	runMu        sync.Mutex
 	running      map[*pump]struct{} // guarded by runMu: copy directions on a goroutine
 	sweepArmed   bool               // guarded by runMu: sweepTimer will fire
@@ -288,10 +276,10 @@ func (p *Proxy) Addrs() map[string]net.Addr {
 	return out
 }
 
-// Serve has the Acceptor (a goroutine per listener when Config has none) watch every
-// listener and runs the policy watcher on this goroutine until ctx ends or Shutdown is
-// called; then it stops the watches and closes the listeners. A pod's idle proxy in in-pod
-// mode thus holds this one goroutine. Connections may still be draining when it returns.
+// Serve has the Poller watch every listener and runs the policy watcher on this goroutine
+// until ctx ends or Shutdown is called; then it closes the listeners and stops the
+// watches. With the node's epoll poller a pod's idle proxy in in-pod mode thus holds this
+// one goroutine. Connections may still be draining when it returns.
 func (p *Proxy) Serve(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -301,10 +289,6 @@ func (p *Proxy) Serve(ctx context.Context) {
 		ListenerInboundPlaintext: p.servePlaintext,
 		ListenerInbound:          p.serveInboundTLS,
 		ListenerSocks5:           p.serveSocks5,
-	}
-	acceptor := p.cfg.Acceptor
-	if acceptor == nil {
-		acceptor = goAcceptor{}
 	}
 	closed := make(chan struct{}) // ends the setup goroutines waiting for a connection
 	defer close(closed)
@@ -326,13 +310,13 @@ func (p *Proxy) Serve(ctx context.Context) {
 			}
 			p.dispatch(ctx, c.(*net.TCPConn), handle, next, closed)
 		}
-		stop, err := acceptor.Watch(ln, accepted)
+		stop, err := p.cfg.Poller.Watch(ln, accepted)
 		if err != nil {
 			p.log.Warn("proxy: cannot watch listener; accepting on a goroutine of its own", "listener", name, "err", err)
-			stop, _ = goAcceptor{}.Watch(ln, accepted)
+			stop, _ = netpoll.PerSocket{}.Watch(ln, accepted)
 		}
-		defer ln.Close()
 		defer p.watching(stop)()
+		defer ln.Close() // before the stop, as in Shutdown: it ends an accept waiting for room
 	}
 	p.watchPolicies(ctx)
 }
@@ -360,8 +344,8 @@ func (p *Proxy) stopWatches() {
 }
 
 // dispatch hands an accepted connection to a setup goroutine waiting for its listener's
-// next one, or to a new one. It runs on the Acceptor's goroutine (in in-pod mode, the one
-// serving every pod's listeners), so it makes no syscall.
+// next one, or to a new one. It runs on the Poller's goroutine (the epoll poller's serves
+// every listener of the node), so it makes no syscall.
 func (p *Proxy) dispatch(ctx context.Context, tc *net.TCPConn, handle func(context.Context, *net.TCPConn), next chan *net.TCPConn, closed <-chan struct{}) {
 	select {
 	case next <- tc:
@@ -484,8 +468,9 @@ func (p *Proxy) dialWith(ctx context.Context, d *net.Dialer, dst netip.AddrPort)
 // A listener closes rather than stop being accepted on, so that it leaves its SO_REUSEPORT
 // group (in-pod mode) at once: the kernel sends new connections to the listeners bound
 // beside it, a new ztunnel's, and moves those it had queued on it there too
-// (net.ipv4.tcp_migrate_req), instead of leaving them in a backlog no one accepts from. The
-// connections the Acceptor had accepted before the close are served like live ones.
+// (net.ipv4.tcp_migrate_req), instead of leaving them in a backlog no one accepts from;
+// and a close ends an accept waiting for the HBONE server's room (netpoll.PerSocket's). The
+// connections the Poller had accepted before the close are served like live ones.
 func (p *Proxy) Shutdown(ctx context.Context) error {
 	for _, ln := range p.listeners {
 		ln.Close()
@@ -501,7 +486,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		p.conns.closeAll()
 		p.conns.wait(context.Background())
 	}
-	p.closeIdle() // nothing is parked now: every copy has completed
+	p.stopSweep() // nothing is parked or running now: every copy has completed
 	err := <-serverDone
 	p.stop()
 	p.server.Close()

@@ -87,6 +87,9 @@ func startSoakNode(tb testing.TB, name string, cfg proxy.Config, adsAddr, caAddr
 	n.certs = certs.New(certs.Config{Logger: quiet}, n.ca)
 	cfg.Logger = quiet
 	wireHBONE(&cfg, met, store)
+	if cfg.Poller == nil {
+		cfg.Poller = nodePoller(tb)
+	}
 	n.proxy = proxy.New(cfg, store, n.certs, met)
 	var listenErr error
 	for range 50 { // a restarted node binds its predecessor's 15008

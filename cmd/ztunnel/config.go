@@ -577,6 +577,7 @@ func (n *ztunnel) proxyConfig(local state.Local, log *slog.Logger, sockets proxy
 		HandshakeFailure:  certs.HandshakeFailure,
 		Outliers:          n.outliers,
 		RetryBudget:       n.retries,
+		Poller:            n.poller,
 
 		DisableResetPropagation: !c.ResetPropagation,
 		DisableBaggage:          !c.ResponseBaggage,

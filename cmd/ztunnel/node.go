@@ -20,6 +20,7 @@ import (
 	"github.com/gozt/gozt/inpod"
 	"github.com/gozt/gozt/inpod/podproxy"
 	"github.com/gozt/gozt/internal/netns"
+	"github.com/gozt/gozt/internal/netpoll"
 	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/metrics/otlp"
@@ -48,6 +49,7 @@ type ztunnel struct {
 	spire    bool           // CA_PROVIDER=spire: certificates per workload (spire.go)
 	crl      *certs.CRL     // nil without CRL_PATH
 	resolver *dns.Resolver  // hostname-only workloads' on-demand DNS; nil without a nameserver
+	poller   netpoll.Poller // every proxy's and DNS proxy's sockets, in every mode
 	proxy    *proxy.Proxy   // the node's own listeners (node and dedicated mode); nil in in-pod mode
 	self     *proxy.Proxy   // in-pod mode: ztunnel's own 15008 (selfproxy.go); nil if not named
 	inpod    *inpod.Manager // in-pod (shared) mode only
@@ -221,6 +223,13 @@ func (n *ztunnel) construct(ctx context.Context, undo *cleanups) error {
 			}
 		})
 	}
+	// One poller for the node's sockets: every proxy's and DNS proxy's listeners, and the
+	// idle connections parked in it. Closed once all of them have stopped.
+	var err error
+	if n.poller, err = netpoll.New(); err != nil {
+		return err
+	}
+	undo.push(func() { n.poller.Close() })
 	startSources, err := n.openConfigSources()
 	if err != nil {
 		return err
@@ -331,11 +340,7 @@ func (n *ztunnel) startInPod(undo *cleanups) error {
 	if err := netns.CheckCapabilities(); err != nil {
 		return fmt.Errorf("PROXY_MODE=shared (in-pod) cannot enter pod namespaces or mark sockets: %w", err)
 	}
-	pods, err := newPodProxies(n)
-	if err != nil {
-		return err
-	}
-	n.pods = pods
+	n.pods = newPodProxies(n)
 	undo.push(n.pods.Close) // waits for the pods' drains the workload manager's Close began
 	if self, ok := newSelfProxy(n, undo); ok {
 		if err := n.serveProxy(self, true, undo); err != nil {
@@ -496,5 +501,6 @@ func (n *ztunnel) dnsConfig(local state.Local) dns.Config {
 		FixedSearch:   n.local.Dedicated(), // a dedicated ztunnel shares its workload's resolv.conf
 		DisableIPv6:   !n.cfg.IPv6Enabled,
 		OwnFamilies:   !n.cfg.DNSAllFamilies,
+		Poller:        n.poller,
 	}
 }

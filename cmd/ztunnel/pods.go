@@ -16,8 +16,9 @@ import (
 // settings: each pod's proxy opens its sockets through the pod's, listens on the settings'
 // ports on the pod's wildcard address and uses the node's resolver; each pod's DNS proxy,
 // unless DNS_PROXY_ADDR=off, answers with the pod's namespace as its search list, not
-// ztunnel's resolv.conf.
-func newPodProxies(n *ztunnel) (*podproxy.Set, error) {
+// ztunnel's resolv.conf. Both watch their sockets with the node's poller (proxyConfig,
+// dnsConfig).
+func newPodProxies(n *ztunnel) *podproxy.Set {
 	cfg := n.cfg
 	pc := podproxy.Config{
 		Node: n.local,

@@ -4,11 +4,12 @@
 // namespace and marked (internal/netns), sharing the node's store, certificate source and
 // metrics. Each pod gets its own HBONE pool and serves its own identity on 15008.
 //
-// No pod has a goroutine per listening socket: one poller (internal/podpoll) waits on every
-// pod's listeners and DNS sockets, accepts and reads on readiness and hands the work to the
-// pod's proxy or DNS proxy; the pods' idle proxied connections park in it too
-// (proxy.Config.IdlePoller). An idle pod holds two goroutines: servePod, which runs its
-// proxy's policy watcher, and its DNS proxy's Serve.
+// No pod has a goroutine per listening socket: the node's poller (internal/netpoll, which
+// cmd/ztunnel puts in every proxy.Config and dns.Config it makes) waits on every pod's
+// listeners and DNS sockets, accepts and reads on readiness and hands the work to the
+// pod's proxy or DNS proxy; the pods' idle proxied connections park in it too. An idle pod
+// holds two goroutines: servePod, which runs its proxy's policy watcher, and its DNS
+// proxy's Serve.
 //
 // It decides nothing about when a pod starts or stops (inpod.Manager does) and reads no
 // setting (cmd/ztunnel fills Config).
@@ -28,7 +29,6 @@ import (
 	"github.com/gozt/gozt/dns"
 	"github.com/gozt/gozt/inpod"
 	"github.com/gozt/gozt/internal/netns"
-	"github.com/gozt/gozt/internal/podpoll"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/proxy"
 	"github.com/gozt/gozt/xds/state"
@@ -45,12 +45,12 @@ type Config struct {
 	Node state.Local
 	// Proxy is the whole configuration of a pod's proxy serving local, its sockets opened
 	// by sockets (inside the pod's network namespace, marked: its HBONE pool's dials too),
-	// logging to log: its listeners (on the pod's wildcard addresses) and the node's
-	// settings. Start adds the node's poller (Acceptor, IdlePoller).
+	// logging to log: its listeners (on the pod's wildcard addresses), the node's settings
+	// and its Poller, the node's.
 	Proxy func(local state.Local, sockets netns.Sockets, log *slog.Logger) proxy.Config
-	// DNS, if set, is the configuration of a pod's DNS proxy answering for local; nil
-	// runs none (DNS_PROXY_ADDR=off). Start sets its sockets, Poller, WorkloadWait and
-	// Logger.
+	// DNS, if set, is the configuration of a pod's DNS proxy answering for local, its
+	// Poller the node's; nil runs none (DNS_PROXY_ADDR=off). Start sets its sockets,
+	// WorkloadWait and Logger.
 	DNS func(local state.Local) dns.Config
 	// Mark is the SO_MARK of every socket opened in a pod (PACKET_MARK).
 	Mark uint32
@@ -72,9 +72,8 @@ type Config struct {
 
 // Set is the running pods' proxies.
 type Set struct {
-	cfg    Config
-	poller *podpoll.Poller // closed by Close, after every pod has stopped
-	wg     sync.WaitGroup  // one count per pod from Start until its shutdown has finished
+	cfg Config
+	wg  sync.WaitGroup // one count per pod from Start until its shutdown has finished
 
 	mu   sync.Mutex
 	pods map[string]*pod // guarded by mu: running pods by UID
@@ -90,13 +89,9 @@ type pod struct {
 	served  chan struct{} // closed when servePod has returned
 }
 
-// New returns an empty Set with its poller.
-func New(cfg Config) (*Set, error) {
-	p, err := podpoll.New()
-	if err != nil {
-		return nil, fmt.Errorf("in-pod mode: %w", err)
-	}
-	return &Set{cfg: cfg, poller: p, pods: map[string]*pod{}}, nil
+// New returns an empty Set.
+func New(cfg Config) *Set {
+	return &Set{cfg: cfg, pods: map[string]*pod{}}
 }
 
 // Start binds the pod's listeners in its netns and serves them in the background. It waits
@@ -108,8 +103,6 @@ func (s *Set) Start(p inpod.Pod) error {
 	sockets := netns.Sockets{NS: p.NetNS, Mark: cfg.Mark, ReusePort: cfg.ReusePort, Transparent: true}
 	local := cfg.Node.Pod(state.WorkloadRef{Namespace: p.Info.Namespace, Name: p.Info.Name, ServiceAccount: p.Info.ServiceAccount})
 	pcfg := cfg.Proxy(local, sockets, log)
-	pcfg.Acceptor = s.poller
-	pcfg.IdlePoller = s.poller // idle proxied connections park in it too
 	if cfg.ReusePort {
 		if err := migrateOnClose(p.NetNS); err != nil {
 			log.Debug("cannot set tcp_migrate_req in the pod; an upgrade may reset a few connections", "err", err)
@@ -133,7 +126,6 @@ func (s *Set) Start(p inpod.Pod) error {
 		dc := cfg.DNS(local)
 		dc.WorkloadWait = dnsWorkloadWait
 		dc.Listen, dc.ListenPacket = sockets.Listen, sockets.ListenPacket
-		dc.Poller = s.poller
 		dc.Dial = func(ctx context.Context, network, address string) (net.Conn, error) {
 			return sockets.Dial(ctx, nil, network, address)
 		}
@@ -220,12 +212,10 @@ func (s *Set) shutdownPod(pd *pod, deadline time.Duration) {
 	pd.ns.Close()
 }
 
-// Close returns once every pod whose proxy was stopped has finished shutting down, then
-// stops the poller. The workload manager drains every pod when it closes, so after
-// Manager.Close none is left.
+// Close returns once every pod whose proxy was stopped has finished shutting down. The
+// workload manager drains every pod when it closes, so after Manager.Close none is left.
 func (s *Set) Close() {
 	s.wg.Wait()
-	s.poller.Close()
 }
 
 // migrateOnClose sets net.ipv4.tcp_migrate_req in the pod's namespace (Linux 5.14+). During

@@ -38,7 +38,7 @@ var _ proxy.CertSource = noCerts{}
 // newSet is a Set whose pods listen on 15006 only (their own namespace: no clash).
 func newSet(t *testing.T) *Set {
 	t.Helper()
-	s, err := New(Config{
+	return New(Config{
 		Node: state.Local{Mode: state.ModeShared, Node: "node-a"},
 		Proxy: func(local state.Local, sockets netns.Sockets, log *slog.Logger) proxy.Config {
 			return proxy.Config{Local: local, Sockets: sockets, Logger: log, InboundPlaintextAddr: "127.0.0.1:15006"}
@@ -47,10 +47,6 @@ func newSet(t *testing.T) *Set {
 		Certs:   noCerts{},
 		Metrics: metrics.New(prometheus.NewRegistry(), "test"),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
 }
 
 func testPod(uid string, ns *netns.NetNS) inpod.Pod {

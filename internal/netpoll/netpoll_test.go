@@ -1,8 +1,9 @@
 //go:build linux
 
-package podpoll_test
+package netpoll_test
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -17,15 +18,16 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gozt/gozt/internal/leaktest"
-	"github.com/gozt/gozt/internal/podpoll"
+	"github.com/gozt/gozt/internal/netpoll"
 	"github.com/gozt/gozt/internal/sockopt"
 	"github.com/gozt/gozt/internal/testutil"
 )
 
-func newPoller(t *testing.T) *podpoll.Poller {
+// newPoller is the epoll poller, closed when the test ends.
+func newPoller(t *testing.T) netpoll.Poller {
 	t.Helper()
 	leaktest.Check(t)
-	p, err := podpoll.New()
+	p, err := netpoll.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,9 +35,19 @@ func newPoller(t *testing.T) *podpoll.Poller {
 	return p
 }
 
+// forEach runs test against both Pollers, the epoll one and PerSocket.
+func forEach(t *testing.T, test func(t *testing.T, p netpoll.Poller)) {
+	t.Run("epoll", func(t *testing.T) { test(t, newPoller(t)) })
+	t.Run("per socket", func(t *testing.T) {
+		leaktest.Check(t)
+		test(t, netpoll.PerSocket{})
+	})
+}
+
+// listen opens a listener as a proxy does: its connections get no keepalive from Go.
 func listen(t *testing.T) *net.TCPListener {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := (&net.ListenConfig{KeepAlive: -1}).Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +56,7 @@ func listen(t *testing.T) *net.TCPListener {
 }
 
 // accepts watches ln and returns the channel its connections arrive on.
-func accepts(t *testing.T, p *podpoll.Poller, ln net.Listener) (<-chan net.Conn, func()) {
+func accepts(t *testing.T, p netpoll.Poller, ln net.Listener) (<-chan net.Conn, func()) {
 	t.Helper()
 	conns := make(chan net.Conn, 64)
 	stop, err := p.Watch(ln, func(c net.Conn, err error) {
@@ -74,8 +86,9 @@ func recv(t *testing.T, conns <-chan net.Conn) net.Conn {
 
 // Connections are handed over as *net.TCPConn (so the proxy's copy can splice them)
 // without keepalive and carry data both ways; more than a batch waiting at once all arrive.
-func TestWatchAccept(t *testing.T) {
-	p := newPoller(t)
+func TestWatchAccept(t *testing.T) { forEach(t, testWatchAccept) }
+
+func testWatchAccept(t *testing.T, p netpoll.Poller) {
 	ln := listen(t)
 	conns, stop := accepts(t, p, ln)
 	defer stop()
@@ -135,8 +148,9 @@ func TestWatchAccept(t *testing.T) {
 
 // Once stop has returned, the poller accepts nothing more: a new connection waits in the
 // listener's queue for its owner.
-func TestStop(t *testing.T) {
-	p := newPoller(t)
+func TestStop(t *testing.T) { forEach(t, testStop) }
+
+func testStop(t *testing.T, p netpoll.Poller) {
 	ln := listen(t)
 	conns, stop := accepts(t, p, ln)
 	c1, err := net.Dial("tcp", ln.Addr().String())
@@ -169,8 +183,9 @@ func TestStop(t *testing.T) {
 }
 
 // stop waits for a callback in progress: after it returns, the callback has returned.
-func TestStopWaitsForCallback(t *testing.T) {
-	p := newPoller(t)
+func TestStopWaitsForCallback(t *testing.T) { forEach(t, testStopWaitsForCallback) }
+
+func testStopWaitsForCallback(t *testing.T, p netpoll.Poller) {
 	ln := listen(t)
 	entered := make(chan struct{})
 	var inside, after atomic.Bool
@@ -205,8 +220,9 @@ func TestStopWaitsForCallback(t *testing.T) {
 // An owner that closes its listener without stopping the watch first, then opens a socket
 // that gets the same fd number, does not have the new one accepted on by the poller: it
 // holds the closed listener's Go fd, not the number.
-func TestClosedListenerFDReused(t *testing.T) {
-	p := newPoller(t)
+func TestClosedListenerFDReused(t *testing.T) { forEach(t, testClosedListenerFDReused) }
+
+func testClosedListenerFDReused(t *testing.T, p netpoll.Poller) {
 	ln := listen(t)
 	conns, stop := accepts(t, p, ln)
 	defer stop()
@@ -247,8 +263,9 @@ func TestClosedListenerFDReused(t *testing.T) {
 
 // Datagrams arrive whole with their sender and, on a socket that reports it, the address
 // they were sent to; a reply goes back through the socket.
-func TestWatchPacket(t *testing.T) {
-	p := newPoller(t)
+func TestWatchPacket(t *testing.T) { forEach(t, testWatchPacket) }
+
+func testWatchPacket(t *testing.T, p netpoll.Poller) {
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -310,8 +327,9 @@ func TestWatchPacket(t *testing.T) {
 // of the set and retried with a growing delay rather than reported again at once, and once
 // descriptors are free the waiting connection is handed over. The limit is the process's
 // real RLIMIT_NOFILE, lowered for the test.
-func TestAcceptBackoff(t *testing.T) {
-	p := newPoller(t)
+func TestAcceptBackoff(t *testing.T) { forEach(t, testAcceptBackoff) }
+
+func testAcceptBackoff(t *testing.T, p netpoll.Poller) {
 	ln := listen(t)
 	var failures atomic.Int32
 	conns := make(chan net.Conn, 4)
@@ -388,7 +406,9 @@ func TestAcceptBackoff(t *testing.T) {
 	}
 }
 
-// gate is a listener that holds accepts back until let is called.
+// gate is a listener that holds accepts back until let is called. Its Accept waits for
+// room, as hbone's AdmitListener does, for PerSocket, which calls it; the epoll poller
+// accepts on the socket and asks Room itself.
 type gate struct {
 	*net.TCPListener
 	mu       sync.Mutex
@@ -396,6 +416,18 @@ type gate struct {
 	wake     func()
 	refused  int // guarded by mu
 	accepted atomic.Int64
+}
+
+func (g *gate) Accept() (net.Conn, error) {
+	woken := make(chan struct{}, 1)
+	for !g.Room(func() { woken <- struct{}{} }) {
+		<-woken
+	}
+	c, err := g.TCPListener.Accept()
+	if err == nil {
+		g.Accepted()
+	}
+	return c, err
 }
 
 func (g *gate) Room(wake func()) bool {
@@ -420,6 +452,7 @@ func (g *gate) let() {
 	g.mu.Lock()
 	g.open = true
 	wake := g.wake
+	g.wake = nil
 	g.mu.Unlock()
 	wake()
 }
@@ -427,8 +460,9 @@ func (g *gate) let() {
 // A listener that is a Gate is asked before each accept: while it has no room, the poller
 // takes nothing (its connections wait in the backlog) and asks no more until woken; woken,
 // it accepts them all, each counted by Accepted.
-func TestGate(t *testing.T) {
-	p := newPoller(t)
+func TestGate(t *testing.T) { forEach(t, testGate) }
+
+func testGate(t *testing.T, p netpoll.Poller) {
 	g := &gate{TCPListener: listen(t)}
 	conns, stop := accepts(t, p, g)
 	defer stop()
@@ -484,7 +518,7 @@ func pair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
 }
 
 // readyCh watches c once and returns the channel ready is told on, and cancel.
-func readyCh(t *testing.T, p *podpoll.Poller, c *net.TCPConn) (<-chan struct{}, func() bool) {
+func readyCh(t *testing.T, p netpoll.Poller, c *net.TCPConn) (<-chan struct{}, func() bool) {
 	t.Helper()
 	ch := make(chan struct{}, 2)
 	cancel, err := p.WatchReadable(c, func() { ch <- struct{}{} })
@@ -563,5 +597,68 @@ func TestWatchReadableCancel(t *testing.T) {
 	}
 	if !cancel() {
 		t.Error("cancel of a closed socket's watch reported it came second")
+	}
+}
+
+// PerSocket watches no readability: it would take the goroutine a caller parks to give up.
+func TestPerSocketDoesNotPark(t *testing.T) {
+	var p netpoll.PerSocket
+	if p.Parks() {
+		t.Error("PerSocket.Parks() = true; want false")
+	}
+	a, _ := pair(t)
+	if _, err := p.WatchReadable(a, func() {}); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("PerSocket.WatchReadable: %v; want errors.ErrUnsupported", err)
+	}
+	ep := newPoller(t)
+	if !ep.Parks() {
+		t.Error("the epoll poller's Parks() = false; want true")
+	}
+}
+
+// A stopped packet watch leaves its socket open and as it was: the owner reads what is
+// queued on it (a draining DNS proxy's queries) and answers through it.
+func TestStopPacketKeepsSocket(t *testing.T) { forEach(t, testStopPacketKeepsSocket) }
+
+func testStopPacketKeepsSocket(t *testing.T, p netpoll.Poller) {
+	pc, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	stop, err := p.WatchPacket(pc, func([]byte, netip.AddrPort, netip.Addr, error) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	c, err := net.DialUDP("udp", nil, pc.LocalAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("queued")); err != nil {
+		t.Fatal(err)
+	}
+	// No deadline of the test's own: one the watch left behind would end this read.
+	buf := make([]byte, 16)
+	var n int
+	var from *net.UDPAddr
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		n, from, err = pc.ReadFromUDP(buf)
+	}()
+	select {
+	case <-read:
+	case <-time.After(5 * time.Second):
+		pc.Close()
+		<-read
+		t.Fatal("the owner's read after stop got nothing")
+	}
+	if err != nil || string(buf[:n]) != "queued" {
+		t.Fatalf("owner's read after stop: %q, %v; want the datagram", buf[:n], err)
+	}
+	if _, err := pc.WriteToUDP([]byte("answer"), from); err != nil {
+		t.Errorf("owner's write after stop: %v", err)
 	}
 }

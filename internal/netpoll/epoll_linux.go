@@ -1,53 +1,6 @@
 //go:build linux
 
-// Package podpoll waits on the listening sockets of every pod on a node with one goroutine,
-// instead of a goroutine blocked in Accept or ReadFrom per socket. In-pod mode opens seven
-// sockets per pod (15001, 15006, 15008 and the DNS proxy's TCP and UDP sockets on two
-// loopbacks) and a node holds up to a few hundred pods, most of them idle: each waiting
-// goroutine would keep its stack and the buffer it reads into.
-//
-// It accepts connections and reads datagrams on readiness and hands them to the socket's
-// owner; it does not serve them, nor open or close sockets.
-//
-// # Design
-//
-// A Poller owns an epoll set whose fd is itself registered, non-blocking, with Go's
-// netpoller, so its one goroutine (run) parks like any reader and holds no OS thread while
-// nothing happens. Each watched socket stays its owner's net.Listener or net.PacketConn: the
-// poller adds it to the set level-triggered (EPOLLIN) under a token that is never reused, and
-// on readiness accepts (accept4) or reads (recvmsg) a batch of at most batch, then moves on
-// to the next ready socket, so one busy pod cannot hold up the others; level triggering
-// reports the rest on the next round. An accepted fd becomes a *net.TCPConn through
-// net.FileConn (one dup, and the dup is what Go's netpoller watches), so the proxy's copy can
-// still splice it.
-//
-// The poller touches a watched socket's fd only inside its syscall.RawConn's Control, which
-// holds Go's reference to the fd: an owner's Close that races it is deferred until Control
-// returns, and Control fails afterwards. So the poller never accepts on, reads from or
-// deregisters a reused fd number, and a closed socket leaves the set by itself (the kernel
-// drops a file's epoll entries when its last fd closes). Events carry tokens, not fds: a
-// token whose watch has stopped is not found and its event is dropped. The epoll fd is used
-// inside its own Control likewise, so Close cannot race a registration.
-//
-// WatchReadable serves the proxy's idle connections instead: a socket added one-shot
-// (EPOLLIN|EPOLLRDHUP|EPOLLONESHOT) whose first event takes it out of the set and calls its
-// owner back once; it reads nothing. Its token is in onces; whoever takes the token out of
-// the map, the event or the owner's cancel, has the socket's one outcome.
-//
-// Locks: Poller.mu guards watches and onces (the token maps) and next. watch.mu is held by run while it
-// serves the watch, callbacks included, and by stop, so once stop has returned no callback
-// runs and none will; it guards stopped, failing and delay. Order: watch.mu before
-// Poller.mu (run looks a token up under Poller.mu and releases it before taking watch.mu).
-// Callbacks run on the poller's goroutine, so they must not block or stop a watch: they
-// hand work to goroutines of their own.
-//
-// A socket whose accept or read fails with something other than "nothing there" (out of
-// file descriptors, say) is taken out of the set and put back after a delay, doubling from
-// 5 ms to 1 s while it keeps failing, as a per-socket accept loop would back off; the
-// callback is told each failure. A listener that implements Gate (hbone's AdmitListener,
-// its handshake backpressure) is asked before each accept; while it says no, the socket is
-// out of the set and its connections wait in the kernel's backlog, until the gate wakes it.
-package podpoll
+package netpoll
 
 import (
 	"errors"
@@ -61,28 +14,51 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/gozt/gozt/internal/backoff"
 	"github.com/gozt/gozt/internal/sockopt"
 )
+
+// The epoll Poller.
+//
+// It owns an epoll set whose fd is itself registered, non-blocking, with Go's netpoller,
+// so its one goroutine (run) parks like any reader and holds no OS thread while nothing
+// happens. Each watched socket stays its owner's net.Listener or net.PacketConn: the
+// poller adds it to the set level-triggered (EPOLLIN) under a token that is never reused,
+// and on readiness accepts (accept4) or reads (recvmsg) a batch of at most batch, then
+// moves on to the next ready socket, so one busy socket cannot hold up the others; level
+// triggering reports the rest on the next round. An accepted fd becomes a *net.TCPConn
+// through net.FileConn (one dup, and the dup is what Go's netpoller watches), so a
+// proxy's copy can still splice it.
+//
+// The poller touches a watched socket's fd only inside its syscall.RawConn's Control,
+// which holds Go's reference to the fd: an owner's Close that races it is deferred until
+// Control returns, and Control fails afterwards. So the poller never accepts on, reads
+// from or deregisters a reused fd number, and a closed socket leaves the set by itself
+// (the kernel drops a file's epoll entries when its last fd closes). Events carry tokens,
+// not fds: a token whose watch has stopped is not found and its event is dropped. The
+// epoll fd is used inside its own Control likewise, so Close cannot race a registration.
+//
+// WatchReadable adds a socket one-shot (EPOLLIN|EPOLLRDHUP|EPOLLONESHOT): its first event
+// takes it out of the set and calls its owner back once; it reads nothing. Its token is
+// in onces; whoever takes the token out of the map, the event or the owner's cancel, has
+// the socket's one outcome.
+//
+// Locks: epoll.mu guards watches and onces (the token maps) and next. watch.mu is held by
+// run while it serves the watch, callbacks included, and by stop, so once stop has
+// returned no callback runs and none will; it guards stopped, failing, gated and delay.
+// Order: watch.mu before epoll.mu (run looks a token up under epoll.mu and releases it
+// before taking watch.mu).
+//
+// A socket whose accept or read fails with something other than "nothing there" is taken
+// out of the set and put back after the back-off's delay; the callback is told each
+// failure. A listener that is a Gate is asked before each accept; while it says no, the
+// socket is out of the set and its connections wait in the kernel's backlog, until the
+// gate wakes it.
 
 // batch is how many connections or datagrams one socket gets per round.
 const batch = 16
 
-// maxDatagram is the read buffer, shared by every packet socket: the largest UDP payload.
-const maxDatagram = 65535
-
-// Gate is what a watched listener may implement to hold accepts back.
-type Gate interface {
-	// Room reports whether another connection may be accepted now; if not, wake is called
-	// once, from another goroutine and never during Room, when there may be room.
-	Room(wake func()) bool
-	// Accepted tells the gate that a connection was accepted after Room said yes.
-	Accepted()
-}
-
-// Poller waits on watched sockets. Create it with New, add sockets with Watch and
-// WatchPacket, and Close it once every watch has stopped.
-type Poller struct {
+// epoll is the Poller New returns on Linux.
+type epoll struct {
 	file *os.File        // the epoll fd, registered with Go's netpoller
 	rc   syscall.RawConn // file's
 	done chan struct{}   // closed when run has returned
@@ -93,6 +69,8 @@ type Poller struct {
 	next    uint64               // guarded by mu: the last token given out
 }
 
+var _ Poller = (*epoll)(nil)
+
 // readable is one WatchReadable: a socket in the set one-shot until its event or cancel.
 type readable struct {
 	rc    syscall.RawConn
@@ -101,7 +79,7 @@ type readable struct {
 
 // watch is one watched socket.
 type watch struct {
-	p      *Poller
+	p      *epoll
 	token  uint64
 	rc     syscall.RawConn
 	accept func(net.Conn, error)                           // for a listener
@@ -116,68 +94,59 @@ type watch struct {
 	delay   time.Duration // guarded by mu: the next back-off
 }
 
-// New starts a Poller and its goroutine.
-func New() (*Poller, error) {
+// New starts the node's poller: on Linux an epoll set and its one goroutine.
+func New() (Poller, error) {
 	fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("podpoll: epoll_create1: %w", err)
+		return nil, fmt.Errorf("netpoll: epoll_create1: %w", err)
 	}
 	if err := unix.SetNonblock(fd, true); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("podpoll: set nonblocking: %w", err)
+		return nil, fmt.Errorf("netpoll: set nonblocking: %w", err)
 	}
-	f := os.NewFile(uintptr(fd), "podpoll") // non-blocking: Go's netpoller watches it
+	f := os.NewFile(uintptr(fd), "netpoll") // non-blocking: Go's netpoller watches it
 	rc, err := f.SyscallConn()
 	if err != nil {
 		f.Close()
-		return nil, fmt.Errorf("podpoll: %w", err)
+		return nil, fmt.Errorf("netpoll: %w", err)
 	}
-	p := &Poller{file: f, rc: rc, done: make(chan struct{}), watches: map[uint64]*watch{}, onces: map[uint64]*readable{}}
+	p := &epoll{file: f, rc: rc, done: make(chan struct{}), watches: map[uint64]*watch{}, onces: map[uint64]*readable{}}
 	go p.run()
 	return p, nil
 }
 
-// Close stops the poller's goroutine and releases the epoll set. Watches still open stop
-// being served; their stop functions stay safe to call. Close is idempotent.
-func (p *Poller) Close() error {
+// Close stops the poller's goroutine and releases the epoll set.
+func (p *epoll) Close() error {
 	p.file.Close()
 	<-p.done
 	return nil
 }
 
-// Watch calls accepted with each connection ln accepts, a *net.TCPConn with no keepalive
-// (as a net.ListenConfig with KeepAlive -1 would accept it), or with the error of a failed
-// accept, until stop is called. ln must be a *net.TCPListener (or another listener with
-// SyscallConn whose accepted sockets are TCP); if it is a Gate, each accept waits for its
-// room. accepted runs on the poller's goroutine: it must not block.
-func (p *Poller) Watch(ln net.Listener, accepted func(net.Conn, error)) (stop func(), err error) {
+// Parks is true: a watched socket costs an epoll entry, no goroutine.
+func (p *epoll) Parks() bool { return true }
+
+// Watch accepts on ln's socket itself (accept4), so ln must have SyscallConn and accept
+// TCP connections (a *net.TCPListener, or a listener wrapping one); each connection has
+// no keepalive, as a net.ListenConfig with KeepAlive -1 would accept it.
+func (p *epoll) Watch(ln net.Listener, accepted func(net.Conn, error)) (stop func(), err error) {
 	g, _ := ln.(Gate)
 	return p.add(ln, &watch{accept: accepted, gate: g})
 }
 
-// WatchPacket calls read with each datagram pc receives, its sender and the address it was
-// sent to (when pc reports it: see sockopt.SetRecvDst; else the zero Addr), or with the
-// error of a failed read, until stop is called. The bytes are valid only during the call.
-// read runs on the poller's goroutine: it must not block.
-func (p *Poller) WatchPacket(pc net.PacketConn, read func(b []byte, from netip.AddrPort, to netip.Addr, err error)) (stop func(), err error) {
+// WatchPacket reads on pc's socket itself (recvmsg), into one buffer shared by every
+// packet socket.
+func (p *epoll) WatchPacket(pc net.PacketConn, read func(b []byte, from netip.AddrPort, to netip.Addr, err error)) (stop func(), err error) {
 	w := &watch{read: read}
 	w.got = func(b []byte, from netip.AddrPort, to netip.Addr) { read(b, from, to, nil) }
 	return p.add(pc, w)
 }
 
-// WatchReadable calls ready once, on the poller's goroutine, when sc's socket is readable,
-// its peer has shut down its write side, or it has an error or hang-up pending (epoll's
-// EPOLLIN|EPOLLRDHUP, one-shot), unless cancel is called first. The readiness already
-// there when WatchReadable is called counts. cancel takes the socket out of the set and
-// reports whether it came first: false means ready has run or is about to. ready must not
-// block; it is called with the socket already out of the set, so it may watch it again.
-//
-// A socket closed while watched leaves the set with no event: its owner must not count on
-// ready to learn of a Close of its own, and should cancel.
-func (p *Poller) WatchReadable(sc syscall.Conn, ready func()) (cancel func() bool, err error) {
+// WatchReadable adds sc's socket to the set one-shot (EPOLLIN|EPOLLRDHUP|EPOLLONESHOT);
+// ready runs on the poller's goroutine.
+func (p *epoll) WatchReadable(sc syscall.Conn, ready func()) (cancel func() bool, err error) {
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return nil, fmt.Errorf("podpoll: %w", err)
+		return nil, fmt.Errorf("netpoll: %w", err)
 	}
 	r := &readable{rc: rc, ready: ready}
 	p.mu.Lock()
@@ -188,7 +157,7 @@ func (p *Poller) WatchReadable(sc syscall.Conn, ready func()) (cancel func() boo
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT, Fd: int32(token), Pad: int32(token >> 32)}
 	if err := p.ctlReadable(rc, unix.EPOLL_CTL_ADD, &ev); err != nil {
 		p.takeReadable(token)
-		return nil, fmt.Errorf("podpoll: watch readable: %w", err)
+		return nil, fmt.Errorf("netpoll: watch readable: %w", err)
 	}
 	return func() bool {
 		if p.takeReadable(token) == nil {
@@ -202,7 +171,7 @@ func (p *Poller) WatchReadable(sc syscall.Conn, ready func()) (cancel func() boo
 
 // takeReadable removes the token's WatchReadable and returns it, or nil if its event or
 // cancel took it first.
-func (p *Poller) takeReadable(token uint64) *readable {
+func (p *epoll) takeReadable(token uint64) *readable {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r := p.onces[token]
@@ -214,7 +183,7 @@ func (p *Poller) takeReadable(token uint64) *readable {
 
 // ctlReadable adds a WatchReadable socket to the set or takes it out, inside both fds'
 // Control as ctl does.
-func (p *Poller) ctlReadable(rc syscall.RawConn, op int, ev *unix.EpollEvent) error {
+func (p *epoll) ctlReadable(rc syscall.RawConn, op int, ev *unix.EpollEvent) error {
 	var err error
 	cerr := rc.Control(func(fd uintptr) {
 		if perr := p.rc.Control(func(epfd uintptr) {
@@ -229,14 +198,14 @@ func (p *Poller) ctlReadable(rc syscall.RawConn, op int, ev *unix.EpollEvent) er
 	return err
 }
 
-func (p *Poller) add(sock any, w *watch) (func(), error) {
+func (p *epoll) add(sock any, w *watch) (func(), error) {
 	sc, ok := sock.(syscall.Conn)
 	if !ok {
-		return nil, fmt.Errorf("podpoll: %T has no file descriptor", sock)
+		return nil, fmt.Errorf("netpoll: %T has no file descriptor", sock)
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return nil, fmt.Errorf("podpoll: %w", err)
+		return nil, fmt.Errorf("netpoll: %w", err)
 	}
 	w.p, w.rc = p, rc
 	p.mu.Lock()
@@ -246,12 +215,12 @@ func (p *Poller) add(sock any, w *watch) (func(), error) {
 	p.mu.Unlock()
 	if err := w.ctl(unix.EPOLL_CTL_ADD); err != nil {
 		p.forget(w.token)
-		return nil, fmt.Errorf("podpoll: watch: %w", err)
+		return nil, fmt.Errorf("netpoll: watch: %w", err)
 	}
 	return w.stop, nil
 }
 
-func (p *Poller) forget(token uint64) {
+func (p *epoll) forget(token uint64) {
 	p.mu.Lock()
 	delete(p.watches, token)
 	p.mu.Unlock()
@@ -290,7 +259,7 @@ func (w *watch) stop() {
 }
 
 // run waits for events and serves each ready socket in turn, until Close.
-func (p *Poller) run() {
+func (p *epoll) run() {
 	defer close(p.done)
 	events := make([]unix.EpollEvent, 64)
 	buf := make([]byte, maxDatagram)
@@ -404,7 +373,7 @@ func fileConn(fd int) (net.Conn, error) {
 	c, err := net.FileConn(f) // a dup of fd, non-blocking and in the netpoller
 	f.Close()
 	if err != nil {
-		return nil, fmt.Errorf("podpoll: accepted socket: %w", err)
+		return nil, fmt.Errorf("netpoll: accepted socket: %w", err)
 	}
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetKeepAlive(false) // FileConn turns Go's default on
@@ -428,7 +397,7 @@ func (w *watch) readBatch(buf, oob []byte) error {
 // backOffLocked takes the failing socket out of the set and puts it back after the next
 // delay, so that a level-triggered error (EMFILE leaves the connection queued) does not spin.
 func (w *watch) backOffLocked() {
-	w.delay = backoff.Next(w.delay)
+	w.delay = nextDelay(w.delay)
 	if err := w.ctl(unix.EPOLL_CTL_DEL); err != nil {
 		return // closed under us: nothing to retry
 	}
