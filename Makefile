@@ -7,7 +7,7 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 RUN_DIR   ?= .tmp/run
 
-.PHONY: all build image helm kube-apiserver kubectl istio-tools spire-tools hbone-control otelcol bench-victim coredns cluster-tools cluster-tools-extra cluster-images cluster-up cluster-check cluster-migrate cluster-migrate-run cluster-drills cluster-down cluster-load cluster-rss manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale bench-pods bench-conns
+.PHONY: all build image helm kube-apiserver kubectl istio-tools spire-tools hbone-control otelcol bench-victim coredns cluster-tools cluster-tools-extra cluster-images cluster-up cluster-check cluster-migrate cluster-migrate-run cluster-drills cluster-bench cluster-down cluster-load cluster-rss manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale bench-pods bench-conns
 
 all: build
 
@@ -199,6 +199,20 @@ cluster-drills: cluster-images
 		$(MAKE) --no-print-directory cluster-load IMAGE=$(CLUSTER_IMAGES)/peer/ztunnel-rs.tar; fi
 	ISTIO_CHARTS=$(ISTIO_DIR)/manifests/charts CLUSTER_DRILLS=1 DRILLS=$(DRILLS) DRILL_REPS=$(DRILL_REPS) DRILL_ONLY=$(DRILL_ONLY) \
 		$(if $(ZTUNNEL_RS),RS_HUB=$(RS_HUB) RS_TAG=$(RS_TAG)) $(GO) test -count=1 -v -timeout 600m -run '^TestDrills$$' ./deploy/clustertest
+
+# Pod to pod across the nodes, as users compare data planes (docs/PERFORMANCE.md, issue 57):
+# zbench's rows from a client pod on node1 to a server pod on node2 with gozt in the ztunnel
+# DaemonSet, with the Rust ztunnel (ZTUNNEL_RS, wrapped at test time as for cluster-migrate)
+# and with no mesh, alternating in one sitting; each node's ztunnel's CPU and memory from its
+# cgroup. BENCH_REPS (3) repetitions of BENCH_DURATION (5s) runs. Brings a cluster up first.
+#   make cluster-bench [ZTUNNEL_RS=/path/to/ztunnel]
+cluster-bench: cluster-images
+	@[ -s .tmp/cluster/record ] || $(MAKE) --no-print-directory cluster-up
+	$(MAKE) --no-print-directory cluster-load IMAGE=$(CLUSTER_IMAGES)/zbench.tar
+	@if [ -n "$(ZTUNNEL_RS)" ]; then deploy/cluster/peerimage.sh $(ZTUNNEL_RS) $(RS_IMAGE) $(CLUSTER_IMAGES)/peer/ztunnel-rs.tar $(RS_IMAGE)-b && \
+		$(MAKE) --no-print-directory cluster-load IMAGE=$(CLUSTER_IMAGES)/peer/ztunnel-rs.tar; fi
+	ISTIO_CHARTS=$(ISTIO_DIR)/manifests/charts CLUSTER_BENCH=1 BENCH_REPS=$(BENCH_REPS) BENCH_DURATION=$(BENCH_DURATION) \
+		$(if $(ZTUNNEL_RS),RS_HUB=$(RS_HUB) RS_TAG=$(RS_TAG)) $(GO) test -count=1 -v -timeout 300m -run '^TestClusterBench$$' ./deploy/clustertest
 
 # Resident memory of every process and container of the cluster.
 cluster-rss:

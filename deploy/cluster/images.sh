@@ -14,6 +14,9 @@ mkimg() { go run ./deploy/cluster/mkimg "$@"; }
 CGO_ENABLED=0 go build -trimpath -o bin/cluster/app ./deploy/cluster/app
 mkimg -tag localhost/gozt/pause:v1 -out "$OUT/pause.tar" -entrypoint /pause bin/cluster/app=/pause
 mkimg -tag localhost/gozt/app:v1 -out "$OUT/app.tar" -entrypoint /app bin/cluster/app=/app tmp/
+# zbench for make cluster-bench: its servers and scenarios in pods, and the app to pause with.
+CGO_ENABLED=0 go build -trimpath -o bin/cluster/zbench ./cmd/zbench
+mkimg -tag localhost/gozt/zbench:v1 -out "$OUT/zbench.tar" -entrypoint /zbench bin/cluster/zbench=/zbench bin/cluster/app=/app tmp/
 
 # Istio's ambient profile sets global.variant=distroless, so its images are tagged TAG and
 # TAG-distroless. istiod runs as 1337 (the chart's securityContext says so too); its Dockerfile adds nothing
