@@ -396,7 +396,7 @@ func failedOf(m map[string]int) int {
 type loadLine struct {
 	T         time.Time
 	Conns     map[string]map[string]int // by target, by outcome
-	ConnMs    map[string][]int // by target
+	ConnMs    map[string][]int          // by target
 	Lookups   map[string]int
 	LookupMs  []int
 	Broken    int

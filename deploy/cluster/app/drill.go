@@ -89,8 +89,8 @@ func hashConn(c net.Conn, who string) {
 type loadStats struct {
 	mu        sync.Mutex
 	conns     map[string]map[string]int // target -> outcome (ok, dns, refused, reset, closed, timeout, wrong, other) -> count
-	connMs    map[string][]int // time to the answer of each successful connection, by target
-	lookups   map[string]int // ok, timeout, servfail, nxdomain, empty, other
+	connMs    map[string][]int          // time to the answer of each successful connection, by target
+	lookups   map[string]int            // ok, timeout, servfail, nxdomain, empty, other
 	lookupMs  []int
 	broken    int // long-lived streams that ended with an error after carrying bytes
 	redials   int // long-lived streams that could not be (re)opened
@@ -111,15 +111,15 @@ type loadEvent struct {
 
 // loadLine is one report line: a second's counts, and the failures in it.
 type loadLine struct {
-	T         time.Time      `json:"t"`
+	T         time.Time                 `json:"t"`
 	Conns     map[string]map[string]int `json:"conns"`
-	ConnMs    map[string][]int `json:"connMs"`
-	Lookups   map[string]int `json:"lookups"`
-	LookupMs  []int          `json:"lookupMs"`
-	Broken    int            `json:"broken"`
-	Redials   int            `json:"redials"`
-	StreamsUp int            `json:"streamsUp"`
-	Events    []loadEvent    `json:"events,omitempty"`
+	ConnMs    map[string][]int          `json:"connMs"`
+	Lookups   map[string]int            `json:"lookups"`
+	LookupMs  []int                     `json:"lookupMs"`
+	Broken    int                       `json:"broken"`
+	Redials   int                       `json:"redials"`
+	StreamsUp int                       `json:"streamsUp"`
+	Events    []loadEvent               `json:"events,omitempty"`
 }
 
 func (s *loadStats) fail(what, target, kind string, err error) {
