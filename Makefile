@@ -211,7 +211,7 @@ cluster-bench: cluster-images
 	$(MAKE) --no-print-directory cluster-load IMAGE=$(CLUSTER_IMAGES)/zbench.tar
 	@if [ -n "$(ZTUNNEL_RS)" ]; then deploy/cluster/peerimage.sh $(ZTUNNEL_RS) $(RS_IMAGE) $(CLUSTER_IMAGES)/peer/ztunnel-rs.tar $(RS_IMAGE)-b && \
 		$(MAKE) --no-print-directory cluster-load IMAGE=$(CLUSTER_IMAGES)/peer/ztunnel-rs.tar; fi
-	ISTIO_CHARTS=$(ISTIO_DIR)/manifests/charts CLUSTER_BENCH=1 BENCH_REPS=$(BENCH_REPS) BENCH_DURATION=$(BENCH_DURATION) \
+	ISTIO_CHARTS=$(ISTIO_DIR)/manifests/charts CLUSTER_BENCH=1 BENCH_REPS=$(BENCH_REPS) BENCH_DURATION=$(BENCH_DURATION) BENCH_ONLY=$(BENCH_ONLY) \
 		$(if $(ZTUNNEL_RS),RS_HUB=$(RS_HUB) RS_TAG=$(RS_TAG)) $(GO) test -count=1 -v -timeout 300m -run '^TestClusterBench$$' ./deploy/clustertest
 
 # Resident memory of every process and container of the cluster.
