@@ -25,6 +25,7 @@ import (
 	"github.com/gozt/gozt/identity/ca"
 	"github.com/gozt/gozt/identity/certs"
 	"github.com/gozt/gozt/internal/istiogrpc"
+	"github.com/gozt/gozt/internal/netpoll"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/proxy"
 	"github.com/gozt/gozt/xds"
@@ -63,6 +64,9 @@ type soakNode struct {
 	reg   *prometheus.Registry
 	certs *certs.Manager
 	ca    ca.Client
+	// poller is the node's own, closed by kill: node-b is restarted under a testing.TB
+	// whose Cleanup does nothing, so each incarnation must close what it opened.
+	poller netpoll.Poller
 
 	stopBG  context.CancelFunc
 	bg      sync.WaitGroup
@@ -88,7 +92,12 @@ func startSoakNode(tb testing.TB, name string, cfg proxy.Config, adsAddr, caAddr
 	cfg.Logger = quiet
 	wireHBONE(&cfg, met, store)
 	if cfg.Poller == nil {
-		cfg.Poller = nodePoller(tb)
+		if perSocket {
+			cfg.Poller = netpoll.PerSocket{}
+		} else if cfg.Poller, err = netpoll.New(); err != nil {
+			tb.Fatalf("%s: poller: %v", name, err)
+		}
+		n.poller = cfg.Poller
 	}
 	n.proxy = proxy.New(cfg, store, n.certs, met)
 	var listenErr error
@@ -101,6 +110,9 @@ func startSoakNode(tb testing.TB, name string, cfg proxy.Config, adsAddr, caAddr
 	if listenErr != nil {
 		n.certs.Close()
 		n.ca.Close()
+		if n.poller != nil {
+			n.poller.Close()
+		}
 		tb.Fatalf("%s: listen: %v", name, listenErr)
 	}
 	if a, ok := n.proxy.Addrs()[proxy.ListenerSocks5]; ok {
@@ -133,6 +145,9 @@ func (n *soakNode) kill() {
 		n.bg.Wait()
 		n.certs.Close()
 		n.ca.Close()
+		if n.poller != nil {
+			n.poller.Close()
+		}
 	})
 }
 
