@@ -25,8 +25,6 @@ import (
 	"github.com/gozt/gozt/internal/netns/netnstest"
 )
 
-var rsFlag = flag.String("ztunnel-rs", "", "the Rust ztunnel's binary (default $ZTUNNEL_RS)")
-
 // The two programs. A node runs one of them; goztFIPS is gozt's FIPS 140-3 build
 // (GOFIPS140=v1.0.0, as make image FIPS=1 builds it), which TestFlows also runs beside the
 // Rust ztunnel.
@@ -53,13 +51,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// rsBinary returns the Rust ztunnel's binary from -ztunnel-rs or ZTUNNEL_RS, or "".
-func rsBinary() string {
-	if *rsFlag != "" {
-		return *rsFlag
-	}
-	return os.Getenv("ZTUNNEL_RS")
-}
+// rsBinary returns the Rust ztunnel's binary, $ZTUNNEL_RS, or "".
+func rsBinary() string { return os.Getenv("ZTUNNEL_RS") }
 
 // requirePeers skips t unless both programs can run here: the Rust ztunnel's binary by path,
 // root, ip and iptables. It builds gozt's binary the first time.
