@@ -1,7 +1,8 @@
 // Package deptest enforces the import rules of docs/ARCHITECTURE.md: imports point down,
 // never up. Its test lists every package of the module with `go list -deps` and fails on any
 // import the table below forbids, and on a rule naming a package that no longer exists
-// (which would check nothing).
+// (which would check nothing). Its TestSwitchesDocumented holds docs/TESTING.md's table of
+// test switches to the environment variables and flags the tests read.
 package deptest
 
 import (
