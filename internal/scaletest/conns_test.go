@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -217,7 +216,7 @@ func holdIdle(t *testing.T, bin string, n int) idleResult {
 		} {
 			env = append(env, p.env+"="+ip+":"+p.port)
 		}
-		nd := launch(t, name, ip, &http.Client{Timeout: time.Minute}, exec.Command(bin), append(env, extra...))
+		nd := launch(t, name, ip, &http.Client{Timeout: time.Minute}, "", []string{bin}, append(env, extra...))
 		if _, err := nd.waitReady(time.Minute); err != nil {
 			t.Fatal(err)
 		}
