@@ -178,15 +178,15 @@ func (s *suite) startCapture(ctx context.Context, pg program) (veth, capture *pa
 		if err != nil {
 			return nil, nil, err
 		}
-		undo = append(undo, c.stop)
+		undo = append(undo, stopper(c))
 		capture.children = append(capture.children, c)
 		if capture.adminDial == nil {
 			capture.adminDial = admin.DialContext
 		}
 		select {
 		case err = <-replayed:
-		case <-c.done:
-			err = fmt.Errorf("%s exited (%v); its log ends:\n%s", c.name, c.err, tail(c.logPath, 10))
+		case <-c.Done():
+			err = fmt.Errorf("%s exited (%v); its log ends:\n%s", c.Name, c.Err(), c.Tail(10))
 		case <-time.After(30 * time.Second):
 			err = errors.New("no ZDS connection in 30s")
 		case <-ctx.Done():
@@ -198,7 +198,7 @@ func (s *suite) startCapture(ctx context.Context, pg program) (veth, capture *pa
 		if err := waitReady(ctx, c, "http://127.0.0.1:15021/healthz/ready", admin.DialContext); err != nil {
 			return nil, nil, err
 		}
-		capture.procs = append(capture.procs, Proc{Name: n.name, PID: c.pid()})
+		capture.procs = append(capture.procs, Proc{Name: n.name, PID: c.Pid()})
 	}
 	veth = &path{name: "veth", target: Target{Addr: net.JoinHostPort(capServerIP, capExcludedPort), DialContext: dialA.DialContext}, baselines: []string{"direct"}}
 	return veth, capture, nil

@@ -140,7 +140,7 @@ func (s *suite) startNsPair(ctx context.Context, pr nsPair) (p *path, err error)
 		if err != nil {
 			return nil, err
 		}
-		undo = append(undo, c.stop)
+		undo = append(undo, stopper(c))
 		p.children = append(p.children, c)
 		if err := waitReady(ctx, c, "http://127.0.0.1:15021/healthz/ready", dialers[i].DialContext); err != nil {
 			return nil, err
@@ -148,7 +148,7 @@ func (s *suite) startNsPair(ctx context.Context, pr nsPair) (p *path, err error)
 		if i == 0 {
 			p.adminDial = dialers[0].DialContext
 		}
-		p.procs = append(p.procs, Proc{Name: n.name, PID: c.pid()})
+		p.procs = append(p.procs, Proc{Name: n.name, PID: c.Pid()})
 	}
 	return p, nil
 }

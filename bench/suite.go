@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gozt/gozt/internal/child"
 )
 
 // SuiteConfig configures RunSuite. The zero value runs the full suite (3 repetitions of 5 s
@@ -331,12 +333,12 @@ func (s *suite) startPaths(ctx context.Context) ([]*path, error) {
 // startZtunnelPath starts a pair of ztunnel nodes in front of echo and probes it, or notes
 // why it is left out and returns nil.
 func (s *suite) startZtunnelPath(ctx context.Context, zp ztunnelPair, echo string) *path {
-	var nodes []*child
+	var nodes []*child.Process
 	s.onEnd(func() { stopAll(nodes) })
 	bin, err := s.ztunnelBinary(ctx)
 	var p *path
 	if err == nil {
-		p, err = startZtunnel(ctx, zp, s.cfg.Repo, bin, s.work, echo, func(c *child) { nodes = append(nodes, c) })
+		p, err = startZtunnel(ctx, zp, s.cfg.Repo, bin, s.work, echo, func(c *child.Process) { nodes = append(nodes, c) })
 	}
 	if err == nil {
 		err = probe(ctx, p)

@@ -14,8 +14,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/gozt/gozt/internal/child"
 )
 
 // A path is one way from the client to the echo server, with the processes that make it.
@@ -23,7 +24,7 @@ type path struct {
 	name     string
 	target   Target
 	procs    []Proc
-	children []*child // processes the suite started for this path; their exit ends it
+	children []*child.Process // processes the suite started for this path; their exit ends it
 	// baselines are the paths the report compares this one with; nil: the defaults.
 	baselines []string
 	// rust is the Rust ztunnel's path of the same shape, which the report shows this one's
@@ -37,83 +38,33 @@ type path struct {
 // dead returns an error describing the first of the path's processes that has exited.
 func (p *path) dead() error {
 	for _, c := range p.children {
-		select {
-		case <-c.done:
-			return fmt.Errorf("%s exited (%v); its log ends:\n%s", c.name, c.err, tail(c.logPath, 10))
-		default:
+		if c.Exited() {
+			return fmt.Errorf("%s exited (%v); its log ends:\n%s", c.Name, c.Err(), c.Tail(10))
 		}
 	}
 	return nil
 }
 
-// tail returns the last n lines of a file, indented, or a note that it cannot be read.
-func tail(file string, n int) string {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return "    (" + err.Error() + ")"
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	lines = lines[max(0, len(lines)-n):]
-	return "    " + strings.Join(lines, "\n    ")
-}
+// childGrace is how long a child has to exit after SIGTERM before it is killed.
+const childGrace = 3 * time.Second
 
-// child is a process the suite started, in its own process group so that stopping it also
-// stops anything it started.
-type child struct {
-	name    string
-	logPath string
-	cmd     *exec.Cmd
-	done    chan struct{} // closed when the process has exited
-	err     error         // Wait's result, valid after done
-}
-
-// startChild starts bin with args and extra environment, output to logPath.
-func startChild(name, logPath string, env []string, dir, bin string, args ...string) (*child, error) {
-	logf, err := os.Create(logPath)
+// startChild starts bin with args and extra environment, output to logPath, in a process
+// group of its own so that stopping it also stops anything it started.
+func startChild(name, logPath string, env []string, dir, bin string, args ...string) (*child.Process, error) {
+	c, err := child.Start(child.Spec{Name: name, Args: append([]string{bin}, args...), Env: append(os.Environ(), env...), Dir: dir, Log: logPath, Group: true})
 	if err != nil {
-		return nil, fmt.Errorf("bench: %s log: %w", name, err)
+		return nil, fmt.Errorf("bench: %w", err)
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("bench: start %s: %w", name, err)
-	}
-	c := &child{name: name, logPath: logPath, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		c.err = cmd.Wait()
-		logf.Close()
-		close(c.done)
-	}()
 	return c, nil
 }
 
-func (c *child) pid() int { return c.cmd.Process.Pid }
-
-// stop asks the process group to terminate, then kills it if it has not exited in 3 s. It
-// returns after the process has been reaped and is safe to call more than once.
-func (c *child) stop() {
-	select {
-	case <-c.done:
-		return
-	default:
-	}
-	syscall.Kill(-c.pid(), syscall.SIGTERM)
-	select {
-	case <-c.done:
-	case <-time.After(3 * time.Second):
-		syscall.Kill(-c.pid(), syscall.SIGKILL)
-		<-c.done
-	}
-}
+// stopper is c's Stop, for an undo list.
+func stopper(c *child.Process) func() { return func() { c.Stop(childGrace) } }
 
 // stopAll stops children in the reverse of their start order.
-func stopAll(children []*child) {
+func stopAll(children []*child.Process) {
 	for i := len(children) - 1; i >= 0; i-- {
-		children[i].stop()
+		children[i].Stop(childGrace)
 	}
 }
 
@@ -254,12 +205,8 @@ func (n ztunnelNode) env(zp ztunnelPair, topology, work string) []string {
 // buildZtunnel builds the ztunnel binary into work and returns its path.
 func buildZtunnel(ctx context.Context, repo, work string) (string, error) {
 	bin := filepath.Join(work, "ztunnel")
-	// As make build: static (no libc mapped) and without gRPC's x/net/trace (see Makefile).
-	build := exec.CommandContext(ctx, "go", "build", "-tags", "grpcnotrace", "-o", bin, "./cmd/ztunnel")
-	build.Dir = repo
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("bench: build ztunnel: %w\n%s", err, out)
+	if err := child.BuildZtunnel(ctx, repo, bin, false); err != nil {
+		return "", fmt.Errorf("bench: %w", err)
 	}
 	return bin, nil
 }
@@ -267,7 +214,7 @@ func buildZtunnel(ctx context.Context, repo, work string) (string, error) {
 // startZtunnel starts the two ztunnel nodes of binary bin, one after the other so that the
 // first creates the shared built-in CA, and waits until both are ready. The client reaches
 // the echo server through node A's SOCKS5 listener, HBONE to node B, and node B's inbound.
-func startZtunnel(ctx context.Context, zp ztunnelPair, repo, bin, work, echoAddr string, track func(*child)) (*path, error) {
+func startZtunnel(ctx context.Context, zp ztunnelPair, repo, bin, work, echoAddr string, track func(*child.Process)) (*path, error) {
 	p := &path{name: zp.name, target: Target{Addr: echoAddr, SOCKS5: zp.nodes[0].ip + ":15080"}}
 	topology, err := zp.topology(repo, work)
 	if err != nil {
@@ -288,39 +235,24 @@ func startZtunnel(ctx context.Context, zp ztunnelPair, repo, bin, work, echoAddr
 		if err := waitReady(ctx, c, "http://"+n.ip+":15021/healthz/ready", nil); err != nil {
 			return nil, err
 		}
-		p.procs = append(p.procs, Proc{Name: n.name, PID: c.pid()})
+		p.procs = append(p.procs, Proc{Name: n.name, PID: c.Pid()})
 	}
 	return p, nil
 }
 
 // waitReady polls url until it answers 200, the process exits, or 30 s pass. dial, when
 // not nil, opens the connections (from inside the node's network namespace).
-func waitReady(ctx context.Context, c *child, url string, dial func(context.Context, string, string) (net.Conn, error)) error {
+func waitReady(ctx context.Context, c *child.Process, url string, dial func(context.Context, string, string) (net.Conn, error)) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	client := &http.Client{Timeout: time.Second}
 	if dial != nil {
 		client.Transport = &http.Transport{DialContext: dial, DisableKeepAlives: true}
 	}
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if resp, err := client.Do(req); err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-c.done:
-			return fmt.Errorf("bench: %s exited before it was ready (%v); its log ends:\n%s", c.name, c.err, tail(c.logPath, 10))
-		case <-ctx.Done():
-			return fmt.Errorf("bench: %s not ready at %s: %w", c.name, url, ctx.Err())
-		case <-tick.C:
-		}
+	if err := c.WaitReady(ctx, 100*time.Millisecond, child.HTTPReady(client, url)); err != nil {
+		return fmt.Errorf("bench: %w", err)
 	}
+	return nil
 }
 
 // peers runs peers.sh: "up" starts its chains in front of the echo server; stop runs "down".

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gozt/gozt/internal/child"
 	"github.com/gozt/gozt/internal/testutil"
 )
 
@@ -28,20 +29,20 @@ func TestChildStopKillsItsProcessGroup(t *testing.T) {
 	}
 	var tree []int
 	if err := testutil.Poll(5*time.Second, func() error { // for the shell to fork: nothing to wait on
-		if tree = processTree(c.pid()); len(tree) < 2 {
+		if tree = processTree(c.Pid()); len(tree) < 2 {
 			return fmt.Errorf("process tree %v; want the shell and its sleep", tree)
 		}
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	p := &path{name: "tree", children: []*child{c}}
+	p := &path{name: "tree", children: []*child.Process{c}}
 	if err := p.dead(); err != nil {
 		t.Fatalf("running path reported dead: %v", err)
 	}
 	start := time.Now()
-	c.stop()
-	c.stop() // idempotent
+	c.Stop(childGrace)
+	c.Stop(childGrace) // idempotent
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("stop took %v", d)
 	}
@@ -68,8 +69,8 @@ func TestDeadPathReportsExitAndLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-c.done
-	err = (&path{children: []*child{c}}).dead()
+	<-c.Done()
+	err = (&path{children: []*child.Process{c}}).dead()
 	if err == nil || !strings.Contains(err.Error(), "exit status 3") || !strings.Contains(err.Error(), "panic: boom") {
 		t.Fatalf("dead() = %v; want the exit status and the log's last lines", err)
 	}

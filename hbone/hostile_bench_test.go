@@ -1,181 +1,39 @@
 package hbone
 
 import (
-	"bufio"
 	"bytes"
-	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"flag"
-	"fmt"
 	"io"
-	"net"
-	"os"
-	"os/exec"
 	"runtime"
 	"slices"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gozt/gozt/hbone/internal/testcert"
-	"golang.org/x/net/http2"
-	"golang.org/x/sys/unix"
+	"github.com/gozt/gozt/internal/attack"
 )
 
-// floodConn is what one hostile connection sends, frame after frame, until the server
-// ends the connection.
-type floodConn func(p *rawPeer, i int) error
-
-var floods = []struct {
-	name string
-	send floodConn
-}{
-	{"rapid-reset", func(p *rawPeer, i int) error {
-		id := uint32(2*i + 1)
-		if err := p.headers(id, false, ":method", "CONNECT", ":authority", "10.0.0.1:80"); err != nil {
-			return err
-		}
-		return p.write(func() error { return p.fr.WriteRSTStream(id, http2.ErrCodeCancel) })
-	}},
-	// CONNECTs to the live backend, never answered with a byte or a WINDOW_UPDATE: each
-	// holds a handler, a backend socket and its stream until the connection ends.
-	{"connect-flood", func(p *rawPeer, i int) error {
-		return p.headers(uint32(2*i+1), false, ":method", "CONNECT", ":authority", "10.0.0.1:80")
-	}},
-	{"ping", func(p *rawPeer, i int) error {
-		return p.write(func() error { return p.fr.WritePing(false, [8]byte{byte(i)}) })
-	}},
-	{"settings", func(p *rawPeer, i int) error { return p.write(func() error { return p.fr.WriteSettings() }) }},
-	{"empty-data", func(p *rawPeer, i int) error {
-		if i == 0 {
-			if err := p.headers(1, false, ":method", "CONNECT", ":authority", "10.0.0.1:80"); err != nil {
-				return err
-			}
-		}
-		return p.write(func() error { return p.fr.WriteData(1, false, nil) })
-	}},
-}
-
-// flood runs one attacker against addr until stop closes: over an mTLS connection it sends
-// send(p, 0), send(p, 1), ... until the server ends the connection, then starts again on
-// a new one. With a nil send it only handshakes, again and again. ops counts the frames
-// sent and the connections opened.
-func flood(addr string, cfg *tls.Config, send floodConn, stop <-chan struct{}, ops *atomic.Int64) {
-	for {
-		select {
-		case <-stop:
-			return
-		default:
-		}
-		tc, err := tls.Dial("tcp", addr, cfg)
-		ops.Add(1)
-		if err != nil || send == nil {
-			if tc != nil {
-				tc.Close()
-			}
-			continue // a refused handshake is the server's answer too
-		}
-		p := newRawPeer(tc, true)
-		go func() {
-			for range p.frames {
-			}
-		}()
-		for i := 0; ; i++ {
-			if send(p, i) != nil {
-				break
-			}
-			ops.Add(1)
-			select {
-			case <-stop:
-				i = -2
-			default:
-			}
-			if i < 0 {
-				break
-			}
-		}
-		tc.Close()
-		<-p.done
-	}
-}
-
-// handshakeFlood opens TCP connections to addr that never start TLS (half of them after a
-// few bytes of a ClientHello), keeping up to hold of them open, until stop closes.
-func handshakeFlood(addr string, hold int, stop <-chan struct{}, ops *atomic.Int64) {
-	var open []net.Conn
-	defer func() {
-		for _, c := range open {
-			c.Close()
-		}
-	}()
-	for n := 0; ; {
-		select {
-		case <-stop:
-			return
-		case <-time.After(time.Millisecond):
-		}
-		if len(open) == hold {
-			open[0].Close()
-			open = open[1:]
-		}
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			continue
-		}
-		if n%2 == 1 {
-			c.Write([]byte{0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00})
-		}
-		open = append(open, c)
-		n++
-		ops.Add(1)
-	}
-}
-
-// attacks are the hostile peers BenchmarkVictimUnderAttack sets on the server, between
-// two controls: "none", and "spin", an attacker process that only burns the CPU it is
-// given. A VM's idle vCPUs halt to the host, and a message that finds one asleep waits for
-// it to wake (docs/PERFORMANCE.md): any busy process, at whatever priority, keeps them
-// awake and so makes the victim faster. The attacks are compared with "spin".
-var attacks = func() []string {
-	names := []string{"none", "spin"}
-	for _, f := range floods {
-		names = append(names, f.name)
-	}
-	return append(names, "no-tls", "untrusted-cert", "spin-again", "none-again")
-}()
-
-// runAttack runs attack name against addr until stop closes, presenting cert (the
-// "untrusted-cert" attack makes one of its own CA instead).
-func runAttack(name, addr string, cert tls.Certificate, stop <-chan struct{}, ops *atomic.Int64) {
-	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, NextProtos: []string{"h2"}}
-	switch name {
-	case "spin", "spin-again":
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-				ops.Add(1)
-			}
-		}
-	case "no-tls":
-		handshakeFlood(addr, 500, stop, ops)
-		return
-	case "untrusted-cert":
-		flood(addr, testcert.NewCA().ClientConfig(clientID), nil, stop, ops)
-		return
-	}
-	for _, f := range floods {
-		if f.name == name {
-			flood(addr, cfg, f.send, stop, ops)
-			return
-		}
-	}
-	panic("unknown attack " + name)
+// attacks are the hostile peers BenchmarkVictimUnderAttack sets on the server: each is
+// an internal/attack kind run two at a time (two connections, or two threads), its
+// HTTP/2 floods reading what the server sends as a client does. Between them run two
+// controls: "none", and "spin", an attacker process that only burns the CPU it is given
+// (burn, at the attacker's scheduling). A VM's idle vCPUs halt to the host, and a message
+// that finds one asleep waits for it to wake (docs/PERFORMANCE.md): any busy process, at
+// whatever priority, keeps them awake and so makes the victim faster. The attacks are
+// compared with "spin".
+var attacks = []struct{ name, kind string }{
+	{"none", ""},
+	{"spin", "burn"},
+	{"rapid-reset", "rapid-reset"},
+	{"connect-flood", "open-streams"}, // never answered with a byte or a WINDOW_UPDATE: each holds a handler, a backend socket and its stream
+	{"ping", "ping"},
+	{"settings", "settings"},
+	{"empty-data", "empty-data"},
+	{"no-tls", "no-tls"},
+	{"untrusted-cert", "handshakes"}, // with a certificate of a CA the server does not trust
+	{"spin-again", "burn"},
+	{"none-again", ""},
 }
 
 var (
@@ -183,156 +41,43 @@ var (
 	victimCPU   = flag.Int("victim.attackcpu", -1, "BenchmarkVictimUnderAttack: pin the attacker process to this CPU (-1: any)")
 )
 
-// Set by the benchmark in the attacker process it starts.
-const (
-	attackerEnv     = "HBONE_ATTACKER"      // attack name
-	attackerAddrEnv = "HBONE_ATTACKER_ADDR" // server address
-	attackerCertEnv = "HBONE_ATTACKER_CERT" // client certificate and key, PEM
-)
-
 // TestAttackerProcess is not a test: it is the attacker process BenchmarkVictimUnderAttack
-// starts from this test binary. It runs two attackers until its standard input closes,
-// then prints how many operations (frames, connections) they did.
+// starts from this test binary (attack.Main).
 func TestAttackerProcess(t *testing.T) {
-	name := os.Getenv(attackerEnv)
-	if name == "" {
+	if !attack.Child() {
 		t.Skip("run by BenchmarkVictimUnderAttack")
 	}
-	cert, err := tls.X509KeyPair([]byte(os.Getenv(attackerCertEnv)), []byte(os.Getenv(attackerCertEnv)))
-	if err != nil {
+	if err := attack.Main(); err != nil {
 		t.Fatal(err)
 	}
-	stop := make(chan struct{})
-	var ops atomic.Int64
-	var wg sync.WaitGroup
-	for range 2 {
-		wg.Add(1)
-		go func() { defer wg.Done(); runAttack(name, os.Getenv(attackerAddrEnv), cert, stop, &ops) }()
-	}
-	for ops.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	ops0, cpu0 := ops.Load(), selfCPU()
-	fmt.Println("ready")
-	io.Copy(io.Discard, os.Stdin)
-	close(stop)
-	wg.Wait()
-	fmt.Println("ops", ops.Load()-ops0, selfCPU()-cpu0)
 }
 
-// attacker is an attacker process started by startAttacker.
-type attacker struct {
-	cmd    *exec.Cmd
-	stdin  io.Closer
-	stdout io.Reader
-	out    *bufio.Scanner
-	start  time.Time
-}
-
-// startAttacker runs attack name against addr in a child process scheduled as
-// -victim.attacker and -victim.attackcpu say, and returns once it is attacking. The child
-// is forked from a thread given that policy and affinity, so each of its threads has them:
-// Linux schedules threads, and they inherit both from the thread that made them.
-func startAttacker(b *testing.B, name, addr string) *attacker {
+// startAttacker runs attack kind against addr in a child process scheduled as
+// -victim.attacker and -victim.attackcpu say, and returns once it is attacking.
+func startAttacker(b *testing.B, name, kind, addr string) *attack.Attacker {
 	b.Helper()
-	exe, err := os.Executable()
+	cert := cliTLS.Certificates[0]
+	if name == "untrusted-cert" {
+		cert = testcert.NewCA().Issue(clientID)
+	}
+	certPEM, err := attack.CertPEM(cert)
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := cliTLS.Certificates[0]
-	key, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
-	if err != nil {
-		b.Fatal(err)
+	s := attack.Spec{
+		Test: "TestAttackerProcess", Kind: kind, Addr: addr, Dst: "10.0.0.1:80", CertPEM: certPEM,
+		Parallel: 2, Read: true, Sched: *victimSched,
 	}
-	pemCert := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]})
-	pemCert = append(pemCert, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key})...)
-	a := &attacker{cmd: exec.Command(exe, "-test.run=^TestAttackerProcess$", "-test.v=false")}
-	a.cmd.Env = append(os.Environ(), attackerEnv+"="+name, attackerAddrEnv+"="+addr, attackerCertEnv+"="+string(pemCert))
-	a.cmd.Stderr = os.Stderr
-	stdin, err := a.cmd.StdinPipe()
-	if err != nil {
-		b.Fatal(err)
+	if *victimCPU >= 0 {
+		s.Affinity = []int{*victimCPU}
 	}
-	stdout, err := a.cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	a.stdin, a.stdout, a.out = stdin, stdout, bufio.NewScanner(stdout)
-
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		if err := scheduleThread(*victimSched, *victimCPU); err != nil {
-			started <- err
-			return
-		}
-		started <- a.cmd.Start()
-	}()
-	if err := <-started; err != nil {
-		b.Fatalf("attacker %s: %v", name, err)
-	}
-	if !a.out.Scan() || a.out.Text() != "ready" {
-		a.stdin.Close()
-		a.cmd.Wait()
-		b.Fatalf("attacker %s did not start: %q", name, a.out.Text())
-	}
-	a.start = time.Now()
-	return a
-}
-
-// scheduleThread gives the calling thread policy ("idle", "nice" or "normal") and, if
-// cpu >= 0, that one CPU.
-func scheduleThread(policy string, cpu int) error {
-	switch policy {
-	case "idle":
-		if err := unix.SchedSetAttr(0, &unix.SchedAttr{Policy: unix.SCHED_IDLE}, 0); err != nil {
-			return fmt.Errorf("SCHED_IDLE: %w", err)
-		}
-	case "nice":
-		if err := unix.Setpriority(unix.PRIO_PROCESS, 0, 19); err != nil { // 0: this thread
-			return fmt.Errorf("nice 19: %w", err)
-		}
-	case "normal":
-	default:
-		return fmt.Errorf("-victim.attacker=%q: want idle, nice or normal", policy)
-	}
-	if cpu >= 0 {
-		var set unix.CPUSet
-		set.Set(cpu)
-		if err := unix.SchedSetaffinity(0, &set); err != nil {
-			return fmt.Errorf("CPU %d: %w", cpu, err)
-		}
-	}
-	return nil
-}
-
-// stop ends the attack and returns its operations per second and the CPU seconds the
-// attacker process used per second, both counted from when it said it was ready.
-func (a *attacker) stop(b *testing.B) (opsPerSec, cpu float64) {
-	b.Helper()
-	a.stdin.Close()
-	var ops int64
-	for a.out.Scan() {
-		if _, err := fmt.Sscanf(a.out.Text(), "ops %d %g", &ops, &cpu); err == nil {
-			break
-		}
-	}
-	io.Copy(io.Discard, a.stdout)
-	if err := a.cmd.Wait(); err != nil {
-		b.Fatalf("attacker: %v", err)
-	}
-	secs := time.Since(a.start).Seconds()
-	return float64(ops) / secs, cpu / secs
-}
-
-func cpuSeconds(ru *syscall.Rusage) float64 {
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+	return attack.Start(b, s)
 }
 
 func selfCPU() float64 {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return cpuSeconds(&ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }
 
 // BenchmarkVictimUnderAttack measures a well-behaved client's 1 KiB round trips (through
@@ -348,8 +93,8 @@ func selfCPU() float64 {
 func BenchmarkVictimUnderAttack(b *testing.B) {
 	testCA()
 	var noneP99, spinP99 time.Duration
-	for _, name := range attacks {
-		b.Run(name, func(b *testing.B) {
+	for _, at := range attacks {
+		b.Run(at.name, func(b *testing.B) {
 			backend, stopBackend := tcpEcho(b)
 			defer stopBackend()
 			e := newEnv(b, ServerConfig{}, proxyTo(backend))
@@ -361,9 +106,9 @@ func BenchmarkVictimUnderAttack(b *testing.B) {
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
 			heap0 := ms.HeapInuse
-			var a *attacker
-			if !strings.HasPrefix(name, "none") {
-				a = startAttacker(b, name, e.ln.Addr().String())
+			var a *attack.Attacker
+			if at.kind != "" {
+				a = startAttacker(b, at.name, at.kind, e.ln.Addr().String())
 			}
 			lat := make([]time.Duration, 0, b.N)
 			cpu0, wall0 := selfCPU(), time.Now()
@@ -382,13 +127,13 @@ func BenchmarkVictimUnderAttack(b *testing.B) {
 			cpu := (selfCPU() - cpu0) / time.Since(wall0).Seconds()
 			runtime.ReadMemStats(&ms)
 			if a != nil {
-				ops, acpu := a.stop(b)
+				ops, acpu := a.Stop(b)
 				b.ReportMetric(ops, "attack-ops/s")
 				b.ReportMetric(acpu, "attacker-cpu")
 			}
 			slices.Sort(lat)
 			p99 := lat[len(lat)*99/100]
-			switch name {
+			switch at.name {
 			case "none":
 				noneP99 = p99
 			case "spin":

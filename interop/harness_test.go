@@ -11,21 +11,18 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gozt/gozt/identity/ca/catest"
+	"github.com/gozt/gozt/internal/child"
 	"github.com/gozt/gozt/internal/netns"
 	"github.com/gozt/gozt/internal/netns/netnstest"
 )
-
-var rsFlag = flag.String("ztunnel-rs", "", "the Rust ztunnel's binary (default $ZTUNNEL_RS)")
 
 // The two programs. A node runs one of them; goztFIPS is gozt's FIPS 140-3 build
 // (GOFIPS140=v1.0.0, as make image FIPS=1 builds it), which TestFlows also runs beside the
@@ -53,13 +50,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// rsBinary returns the Rust ztunnel's binary from -ztunnel-rs or ZTUNNEL_RS, or "".
-func rsBinary() string {
-	if *rsFlag != "" {
-		return *rsFlag
-	}
-	return os.Getenv("ZTUNNEL_RS")
-}
+// rsBinary returns the Rust ztunnel's binary, $ZTUNNEL_RS, or "".
+func rsBinary() string { return os.Getenv("ZTUNNEL_RS") }
 
 // requirePeers skips t unless both programs can run here: the Rust ztunnel's binary by path,
 // root, ip and iptables. It builds gozt's binary the first time.
@@ -79,10 +71,8 @@ func requirePeers(t *testing.T) {
 		}
 		goztBin, goztFIPSBin = filepath.Join(buildDir, "ztunnel"), filepath.Join(buildDir, "ztunnel-fips")
 		for bin, env := range map[string][]string{goztBin: nil, goztFIPSBin: {"GOFIPS140=v1.0.0"}} {
-			cmd := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", bin, "github.com/gozt/gozt/cmd/ztunnel")
-			cmd.Env = append(append(os.Environ(), "CGO_ENABLED=0"), env...)
-			if out, err := cmd.CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("%s go build ./cmd/ztunnel: %v\n%s", env, err, out)
+			if err := child.BuildZtunnel(context.Background(), "..", bin, false, env...); err != nil {
+				buildErr = fmt.Errorf("%s %w", env, err)
 				return
 			}
 		}
@@ -223,9 +213,7 @@ func (c *ca) env(prog string) map[string]string {
 type node struct {
 	prog string
 	host *host
-	log  string
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited
+	*child.Process
 }
 
 // startNode starts prog inside h with env (and the machine's environment) and waits until
@@ -240,85 +228,52 @@ func startNode(t *testing.T, prog string, h *host, env map[string]string) *node 
 // startProcess starts prog inside h and returns without waiting for readiness.
 func startProcess(t *testing.T, prog string, h *host, env map[string]string) *node {
 	t.Helper()
-	n := &node{prog: prog, host: h, log: filepath.Join(t.TempDir(), prog+".log"), done: make(chan struct{})}
-	logf, err := os.Create(n.log)
-	if err != nil {
-		t.Fatal(err)
+	n := &node{prog: prog, host: h}
+	spec := child.Spec{
+		Name: prog + " node in " + h.Name,
+		// ip netns exec execs the binary: the child is ztunnel itself, and
+		// /etc/netns/<name>/ files (resolv.conf) are bind-mounted over /etc for it.
+		Args: []string{"ip", "netns", "exec", h.Name, binary(prog)},
+		Env:  os.Environ(),
+		Dir:  t.TempDir(),
+		Log:  filepath.Join(t.TempDir(), prog+".log"),
+		// Group: SIGTERM reaches ztunnel through ip netns exec.
+		Group: true,
 	}
-	// ip netns exec execs the binary: the child is ztunnel itself, and /etc/netns/<name>/
-	// files (resolv.conf) are bind-mounted over /etc for it.
-	n.cmd = exec.Command("ip", "netns", "exec", h.Name, binary(prog))
-	n.cmd.Dir = t.TempDir()
-	n.cmd.Env = os.Environ()
 	for k, v := range env {
-		n.cmd.Env = append(n.cmd.Env, k+"="+v)
+		spec.Env = append(spec.Env, k+"="+v)
 	}
-	n.cmd.Stdout, n.cmd.Stderr = logf, logf
-	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := n.cmd.Start(); err != nil {
-		logf.Close()
+	var err error
+	if n.Process, err = child.Start(spec); err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		n.cmd.Wait()
-		logf.Close()
-		close(n.done)
-	}()
 	t.Cleanup(func() {
-		n.stop()
+		n.Stop(5 * time.Second)
 		if t.Failed() {
-			t.Logf("%s node in %s, log ends:\n%s", prog, h.Name, n.tail(40))
+			t.Logf("%s, log ends:\n%s", n.Name, n.Tail(40))
 		}
 	})
 	return n
 }
 
-// stop sends SIGTERM, then SIGKILL after 5 s, and waits for the process.
-func (n *node) stop() {
-	select {
-	case <-n.done:
-		return
-	default:
-	}
-	syscall.Kill(-n.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-n.done:
-	case <-time.After(5 * time.Second):
-		syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
-		<-n.done
-	}
-}
-
-func (n *node) tail(lines int) string {
-	b, _ := os.ReadFile(n.log)
-	l := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	return "    " + strings.Join(l[max(0, len(l)-lines):], "\n    ")
-}
-
 // logLines returns the lines of the node's output so far.
 func (n *node) logLines() []string {
-	b, _ := os.ReadFile(n.log)
-	return strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Split(strings.TrimRight(n.Output(), "\n"), "\n")
 }
 
 func (n *node) waitReady(t *testing.T) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	var last string
-	for time.Now().Before(deadline) {
-		select {
-		case <-n.done:
-			t.Fatalf("%s node exited before it was ready (%v); log:\n%s", n.prog, n.cmd.ProcessState, n.tail(30))
-		default:
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := n.WaitReady(ctx, 100*time.Millisecond, func(context.Context) error {
 		code, body, err := n.get("15021", "/healthz/ready")
-		if err == nil && code == 200 {
-			return
+		if err == nil && code != 200 {
+			err = fmt.Errorf("%d %s", code, strings.TrimSpace(body))
 		}
-		last = fmt.Sprint(code, " ", strings.TrimSpace(body), " ", err)
-		time.Sleep(100 * time.Millisecond)
+		return err
+	}); err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("%s node not ready in 30s (last: %s); log:\n%s", n.prog, last, n.tail(30))
 }
 
 // get fetches path from one of the node's own ports on its loopback.

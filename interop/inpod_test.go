@@ -164,10 +164,10 @@ func startInPodNode(t *testing.T, prog, nodeName string, c *ca, config string, p
 		if err != nil {
 			t.Fatalf("%s: ZDS snapshot: %v", prog, err)
 		}
-	case <-n.done:
-		t.Fatalf("%s exited before it took the pods; log:\n%s", prog, n.tail(30))
+	case <-n.Done():
+		t.Fatalf("%s exited before it took the pods; log:\n%s", prog, n.Tail(30))
 	case <-time.After(30 * time.Second):
-		t.Fatalf("%s did not connect to the ZDS agent in 30s; log:\n%s", prog, n.tail(30))
+		t.Fatalf("%s did not connect to the ZDS agent in 30s; log:\n%s", prog, n.Tail(30))
 	}
 	n.waitReady(t)
 	return n

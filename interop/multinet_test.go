@@ -115,7 +115,7 @@ func TestDoubleHBONE(t *testing.T) {
 				deadline := time.Now().Add(5 * time.Second)
 				for !slices.ContainsFunc(m.nodeB.logLines(), func(l string) bool { return strings.Contains(l, "src.network=net1") }) {
 					if time.Now().After(deadline) {
-						t.Errorf("gozt server's access log has no src.network=net1 (the %s client's x-forwarded-network):\n%s", pair[0], m.nodeB.tail(10))
+						t.Errorf("gozt server's access log has no src.network=net1 (the %s client's x-forwarded-network):\n%s", pair[0], m.nodeB.Tail(10))
 						break
 					}
 					time.Sleep(50 * time.Millisecond)

@@ -86,7 +86,7 @@ func TestAccessLogJSON(t *testing.T) {
 			var k [2]map[string]bool
 			for i, n := range []*node{m.nodeA, m.nodeB} {
 				if !eventually(func() bool { k[i] = jsonAccessKeys(t, n); return k[i] != nil }) {
-					t.Fatalf("%s: no JSON access record of a completed connection:\n%s", prog, n.tail(10))
+					t.Fatalf("%s: no JSON access record of a completed connection:\n%s", prog, n.Tail(10))
 				}
 			}
 			keys[prog] = k
@@ -187,7 +187,7 @@ func observe(t *testing.T, n *node) view {
 	v.admin["GET /quitquitquit"] = answer(http.MethodGet, "15000", "/quitquitquit")
 	v.admin["POST /quitquitquit"] = answer(http.MethodPost, "15000", "/quitquitquit")
 	select {
-	case <-n.done:
+	case <-n.Done():
 		v.admin["process after POST /quitquitquit"] = "exited"
 	case <-time.After(15 * time.Second):
 		v.admin["process after POST /quitquitquit"] = "still running after 15s"

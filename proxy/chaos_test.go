@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -67,7 +66,7 @@ func echoSeed(i uint64) uint64 { return 2*chaosConns + i }
 
 // TestChaosMixedConnections runs many concurrent connections through SOCKS5, node A, HBONE
 // and node B to backends, each ending in one of six ways picked by a seeded random source
-// (CHAOS_SEED to replay one): clean echoes, half-closes in either order, resets from
+// (TEST_SEED to replay one): clean echoes, half-closes in either order, resets from
 // either end, a slow reader, an idle close. Connections that end cleanly must carry
 // exactly the bytes sent and end with EOF; aborted ones must end promptly at the other
 // end. Afterwards both nodes must have recorded every connection closed, and no
@@ -75,14 +74,7 @@ func echoSeed(i uint64) uint64 { return 2*chaosConns + i }
 func TestChaosMixedConnections(t *testing.T) {
 	leaktest.Check(t)
 	checkFDs(t)
-	seed := rand.Uint64()
-	if s := os.Getenv("CHAOS_SEED"); s != "" {
-		var err error
-		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
-			t.Fatalf("CHAOS_SEED=%q: %v", s, err)
-		}
-	}
-	t.Logf("seed %d (replay with CHAOS_SEED=%d)", seed, seed)
+	seed := testSeed(t)
 	plans := chaosPlans(seed)
 
 	m := startMesh(t)

@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -547,4 +549,19 @@ func closedPort(t *testing.T, ip string) uint16 {
 	}
 	defer ln.Close()
 	return uint16(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// testSeed is a randomized test's seed: $TEST_SEED if set (to replay a run), else a random
+// one, logged either way.
+func testSeed(t *testing.T) uint64 {
+	t.Helper()
+	seed := rand.Uint64()
+	if s := os.Getenv("TEST_SEED"); s != "" {
+		var err error
+		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
+			t.Fatalf("TEST_SEED=%q: %v", s, err)
+		}
+	}
+	t.Logf("seed %d (replay with TEST_SEED=%d)", seed, seed)
+	return seed
 }

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -83,7 +82,7 @@ func (k soakKind) String() string {
 	return [...]string{"echo", "server-first", "long", "big-down", "big-up", "client-abort", "backend-reset", "stall", "half-open", "gone", "idle"}[k]
 }
 
-// soakPlan draws connection i from seed alone, so SOAK_SEED replays every connection's
+// soakPlan draws connection i from seed alone, so TEST_SEED replays every connection's
 // shape (not its timing against the faults).
 func soakPlan(seed uint64, i uint64) chaosPlan {
 	rng := rand.New(rand.NewPCG(seed, i))
@@ -214,14 +213,7 @@ func TestSoak(t *testing.T) {
 	}
 	leaktest.Check(t)
 	checkFDs(t)
-	seed := rand.Uint64()
-	if s := os.Getenv("SOAK_SEED"); s != "" {
-		var err error
-		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
-			t.Fatalf("SOAK_SEED=%q: %v", s, err)
-		}
-	}
-	t.Logf("seed %d (replay the connections' shapes with SOAK_SEED=%d)", seed, seed)
+	seed := testSeed(t) // replays the connections' shapes, not their timing against the faults
 
 	m := newSoakMesh(t)
 	root := catest.NewRoot(t, "soak root")

@@ -72,7 +72,8 @@ func BenchmarkVictimUnderAttackNodes(b *testing.B) {
 			}
 			b.StopTimer()
 			if a != nil {
-				b.ReportMetric(a.Stop(b), "attack-ops/s")
+				ops, _ := a.Stop(b)
+				b.ReportMetric(ops, "attack-ops/s")
 			}
 			slices.Sort(lat)
 			p99 := lat[len(lat)*99/100]
@@ -119,7 +120,7 @@ func principalPEM(b *testing.B, m *mesh, principal, peer string) string {
 
 // startNodeAttacker starts the attacker process (attack.Main) against node B's 15008.
 func startNodeAttacker(b *testing.B, kind, addr, target, certPEM string) *attack.Attacker {
-	return attack.Start(b, "TestNodeAttackerProcess", kind, addr, target, certPEM)
+	return attack.Start(b, attack.Spec{Test: "TestNodeAttackerProcess", Kind: kind, Addr: addr, Dst: target, CertPEM: certPEM})
 }
 
 // TestNodeAttackerProcess is not a test: it is the attacker process of the victim
@@ -185,7 +186,8 @@ func BenchmarkVictimOpenStreams(b *testing.B) {
 					b.Fatal(err)
 				}
 				if a != nil {
-					b.ReportMetric(a.Stop(b), "attack-ops/s")
+					ops, _ := a.Stop(b)
+					b.ReportMetric(ops, "attack-ops/s")
 				}
 				if name == "none" {
 					noneP99 = v.P99

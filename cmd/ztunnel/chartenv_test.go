@@ -219,7 +219,7 @@ func TestChartCommandLine(t *testing.T) {
 	}
 	p := startProc(t, "ztunnel", environ(vars), bin, "proxy", "ztunnel")
 	p.waitOutput(t, `"msg":"ztunnel started"`, 20*time.Second)
-	logs := p.out.String()
+	logs := p.Output()
 	for _, v := range []string{"INPOD_ENABLED", "RUST_BACKTRACE"} {
 		if !strings.Contains(logs, `"level":"INFO","msg":"chart variable accepted, not acted on","variable":"`+v) {
 			t.Errorf("no INFO line for %s:\n%s", v, logs)

@@ -151,8 +151,8 @@ func TestFIPSNodes(t *testing.T) {
 			// The refusals are counted and the first is logged as a WARN that names the rule (the
 			// next of the same reason only later: proxy/handshake.go), the RSA key's included.
 			nodeB.waitOutput(t, `level=WARN msg="proxy: inbound TLS handshake failed" peer=127.0.0.1:`, 10*time.Second)
-			if want := `reason=not_fips_approved err="tls: no key exchanges supported by both client and server"`; !strings.Contains(nodeB.out.String(), want) {
-				t.Errorf("node B's WARN lacks %q:\n%s", want, nodeB.out.String())
+			if want := `reason=not_fips_approved err="tls: no key exchanges supported by both client and server"`; !strings.Contains(nodeB.Output(), want) {
+				t.Errorf("node B's WARN lacks %q:\n%s", want, nodeB.Output())
 			}
 			notApproved := map[string]string{"reason": "not_fips_approved"}
 			waitMetric(t, b, "B", "hbone_tls_handshake_failures_total", notApproved, 2)
@@ -236,7 +236,7 @@ func checkFIPSReported(t *testing.T, ns *netnstest.NS, p *proc, want fipsState) 
 	f := dump.Version.FIPS
 	if f.Enabled != fips || f.Enforced || f.Module != want.Module || !strings.HasPrefix(f.Build, want.Build) || dump.Config.KernelTLS == fips || dump.KernelTLS.Enabled == fips {
 		t.Errorf("%s /config_dump: version.fips140 %+v, config.KernelTLS %v, kernelTls.enabled %v; want FIPS 140-3 mode %v and kernel TLS %v",
-			p.name, f, dump.Config.KernelTLS, dump.KernelTLS.Enabled, fips, !fips)
+			p.Name, f, dump.Config.KernelTLS, dump.KernelTLS.Enabled, fips, !fips)
 	}
 }
 

@@ -57,7 +57,10 @@ func TestInPodOpenStreamsBench(t *testing.T) {
 			}
 			var a *attack.Attacker
 			if name == "open-streams" || name == "burn" {
-				a = attack.Start(t, "TestInPodAttackerProcess", name, inPodB+":15008", echoAddr, certPEM, "ip", "netns", "exec", node.Name)
+				a = attack.Start(t, attack.Spec{
+					Test: "TestInPodAttackerProcess", Kind: name, Addr: inPodB + ":15008", Dst: echoAddr, CertPEM: certPEM,
+					Prefix: []string{"ip", "netns", "exec", node.Name},
+				})
 			}
 			v, err := attack.RoundTrips(victim, trips, 500, 1024)
 			victim.Close()
@@ -66,7 +69,7 @@ func TestInPodOpenStreamsBench(t *testing.T) {
 			}
 			ops := 0.0
 			if a != nil {
-				ops = a.Stop(t)
+				ops, _ = a.Stop(t)
 			}
 			if name == "none" {
 				noneP99 = v.P99

@@ -523,7 +523,7 @@ func TestNetnsDedicated(t *testing.T) {
 		}
 
 		start := time.Now()
-		if err := nodeA.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		if err := nodeA.Signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
 		nodeA.waitOutput(t, "msg=draining", 10*time.Second)

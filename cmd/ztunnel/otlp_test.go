@@ -45,7 +45,7 @@ func TestAccessLogOTLPFromEnvironment(t *testing.T) {
 		"OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20s3cret",
 	}, bin)
 	p.waitOutput(t, `"msg":"ztunnel started"`, 20*time.Second)
-	socks := listenerAddr(t, p.out.String(), "socks5")
+	socks := listenerAddr(t, p.Output(), "socks5")
 
 	c := dialSOCKS(t, socks, echo.Addr().String())
 	if _, err := c.Write([]byte("ping")); err != nil {
@@ -62,7 +62,7 @@ func TestAccessLogOTLPFromEnvironment(t *testing.T) {
 	}
 
 	var line map[string]any
-	for _, l := range strings.Split(p.out.String(), "\n") {
+	for _, l := range strings.Split(p.Output(), "\n") {
 		if strings.Contains(l, `"msg":"connection complete"`) {
 			if err := json.Unmarshal([]byte(l), &line); err != nil {
 				t.Fatalf("JSON access log line %q: %v", l, err)

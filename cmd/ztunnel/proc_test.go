@@ -1,16 +1,16 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/gozt/gozt/internal/child"
 	"github.com/gozt/gozt/internal/testutil"
 )
 
@@ -25,32 +25,19 @@ const raceEnv = "GORACE=atexit_sleep_ms=0"
 // $GOROOT/bin first on PATH, so the go tool is found there.
 func buildZtunnel(t *testing.T) string {
 	t.Helper()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
+	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("the go tool is not on PATH; cannot build the ztunnel binary")
 	}
 	bin := filepath.Join(t.TempDir(), "ztunnel")
-	args := []string{"build", "-tags", buildTags, "-o", bin}
-	if raceBuild {
-		args = append(args, "-race")
-	}
-	out, err := exec.Command(goTool, append(args, ".")...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build ./cmd/ztunnel: %v\n%s", err, out)
+	if err := child.BuildZtunnel(context.Background(), "../..", bin, raceBuild); err != nil {
+		t.Fatal(err)
 	}
 	return bin
 }
 
 // proc is a child process the test owns: stopped with SIGTERM when the test ends (SIGKILL
 // if it has not exited 10s later), its output shown if the test failed.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	out  testutil.SyncBuffer
-	done chan struct{} // closed when the process has exited; err is set then
-	err  error
-	once sync.Once
-}
+type proc struct{ *child.Process }
 
 // startProc starts args[0] with exactly env (plus PATH) as its environment.
 func startProc(t *testing.T, name string, env []string, args ...string) *proc {
@@ -61,39 +48,22 @@ func startProc(t *testing.T, name string, env []string, args ...string) *proc {
 // startProcIn is startProc with workdir as the working directory ("": the test's).
 func startProcIn(t *testing.T, workdir, name string, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, done: make(chan struct{})}
-	p.cmd = exec.Command(args[0], args[1:]...)
-	p.cmd.Dir = workdir
-	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), raceEnv}, env...)
-	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
+	c, err := child.Start(child.Spec{Name: name, Args: args, Env: append([]string{"PATH=" + os.Getenv("PATH"), raceEnv}, env...), Dir: workdir})
+	if err != nil {
+		t.Fatal(err)
 	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
+	p := &proc{c}
 	t.Cleanup(func() {
 		err := p.stop()
 		if t.Failed() {
-			t.Logf("%s exited (%v); its output:\n%s", name, err, p.out.String())
+			t.Logf("%s exited (%v); its output:\n%s", name, err, p.Output())
 		}
 	})
 	return p
 }
 
 // stop sends SIGTERM once and returns the exit error (nil for exit status 0).
-func (p *proc) stop() error {
-	p.once.Do(func() { _ = p.cmd.Process.Signal(syscall.SIGTERM) })
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		return errors.New("did not exit within 10s of SIGTERM; killed")
-	}
-	return p.err
-}
+func (p *proc) stop() error { return p.Stop(10 * time.Second) }
 
 // waitUntil polls ready until it returns nil, failing t with ready's last error and the
 // process's output if the process exits first or within passes.
@@ -101,13 +71,13 @@ func (p *proc) waitUntil(t *testing.T, what string, within time.Duration, ready 
 	t.Helper()
 	err := testutil.Poll(within, func() error {
 		err := ready()
-		if err != nil && p.exited() {
-			t.Fatalf("%s: exited (%v), not %s: %v\n%s", p.name, p.err, what, err, p.out.String())
+		if err != nil && p.Exited() {
+			t.Fatalf("%s: exited (%v), not %s: %v\n%s", p.Name, p.Err(), what, err, p.Output())
 		}
 		return err
 	})
 	if err != nil {
-		t.Fatalf("%s: not %s within %v: %v\n%s", p.name, what, within, err, p.out.String())
+		t.Fatalf("%s: not %s within %v: %v\n%s", p.Name, what, within, err, p.Output())
 	}
 }
 
@@ -115,19 +85,9 @@ func (p *proc) waitUntil(t *testing.T, what string, within time.Duration, ready 
 func (p *proc) waitOutput(t *testing.T, s string, within time.Duration) {
 	t.Helper()
 	p.waitUntil(t, "logged "+s, within, func() error {
-		if !strings.Contains(p.out.String(), s) {
+		if !strings.Contains(p.Output(), s) {
 			return errors.New("not in its output yet")
 		}
 		return nil
 	})
-}
-
-// exited reports whether the process has ended on its own.
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
 }

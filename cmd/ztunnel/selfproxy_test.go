@@ -121,7 +121,7 @@ func TestNetnsSelfProxy(t *testing.T) {
 	t.Run("stats over HBONE", func(t *testing.T) {
 		s, err := pool.Dial(ctx, key, selfZtunnelIP+":15020", nil)
 		if err != nil {
-			t.Fatalf("CONNECT %s:15020 through the self-proxy: %v\n%s", selfZtunnelIP, err, zt.out.String())
+			t.Fatalf("CONNECT %s:15020 through the self-proxy: %v\n%s", selfZtunnelIP, err, zt.Output())
 		}
 		defer s.Close()
 		fmt.Fprintf(s, "GET /stats/prometheus HTTP/1.1\r\nHost: %s:15020\r\nConnection: close\r\n\r\n", selfZtunnelIP)

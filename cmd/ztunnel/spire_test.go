@@ -230,7 +230,7 @@ func TestSpireNotDelegate(t *testing.T) {
 		"ADMIN_ADDR=off", "STATS_ADDR=off", "READINESS_ADDR=off",
 	}, bin)
 	p.waitOutput(t, "caller not configured as an authorized delegate", 30*time.Second)
-	if !strings.Contains(p.out.String(), "does not accept ztunnel as an authorized delegate") {
-		t.Errorf("the refusal is not explained:\n%s", p.out.String())
+	if !strings.Contains(p.Output(), "does not accept ztunnel as an authorized delegate") {
+		t.Errorf("the refusal is not explained:\n%s", p.Output())
 	}
 }

@@ -48,7 +48,7 @@ func TestNodeReexecsWithSysmonPolling(t *testing.T) {
 			env = append(env, tc.given)
 		}
 		p := startBareNode(t, bin, env...)
-		procDir := "/proc/" + strconv.Itoa(p.cmd.Process.Pid)
+		procDir := "/proc/" + strconv.Itoa(p.Pid())
 		environ, err := os.ReadFile(procDir + "/environ")
 		if err != nil {
 			t.Fatal(err)
@@ -66,7 +66,7 @@ func TestNodeReexecsWithSysmonPolling(t *testing.T) {
 			t.Errorf("given %q, the node runs with %q; want [%s]", tc.given, godebug, tc.want)
 		}
 		if err := p.stop(); err != nil {
-			t.Errorf("%s: %v\n%s", tc.given, err, p.out.String())
+			t.Errorf("%s: %v\n%s", tc.given, err, p.Output())
 		}
 	}
 }

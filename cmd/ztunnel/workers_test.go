@@ -60,7 +60,7 @@ func TestNodeRunsWithWorkerThreads(t *testing.T) {
 		{"GOMAXPROCS=5", "threads=5 "},
 	} {
 		p := startBareNode(t, bin, tc.given)
-		if out := p.out.String(); !strings.Contains(out, tc.want) {
+		if out := p.Output(); !strings.Contains(out, tc.want) {
 			t.Errorf("%s: the started line does not say %q:\n%s", tc.given, tc.want, out)
 		}
 		if err := p.stop(); err != nil {

@@ -1,8 +1,9 @@
 // Package attack is attack traffic for tests and benchmarks, and what they measure of the
-// honest client beside it (victim.go). The attacks are a peer with a valid mesh
-// certificate that floods an HBONE server with CONNECTs and one that holds TLS handshakes
-// open; each sends only to the address it is given and stops when told. Nothing in the
-// node links this package.
+// honest client beside it (victim.go). The attacks are peers with a mesh certificate that
+// flood an HBONE server with HTTP/2 frames (CONNECTs, resets, PINGs, SETTINGS, empty
+// DATA) or with TLS handshakes, and peers that hold TCP connections open before or inside
+// the handshake; each sends only to the address it is given and stops when told. Nothing
+// in the node links this package.
 package attack
 
 import (
@@ -12,6 +13,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,11 +21,73 @@ import (
 	"golang.org/x/net/http2/hpack"
 )
 
-// H2Flood keeps one mTLS HTTP/2 connection to addr sending CONNECT dst, one per every (0:
-// as fast as it can), each followed by RST_STREAM(CANCEL) if reset; it never reads. When
-// the server closes the connection it opens another, until stop is closed. ops counts the
-// CONNECTs sent.
-func H2Flood(addr, dst string, cfg *tls.Config, every time.Duration, reset bool, stop <-chan struct{}, ops *atomic.Int64) {
+// A Flood is what one hostile HTTP/2 connection sends on its i'th turn (i = 0, 1, ...).
+type Flood func(w *Writer, i int) error
+
+// Writer writes frames on one flooding connection; the reader (H2Flood's read) answers the
+// server's PINGs and SETTINGS through it too.
+type Writer struct {
+	mu   sync.Mutex // guards fr's writes, enc and hbuf
+	fr   *http2.Framer
+	enc  *hpack.Encoder
+	hbuf bytes.Buffer
+}
+
+func (w *Writer) write(f func(fr *http2.Framer) error) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return f(w.fr)
+}
+
+// connect sends HEADERS opening stream id as a CONNECT to dst.
+func (w *Writer) connect(id uint32, dst string) error {
+	return w.write(func(fr *http2.Framer) error {
+		w.hbuf.Reset()
+		w.enc.WriteField(hpack.HeaderField{Name: ":method", Value: "CONNECT"})
+		w.enc.WriteField(hpack.HeaderField{Name: ":authority", Value: dst})
+		return fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: w.hbuf.Bytes(), EndHeaders: true})
+	})
+}
+
+// Connects opens a new CONNECT stream to dst each turn, reset at once (RST_STREAM(CANCEL))
+// if reset.
+func Connects(dst string, reset bool) Flood {
+	return func(w *Writer, i int) error {
+		id := uint32(2*i + 1)
+		if err := w.connect(id, dst); err != nil || !reset {
+			return err
+		}
+		return w.write(func(fr *http2.Framer) error { return fr.WriteRSTStream(id, http2.ErrCodeCancel) })
+	}
+}
+
+// Pings sends a PING each turn.
+func Pings(w *Writer, i int) error {
+	return w.write(func(fr *http2.Framer) error { return fr.WritePing(false, [8]byte{byte(i)}) })
+}
+
+// Settings sends an empty SETTINGS frame each turn.
+func Settings(w *Writer, _ int) error {
+	return w.write(func(fr *http2.Framer) error { return fr.WriteSettings() })
+}
+
+// EmptyData opens one CONNECT stream to dst and sends an empty DATA frame on it each turn.
+func EmptyData(dst string) Flood {
+	return func(w *Writer, i int) error {
+		if i == 0 {
+			if err := w.connect(1, dst); err != nil {
+				return err
+			}
+		}
+		return w.write(func(fr *http2.Framer) error { return fr.WriteData(1, false, nil) })
+	}
+}
+
+// H2Flood keeps one mTLS HTTP/2 connection to addr sending flood's turns, one per every
+// (0: as fast as it can). With read it reads the server's frames, answering its PINGs
+// and SETTINGS as a client does; without, it never reads. When the server closes the
+// connection it opens another, until stop is closed. ops counts the turns sent.
+func H2Flood(addr string, cfg *tls.Config, flood Flood, every time.Duration, read bool, stop <-chan struct{}, ops *atomic.Int64) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -39,34 +103,72 @@ func H2Flood(addr, dst string, cfg *tls.Config, every time.Duration, reset bool,
 			time.Sleep(10 * time.Millisecond) // refused: the node's answer
 			continue
 		}
-		floodConn(ctx, tc, dst, every, reset, ops)
+		floodConn(ctx, tc, flood, every, read, ops)
 		tc.Close()
 	}
 }
 
-// floodConn sends CONNECTs on one connection until a write fails or ctx ends.
-func floodConn(ctx context.Context, tc net.Conn, dst string, every time.Duration, reset bool, ops *atomic.Int64) {
+// floodConn sends flood's turns on one connection until a write fails or ctx ends.
+func floodConn(ctx context.Context, tc net.Conn, flood Flood, every time.Duration, read bool, ops *atomic.Int64) {
 	defer context.AfterFunc(ctx, func() { tc.Close() })()
-	fr := http2.NewFramer(tc, tc)
-	var hbuf bytes.Buffer
-	enc := hpack.NewEncoder(&hbuf)
-	if _, err := tc.Write([]byte(http2.ClientPreface)); err != nil || fr.WriteSettings() != nil {
+	w := &Writer{fr: http2.NewFramer(tc, tc)}
+	w.enc = hpack.NewEncoder(&w.hbuf)
+	if _, err := tc.Write([]byte(http2.ClientPreface)); err != nil || w.fr.WriteSettings() != nil {
 		return
 	}
+	if read {
+		var wg sync.WaitGroup
+		wg.Go(func() { answer(w, &wg) })
+		defer func() { tc.Close(); wg.Wait() }()
+	}
 	next := time.Now()
-	for id := uint32(1); id < 1<<31; id += 2 {
+	for i := 0; i < 1<<30; i++ {
 		if every > 0 {
 			next = next.Add(every)
 			time.Sleep(time.Until(next))
 		}
-		hbuf.Reset()
-		enc.WriteField(hpack.HeaderField{Name: ":method", Value: "CONNECT"})
-		enc.WriteField(hpack.HeaderField{Name: ":authority", Value: dst})
-		if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hbuf.Bytes(), EndHeaders: true}) != nil {
+		if flood(w, i) != nil {
 			return
 		}
-		if reset && fr.WriteRSTStream(id, http2.ErrCodeCancel) != nil {
+		ops.Add(1)
+	}
+}
+
+// answer reads w's connection until it fails, acknowledging the server's PINGs and
+// SETTINGS in goroutines of wg's (a reader that waited on a write could stall both ends).
+func answer(w *Writer, wg *sync.WaitGroup) {
+	w.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	for {
+		f, err := w.fr.ReadFrame()
+		if err != nil {
 			return
+		}
+		switch f := f.(type) {
+		case *http2.PingFrame:
+			if data := f.Data; !f.IsAck() {
+				wg.Go(func() { w.write(func(fr *http2.Framer) error { return fr.WritePing(true, data) }) })
+			}
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				wg.Go(func() { w.write((*http2.Framer).WriteSettingsAck) })
+			}
+		}
+	}
+}
+
+// Handshakes completes TLS handshakes with addr presenting cfg's certificate, closing
+// each connection at once, until stop is closed. ops counts the connections; a handshake
+// the server refuses counts too (refusing is the work).
+func Handshakes(addr string, cfg *tls.Config, stop <-chan struct{}, ops *atomic.Int64) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		d := tls.Dialer{NetDialer: &net.Dialer{Timeout: time.Second}, Config: cfg}
+		if c, err := d.Dial("tcp", addr); err == nil {
+			c.Close()
 		}
 		ops.Add(1)
 	}
@@ -77,20 +179,45 @@ func floodConn(ctx context.Context, tc net.Conn, dst string, every time.Duration
 // ops counts the connections made.
 func StalledTLS(addr string, cfg *tls.Config, hold int, stop <-chan struct{}, ops *atomic.Int64) {
 	hello := ClientHello(cfg)
+	holdConns(addr, hold, 0, func(int) []byte { return hello }, stop, ops)
+}
+
+// NoTLS opens a TCP connection to addr every millisecond that never starts TLS: every
+// other one sends the first bytes of a ClientHello record and nothing more. It holds up
+// to hold of them open, closing the oldest for each new one past that. ops counts the
+// connections made.
+func NoTLS(addr string, hold int, stop <-chan struct{}, ops *atomic.Int64) {
+	partial := []byte{0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00}
+	holdConns(addr, hold, time.Millisecond, func(n int) []byte { return partial[:7*(n%2)] }, stop, ops)
+}
+
+// holdConns keeps up to hold connections to addr open, the n'th having sent first(n):
+// one opened every every (0: at once until hold, then one replaced every millisecond).
+func holdConns(addr string, hold int, every time.Duration, first func(n int) []byte, stop <-chan struct{}, ops *atomic.Int64) {
 	var open []net.Conn
 	defer func() {
 		for _, c := range open {
 			c.Close()
 		}
 	}()
-	for {
-		select {
-		case <-stop:
-			return
-		default:
+	for n := 0; ; {
+		if every > 0 {
+			select {
+			case <-stop:
+				return
+			case <-time.After(every):
+			}
+		} else {
+			select {
+			case <-stop:
+				return
+			default:
+			}
 		}
 		if len(open) == hold {
-			time.Sleep(time.Millisecond)
+			if every == 0 {
+				time.Sleep(time.Millisecond)
+			}
 			open[0].Close()
 			open = open[1:]
 		}
@@ -98,8 +225,11 @@ func StalledTLS(addr string, cfg *tls.Config, hold int, stop <-chan struct{}, op
 		if err != nil {
 			continue
 		}
-		c.Write(hello)
+		if b := first(n); len(b) > 0 {
+			c.Write(b)
+		}
 		open = append(open, c)
+		n++
 		ops.Add(1)
 	}
 }

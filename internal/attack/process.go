@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -12,7 +13,6 @@ import (
 	"os/exec"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,14 +22,9 @@ import (
 )
 
 // The attacker runs as a process of its own (a test binary re-executed), so that the
-// attacked node's process measures only its own work. Its settings travel in these
-// variables; Attacker starts it and Main is its body.
-const (
-	envKind  = "GOZT_ATTACK"        // what to do (Main)
-	envAddr  = "GOZT_ATTACK_ADDR"   // the HBONE server's address
-	envDst   = "GOZT_ATTACK_TARGET" // the CONNECT authority
-	envCreds = "GOZT_ATTACK_CERT"   // PEM chain and key (CertPEM)
-)
+// attacked node's process measures only its own work. Its Spec travels in this variable,
+// as JSON; Start sets it and Main reads it.
+const envSpec = "GOZT_ATTACK"
 
 // CertPEM is cert's chain and key, PEM, for an attacker process.
 func CertPEM(cert tls.Certificate) (string, error) {
@@ -44,6 +39,27 @@ func CertPEM(cert tls.Certificate) (string, error) {
 	return string(append(out, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key})...)), nil
 }
 
+// Spec is an attacker process: what it does (the kinds are Main's), to whom, and how
+// the machine runs it.
+type Spec struct {
+	Kind    string // what it does (Main)
+	Addr    string // the HBONE server's address
+	Dst     string // the CONNECT authority
+	CertPEM string // the chain and key it presents (CertPEM)
+	// Parallel is how many of the kind run at once (connections for the floods and
+	// handshakes, threads for burn and spin, sets of held connections for stalled-tls and
+	// no-tls); 0 is the kind's own number.
+	Parallel int
+	// Read makes the HTTP/2 floods read the server's frames as a client does, rather than
+	// never reading a byte.
+	Read bool
+
+	Test     string   `json:"-"` // the test function that calls Main in the child
+	Prefix   []string `json:"-"` // goes before the binary on the command line (ip netns exec NAME, say)
+	Sched    string   `json:"-"` // the process's scheduling: "" or "normal", "idle" (SCHED_IDLE), "nice" (nice 19)
+	Affinity []int    `json:"-"` // the CPUs the process may run on (nil: any)
+}
+
 // Attacker is a running attacker process.
 type Attacker struct {
 	cmd   *exec.Cmd
@@ -55,19 +71,22 @@ type Attacker struct {
 // confine): the attacker as a machine of its own rather than a share of the tested one's.
 const EnvCPUs = "ATTACK_CPUS"
 
-// Start runs this test binary again as an attacker process doing kind (see Main) to addr,
-// presenting certPEM, and returns once it attacks. test names the test function that
-// calls Main in the child; prefix, if any, goes before the binary on the command line
-// (ip netns exec NAME, say).
-func Start(tb testing.TB, test, kind, addr, dst, certPEM string, prefix ...string) *Attacker {
+// Start runs this test binary again as the attacker process s says, and returns once it
+// attacks. Sched and Affinity apply to every thread of the process: it is forked from a
+// thread given them, and Linux threads inherit both from the thread that made them.
+func Start(tb testing.TB, s Spec) *Attacker {
 	tb.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	args := append(prefix, exe, "-test.run=^"+test+"$", "-test.v=false", "-test.cpuprofile=")
+	spec, err := json.Marshal(s)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	args := append(append([]string(nil), s.Prefix...), exe, "-test.run=^"+s.Test+"$", "-test.v=false", "-test.cpuprofile=")
 	a := &Attacker{cmd: exec.Command(args[0], args[1:]...)}
-	a.cmd.Env = append(os.Environ(), envKind+"="+kind, envAddr+"="+addr, envDst+"="+dst, envCreds+"="+certPEM)
+	a.cmd.Env = append(os.Environ(), envSpec+"="+string(spec))
 	a.cmd.Stderr = os.Stderr
 	stdin, err := a.cmd.StdinPipe()
 	if err != nil {
@@ -78,8 +97,19 @@ func Start(tb testing.TB, test, kind, addr, dst, certPEM string, prefix ...strin
 		tb.Fatal(err)
 	}
 	a.stdin, a.out = stdin, bufio.NewScanner(stdout)
-	if err := a.cmd.Start(); err != nil {
-		tb.Fatal(err)
+	started := make(chan error, 1)
+	go func() {
+		if s.Sched != "" || s.Affinity != nil {
+			runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+			if err := scheduleThread(s.Sched, s.Affinity); err != nil {
+				started <- err
+				return
+			}
+		}
+		started <- a.cmd.Start()
+	}()
+	if err := <-started; err != nil {
+		tb.Fatalf("attacker %s: %v", s.Kind, err)
 	}
 	if v := os.Getenv(EnvCPUs); v != "" {
 		cpus, err := strconv.ParseFloat(v, 64)
@@ -101,91 +131,116 @@ func Start(tb testing.TB, test, kind, addr, dst, certPEM string, prefix ...strin
 	if !a.out.Scan() || a.out.Text() != "ready" {
 		stdin.Close()
 		a.cmd.Wait()
-		tb.Fatalf("attacker %s did not start: %q", kind, a.out.Text())
+		tb.Fatalf("attacker %s did not start: %q", s.Kind, a.out.Text())
 	}
 	return a
 }
 
-// Stop ends the attack and returns its operations a second.
-func (a *Attacker) Stop(tb testing.TB) float64 {
+// Stop ends the attack and returns its operations a second and the CPU seconds the
+// attacker process used a second, both counted from when it began to attack.
+func (a *Attacker) Stop(tb testing.TB) (opsPerSec, cpu float64) {
 	tb.Helper()
 	a.stdin.Close()
-	var rate float64
 	for a.out.Scan() {
-		if _, err := fmt.Sscanf(a.out.Text(), "ops/s %g", &rate); err == nil {
+		if _, err := fmt.Sscanf(a.out.Text(), "ops/s %g cpu %g", &opsPerSec, &cpu); err == nil {
 			break
 		}
 	}
 	if err := a.cmd.Wait(); err != nil {
 		tb.Fatalf("attacker: %v", err)
 	}
-	return rate
+	return opsPerSec, cpu
 }
 
 // Child reports whether this process is an attacker that Start started.
-func Child() bool { return os.Getenv(envKind) != "" }
+func Child() bool { return os.Getenv(envSpec) != "" }
 
-// Main is the attacker process's body: it attacks as its variables say until its
-// standard input closes, then prints its operations a second. The kinds:
-//   - connect-flood: 4 mTLS connections, each sending a CONNECT every millisecond and
-//     never reading (H2Flood);
+// Main is the attacker process's body: it attacks as its Spec says until its standard
+// input closes, then prints its operations a second and CPU seconds a second. The kinds,
+// with their own Parallel:
+//   - connect-flood: 4 mTLS connections, each sending a CONNECT every millisecond
+//     (H2Flood);
 //   - open-streams: the same as fast as they go;
 //   - rapid-reset: 4 connections sending CONNECT then RST_STREAM as fast as they go;
+//   - ping, settings, empty-data: 4 connections sending PINGs, SETTINGS, or empty DATA
+//     on one CONNECT stream, as fast as they go;
+//   - handshakes: 2 loops of TLS handshakes, each connection closed once done;
 //   - stalled-tls: 2,000 connections that sent a ClientHello and nothing more;
+//   - no-tls: 500 connections, one more a millisecond, that sent nothing or the first
+//     bytes of a ClientHello (NoTLS);
 //   - burn: 4 threads kept busy, sending nothing (the control for a flood's CPU);
 //   - spin: 2 threads kept busy at SCHED_IDLE (the control that only keeps idle vCPUs
 //     awake).
 func Main() error {
-	kind, addr, dst := os.Getenv(envKind), os.Getenv(envAddr), os.Getenv(envDst)
-	creds := []byte(os.Getenv(envCreds))
+	var s Spec
+	if err := json.Unmarshal([]byte(os.Getenv(envSpec)), &s); err != nil {
+		return fmt.Errorf("attack: %s: %w", envSpec, err)
+	}
 	var cfg *tls.Config
-	if len(creds) > 0 {
-		cert, err := tls.X509KeyPair(creds, creds)
+	if s.CertPEM != "" {
+		cert, err := tls.X509KeyPair([]byte(s.CertPEM), []byte(s.CertPEM))
 		if err != nil {
 			return err
 		}
 		cfg = &tls.Config{Certificates: []tls.Certificate{cert}, InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, NextProtos: []string{http2.NextProtoTLS}}
 	}
-	if cfg == nil && !strings.Contains("burn spin", kind) {
-		return errors.New("attack: " + kind + " needs a certificate")
-	}
 	stop := make(chan struct{})
 	var ops atomic.Int64
-	var wg sync.WaitGroup
-	run := func(n int, f func()) {
-		for range n {
-			wg.Go(f)
-		}
+	h2 := func(f Flood, every time.Duration) func() {
+		return func() { H2Flood(s.Addr, cfg, f, every, s.Read, stop, &ops) }
 	}
-	switch kind {
+	var n int
+	var attack func()
+	switch s.Kind {
 	case "connect-flood":
-		run(4, func() { H2Flood(addr, dst, cfg, time.Millisecond, false, stop, &ops) })
+		n, attack = 4, h2(Connects(s.Dst, false), time.Millisecond)
 	case "open-streams":
-		run(4, func() { H2Flood(addr, dst, cfg, 0, false, stop, &ops) })
+		n, attack = 4, h2(Connects(s.Dst, false), 0)
 	case "rapid-reset":
-		run(4, func() { H2Flood(addr, dst, cfg, 0, true, stop, &ops) })
+		n, attack = 4, h2(Connects(s.Dst, true), 0)
+	case "ping":
+		n, attack = 4, h2(Pings, 0)
+	case "settings":
+		n, attack = 4, h2(Settings, 0)
+	case "empty-data":
+		n, attack = 4, h2(EmptyData(s.Dst), 0)
+	case "handshakes":
+		n, attack = 2, func() { Handshakes(s.Addr, cfg, stop, &ops) }
 	case "stalled-tls":
-		run(1, func() { StalledTLS(addr, cfg, 2000, stop, &ops) })
+		n, attack = 1, func() { StalledTLS(s.Addr, cfg, 2000, stop, &ops) }
+	case "no-tls":
+		n, attack = 1, func() { NoTLS(s.Addr, 500, stop, &ops) }
 	case "burn":
-		run(4, func() { Burn(stop, &ops) })
+		n, attack = 4, func() { Burn(stop, &ops) }
 	case "spin":
-		run(2, func() {
+		n, attack = 2, func() {
 			runtime.LockOSThread() // SCHED_IDLE on this thread only
 			idleThread()
 			Burn(stop, &ops)
-		})
+		}
 	default:
-		return fmt.Errorf("attack: unknown kind %q", kind)
+		return fmt.Errorf("attack: unknown kind %q", s.Kind)
+	}
+	if cfg == nil && s.Kind != "burn" && s.Kind != "spin" && s.Kind != "no-tls" {
+		return errors.New("attack: " + s.Kind + " needs a certificate")
+	}
+	if s.Parallel > 0 {
+		n = s.Parallel
+	}
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(attack)
 	}
 	for ops.Load() == 0 {
 		time.Sleep(time.Millisecond)
 	}
-	start, ops0 := time.Now(), ops.Load()
+	start, ops0, cpu0 := time.Now(), ops.Load(), processCPU()
 	fmt.Println("ready")
 	io.Copy(io.Discard, os.Stdin)
-	n := ops.Load() - ops0
+	secs := time.Since(start).Seconds()
+	rate, cpu := float64(ops.Load()-ops0)/secs, (processCPU()-cpu0)/secs
 	close(stop)
 	wg.Wait()
-	fmt.Printf("ops/s %g\n", float64(n)/time.Since(start).Seconds())
+	fmt.Printf("ops/s %g cpu %g\n", rate, cpu)
 	return nil
 }

@@ -1,7 +1,8 @@
 // Package deptest enforces the import rules of docs/ARCHITECTURE.md: imports point down,
 // never up. Its test lists every package of the module with `go list -deps` and fails on any
 // import the table below forbids, and on a rule naming a package that no longer exists
-// (which would check nothing).
+// (which would check nothing). Its TestSwitchesDocumented holds docs/TESTING.md's table of
+// test switches to the environment variables and flags the tests read.
 package deptest
 
 import (
@@ -50,6 +51,7 @@ var Rules = []Rule{
 	{Pkg: "*", Forbid: []string{"internal/netns/netnstest"}, Why: "test namespaces are for tests; production enters namespaces with internal/netns"},
 	{Pkg: "*", Forbid: []string{"hbone/hbonetest"}, Why: "the test east-west gateway is for tests"},
 	{Pkg: "*", Forbid: []string{"internal/attack"}, Why: "attack traffic is for tests and benchmarks"},
+	{Pkg: "*", Forbid: []string{"internal/child"}, Why: "starting ztunnel processes is for tests and benchmarks"},
 	{Pkg: "cmd/ztunnel", Forbid: []string{"internal/netns/netnstest", "inpod/inpodtest", "inpod/zdsagent"}, Why: "the node binary links no test helper and no node agent stand-in"},
 	{Pkg: "inpod", Forbid: []string{"inpod/zdsagent", "inpod/inpodtest"}, Why: "the ZDS client does not link the agent that stands in for istio-cni"},
 	{Pkg: "inpod", Forbid: []string{"inpod/podproxy", "proxy...", "dns"}, Why: "the workload manager drives the pods' proxies through its Proxies interface only: its state machine links no data plane, and its tests run it with a fake"},

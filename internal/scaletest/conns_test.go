@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -30,8 +29,8 @@ import (
 // TestIdleConns holds SCALE_CONNS connections (default 2000, bounded to catch a 2×
 // regression); make bench-conns runs it with 100,000, raising RLIMIT_NOFILE (the test
 // holds two fds per connection). With ZTUNNEL_BASE naming a binary, that one runs first,
-// in the same run; SCALE_PROFILES names a directory for both nodes' heap profiles while
-// the connections are held.
+// in the same run; SCALE_OUT, if set, names a directory for both nodes' heap profiles
+// while the connections are held.
 
 // connsTopology is the two workloads: the client on node A, the server on node B.
 const connsTopology = `workloads:
@@ -217,7 +216,7 @@ func holdIdle(t *testing.T, bin string, n int) idleResult {
 		} {
 			env = append(env, p.env+"="+ip+":"+p.port)
 		}
-		nd := launch(t, name, ip, &http.Client{Timeout: time.Minute}, exec.Command(bin), append(env, extra...))
+		nd := launch(t, name, ip, &http.Client{Timeout: time.Minute}, "", []string{bin}, append(env, extra...))
 		if _, err := nd.waitReady(time.Minute); err != nil {
 			t.Fatal(err)
 		}
@@ -303,7 +302,7 @@ func holdIdle(t *testing.T, bin string, n int) idleResult {
 	// seconds after its last byte, proxy/idle.go).
 	time.Sleep(idleHold())
 	r.held = [2]nodeStats{a.stats(t), b.stats(t)}
-	if dir := os.Getenv("SCALE_PROFILES"); dir != "" {
+	if dir := os.Getenv("SCALE_OUT"); dir != "" {
 		for _, nd := range []*node{a, b} {
 			path := filepath.Join(dir, fmt.Sprintf("conns-%s-%s.pb.gz", filepath.Base(bin), nd.name))
 			if err := nd.heapProfile(t.Context(), path); err != nil {

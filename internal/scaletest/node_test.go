@@ -9,13 +9,14 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gozt/gozt/internal/child"
 )
 
 var (
@@ -54,12 +55,7 @@ func gozt(t testing.TB) string {
 		}
 		buildDir = dir
 		builtBin = filepath.Join(dir, "ztunnel")
-		build := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", builtBin, "./cmd/ztunnel")
-		build.Dir = "../.."
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := build.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/ztunnel: %v\n%s", err, out)
-		}
+		buildErr = child.BuildZtunnel(context.Background(), "../..", builtBin, false)
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
@@ -70,12 +66,10 @@ func gozt(t testing.TB) string {
 // node is one ztunnel process the test owns: killed at cleanup, its log shown on failure.
 type node struct {
 	name  string
-	cmd   *exec.Cmd
 	ip    string       // the node's listeners' address
 	http  *http.Client // reaches ip (inside the node's namespace for the Rust ztunnel)
-	log   string
 	start time.Time
-	done  chan struct{}
+	*child.Process
 }
 
 // startNode starts bin as a dedicated-mode node of the mesh's first workload, fed by the
@@ -100,29 +94,22 @@ func startNode(t testing.TB, name, bin, ads string, extra ...string) *node {
 	} {
 		env = append(env, p.env+"="+ip+":"+p.port)
 	}
-	return launch(t, name, ip, &http.Client{Timeout: 10 * time.Minute}, exec.Command(bin), append(env, extra...))
+	return launch(t, name, ip, &http.Client{Timeout: 10 * time.Minute}, "", []string{bin}, append(env, extra...))
 }
 
-// launch starts cmd with exactly env as its environment.
-func launch(t testing.TB, name, ip string, hc *http.Client, cmd *exec.Cmd, env []string) *node {
+// launch starts args in dir with exactly env as its environment.
+func launch(t testing.TB, name, ip string, hc *http.Client, dir string, args, env []string) *node {
 	t.Helper()
-	n := &node{name: name, ip: ip, http: hc, cmd: cmd, log: filepath.Join(t.TempDir(), "node.log"), done: make(chan struct{})}
-	f, err := os.Create(n.log)
+	n := &node{name: name, ip: ip, http: hc, start: time.Now()}
+	var err error
+	n.Process, err = child.Start(child.Spec{Name: name, Args: args, Env: env, Dir: dir, Log: filepath.Join(t.TempDir(), "node.log")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.cmd.Env = env
-	n.cmd.Stdout, n.cmd.Stderr = f, f
-	n.start = time.Now()
-	if err := n.cmd.Start(); err != nil {
-		f.Close()
-		t.Fatal(err)
-	}
-	go func() { _ = n.cmd.Wait(); f.Close(); close(n.done) }()
 	t.Cleanup(func() {
 		n.stop()
 		if t.Failed() {
-			b, _ := os.ReadFile(n.log)
+			b := n.Output()
 			if len(b) > 8<<10 {
 				b = b[len(b)-8<<10:]
 			}
@@ -132,10 +119,8 @@ func launch(t testing.TB, name, ip string, hc *http.Client, cmd *exec.Cmd, env [
 	return n
 }
 
-func (n *node) stop() {
-	_ = n.cmd.Process.Kill()
-	<-n.done
-}
+// stop kills the node: what it would do on SIGTERM is not measured.
+func (n *node) stop() { n.Stop(0) }
 
 // waitReady polls /healthz/ready every 5 ms until it answers 200 and returns when it did;
 // it gives up early when the node says it refused a message as too large.
@@ -145,7 +130,7 @@ func (n *node) waitReady(within time.Duration) (time.Time, error) {
 	var last string
 	for time.Now().Before(deadline) {
 		select {
-		case <-n.done:
+		case <-n.Done():
 			return time.Time{}, fmt.Errorf("%s exited before ready", n.name)
 		default:
 		}
@@ -175,7 +160,7 @@ type proc struct {
 
 func (n *node) proc(t testing.TB) proc {
 	t.Helper()
-	pid := strconv.Itoa(n.cmd.Process.Pid)
+	pid := strconv.Itoa(n.Pid())
 	var p proc
 	stat, err := os.ReadFile("/proc/" + pid + "/stat")
 	if err != nil {
@@ -193,7 +178,7 @@ func (n *node) proc(t testing.TB) proc {
 
 // status is the node's /proc/PID/status sizes (the lines in kB), in bytes by name.
 func (n *node) status(t testing.TB) map[string]uint64 {
-	status, err := os.ReadFile("/proc/" + strconv.Itoa(n.cmd.Process.Pid) + "/status")
+	status, err := os.ReadFile("/proc/" + strconv.Itoa(n.Pid()) + "/status")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +219,7 @@ func (n *node) cpuProfile(path string, within time.Duration) {
 	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
 		select {
-		case <-n.done:
+		case <-n.Done():
 			return
 		default:
 		}

@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -61,8 +60,7 @@ func rustNode(bin string) starter {
 			"XDS_ADDRESS=https://127.0.0.1:15010", "XDS_ROOT_CA=" + rootFile, "AUTH_TOKEN=" + tokenFile,
 			"FAKE_CA=true", "ENABLE_ORIG_SRC=false", "RUST_LOG=warn",
 		}, o.env...)
-		cmd := exec.Command("ip", "netns", "exec", ns.Name, bin) // exec: the child is ztunnel itself
-		cmd.Dir = dir
-		return ads, launch(t, "rust", "127.0.0.1", &http.Client{Transport: tr, Timeout: time.Minute}, cmd, env)
+		args := []string{"ip", "netns", "exec", ns.Name, bin} // exec: the child is ztunnel itself
+		return ads, launch(t, "rust", "127.0.0.1", &http.Client{Transport: tr, Timeout: time.Minute}, dir, args, env)
 	}
 }
