@@ -519,13 +519,24 @@ func dumpCounters(reg *prometheus.Registry) string {
 	return b.String()
 }
 
-// hboneConns counts established TCP connections to ip:15008 from /proc/net/tcp (IPv4):
-// node A's pooled HBONE connections to node B.
+// hboneConns counts this process's established TCP connections to ip:15008 (IPv4): node A's
+// pooled HBONE connections to node B. /proc/net/tcp is the whole network namespace's, where
+// another test binary may run nodes of its own on the same address (the listeners share
+// 15008 by SO_REUSEPORT), so only sockets among this process's file descriptors count.
 func hboneConns(tb testing.TB, ip string) int {
 	tb.Helper()
 	b, err := os.ReadFile("/proc/net/tcp")
 	if err != nil {
 		tb.Skipf("needs /proc/net/tcp: %v", err)
+	}
+	ours := map[string]bool{} // socket inodes
+	fds, _ := os.ReadDir("/proc/self/fd")
+	for _, fd := range fds {
+		if l, err := os.Readlink("/proc/self/fd/" + fd.Name()); err == nil {
+			if ino, ok := strings.CutPrefix(l, "socket:["); ok {
+				ours[strings.TrimSuffix(ino, "]")] = true
+			}
+		}
 	}
 	a4 := netip.MustParseAddr(ip).As4()
 	// The kernel prints the address as a little-endian hex word, then the port.
@@ -533,7 +544,8 @@ func hboneConns(tb testing.TB, ip string) int {
 	n := 0
 	for _, line := range strings.Split(string(b), "\n")[1:] {
 		f := strings.Fields(line)
-		if len(f) > 3 && f[2] == want && f[3] == "01" { // rem_address, st == ESTABLISHED
+		// rem_address, st == ESTABLISHED, inode
+		if len(f) > 9 && f[2] == want && f[3] == "01" && ours[f[9]] {
 			n++
 		}
 	}
