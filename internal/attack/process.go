@@ -244,3 +244,42 @@ func Main() error {
 	fmt.Printf("ops/s %g cpu %g\n", rate, cpu)
 	return nil
 }
+
+// StartControl runs Istio's HBONE server (the binary at path, tools/istio/hbonecontrol) on
+// addr, presenting certPEM, until the test ends; prefix, if any, goes before the binary on
+// the command line (ip netns exec NAME, say).
+func StartControl(tb testing.TB, path, addr, certPEM string, prefix ...string) {
+	tb.Helper()
+	args := append(prefix, path, "-addr", addr)
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = append(os.Environ(), "HBONE_CONTROL_CERT="+certPEM)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	out := bufio.NewReader(stdout)
+	drained := make(chan struct{})
+	tb.Cleanup(func() {
+		stdin.Close()
+		<-drained
+		cmd.Wait()
+	})
+	line, _ := out.ReadString('\n')
+	// Istio's log goes to standard output, a line per connection and per failed
+	// handshake: unread, the pipe fills and the server blocks in its logging.
+	go func() {
+		defer close(drained)
+		io.Copy(io.Discard, out)
+	}()
+	if line != "ready\n" {
+		tb.Fatalf("%s did not start: %q", path, line)
+	}
+}
