@@ -139,18 +139,11 @@ func (f *admission) admitSource(src netip.Addr, relay bool) (release func(failed
 		st = &sourceState{}
 		f.sources[src] = st
 	}
-	if cfg.SourceFailedHandshakes > 0 && !st.failed.peek(now, cfg.SourceFailedHandshakes*failBurst, cfg.SourceFailedHandshakes) {
-		return nil, 0, DropSourceFailures, false
-	}
-	if cfg.SourceHandshakes > 0 && st.inFlight >= cfg.SourceHandshakes {
-		return nil, 0, DropSourceHandshakes, false
+	if reason, no := f.refusalLocked(st, now); no {
+		return nil, 0, reason, false
 	}
 	if cfg.SourceHandshakeRate > 0 {
-		w, ok := st.rate.reserve(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate, maxFairWait)
-		if !ok {
-			return nil, 0, DropSourceRate, false
-		}
-		wait = w
+		wait, _ = st.rate.reserve(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate, maxFairWait)
 	}
 	st.inFlight++
 	var once atomic.Bool
@@ -172,6 +165,39 @@ func (f *admission) admitSource(src netip.Addr, relay bool) (release func(failed
 		}
 		f.mu.Unlock()
 	}, wait, 0, true
+}
+
+// refusal is what admitSource would refuse a new connection from src for now, if
+// anything, spending nothing. An accept loop asks it before it does anything else with the
+// connection (AdmitListener), so that a source past its budgets, a flood of handshakes
+// that stall, costs the node an accept and a close per connection rather than the socket
+// setup, goroutine hand-off and TLS state the serving path gives a connection before
+// admitSource.
+func (f *admission) refusal(src netip.Addr, relay bool) (DropReason, bool) {
+	if !src.IsValid() || relay {
+		return 0, false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := f.sources[src]
+	if st == nil {
+		return 0, false
+	}
+	return f.refusalLocked(st, time.Now())
+}
+
+// refusalLocked is refusal for a source's state (f.mu held).
+func (f *admission) refusalLocked(st *sourceState, now time.Time) (DropReason, bool) {
+	cfg := f.cfg
+	switch {
+	case cfg.SourceFailedHandshakes > 0 && !st.failed.peek(now, cfg.SourceFailedHandshakes*failBurst, cfg.SourceFailedHandshakes):
+		return DropSourceFailures, true
+	case cfg.SourceHandshakes > 0 && st.inFlight >= cfg.SourceHandshakes:
+		return DropSourceHandshakes, true
+	case cfg.SourceHandshakeRate > 0 && !st.rate.canReserve(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate, maxFairWait):
+		return DropSourceRate, true
+	}
+	return 0, false
 }
 
 // admitPeer decides on a connection of identity id once its handshake is over, as

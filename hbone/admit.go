@@ -19,11 +19,14 @@ package hbone
 //
 // It reaches every accept loop through AdmitListener: a goroutine blocked in Accept waits
 // there, and a poller that accepts on the socket itself (internal/netpoll's epoll) asks Room
-// first.
+// first. A connection whose source is past its per-source budgets (admission.go) is
+// refused there too, as it is accepted, before any goroutine, socket option or TLS state
+// is spent on it.
 
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -105,10 +108,13 @@ func (r *acceptRoom) tell() {
 }
 
 // AdmitListener is a Server's listener: Accept waits while the server has no room for
-// another connection (the shape of x/net/netutil.LimitListener), and an accept loop that
-// takes connections off the socket by itself asks Room first and tells Accepted after.
+// another connection (the shape of x/net/netutil.LimitListener) and refuses at once a
+// connection whose source is past its budgets; an accept loop that takes connections off
+// the socket by itself asks Room first, Refuses after each accept, and tells Accepted of
+// each connection it keeps.
 type AdmitListener struct {
 	net.Listener
+	s         *Server
 	r         *acceptRoom
 	done      chan struct{} // closed by Close: ends the waits in Accept
 	closeOnce sync.Once
@@ -116,11 +122,32 @@ type AdmitListener struct {
 
 // Admit wraps ln so that connections are accepted only while s has room for them.
 func (s *Server) Admit(ln net.Listener) *AdmitListener {
-	return &AdmitListener{Listener: ln, r: &s.adm.room, done: make(chan struct{})}
+	return &AdmitListener{Listener: ln, s: s, r: &s.adm.room, done: make(chan struct{})}
 }
 
-// Accept waits for room, then accepts.
+// Accept waits for room, then accepts. A connection whose source is past its budgets gets
+// an RST as soon as it is accepted, and Accept goes on to the next.
 func (l *AdmitListener) Accept() (net.Conn, error) {
+	for {
+		if err := l.waitRoom(); err != nil {
+			return nil, err
+		}
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.s.refusedAtAccept(sourceOf(c)) {
+			refuse(c)
+			continue
+		}
+		l.r.admitted()
+		return c, nil
+	}
+}
+
+// waitRoom returns once the server has room for another connection, or net.ErrClosed
+// once the listener is closed.
+func (l *AdmitListener) waitRoom() error {
 	var wake chan struct{}
 	for {
 		if wake == nil {
@@ -132,26 +159,28 @@ func (l *AdmitListener) Accept() (net.Conn, error) {
 			default:
 			}
 		}) {
-			break
+			return nil
 		}
 		select {
 		case <-wake:
 		case <-l.done:
-			return nil, net.ErrClosed
+			return net.ErrClosed
 		}
 	}
-	c, err := l.Listener.Accept()
-	if err == nil {
-		l.r.admitted()
-	}
-	return c, err
 }
 
 // Room reports whether a connection may be accepted now; if not, wake is called once,
 // from another goroutine and never during Room, when there may be room.
 func (l *AdmitListener) Room(wake func()) bool { return l.r.room(wake) }
 
-// Accepted tells the server that a connection was accepted after Room said yes.
+// Refuses reports whether a connection from src that was just accepted is to be refused
+// at once (an RST, and nothing else done with it: no Accepted), its source being past its
+// budgets. The refusal is counted (ServerConfig.OnDrop).
+func (l *AdmitListener) Refuses(src netip.AddrPort) bool {
+	return l.s.refusedAtAccept(src.Addr().Unmap())
+}
+
+// Accepted tells the server that a connection was accepted after Room said yes and kept.
 func (l *AdmitListener) Accepted() { l.r.admitted() }
 
 // Close closes the listener and ends an Accept waiting for room.
