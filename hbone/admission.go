@@ -297,6 +297,16 @@ const (
 // enterHandshake takes a place in the handshake gate, waiting while every place is
 // taken; it fails only when ctx (the connection's: it ends when the connection is evicted
 // past MaxHandshakes) ends first.
+//
+// A handshake that had to wait yields its P once it has the place. The handshake that
+// gave the place up woke it, and Go's scheduler runs a woken goroutine next on the waker's
+// P, in its time slice: handshakes queued at the gate ran one after another on one P
+// (each gives its place up at its next read, waking the next) for as long as the queue
+// lasted, up to the runtime's 10 ms time slice at a time, while goroutines the netpoller
+// had made runnable there (established connections' readers) waited. A flood of stalled
+// handshakes makes such queues (each read a ClientHello that needs a key exchange): 112
+// handshake steps back to back, 35 ms, in one trace (docs/PERFORMANCE.md). After the
+// yield the handshake runs behind them.
 func (f *admission) enterHandshake(ctx context.Context) bool {
 	select {
 	case f.gate <- struct{}{}:
@@ -305,6 +315,7 @@ func (f *admission) enterHandshake(ctx context.Context) bool {
 	}
 	select {
 	case f.gate <- struct{}{}:
+		runtime.Gosched()
 		return true
 	case <-ctx.Done():
 	}

@@ -22,11 +22,22 @@ package hbone
 // first. A connection whose source is past its per-source budgets (admission.go) is
 // refused there too, as it is accepted, before any goroutine, socket option or TLS state
 // is spent on it.
+//
+// Turns: work for connections not yet served (accepting, refusing, handshaking) yields to
+// the goroutines serving established ones. Go's scheduler runs a goroutine woken by
+// another next, on the waker's P and in its time slice; the accept loop and each
+// connection's serving goroutine wake each other, and each handshake wakes the next at the
+// gate, so under a flood of stalled handshakes such chains held a P for up to the
+// runtime's 10 ms time slice while an honest stream's reader, queued there by the
+// netpoller, waited (docs/PERFORMANCE.md, "A stalled-handshake flood"). The AdmitListener
+// yields after each refusal and each wait for room, a handshake that waited for the gate
+// yields once it has its place, and internal/netpoll's epoll loop yields after each round.
 
 import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -127,10 +138,25 @@ func (s *Server) Admit(ln net.Listener) *AdmitListener {
 
 // Accept waits for room, then accepts. A connection whose source is past its budgets gets
 // an RST as soon as it is accepted, and Accept goes on to the next.
+//
+// Accept yields its P after each refusal and after each wait for room. Go's scheduler runs
+// a goroutine that another wakes next, on the waker's P and in its time slice (the
+// runtime's runnext), and both of the accept loop's hand-offs are such wakes: a
+// connection's serving goroutine wakes Accept when it starts, and the loop wakes a serving
+// goroutine with each connection. Under a flood of stalled handshakes the two took turns
+// on one P while the backlog lasted, for up to the runtime's 10 ms time slice at a time,
+// and goroutines the netpoller had made runnable there (the readers of established
+// connections) waited behind them (46 ms in one trace, docs/PERFORMANCE.md); refusing
+// needs no other goroutine, and would refuse a whole backlog before they ran. Yielding
+// puts the loop behind them, once per connection.
 func (l *AdmitListener) Accept() (net.Conn, error) {
 	for {
-		if err := l.waitRoom(); err != nil {
+		waited, err := l.waitRoom()
+		if err != nil {
 			return nil, err
+		}
+		if waited {
+			runtime.Gosched()
 		}
 		c, err := l.Listener.Accept()
 		if err != nil {
@@ -138,6 +164,7 @@ func (l *AdmitListener) Accept() (net.Conn, error) {
 		}
 		if l.s.refusedAtAccept(sourceOf(c)) {
 			refuse(c)
+			runtime.Gosched()
 			continue
 		}
 		l.r.admitted()
@@ -145,9 +172,9 @@ func (l *AdmitListener) Accept() (net.Conn, error) {
 	}
 }
 
-// waitRoom returns once the server has room for another connection, or net.ErrClosed
-// once the listener is closed.
-func (l *AdmitListener) waitRoom() error {
+// waitRoom returns once the server has room for another connection, reporting whether it
+// had to wait, or net.ErrClosed once the listener is closed.
+func (l *AdmitListener) waitRoom() (waited bool, err error) {
 	var wake chan struct{}
 	for {
 		if wake == nil {
@@ -159,12 +186,13 @@ func (l *AdmitListener) waitRoom() error {
 			default:
 			}
 		}) {
-			return nil
+			return waited, nil
 		}
 		select {
 		case <-wake:
+			waited = true
 		case <-l.done:
-			return net.ErrClosed
+			return waited, net.ErrClosed
 		}
 	}
 }
