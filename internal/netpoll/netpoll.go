@@ -61,13 +61,18 @@ type Poller interface {
 
 // Gate is what a watched listener implements to hold accepts back (hbone's AdmitListener,
 // its handshake backpressure): while it has no room, its connections wait in the
-// kernel's backlog. The epoll poller accepts on the socket itself and asks Room before
-// each accept; PerSocket calls the listener's Accept, which must wait for room itself.
+// kernel's backlog. The epoll poller accepts on the socket itself, asks Room before each
+// accept and Refuses after it; PerSocket calls the listener's Accept, which must wait for
+// room and refuse by itself.
 type Gate interface {
 	// Room reports whether another connection may be accepted now; if not, wake is called
 	// once, from another goroutine and never during Room, when there may be room.
 	Room(wake func()) bool
-	// Accepted tells the gate that a connection was accepted after Room said yes.
+	// Refuses reports whether a connection from src, just accepted, is to be refused at
+	// once: the epoll poller closes it with an RST before it becomes a net.Conn (no dup,
+	// no socket option, no callback), and Accepted is not told of it.
+	Refuses(src netip.AddrPort) bool
+	// Accepted tells the gate that a connection was accepted after Room said yes, and kept.
 	Accepted()
 }
 
