@@ -166,6 +166,8 @@ func Child() bool { return os.Getenv(envSpec) != "" }
 //     on one CONNECT stream, as fast as they go;
 //   - handshakes: 2 loops of TLS handshakes, each connection closed once done;
 //   - stalled-tls: 2,000 connections that sent a ClientHello and nothing more;
+//   - stalled-redial: the same, each dialed again 100 ms after the server ends it (the
+//     cluster drill's attacker);
 //   - no-tls: 500 connections, one more a millisecond, that sent nothing or the first
 //     bytes of a ClientHello (NoTLS);
 //   - burn: 4 threads kept busy, sending nothing (the control for a flood's CPU);
@@ -208,6 +210,8 @@ func Main() error {
 		n, attack = 2, func() { Handshakes(s.Addr, cfg, stop, &ops) }
 	case "stalled-tls":
 		n, attack = 1, func() { StalledTLS(s.Addr, cfg, 2000, stop, &ops) }
+	case "stalled-redial":
+		n, attack = 1, func() { StalledRedial(s.Addr, cfg, 2000, stop, &ops) }
 	case "no-tls":
 		n, attack = 1, func() { NoTLS(s.Addr, 500, stop, &ops) }
 	case "burn":
