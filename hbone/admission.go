@@ -72,6 +72,8 @@ type admission struct {
 	// room: the accept side's backpressure (admit.go), MaxHandshakes in their handshake
 	// and as many again evicted and leaving.
 	room acceptRoom
+	// hold: connections refused as they were accepted, until their RST is due (hold.go).
+	hold refusalHold
 
 	mu        sync.Mutex
 	sources   map[netip.Addr]*sourceState // guarded by mu
@@ -104,6 +106,7 @@ func newAdmission(cfg *ServerConfig) *admission {
 		sweepSrc:  sweepAt,
 		sweepPeer: sweepAt,
 		room:      acceptRoom{limit: 2 * int64(cfg.MaxHandshakes)},
+		hold:      refusalHold{wait: cfg.DialTimeout, limit: maxHeldPer * cfg.MaxHandshakes},
 	}
 	if cfg.Admission.HandshakeWorkers > 0 {
 		f.gate = make(chan struct{}, cfg.Admission.HandshakeWorkers)

@@ -21,7 +21,7 @@ package hbone
 // there, and a poller that accepts on the socket itself (internal/netpoll's epoll) asks Room
 // first. A connection whose source is past its per-source budgets (admission.go) is
 // refused there too, as it is accepted, before any goroutine, socket option or TLS state
-// is spent on it.
+// is spent on it, and held until its handshake deadline before its RST (hold.go).
 //
 // Turns: work for connections not yet served (accepting, refusing, handshaking) yields to
 // the goroutines serving established ones. Go's scheduler runs a goroutine woken by
@@ -119,10 +119,10 @@ func (r *acceptRoom) tell() {
 }
 
 // AdmitListener is a Server's listener: Accept waits while the server has no room for
-// another connection (the shape of x/net/netutil.LimitListener) and refuses at once a
-// connection whose source is past its budgets; an accept loop that takes connections off
-// the socket by itself asks Room first, Refuses after each accept, and tells Accepted of
-// each connection it keeps.
+// another connection (the shape of x/net/netutil.LimitListener) and refuses a connection
+// whose source is past its budgets as it is accepted; an accept loop that takes
+// connections off the socket by itself asks Room first, Refuses after each accept (and
+// gives a refused one to Hold), and tells Accepted of each connection it keeps.
 type AdmitListener struct {
 	net.Listener
 	s         *Server
@@ -136,8 +136,9 @@ func (s *Server) Admit(ln net.Listener) *AdmitListener {
 	return &AdmitListener{Listener: ln, s: s, r: &s.adm.room, done: make(chan struct{})}
 }
 
-// Accept waits for room, then accepts. A connection whose source is past its budgets gets
-// an RST as soon as it is accepted, and Accept goes on to the next.
+// Accept waits for room, then accepts. A connection whose source is past its budgets is
+// refused as soon as it is accepted (held until its RST is due: hold.go), and Accept goes
+// on to the next.
 //
 // Accept yields its P after each refusal and after each wait for room. Go's scheduler runs
 // a goroutine that another wakes next, on the waker's P and in its time slice (the
@@ -163,7 +164,7 @@ func (l *AdmitListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		if l.s.refusedAtAccept(sourceOf(c)) {
-			refuse(c)
+			l.Hold(func() { refuse(c) })
 			runtime.Gosched()
 			continue
 		}
@@ -202,11 +203,16 @@ func (l *AdmitListener) waitRoom() (waited bool, err error) {
 func (l *AdmitListener) Room(wake func()) bool { return l.r.room(wake) }
 
 // Refuses reports whether a connection from src that was just accepted is to be refused
-// at once (an RST, and nothing else done with it: no Accepted), its source being past its
-// budgets. The refusal is counted (ServerConfig.OnDrop).
+// (nothing else done with it: no Accepted, no goroutine; Hold takes it), its source being
+// past its budgets. The refusal is counted (ServerConfig.OnDrop).
 func (l *AdmitListener) Refuses(src netip.AddrPort) bool {
 	return l.s.refusedAtAccept(src.Addr().Unmap())
 }
+
+// Hold takes a connection Refuses refused: reset sends it an RST and closes it, once, when
+// its refusal is due (its handshake deadline, hold.go) or at once while the server is
+// closed.
+func (l *AdmitListener) Hold(reset func()) { l.s.adm.hold.hold(reset) }
 
 // Accepted tells the server that a connection was accepted after Room said yes and kept.
 func (l *AdmitListener) Accepted() { l.r.admitted() }

@@ -494,6 +494,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 // Shutdown stops accepting, sends GOAWAY on every connection, lets open streams finish
 // until ctx ends, then closes everything.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.adm.hold.close()
 	s.mu.Lock()
 	s.shutdown = true
 	if s.idle == nil {
@@ -533,6 +534,7 @@ func (s *Server) CloseMatching(match func(tls.ConnectionState) error) int {
 
 // Close closes every connection and listener now. Idempotent.
 func (s *Server) Close() error {
+	s.adm.hold.close()
 	s.mu.Lock()
 	s.shutdown = true
 	for ln := range s.lns {

@@ -54,9 +54,9 @@ import (
 // failure. A listener that is a Gate is asked before each accept; while it says no, the
 // socket is out of the set and its connections wait in the kernel's backlog, until the
 // gate wakes it. It is asked after each accept too, with the peer's address, whether to
-// refuse the connection: a refused one gets an RST (SO_LINGER 0, then close) before it
-// costs a net.Conn, FileConn's dup and the syscalls around it, which is all a flood from
-// a source past its budgets costs the poller per connection (accept4, setsockopt, close).
+// refuse the connection: a refused one goes to the gate's Hold before it costs a net.Conn,
+// FileConn's dup and the syscalls around it, which is all a flood from a source past its
+// budgets costs the poller per connection (accept4, and for its RST setsockopt and close).
 //
 // While sockets stay ready (a flood keeps a listener's backlog full) EpollWait never
 // parks the loop, so it yields its P after each round: Go's scheduler would otherwise let
@@ -347,7 +347,7 @@ func (w *watch) acceptBatch() error {
 			switch err {
 			case nil:
 				if w.gate != nil && w.gate.Refuses(sockaddrAddrPort(sa)) {
-					refuseFD(nfd)
+					w.gate.Hold(func() { refuseFD(nfd) })
 					continue
 				}
 				fds[n] = nfd

@@ -68,10 +68,15 @@ type Gate interface {
 	// Room reports whether another connection may be accepted now; if not, wake is called
 	// once, from another goroutine and never during Room, when there may be room.
 	Room(wake func()) bool
-	// Refuses reports whether a connection from src, just accepted, is to be refused at
-	// once: the epoll poller closes it with an RST before it becomes a net.Conn (no dup,
-	// no socket option, no callback), and Accepted is not told of it.
+	// Refuses reports whether a connection from src, just accepted, is to be refused: the
+	// epoll poller hands it to Hold before it becomes a net.Conn (no dup, no socket option,
+	// no callback), and Accepted is not told of it.
 	Refuses(src netip.AddrPort) bool
+	// Hold takes a connection Refuses refused: reset sends it an RST (SO_LINGER 0) and
+	// closes it, and the gate calls it once, at once or later (hbone holds a refused
+	// connection until its handshake deadline, so that its client does not dial again at
+	// once).
+	Hold(reset func())
 	// Accepted tells the gate that a connection was accepted after Room said yes, and kept.
 	Accepted()
 }

@@ -442,6 +442,7 @@ func (g *gate) Accept() (net.Conn, error) {
 }
 
 func (g *gate) Refuses(src netip.AddrPort) bool { return g.refuse != nil && g.refuse(src) }
+func (g *gate) Hold(reset func())               { reset() }
 
 func (g *gate) Room(wake func()) bool {
 	g.mu.Lock()
@@ -562,6 +563,7 @@ func (g *refuseAll) Room(func()) bool {
 	return true
 }
 func (g *refuseAll) Refuses(netip.AddrPort) bool { return true }
+func (g *refuseAll) Hold(reset func())           { reset() }
 func (g *refuseAll) Accepted()                   {}
 
 // While a listener stays ready (a flood's backlog), the epoll poller takes turns with the
