@@ -36,8 +36,9 @@ import (
 // its 15008, and the rounds run again (istio-none, ...). It logs the victim's p50 and p99,
 // p99 against the round's none, the node's goroutine peak, the Go scheduler's p99 latency
 // and the CPU the node's process used a second (pod A's client and pod B's echo server
-// are in it too). It runs only with INPOD_ATTACK=1 (and root): it measures, it asserts
-// nothing about speed.
+// are in it too), and the connections a second the node refused for their source's
+// budgets. It runs only with INPOD_ATTACK=1 (and root): it measures, it asserts nothing
+// about speed.
 func TestInPodOpenStreamsBench(t *testing.T) {
 	if os.Getenv("INPOD_ATTACK") != "1" {
 		t.Skip("INPOD_ATTACK=1 runs the in-pod open-streams flood measurement")
@@ -66,6 +67,7 @@ func TestInPodOpenStreamsBench(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				refused0, start := sourceRefusals(t, n), time.Now()
 				var a *attack.Attacker
 				if name == kind || name == "burn" {
 					a = attack.Start(t, attack.Spec{
@@ -74,6 +76,7 @@ func TestInPodOpenStreamsBench(t *testing.T) {
 					})
 				}
 				v, err := attack.RoundTrips(victim, trips, 500, 1024)
+				refused := (sourceRefusals(t, n) - refused0) / time.Since(start).Seconds()
 				victim.Close()
 				if err != nil {
 					t.Fatalf("round %d %s%s: victim: %v", r, prefix, name, err)
@@ -85,8 +88,8 @@ func TestInPodOpenStreamsBench(t *testing.T) {
 				if name == "none" {
 					noneP99 = v.P99
 				}
-				t.Logf("round %d %-18s p50 %6dµs p99 %6dµs %5.2f×none  sched p99 %6dµs  goroutines %4d  cpu %.3f  attack %.0f ops/s",
-					r, prefix+name, v.P50.Microseconds(), v.P99.Microseconds(), float64(v.P99)/float64(noneP99), v.SchedP99.Microseconds(), v.Goroutines, v.CPU, ops)
+				t.Logf("round %d %-18s p50 %6dµs p99 %6dµs %5.2f×none  sched p99 %6dµs  goroutines %4d  cpu %.3f  attack %.0f ops/s  refused %.0f/s",
+					r, prefix+name, v.P50.Microseconds(), v.P99.Microseconds(), float64(v.P99)/float64(noneP99), v.SchedP99.Microseconds(), v.Goroutines, v.CPU, ops, refused)
 			}
 		}
 	}
@@ -118,6 +121,18 @@ func TestInPodOpenStreamsBench(t *testing.T) {
 	})
 	attack.StartControl(t, control, inPodB+":15008", serverPEM, "ip", "netns", "exec", nsB.Name)
 	measure("istio-")
+}
+
+// sourceRefusals is how many HBONE connections the node has refused for their source's
+// budgets (hbone_dropped_total's source_* reasons).
+func sourceRefusals(t *testing.T, n *ztunnel) float64 {
+	m := testutil.Gather(t, n.registry)
+	sum := 0.0
+	for _, r := range []string{"source_handshakes", "source_handshake_rate", "source_failed_handshakes"} {
+		v, _ := m.Sum("hbone_dropped_total", map[string]string{"reason": r})
+		sum += v
+	}
+	return sum
 }
 
 // startPodEcho serves an echo on addr inside ns until the test ends.
