@@ -8,11 +8,13 @@ import (
 	"net/netip"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gozt/gozt/internal/attack"
 	"github.com/gozt/gozt/internal/leaktest"
+	"github.com/gozt/gozt/internal/testutil"
 )
 
 // acceptEnv serves ServeTLS on a listener from an accept loop shaped like the proxy's: the
@@ -109,4 +111,45 @@ func honestHandshake(t *testing.T, addr netip.AddrPort) {
 	if err := tc.HandshakeContext(ctx); err != nil {
 		t.Fatal(fmt.Errorf("honest handshake beside the flood: %w", err))
 	}
+}
+
+// A connection whose source is past its budgets is refused by the AdmitListener as it is
+// accepted (an RST, counted) and never handed to the accept loop's caller, so that a
+// flood's refusals cost no goroutine, socket setup or TLS state; another source's
+// handshake goes through meanwhile.
+func TestRefusedAtAccept(t *testing.T) {
+	leaktest.Check(t)
+	testCA()
+	var drops dropCounts
+	const budget, flood = 4, 20
+	srv := NewServer(ServerConfig{Config: Config{DialTimeout: time.Minute, OnDrop: drops.hook}, Admission: AdmissionConfig{SourceHandshakes: budget, SourceHandshakeRate: -1}}, echo)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var served atomic.Int64
+	serveEach(t, srv.Admit(ln), srv, func(ctx context.Context, raw net.Conn) {
+		served.Add(1)
+		srv.ServeTLS(ctx, raw, srvTLS)
+	})
+	addr := netip.MustParseAddrPort(ln.Addr().String())
+	for i := range flood {
+		if i == budget {
+			// The source's places are taken (by connections that never start TLS) before
+			// the rest arrive.
+			testutil.Eventually(t, "the source's handshake places to be taken", func() bool { return srv.adm.inFlight(floodSrc) == budget })
+		}
+		c, err := dialFrom(floodSrc, addr.String())
+		if err != nil {
+			continue // on loopback the refusal's RST can beat connect's return
+		}
+		defer c.Close()
+	}
+	testutil.Eventually(t, "the connections past the budget to be refused", func() bool {
+		return drops[DropSourceHandshakes].Load() == flood-budget
+	})
+	if n := served.Load(); n != budget {
+		t.Errorf("%d connections handed to the accept loop's caller; want the %d admitted, the rest refused as they were accepted", n, budget)
+	}
+	honestHandshake(t, addr)
 }

@@ -72,6 +72,8 @@ type admission struct {
 	// room: the accept side's backpressure (admit.go), MaxHandshakes in their handshake
 	// and as many again evicted and leaving.
 	room acceptRoom
+	// hold: connections refused as they were accepted, until their RST is due (hold.go).
+	hold refusalHold
 
 	mu        sync.Mutex
 	sources   map[netip.Addr]*sourceState // guarded by mu
@@ -104,6 +106,7 @@ func newAdmission(cfg *ServerConfig) *admission {
 		sweepSrc:  sweepAt,
 		sweepPeer: sweepAt,
 		room:      acceptRoom{limit: 2 * int64(cfg.MaxHandshakes)},
+		hold:      refusalHold{wait: cfg.DialTimeout, limit: maxHeldPer * cfg.MaxHandshakes},
 	}
 	if cfg.Admission.HandshakeWorkers > 0 {
 		f.gate = make(chan struct{}, cfg.Admission.HandshakeWorkers)
@@ -139,18 +142,11 @@ func (f *admission) admitSource(src netip.Addr, relay bool) (release func(failed
 		st = &sourceState{}
 		f.sources[src] = st
 	}
-	if cfg.SourceFailedHandshakes > 0 && !st.failed.peek(now, cfg.SourceFailedHandshakes*failBurst, cfg.SourceFailedHandshakes) {
-		return nil, 0, DropSourceFailures, false
-	}
-	if cfg.SourceHandshakes > 0 && st.inFlight >= cfg.SourceHandshakes {
-		return nil, 0, DropSourceHandshakes, false
+	if reason, no := f.refusalLocked(st, now); no {
+		return nil, 0, reason, false
 	}
 	if cfg.SourceHandshakeRate > 0 {
-		w, ok := st.rate.reserve(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate, maxFairWait)
-		if !ok {
-			return nil, 0, DropSourceRate, false
-		}
-		wait = w
+		wait, _ = st.rate.reserve(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate, maxFairWait)
 	}
 	st.inFlight++
 	var once atomic.Bool
@@ -172,6 +168,39 @@ func (f *admission) admitSource(src netip.Addr, relay bool) (release func(failed
 		}
 		f.mu.Unlock()
 	}, wait, 0, true
+}
+
+// refusal is what admitSource would refuse a new connection from src for now, if
+// anything, spending nothing. An accept loop asks it before it does anything else with the
+// connection (AdmitListener), so that a source past its budgets, a flood of handshakes
+// that stall, costs the node an accept and a close per connection rather than the socket
+// setup, goroutine hand-off and TLS state the serving path gives a connection before
+// admitSource.
+func (f *admission) refusal(src netip.Addr, relay bool) (DropReason, bool) {
+	if !src.IsValid() || relay {
+		return 0, false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := f.sources[src]
+	if st == nil {
+		return 0, false
+	}
+	return f.refusalLocked(st, time.Now())
+}
+
+// refusalLocked is refusal for a source's state (f.mu held).
+func (f *admission) refusalLocked(st *sourceState, now time.Time) (DropReason, bool) {
+	cfg := f.cfg
+	switch {
+	case cfg.SourceFailedHandshakes > 0 && !st.failed.peek(now, cfg.SourceFailedHandshakes*failBurst, cfg.SourceFailedHandshakes):
+		return DropSourceFailures, true
+	case cfg.SourceHandshakes > 0 && st.inFlight >= cfg.SourceHandshakes:
+		return DropSourceHandshakes, true
+	case cfg.SourceHandshakeRate > 0 && !st.rate.canReserve(now, cfg.SourceHandshakeRate*sourceBurst, cfg.SourceHandshakeRate, maxFairWait):
+		return DropSourceRate, true
+	}
+	return 0, false
 }
 
 // admitPeer decides on a connection of identity id once its handshake is over, as
@@ -271,6 +300,16 @@ const (
 // enterHandshake takes a place in the handshake gate, waiting while every place is
 // taken; it fails only when ctx (the connection's: it ends when the connection is evicted
 // past MaxHandshakes) ends first.
+//
+// A handshake that had to wait yields its P once it has the place. The handshake that
+// gave the place up woke it, and Go's scheduler runs a woken goroutine next on the waker's
+// P, in its time slice: handshakes queued at the gate ran one after another on one P
+// (each gives its place up at its next read, waking the next) for as long as the queue
+// lasted, up to the runtime's 10 ms time slice at a time, while goroutines the netpoller
+// had made runnable there (established connections' readers) waited. A flood of stalled
+// handshakes makes such queues (each read a ClientHello that needs a key exchange): 112
+// handshake steps back to back, 35 ms, in one trace (docs/PERFORMANCE.md). After the
+// yield the handshake runs behind them.
 func (f *admission) enterHandshake(ctx context.Context) bool {
 	select {
 	case f.gate <- struct{}{}:
@@ -279,6 +318,7 @@ func (f *admission) enterHandshake(ctx context.Context) bool {
 	}
 	select {
 	case f.gate <- struct{}{}:
+		runtime.Gosched()
 		return true
 	case <-ctx.Done():
 	}

@@ -413,3 +413,13 @@ func TestNodeRestartFromOneIP(t *testing.T) {
 		t.Errorf("%d identities took %v to reconnect from one IP; want under %v", identities, took, bound)
 	}
 }
+
+// inFlight is how many of src's connections are in their handshake.
+func (f *admission) inFlight(src netip.Addr) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if st := f.sources[src]; st != nil {
+		return st.inFlight
+	}
+	return 0
+}

@@ -19,11 +19,25 @@ package hbone
 //
 // It reaches every accept loop through AdmitListener: a goroutine blocked in Accept waits
 // there, and a poller that accepts on the socket itself (internal/netpoll's epoll) asks Room
-// first.
+// first. A connection whose source is past its per-source budgets (admission.go) is
+// refused there too, as it is accepted, before any goroutine, socket option or TLS state
+// is spent on it, and held until its handshake deadline before its RST (hold.go).
+//
+// Turns: work for connections not yet served (accepting, refusing, handshaking) yields to
+// the goroutines serving established ones. Go's scheduler runs a goroutine woken by
+// another next, on the waker's P and in its time slice; the accept loop and each
+// connection's serving goroutine wake each other, and each handshake wakes the next at the
+// gate, so under a flood of stalled handshakes such chains held a P for up to the
+// runtime's 10 ms time slice while an honest stream's reader, queued there by the
+// netpoller, waited (docs/PERFORMANCE.md, "A stalled-handshake flood"). The AdmitListener
+// yields after each refusal and each wait for room, a handshake that waited for the gate
+// yields once it has its place, and internal/netpoll's epoll loop yields after each round.
 
 import (
 	"fmt"
 	"net"
+	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -105,10 +119,13 @@ func (r *acceptRoom) tell() {
 }
 
 // AdmitListener is a Server's listener: Accept waits while the server has no room for
-// another connection (the shape of x/net/netutil.LimitListener), and an accept loop that
-// takes connections off the socket by itself asks Room first and tells Accepted after.
+// another connection (the shape of x/net/netutil.LimitListener) and refuses a connection
+// whose source is past its budgets as it is accepted; an accept loop that takes
+// connections off the socket by itself asks Room first, Refuses after each accept (and
+// gives a refused one to Hold), and tells Accepted of each connection it keeps.
 type AdmitListener struct {
 	net.Listener
+	s         *Server
 	r         *acceptRoom
 	done      chan struct{} // closed by Close: ends the waits in Accept
 	closeOnce sync.Once
@@ -116,11 +133,49 @@ type AdmitListener struct {
 
 // Admit wraps ln so that connections are accepted only while s has room for them.
 func (s *Server) Admit(ln net.Listener) *AdmitListener {
-	return &AdmitListener{Listener: ln, r: &s.adm.room, done: make(chan struct{})}
+	return &AdmitListener{Listener: ln, s: s, r: &s.adm.room, done: make(chan struct{})}
 }
 
-// Accept waits for room, then accepts.
+// Accept waits for room, then accepts. A connection whose source is past its budgets is
+// refused as soon as it is accepted (held until its RST is due: hold.go), and Accept goes
+// on to the next.
+//
+// Accept yields its P after each refusal and after each wait for room. Go's scheduler runs
+// a goroutine that another wakes next, on the waker's P and in its time slice (the
+// runtime's runnext), and both of the accept loop's hand-offs are such wakes: a
+// connection's serving goroutine wakes Accept when it starts, and the loop wakes a serving
+// goroutine with each connection. Under a flood of stalled handshakes the two took turns
+// on one P while the backlog lasted, for up to the runtime's 10 ms time slice at a time,
+// and goroutines the netpoller had made runnable there (the readers of established
+// connections) waited behind them (46 ms in one trace, docs/PERFORMANCE.md); refusing
+// needs no other goroutine, and would refuse a whole backlog before they ran. Yielding
+// puts the loop behind them, once per connection.
 func (l *AdmitListener) Accept() (net.Conn, error) {
+	for {
+		waited, err := l.waitRoom()
+		if err != nil {
+			return nil, err
+		}
+		if waited {
+			runtime.Gosched()
+		}
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.s.refusedAtAccept(sourceOf(c)) {
+			l.Hold(func() { refuse(c) })
+			runtime.Gosched()
+			continue
+		}
+		l.r.admitted()
+		return c, nil
+	}
+}
+
+// waitRoom returns once the server has room for another connection, reporting whether it
+// had to wait, or net.ErrClosed once the listener is closed.
+func (l *AdmitListener) waitRoom() (waited bool, err error) {
 	var wake chan struct{}
 	for {
 		if wake == nil {
@@ -132,26 +187,34 @@ func (l *AdmitListener) Accept() (net.Conn, error) {
 			default:
 			}
 		}) {
-			break
+			return waited, nil
 		}
 		select {
 		case <-wake:
+			waited = true
 		case <-l.done:
-			return nil, net.ErrClosed
+			return waited, net.ErrClosed
 		}
 	}
-	c, err := l.Listener.Accept()
-	if err == nil {
-		l.r.admitted()
-	}
-	return c, err
 }
 
 // Room reports whether a connection may be accepted now; if not, wake is called once,
 // from another goroutine and never during Room, when there may be room.
 func (l *AdmitListener) Room(wake func()) bool { return l.r.room(wake) }
 
-// Accepted tells the server that a connection was accepted after Room said yes.
+// Refuses reports whether a connection from src that was just accepted is to be refused
+// (nothing else done with it: no Accepted, no goroutine; Hold takes it), its source being
+// past its budgets. The refusal is counted (ServerConfig.OnDrop).
+func (l *AdmitListener) Refuses(src netip.AddrPort) bool {
+	return l.s.refusedAtAccept(src.Addr().Unmap())
+}
+
+// Hold takes a connection Refuses refused: reset sends it an RST and closes it, once, when
+// its refusal is due (its handshake deadline, hold.go) or at once while the server is
+// closed.
+func (l *AdmitListener) Hold(reset func()) { l.s.adm.hold.hold(reset) }
+
+// Accepted tells the server that a connection was accepted after Room said yes and kept.
 func (l *AdmitListener) Accepted() { l.r.admitted() }
 
 // Close closes the listener and ends an Accept waiting for room.

@@ -33,7 +33,8 @@
 // and its defaults), errors.go. conn.go is one connection: why it is our own loop on
 // x/net/http2's Framer, its goroutines and its lock order; read.go is its frame reader,
 // write.go and buf.go its writers, flow.go its windows, trim.go its idle buffers. What a
-// hostile peer may make a connection do: limits.go; a whole Server: admission.go and
-// admit.go. keylimit.go drains a connection before its TLS keys' record limit. Kernel
-// TLS: ktls.go, ksend.go and kread.go.
+// hostile peer may make a connection do: limits.go; a whole Server: admission.go,
+// admit.go and hold.go (what a connection refused as it is accepted gets). keylimit.go
+// drains a connection before its TLS keys' record limit. Kernel TLS: ktls.go, ksend.go
+// and kread.go.
 package hbone

@@ -145,6 +145,12 @@ func (b *rateBudget) reserve(now time.Time, burst, rate float64, maxWait time.Du
 	return wait, true
 }
 
+// canReserve reports whether reserve would succeed now, spending nothing.
+func (b *rateBudget) canReserve(now time.Time, burst, rate float64, maxWait time.Duration) bool {
+	b.refill(now, burst, rate)
+	return b.tokens >= 1 || time.Duration((1-b.tokens)/rate*float64(time.Second)) <= maxWait
+}
+
 // refund gives back one token spent earlier.
 func (b *rateBudget) refund(now time.Time, burst, rate float64) {
 	b.refill(now, burst, rate)

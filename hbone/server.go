@@ -195,7 +195,7 @@ func (s *Server) admit(ctx context.Context, raw net.Conn) (*admitted, error) {
 	s.adm.room.enter()
 	a.pending = true
 	a.onLeave(a.leavePending)
-	a.relay = a.src.IsValid() && s.cfg.Admission.SourceRelays != nil && s.cfg.Admission.SourceRelays(a.src)
+	a.relay = s.isRelay(a.src)
 	release, wait, reason, ok := s.adm.admitSource(a.src, a.relay)
 	if !ok {
 		refuse(raw)
@@ -229,6 +229,23 @@ func (s *Server) admit(ctx context.Context, raw net.Conn) (*admitted, error) {
 	stop := context.AfterFunc(ctx, func() { raw.Close() })
 	a.onLeave(func() { stop() })
 	return a, nil
+}
+
+// isRelay reports whether src relays other clients' connections
+// (AdmissionConfig.SourceRelays).
+func (s *Server) isRelay(src netip.Addr) bool {
+	return src.IsValid() && s.cfg.Admission.SourceRelays != nil && s.cfg.Admission.SourceRelays(src)
+}
+
+// refusedAtAccept reports whether a connection from src is to be refused as soon as it is
+// accepted, its source being past a budget admit would refuse it for, and counts the
+// refusal (admission.refusal).
+func (s *Server) refusedAtAccept(src netip.Addr) bool {
+	reason, no := s.adm.refusal(src, s.isRelay(src))
+	if no {
+		s.notifyDrop(reason)
+	}
+	return no
 }
 
 // onLeave adds f to what leave runs.
@@ -477,6 +494,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 // Shutdown stops accepting, sends GOAWAY on every connection, lets open streams finish
 // until ctx ends, then closes everything.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.adm.hold.close()
 	s.mu.Lock()
 	s.shutdown = true
 	if s.idle == nil {
@@ -516,6 +534,7 @@ func (s *Server) CloseMatching(match func(tls.ConnectionState) error) int {
 
 // Close closes every connection and listener now. Idempotent.
 func (s *Server) Close() error {
+	s.adm.hold.close()
 	s.mu.Lock()
 	s.shutdown = true
 	for ln := range s.lns {

@@ -18,8 +18,11 @@ package proxy
 //     one goroutine accepts for every listener of the node, in-pod mode's every pod
 //     included; with none, netpoll.PerSocket, a goroutine per listener. The inbound
 //     HBONE listener is the hbone.Server's AdmitListener, so either way handshakes past
-//     the server's room wait in the kernel's backlog. The poller's callback (dispatch)
-//     makes no syscall: it hands the connection over.
+//     the server's room wait in the kernel's backlog, and a connection from a source
+//     past its budgets is refused as it is accepted, never reaching dispatch (the
+//     server holds it, unread, until its handshake deadline before its RST: hbone's
+//     hold.go). The poller's callback (dispatch) makes no syscall: it hands the
+//     connection over.
 //   - Setting up: a setup goroutine (setupLoop, tracked) tunes the socket and runs the
 //     listener's handler: resolve, authorize, dial, and for 15008 the whole HBONE
 //     connection (hbone.Server.ServeTLS: this goroutine becomes its frame reader; hbone

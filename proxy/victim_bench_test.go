@@ -3,9 +3,11 @@ package proxy_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"flag"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -13,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -144,18 +147,24 @@ func TestNodeAttackerProcess(t *testing.T) {
 // second, the most goroutines this process had, and the p99 of the Go scheduler's
 // latency (how long runnable goroutines waited) over the round.
 //
-// With HBONE_CONTROL set to a binary built from tools/istio/hbonecontrol (`make
-// hbone-control`), the same rounds run again with Istio's own Go HBONE server in node B's
-// place (istio-none, istio-open-streams, istio-none-again): the control for what the
-// attack does to the client of a server that is not gozt.
+// VICTIM_ATTACK names another attack of attack.Main's (stalled-tls, say) to run instead.
+// With VICTIM_NODE_PROCESS set, the same rounds run again with node B in a process of its
+// own (process-none, ...), as the control's server runs: node B's work for the attack then
+// shares no Ps with node A, the victim and the backend. With HBONE_CONTROL set to a binary
+// built from tools/istio/hbonecontrol (`make hbone-control`), they run once more with
+// Istio's own Go HBONE server in node B's place (istio-none, istio-open-streams,
+// istio-none-again): the control for what the attack does to the client of a server that
+// is not gozt. It also reports the CPU this process used a second (both nodes, the victim
+// and the backend; not the attacker's, node B's own process's or the control's).
 func BenchmarkVictimOpenStreams(b *testing.B) {
 	m := startMesh(b)
 	be := startBackend(b, m.serverIP+":0", echo)
 	target := net.JoinHostPort(m.serverIP, strconv.Itoa(int(be.port())))
 	certPEM := attackerPEM(b, m)
+	kind := cmp.Or(os.Getenv("VICTIM_ATTACK"), "open-streams")
 	rounds := func(prefix string) {
 		var noneP99 time.Duration
-		for _, name := range []string{"none", "open-streams", "none-again"} {
+		for _, name := range []string{"none", kind, "none-again"} {
 			b.Run(prefix+name, func(b *testing.B) {
 				if b.N == 1 && !smokeRun() {
 					// The testing package's probe before the measured run: an attack
@@ -178,7 +187,7 @@ func BenchmarkVictimOpenStreams(b *testing.B) {
 					b.ReportMetric(waited.Seconds(), "connect-s")
 				}
 				var a *attack.Attacker
-				if name == "open-streams" {
+				if name == kind {
 					a = startNodeAttacker(b, name, m.serverIP+":15008", target, certPEM)
 				}
 				v, err := attack.RoundTrips(victim, b.N, victimRate, 1024)
@@ -198,31 +207,36 @@ func BenchmarkVictimOpenStreams(b *testing.B) {
 	}
 	rounds("")
 	control := os.Getenv("HBONE_CONTROL")
-	if control == "" {
+	if control == "" && os.Getenv("VICTIM_NODE_PROCESS") == "" {
 		return
 	}
-	serverPEM := principalPEM(b, m, serverPrinc, clientPrinc)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := m.b.shutdown(ctx); err != nil {
 		b.Fatal(err)
 	}
-	startControl(b, control, m.serverIP+":15008", serverPEM)
-	rounds("istio-")
+	if os.Getenv("VICTIM_NODE_PROCESS") != "" {
+		stop := startNodeProcess(b, m)
+		rounds("process-")
+		stop()
+	}
+	if control != "" {
+		attack.StartControl(b, control, m.serverIP+":15008", principalPEM(b, m, serverPrinc, clientPrinc))
+		rounds("istio-")
+	}
 }
 
-// smokeRun reports a -benchtime 1x run (make bench-smoke), whose only run is the probe.
-func smokeRun() bool {
-	f := flag.Lookup("test.benchtime")
-	return f != nil && f.Value.String() == "1x"
-}
-
-// startControl runs Istio's HBONE server (tools/istio/hbonecontrol) on addr, presenting
-// certPEM, until the benchmark ends.
-func startControl(b *testing.B, path, addr, certPEM string) {
+// startNodeProcess runs node B again in a process of its own (this test binary,
+// TestNodeBProcess), as the control runs: the attacked node's work then shares no Ps
+// with node A, the victim and the backend. stop ends it.
+func startNodeProcess(b *testing.B, m *mesh) (stop func()) {
 	b.Helper()
-	cmd := exec.Command(path, "-addr", addr)
-	cmd.Env = append(os.Environ(), "HBONE_CONTROL_CERT="+certPEM)
+	exe, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^TestNodeBProcess$", "-test.v=false", "-test.cpuprofile=")
+	cmd.Env = append(os.Environ(), "GOZT_NODE_B=1", "GOZT_NODE_B_CA="+m.caDir, "GOZT_NODE_B_YAML="+m.yaml, "GOZT_NODE_B_IP="+m.serverIP)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -235,13 +249,33 @@ func startControl(b *testing.B, path, addr, certPEM string) {
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() {
+	stop = sync.OnceFunc(func() {
 		stdin.Close()
 		cmd.Wait()
 	})
+	b.Cleanup(stop)
 	if line, _ := bufio.NewReader(stdout).ReadString('\n'); line != "ready\n" {
-		b.Fatalf("%s did not start: %q", path, line)
+		b.Fatalf("node B process did not start: %q", line)
 	}
+	return stop
+}
+
+// TestNodeBProcess is not a test: it is node B in a process of its own, for
+// BenchmarkVictimOpenStreams (VICTIM_NODE_PROCESS).
+func TestNodeBProcess(t *testing.T) {
+	if os.Getenv("GOZT_NODE_B") == "" {
+		t.Skip("run by BenchmarkVictimOpenStreams")
+	}
+	m := &mesh{caDir: os.Getenv("GOZT_NODE_B_CA"), yaml: os.Getenv("GOZT_NODE_B_YAML"), serverIP: os.Getenv("GOZT_NODE_B_IP")}
+	startNode(t, "node-b", m.caDir, m.yaml, m.serverConfig())
+	fmt.Println("ready")
+	io.Copy(io.Discard, os.Stdin)
+}
+
+// smokeRun reports a -benchtime 1x run (make bench-smoke), whose only run is the probe.
+func smokeRun() bool {
+	f := flag.Lookup("test.benchtime")
+	return f != nil && f.Value.String() == "1x"
 }
 
 // victimRate is the honest client's pace: round trips a second.
@@ -256,4 +290,5 @@ func reportVictim(b *testing.B, v attack.Victim, baseP99 time.Duration) {
 	}
 	b.ReportMetric(float64(v.SchedP99.Microseconds()), "sched-p99-µs")
 	b.ReportMetric(float64(v.Goroutines), "max-goroutines")
+	b.ReportMetric(v.CPU, "cpu-s/s")
 }

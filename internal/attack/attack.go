@@ -234,6 +234,43 @@ func holdConns(addr string, hold int, every time.Duration, first func(n int) []b
 	}
 }
 
+// StalledRedial is the cluster drill's stalled-handshake attacker (deploy/cluster/app's
+// stall): hold goroutines each hold one TCP connection to addr that sent a ClientHello of
+// cfg's and nothing more, until the server ends it (a refusal, a deadline), then dial
+// again 100 ms later. Unlike StalledTLS, a server that refuses such connections gets them
+// back at once. ops counts the connections made.
+func StalledRedial(addr string, cfg *tls.Config, hold int, stop <-chan struct{}, ops *atomic.Int64) {
+	hello := ClientHello(cfg)
+	var wg sync.WaitGroup
+	for range hold {
+		wg.Go(func() {
+			for {
+				if c, err := net.DialTimeout("tcp", addr, 5*time.Second); err == nil {
+					ops.Add(1)
+					ended := make(chan struct{})
+					go func() {
+						select {
+						case <-stop:
+						case <-ended:
+						}
+						c.Close()
+					}()
+					if _, err := c.Write(hello); err == nil {
+						io.Copy(io.Discard, c)
+					}
+					close(ended)
+				}
+				select {
+				case <-stop:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
 // ClientHello is a TLS client's first flight with cfg: what a peer that starts TLS and
 // stalls sends.
 func ClientHello(cfg *tls.Config) []byte {

@@ -166,6 +166,8 @@ func Child() bool { return os.Getenv(envSpec) != "" }
 //     on one CONNECT stream, as fast as they go;
 //   - handshakes: 2 loops of TLS handshakes, each connection closed once done;
 //   - stalled-tls: 2,000 connections that sent a ClientHello and nothing more;
+//   - stalled-redial: the same, each dialed again 100 ms after the server ends it (the
+//     cluster drill's attacker);
 //   - no-tls: 500 connections, one more a millisecond, that sent nothing or the first
 //     bytes of a ClientHello (NoTLS);
 //   - burn: 4 threads kept busy, sending nothing (the control for a flood's CPU);
@@ -208,6 +210,8 @@ func Main() error {
 		n, attack = 2, func() { Handshakes(s.Addr, cfg, stop, &ops) }
 	case "stalled-tls":
 		n, attack = 1, func() { StalledTLS(s.Addr, cfg, 2000, stop, &ops) }
+	case "stalled-redial":
+		n, attack = 1, func() { StalledRedial(s.Addr, cfg, 2000, stop, &ops) }
 	case "no-tls":
 		n, attack = 1, func() { NoTLS(s.Addr, 500, stop, &ops) }
 	case "burn":
@@ -243,4 +247,43 @@ func Main() error {
 	wg.Wait()
 	fmt.Printf("ops/s %g cpu %g\n", rate, cpu)
 	return nil
+}
+
+// StartControl runs Istio's HBONE server (the binary at path, tools/istio/hbonecontrol) on
+// addr, presenting certPEM, until the test ends; prefix, if any, goes before the binary on
+// the command line (ip netns exec NAME, say).
+func StartControl(tb testing.TB, path, addr, certPEM string, prefix ...string) {
+	tb.Helper()
+	args := append(prefix, path, "-addr", addr)
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = append(os.Environ(), "HBONE_CONTROL_CERT="+certPEM)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	out := bufio.NewReader(stdout)
+	drained := make(chan struct{})
+	tb.Cleanup(func() {
+		stdin.Close()
+		<-drained
+		cmd.Wait()
+	})
+	line, _ := out.ReadString('\n')
+	// Istio's log goes to standard output, a line per connection and per failed
+	// handshake: unread, the pipe fills and the server blocks in its logging.
+	go func() {
+		defer close(drained)
+		io.Copy(io.Discard, out)
+	}()
+	if line != "ready\n" {
+		tb.Fatalf("%s did not start: %q", path, line)
+	}
 }

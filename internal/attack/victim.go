@@ -2,30 +2,35 @@ package attack
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"runtime"
 	"runtime/metrics"
+	"runtime/trace"
 	"slices"
 	"sync"
 	"time"
 )
 
 // Victim is what an honest client saw in a round: its round trips' latencies, and this
-// process's goroutine peak and scheduler latency meanwhile.
+// process's goroutine peak, scheduler latency and CPU meanwhile.
 type Victim struct {
 	P50, P99   time.Duration
 	SchedP99   time.Duration // how long runnable goroutines waited to run, p99
 	Goroutines int           // the most this process had
+	CPU        float64       // CPU this process used, seconds a second (Linux; else 0)
 }
 
 // RoundTrips makes n round trips of size bytes on c, rate a second, each timed from its
-// write to the last byte of its echo, and returns what it saw.
+// write to the last byte of its echo, and returns what it saw. Each round trip is a
+// runtime/trace region named "roundtrip", so that a trace of the round (-test.trace) shows
+// what the slow ones waited for.
 func RoundTrips(c net.Conn, n, rate, size int) (Victim, error) {
 	msg := bytes.Repeat([]byte("v"), size)
 	buf := make([]byte, size)
-	sched0 := schedLatencies()
+	sched0, cpu0, start := schedLatencies(), processCPU(), time.Now()
 	stopPeak := GoroutinePeak()
 	lat := make([]time.Duration, 0, n)
 	next := time.Now()
@@ -33,6 +38,7 @@ func RoundTrips(c net.Conn, n, rate, size int) (Victim, error) {
 		time.Sleep(time.Until(next))
 		next = next.Add(time.Second / time.Duration(rate))
 		t0 := time.Now()
+		region := trace.StartRegion(context.Background(), "roundtrip")
 		if _, err := c.Write(msg); err != nil {
 			stopPeak()
 			return Victim{}, fmt.Errorf("round trip %d: %w", len(lat), err)
@@ -41,12 +47,14 @@ func RoundTrips(c net.Conn, n, rate, size int) (Victim, error) {
 			stopPeak()
 			return Victim{}, fmt.Errorf("round trip %d: %w", len(lat), err)
 		}
+		region.End()
 		lat = append(lat, time.Since(t0))
 	}
 	slices.Sort(lat)
 	return Victim{
 		P50: lat[len(lat)/2], P99: lat[len(lat)*99/100],
 		SchedP99: quantile(sched0, schedLatencies(), 0.99), Goroutines: stopPeak(),
+		CPU: (processCPU() - cpu0) / time.Since(start).Seconds(),
 	}, nil
 }
 

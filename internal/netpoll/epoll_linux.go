@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -52,7 +53,15 @@ import (
 // out of the set and put back after the back-off's delay; the callback is told each
 // failure. A listener that is a Gate is asked before each accept; while it says no, the
 // socket is out of the set and its connections wait in the kernel's backlog, until the
-// gate wakes it.
+// gate wakes it. It is asked after each accept too, with the peer's address, whether to
+// refuse the connection: a refused one goes to the gate's Hold before it costs a net.Conn,
+// FileConn's dup and the syscalls around it, which is all a flood from a source past its
+// budgets costs the poller per connection (accept4, and for its RST setsockopt and close).
+//
+// While sockets stay ready (a flood keeps a listener's backlog full) EpollWait never
+// parks the loop, so it yields its P after each round: Go's scheduler would otherwise let
+// it run, accepting and refusing, until the runtime's 10 ms time slice ends, while the
+// goroutines serving the node's established connections wait behind it on that P.
 
 // batch is how many connections or datagrams one socket gets per round.
 const batch = 16
@@ -294,6 +303,7 @@ func (p *epoll) run() {
 				r.ready()
 			}
 		}
+		runtime.Gosched() // take turns with the goroutines the round made runnable
 	}
 }
 
@@ -326,16 +336,20 @@ func (w *watch) acceptBatch() error {
 	var aerr error
 	refused := false // by the gate
 	cerr := w.rc.Control(func(fd uintptr) {
-		for n < batch {
+		for tries := 0; tries < batch; tries++ {
 			if w.gate != nil && !w.gate.Room(w.open) {
 				refused = true
 				return
 			}
 			// Blocking, so that os.NewFile below does not register the fd with the
 			// netpoller only for FileConn to register its dup.
-			nfd, _, err := unix.Accept4(int(fd), unix.SOCK_CLOEXEC)
+			nfd, sa, err := unix.Accept4(int(fd), unix.SOCK_CLOEXEC)
 			switch err {
 			case nil:
+				if w.gate != nil && w.gate.Refuses(sockaddrAddrPort(sa)) {
+					w.gate.Hold(func() { refuseFD(nfd) })
+					continue
+				}
 				fds[n] = nfd
 				n++
 				if w.gate != nil {
@@ -365,6 +379,24 @@ func (w *watch) acceptBatch() error {
 		w.accept(nil, aerr)
 	}
 	return aerr
+}
+
+// refuseFD closes an accepted socket the gate refused at the least cost: an RST
+// (SO_LINGER 0) rather than a FIN, so no TIME_WAIT is kept for it, and no net.Conn made.
+func refuseFD(fd int) {
+	_ = unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
+	unix.Close(fd)
+}
+
+// sockaddrAddrPort is an accepted socket's peer address (invalid if not IP).
+func sockaddrAddrPort(sa unix.Sockaddr) netip.AddrPort {
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
+	}
+	return netip.AddrPort{}
 }
 
 // fileConn makes an accepted socket a *net.TCPConn.

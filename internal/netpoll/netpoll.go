@@ -61,13 +61,23 @@ type Poller interface {
 
 // Gate is what a watched listener implements to hold accepts back (hbone's AdmitListener,
 // its handshake backpressure): while it has no room, its connections wait in the
-// kernel's backlog. The epoll poller accepts on the socket itself and asks Room before
-// each accept; PerSocket calls the listener's Accept, which must wait for room itself.
+// kernel's backlog. The epoll poller accepts on the socket itself, asks Room before each
+// accept and Refuses after it; PerSocket calls the listener's Accept, which must wait for
+// room and refuse by itself.
 type Gate interface {
 	// Room reports whether another connection may be accepted now; if not, wake is called
 	// once, from another goroutine and never during Room, when there may be room.
 	Room(wake func()) bool
-	// Accepted tells the gate that a connection was accepted after Room said yes.
+	// Refuses reports whether a connection from src, just accepted, is to be refused: the
+	// epoll poller hands it to Hold before it becomes a net.Conn (no dup, no socket option,
+	// no callback), and Accepted is not told of it.
+	Refuses(src netip.AddrPort) bool
+	// Hold takes a connection Refuses refused: reset sends it an RST (SO_LINGER 0) and
+	// closes it, and the gate calls it once, at once or later (hbone holds a refused
+	// connection until its handshake deadline, so that its client does not dial again at
+	// once).
+	Hold(reset func())
+	// Accepted tells the gate that a connection was accepted after Room said yes, and kept.
 	Accepted()
 }
 

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -406,11 +407,13 @@ func testAcceptBackoff(t *testing.T, p netpoll.Poller) {
 	}
 }
 
-// gate is a listener that holds accepts back until let is called. Its Accept waits for
-// room, as hbone's AdmitListener does, for PerSocket, which calls it; the epoll poller
-// accepts on the socket and asks Room itself.
+// gate is a listener that holds accepts back until let is called, and refuses the
+// connections refuse says to (if set). Its Accept waits for room and refuses, as hbone's
+// AdmitListener does, for PerSocket, which calls it; the epoll poller accepts on the
+// socket and asks Room and Refuses itself.
 type gate struct {
 	*net.TCPListener
+	refuse   func(netip.AddrPort) bool
 	mu       sync.Mutex
 	open     bool
 	wake     func()
@@ -423,12 +426,23 @@ func (g *gate) Accept() (net.Conn, error) {
 	for !g.Room(func() { woken <- struct{}{} }) {
 		<-woken
 	}
-	c, err := g.TCPListener.Accept()
-	if err == nil {
+	for {
+		c, err := g.TCPListener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if g.Refuses(c.RemoteAddr().(*net.TCPAddr).AddrPort()) {
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+			continue
+		}
 		g.Accepted()
+		return c, nil
 	}
-	return c, err
 }
+
+func (g *gate) Refuses(src netip.AddrPort) bool { return g.refuse != nil && g.refuse(src) }
+func (g *gate) Hold(reset func())               { reset() }
 
 func (g *gate) Room(wake func()) bool {
 	g.mu.Lock()
@@ -498,6 +512,96 @@ func testGate(t *testing.T, p netpoll.Poller) {
 	}
 	if n := g.accepted.Load(); n != 3 {
 		t.Errorf("Accepted told %d times; want 3", n)
+	}
+}
+
+// A gate that refuses a connection as it is accepted: its peer gets an RST, and the
+// callback does not see it nor is Accepted told (the epoll poller refuses it before it
+// becomes a net.Conn); the connections the gate keeps are handed over as before.
+func TestGateRefuses(t *testing.T) { forEach(t, testGateRefuses) }
+
+func testGateRefuses(t *testing.T, p netpoll.Poller) {
+	refusedSrc := netip.MustParseAddr("127.0.0.2")
+	g := &gate{TCPListener: listen(t), open: true, refuse: func(src netip.AddrPort) bool { return src.Addr() == refusedSrc }}
+	conns, stop := accepts(t, p, g)
+	defer stop()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: refusedSrc.AsSlice()}}
+	rc, err := d.Dial("tcp", g.Addr().String())
+	if err == nil { // on loopback the RST can beat connect's return
+		defer rc.Close()
+		rc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = rc.Read(make([]byte, 1))
+	}
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("the refused connection: %v; want a reset", err)
+	}
+	kc, err := net.Dial("tcp", g.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	if got := recv(t, conns).RemoteAddr().String(); got != kc.LocalAddr().String() {
+		t.Errorf("handed over the connection from %s; want the kept one, from %s", got, kc.LocalAddr())
+	}
+	if n := g.accepted.Load(); n != 1 {
+		t.Errorf("Accepted told %d times; want 1 (the refused connection is not accepted)", n)
+	}
+}
+
+// refuseAll is a Gate with room for every connection that refuses each, counting the
+// accepts; its first Room call runs first.
+type refuseAll struct {
+	*net.TCPListener
+	accepts atomic.Int64
+	once    sync.Once
+	first   func()
+}
+
+func (g *refuseAll) Room(func()) bool {
+	g.once.Do(g.first)
+	g.accepts.Add(1)
+	return true
+}
+func (g *refuseAll) Refuses(netip.AddrPort) bool { return true }
+func (g *refuseAll) Hold(reset func())           { reset() }
+func (g *refuseAll) Accepted()                   {}
+
+// While a listener stays ready (a flood's backlog), the epoll poller takes turns with the
+// goroutines waiting for the CPU instead of serving the backlog through: on one P, a
+// goroutine made runnable during its first round runs after that round (a batch of 16
+// accepts) or, when the scheduler's fairness check (every 61st turn) picks the poller
+// first, after the next, not after the whole backlog. (The node's established
+// connections' readers are such goroutines.) The race detector randomizes which goroutine
+// runs next, so this runs without it (make test-norace: the name ends in Yields).
+func TestPollerYields(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector randomizes which goroutine runs next (make test-norace runs this)")
+	}
+	prev := runtime.GOMAXPROCS(1)
+	defer runtime.GOMAXPROCS(prev)
+	p := newPoller(t)
+	const backlog = 128
+	ran := make(chan int64, 1)
+	g := &refuseAll{TCPListener: listen(t)}
+	g.first = func() { go func() { ran <- g.accepts.Load() }() } // runnable during the first round
+	for range backlog {
+		c, err := net.Dial("tcp", g.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	stop, err := p.Watch(g, func(c net.Conn, err error) {
+		if err == nil {
+			c.Close()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if n := <-ran; n > 2*16+1 {
+		t.Errorf("a goroutine made runnable during the poller's first round ran after %d accepts of a backlog of %d; want it to run after that round or the next (16 accepts each)", n, backlog)
 	}
 }
 
