@@ -1,7 +1,9 @@
 package scaletest
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -22,6 +24,7 @@ import (
 // result is one node's figures for one mesh.
 type result struct {
 	impl              string
+	server            string // the control plane: gozt (ours), istiod (ours, shaped as istiod sends) or gcp (go-control-plane)
 	workloads         int
 	pushBytes         int
 	ready             time.Duration // process start to /healthz/ready 200
@@ -41,6 +44,7 @@ type result struct {
 	err               error         // not ready
 	fullPush          time.Duration // every workload pushed again, changed, send to ACK
 	resync            time.Duration // every workload pushed again, the same bytes at a new version
+	resyncUnsent      bool          // the server sent nothing for the resync (its versions hash the content)
 	// The slowest probe connection through the node (see probe) while it was idle after
 	// ready, during the 100-workload pushes, the full push, the resync and the reconnect.
 	// (Not during the first push: a dedicated node holds a connection from its own workload
@@ -53,15 +57,20 @@ type result struct {
 
 func (r result) String() string {
 	mb := func(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) }
+	name := r.impl + "/" + r.server
 	if r.err != nil {
-		return fmt.Sprintf("%-5s %8d workloads  NOT READY: %v  peak %s MB  cpu %v", r.impl, r.workloads, r.err, mb(r.peak), r.cpu.Round(10*time.Millisecond))
+		return fmt.Sprintf("%-12s %8d workloads  NOT READY: %v  peak %s MB  cpu %v", name, r.workloads, r.err, mb(r.peak), r.cpu.Round(10*time.Millisecond))
 	}
-	return fmt.Sprintf("%-5s %8d workloads  push %6.1f MB  ready %6v  applied %6v  cpu %6v  peak@ready %6s MB  settled %6s MB (%5.0f B/workload)  heap %s MB  push100 p50 %v p99 %v  reconnect %v (%d versions, %d resent)  peak %s MB  cpu %v",
-		r.impl, r.workloads, float64(r.pushBytes)/(1<<20), r.ready.Round(time.Millisecond), r.applied.Round(time.Millisecond), r.cpuReady.Round(10*time.Millisecond),
+	resync := r.resync.Round(time.Millisecond).String()
+	if r.resyncUnsent {
+		resync = "not sent"
+	}
+	return fmt.Sprintf("%-12s %8d workloads  push %6.1f MB  ready %6v  applied %6v  cpu %6v  peak@ready %6s MB  settled %6s MB (%5.0f B/workload)  heap %s MB  push100 p50 %v p99 %v  reconnect %v (%d versions, %d resent)  peak %s MB  cpu %v",
+		name, r.workloads, float64(r.pushBytes)/(1<<20), r.ready.Round(time.Millisecond), r.applied.Round(time.Millisecond), r.cpuReady.Round(10*time.Millisecond),
 		mb(r.peakReady), mb(r.settled), float64(r.settled)/float64(max(1, r.workloads)), mb(r.heap),
 		r.pushP50.Round(100*time.Microsecond), r.pushP99.Round(100*time.Microsecond), r.reconnect.Round(time.Millisecond), r.reconnectVersions, r.reconnectResent,
 		mb(r.peak), r.cpu.Round(10*time.Millisecond)) + fmt.Sprintf("  heap after deleting all %s MB  RSS then %s MB  full push %v  resync %v  probe p100: idle %v, idle with cores busy %v, pushes %v, full push %v, resync %v, reconnect %v",
-		mb(r.heapDeleted), mb(r.rssDeleted), r.fullPush.Round(time.Millisecond), r.resync.Round(time.Millisecond), r.stallIdle, r.stallBusy, r.stallPushes, r.stallFull, r.stallResync, r.stallReconnect)
+		mb(r.heapDeleted), mb(r.rssDeleted), r.fullPush.Round(time.Millisecond), resync, r.stallIdle, r.stallBusy, r.stallPushes, r.stallFull, r.stallResync, r.stallReconnect)
 }
 
 type runOpts struct {
@@ -79,15 +88,30 @@ type runOpts struct {
 	// the node during the full push (pushProfile+".cpu", +".trace").
 	pushProfile string
 	env         []string
+	// server is the control plane: "gozt" (ours, the default), "istiod" (ours, shaped as
+	// istiod sends) or "gcp" (go-control-plane's, tools/xdscontrol).
+	server string
 }
 
 // starter starts an ADS server serving m and a node fed by it.
-type starter func(t *testing.T, m *mesh, o runOpts) (*adsServer, *node)
+type starter func(t *testing.T, m *mesh, o runOpts) (controlPlane, *node)
 
 // goztNode runs a gozt binary in the test's namespace, on a loopback address of its own.
 func goztNode(impl, bin string) starter {
-	return func(t *testing.T, m *mesh, o runOpts) (*adsServer, *node) {
-		ads, err := startADS(m)
+	return func(t *testing.T, m *mesh, o runOpts) (controlPlane, *node) {
+		if o.server == "gcp" {
+			xbin, err := xdsControlBinary()
+			if err != nil {
+				t.Fatal(err)
+			}
+			x := startXDSControl(t, xbin, m)
+			return x, startNode(t, impl, bin, x.addr, o.env...)
+		}
+		sh := shapeOwn
+		if o.server == "istiod" {
+			sh = shapeIstiod
+		}
+		ads, err := startADS(m, sh)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -106,7 +130,7 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 	warmMemory(m.workloads)
 	ads, n := startNodes(t, m, o)
 	defer ads.stop()
-	r := result{impl: impl, workloads: m.workloads}
+	r := result{impl: impl, server: cmp.Or(o.server, "gozt"), workloads: m.workloads}
 	var err error
 	defer n.stop()
 	var pr *probe
@@ -205,7 +229,8 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 			res.Version = "resync"
 		}
 		from = time.Now()
-		if r.resync, err = ads.push(xdspb.AddressType, upd, nil); err != nil {
+		r.resync, err = ads.push(xdspb.AddressType, upd, nil)
+		if r.resyncUnsent = errors.Is(err, errUnchanged); err != nil && !r.resyncUnsent {
 			t.Fatalf("resync: %v", err)
 		}
 		if pr != nil {
@@ -218,13 +243,12 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 	}
 
 	// A reconnect: the client lists every version it holds and the server resends none.
-	before := a.nonce
 	start := time.Now()
 	ads.drop()
 	deadline := time.Now().Add(o.ready)
 	for {
 		a, acked = ads.answeredAcked(xdspb.AddressType)
-		if a.nonce != before && !acked.IsZero() {
+		if a.start.After(start) && !acked.IsZero() {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -236,11 +260,7 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 	if pr != nil {
 		r.stallReconnect = pr.window(start, acked.Add(o.probe))
 	}
-	ads.mu.Lock()
-	if ads.cur != nil {
-		r.reconnectVersions = ads.cur.initialVersions
-	}
-	ads.mu.Unlock()
+	r.reconnectVersions = ads.reconnectVersions()
 	r.reconnectResent = a.resources
 	if o.profile != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -340,10 +360,13 @@ func TestScale10k(t *testing.T) {
 }
 
 // TestScaleBench is make bench-scale: SCALE_SIZES (default 100000,1000000) meshes against
-// gozt (with SCALE_CPUPROFILE set, a CPU profile of its start; with SCALE_PUSHPROFILE, a CPU
-// profile and an execution trace of each gozt node's full push), a baseline gozt binary first if ZTUNNEL_BASE names one (a same-run before/after),
-// and the Rust ztunnel if ZTUNNEL_RS names its binary; a table on stdout and heap profiles
-// in SCALE_OUT (default .tmp/scale at the repository root).
+// gozt, fed by each control plane of SCALE_SERVERS (default gozt,istiod,gcp: ours, ours
+// shaped as istiod sends, go-control-plane's) in turn, SCALE_ROUNDS times (default 1), so
+// the servers alternate within a sitting. With SCALE_CPUPROFILE set, a CPU profile of each
+// node's start; with SCALE_PUSHPROFILE, a CPU profile and an execution trace of each node's
+// full push; a baseline gozt binary first if ZTUNNEL_BASE names one (a same-run
+// before/after), and the Rust ztunnel (fed by ours) if ZTUNNEL_RS names its binary; a table
+// on stdout and heap profiles in SCALE_OUT (default .tmp/scale at the repository root).
 func TestScaleBench(t *testing.T) {
 	sizes := os.Getenv("SCALE_SIZES")
 	if sizes == "" {
@@ -356,6 +379,19 @@ func TestScaleBench(t *testing.T) {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	servers := strings.Split(cmp.Or(os.Getenv("SCALE_SERVERS"), "gozt,istiod,gcp"), ",")
+	for _, s := range servers {
+		if s != "gozt" && s != "istiod" && s != "gcp" {
+			t.Fatalf("SCALE_SERVERS: %q is not gozt, istiod or gcp", s)
+		}
+	}
+	rounds := 1
+	if v := os.Getenv("SCALE_ROUNDS"); v != "" {
+		var err error
+		if rounds, err = strconv.Atoi(v); err != nil || rounds < 1 {
+			t.Fatalf("SCALE_ROUNDS=%q: want a count", v)
+		}
+	}
 	bin := gozt(t)
 	var rows []string
 	for _, s := range strings.Split(sizes, ",") {
@@ -364,31 +400,41 @@ func TestScaleBench(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := genMesh(n)
-		o := runOpts{settle: 3 * time.Second, pushes: 50, ready: 10 * time.Minute, profile: filepath.Join(out, "gozt-"+s+".heap"), deleteAll: true, probe: 5 * time.Millisecond, fullPush: true}
-		if os.Getenv("SCALE_CPUPROFILE") != "" {
-			o.cpuProfile = filepath.Join(out, "gozt-"+s+".cpu")
-		}
-		if os.Getenv("SCALE_PUSHPROFILE") != "" {
-			o.pushProfile = filepath.Join(out, "gozt-"+s+".full")
-		}
-		if base := os.Getenv("ZTUNNEL_BASE"); base != "" {
-			bo := runOpts{settle: o.settle, pushes: o.pushes, ready: o.ready, profile: filepath.Join(out, "base-"+s+".heap"), deleteAll: true, probe: o.probe, fullPush: true}
-			if o.pushProfile != "" {
-				bo.pushProfile = filepath.Join(out, "base-"+s+".full")
+		var own result // the first run's, for the Rust ztunnel's push limit
+		for round := range rounds {
+			for _, server := range servers {
+				name := fmt.Sprintf("%s-%s-%d", s, server, round)
+				o := runOpts{settle: 3 * time.Second, pushes: 50, ready: 10 * time.Minute, profile: filepath.Join(out, "gozt-"+name+".heap"), deleteAll: true, probe: 5 * time.Millisecond, fullPush: true, server: server}
+				if os.Getenv("SCALE_CPUPROFILE") != "" {
+					o.cpuProfile = filepath.Join(out, "gozt-"+name+".cpu")
+				}
+				if os.Getenv("SCALE_PUSHPROFILE") != "" {
+					o.pushProfile = filepath.Join(out, "gozt-"+name+".full")
+				}
+				if base := os.Getenv("ZTUNNEL_BASE"); base != "" {
+					bo := o
+					bo.profile, bo.cpuProfile, bo.pushProfile = filepath.Join(out, "base-"+name+".heap"), "", ""
+					if o.pushProfile != "" {
+						bo.pushProfile = filepath.Join(out, "base-"+name+".full")
+					}
+					r := run(t, "base", base, m, bo)
+					t.Log(r)
+					rows = append(rows, r.String())
+				}
+				r := run(t, "gozt", bin, m, o)
+				t.Log(r)
+				rows = append(rows, r.String())
+				if own.workloads == 0 {
+					own = r
+				}
 			}
-			r := run(t, "base", base, m, bo)
-			t.Log(r)
-			rows = append(rows, r.String())
 		}
-		r := run(t, "gozt", bin, m, o)
-		t.Log(r)
-		rows = append(rows, r.String())
 		if rs := os.Getenv("ZTUNNEL_RS"); rs != "" {
-			if r.pushBytes > rustMaxPush {
-				rows = append(rows, fmt.Sprintf("rust  %8d workloads  SKIPPED: the push is %.1f MB, past its %d MiB limit (max_decoding_message_size, src/xds/client.rs)", n, float64(r.pushBytes)/(1<<20), rustMaxPush>>20))
+			if own.pushBytes > rustMaxPush {
+				rows = append(rows, fmt.Sprintf("rust  %8d workloads  SKIPPED: the push is %.1f MB, past its %d MiB limit (max_decoding_message_size, src/xds/client.rs)", n, float64(own.pushBytes)/(1<<20), rustMaxPush>>20))
 				continue
 			}
-			o.profile, o.cpuProfile, o.pushProfile = "", "", ""
+			o := runOpts{settle: 3 * time.Second, pushes: 50, ready: 10 * time.Minute, deleteAll: true, probe: 5 * time.Millisecond, fullPush: true}
 			r := runWith(t, "rust", m, o, rustNode(rs))
 			t.Log(r)
 			rows = append(rows, r.String())
