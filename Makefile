@@ -308,8 +308,9 @@ xdscontrol: .tools/xdscontrol
 SCALE_SIZES ?= 100000,1000000
 SCALE_SERVERS ?= gozt,istiod,gcp
 SCALE_ROUNDS ?= 1
+SCALE_FULLPUSHES ?= 1
 bench-scale: .tools/xdscontrol
-	SCALE_SIZES=$(SCALE_SIZES) SCALE_SERVERS=$(SCALE_SERVERS) SCALE_ROUNDS=$(SCALE_ROUNDS) SCALE_PUSHPROFILE=$(SCALE_PUSHPROFILE) ZTUNNEL_RS=$(ZTUNNEL_RS) ZTUNNEL_BASE=$(ZTUNNEL_BASE) $(GO) test -count=1 -v -timeout 60m -run '^TestScaleBench$$' ./internal/scaletest
+	SCALE_SIZES=$(SCALE_SIZES) SCALE_SERVERS=$(SCALE_SERVERS) SCALE_ROUNDS=$(SCALE_ROUNDS) SCALE_FULLPUSHES=$(SCALE_FULLPUSHES) SCALE_PUSHPROFILE=$(SCALE_PUSHPROFILE) ZTUNNEL_RS=$(ZTUNNEL_RS) ZTUNNEL_BASE=$(ZTUNNEL_BASE) $(GO) test -count=1 -v -timeout 60m -run '^TestScaleBench$$' ./internal/scaletest
 
 # In-pod mode at scale (root): 250 idle pods on one in-process node, each in its own network
 # namespace (KiB and goroutines per pod, Add-to-ACK latency), then 10,000 add/delete cycles

@@ -252,6 +252,24 @@ func (n *node) cpuProfile(path string, within time.Duration) {
 	}
 }
 
+// perfRecord starts perf record on the node (call graphs by frame pointer, which Go
+// keeps), writing path; stop ends it and waits. Unlike the runtime's profile it sees the
+// kernel's side: page faults, the memory the VM backs.
+func (n *node) perfRecord(path string) (stop func() error, err error) {
+	cmd := exec.Command("perf", "record", "-q", "-F", "499", "-g", "-p", strconv.Itoa(n.cmd.Process.Pid), "-o", path)
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return func() error {
+		_ = cmd.Process.Signal(os.Interrupt)
+		err := cmd.Wait()
+		if ee, ok := err.(*exec.ExitError); ok && !ee.Exited() {
+			err = nil // perf writes its file, then ends by the signal it was sent
+		}
+		return err
+	}, nil
+}
+
 // saveProfile saves the node's /debug/pprof/<kind>?seconds=N (profile or trace) to path.
 func (n *node) saveProfile(kind string, seconds int, path string) error {
 	resp, err := n.get(fmt.Sprintf("http://%s:15000/debug/pprof/%s?seconds=%d", n.ip, kind, seconds), time.Duration(seconds)*time.Second+time.Minute)
