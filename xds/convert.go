@@ -149,11 +149,11 @@ func convertWorkload(p *workloadpb.Workload, in *interner) (*state.Workload, err
 			w.Addresses[i] = ip
 		}
 	}
-	var key []byte // the meta's key in the push (none without an interner)
+	var key metaHash // the hash of the meta's key in the push (none without an interner)
 	if in != nil {
-		var ok bool
-		if key, ok = in.metaKey(p); ok {
-			if m := in.metas[string(key)]; m != nil {
+		if k, ok := in.metaKey(p); ok {
+			key = hashMetaKey(k)
+			if m := in.metas[key]; m != nil {
 				w.WorkloadMeta = m
 				return w, nil
 			}

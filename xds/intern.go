@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,16 +24,16 @@ type interner struct {
 	strs  map[string]string
 	pmaps map[string]map[uint16]uint16
 	smaps map[string]map[string]map[uint16]uint16
-	metas map[string]*state.WorkloadMeta // by metaKey
-	key   []byte                         // scratch for lookup keys
-	mkey  []byte                         // scratch for metaKey
-	names []string                       // scratch for services
-	pairs []portPair                     // scratch for services
+	metas map[metaHash]*state.WorkloadMeta // by metaKey's hash
+	key   []byte                           // scratch for lookup keys
+	mkey  []byte                           // scratch for metaKey
+	names []string                         // scratch for services
+	pairs []portPair                       // scratch for services
 }
 
 func newInterner() *interner {
 	return &interner{strs: map[string]string{}, pmaps: map[string]map[uint16]uint16{}, smaps: map[string]map[string]map[uint16]uint16{},
-		metas: map[string]*state.WorkloadMeta{}}
+		metas: map[metaHash]*state.WorkloadMeta{}}
 }
 
 func (in *interner) str(s string) string {
@@ -178,12 +179,13 @@ func (in *interner) portsOf(pairs []portPair) map[uint16]uint16 {
 }
 
 // metaKey is the key of the meta p converts to, built from p's own fields (their raw wire
-// values: a meta is a function of them alone), valid until the next call. It lets a workload
-// whose meta the push has seen skip converting and interning every one of its fields: with
-// the resources in an order that does not keep a deployment's pods together (istiod's and
-// go-control-plane's is map order) each of those lookups was a cache miss, and together they
-// were a fifth of a 1M push (docs/PERFORMANCE.md, issue 59). ok is false when p has a port
-// out of range (converting it reports that).
+// values: a meta is a function of them alone), valid until the next call; the metas are
+// filed by its hash (metaHash). It lets a workload whose meta the push has seen skip
+// converting and interning every one of its fields: with the resources in an order that
+// does not keep a deployment's pods together (istiod's and go-control-plane's is map order)
+// each of those lookups was a cache miss, and together they were a fifth of a 1M push
+// (docs/PERFORMANCE.md, issue 59). ok is false when p has a port out of range (converting it
+// reports that).
 func (in *interner) metaKey(p *workloadpb.Workload) (key []byte, ok bool) {
 	k := in.mkey[:0]
 	for _, s := range [...]string{p.GetNamespace(), p.GetNetwork(), p.GetTrustDomain(), p.GetServiceAccount(),
@@ -237,9 +239,9 @@ func appendWireGateway(k []byte, g *workloadpb.GatewayAddress) []byte {
 	return append(k, 0)
 }
 
-// meta returns *m as a meta of its own, its identity cached, filed under key (metaKey's) for
-// the workloads of the push that follow. m must not be used afterwards.
-func (in *interner) meta(m *state.WorkloadMeta, key []byte) *state.WorkloadMeta {
+// meta returns *m as a meta of its own, its identity cached, filed under key (metaKey's
+// hash) for the workloads of the push that follow. m must not be used afterwards.
+func (in *interner) meta(m *state.WorkloadMeta, key metaHash) *state.WorkloadMeta {
 	v := new(state.WorkloadMeta)
 	*v = *m
 	if in == nil {
@@ -253,8 +255,22 @@ func (in *interner) meta(m *state.WorkloadMeta, key []byte) *state.WorkloadMeta 
 		}
 	}
 	v.CacheIdentity()
-	in.metas[string(key)] = v
+	in.metas[key] = v
 	return v
+}
+
+// metaHash is a meta key's hash under two random seeds, 128 bits. The metas are found by it
+// rather than by the key itself: a key is 150 bytes or so, and comparing a stored one, cold
+// when a deployment's pods come apart, was 7% of the node's samples in a 1M push in
+// istiod's order (perf). Two keys hash alike by chance about once in 2^128 pairs, far below
+// a flipped bit in memory; the seeds are the process's own, so a control plane cannot aim at
+// one.
+type metaHash [2]uint64
+
+var metaSeeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
+
+func hashMetaKey(k []byte) metaHash {
+	return metaHash{maphash.Bytes(metaSeeds[0], k), maphash.Bytes(metaSeeds[1], k)}
 }
 
 // appendStr appends s length-prefixed, so adjacent strings cannot run together.
