@@ -76,6 +76,15 @@ type node struct {
 	log   string
 	start time.Time
 	done  chan struct{}
+	// cpuSeen is the node's CPU time at each of waitReady's polls, for the CPU it spent
+	// after a given moment (cpuSince): a server that takes 18 s to send its first byte
+	// leaves the node idle that long, serving the probes.
+	cpuSeen []cpuAt
+}
+
+type cpuAt struct {
+	at  time.Time
+	cpu time.Duration
 }
 
 // startNode starts bin as a dedicated-mode node of the mesh's first workload, fed by the
@@ -149,6 +158,9 @@ func (n *node) waitReady(within time.Duration) (time.Time, error) {
 			return time.Time{}, fmt.Errorf("%s exited before ready", n.name)
 		default:
 		}
+		if cpu, err := n.cpuTime(); err == nil {
+			n.cpuSeen = append(n.cpuSeen, cpuAt{time.Now(), cpu})
+		}
 		if resp, err := n.get(url, time.Second); err == nil {
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
@@ -175,20 +187,40 @@ type proc struct {
 
 func (n *node) proc(t testing.TB) proc {
 	t.Helper()
-	pid := strconv.Itoa(n.cmd.Process.Pid)
 	var p proc
-	stat, err := os.ReadFile("/proc/" + pid + "/stat")
-	if err != nil {
+	var err error
+	if p.cpu, err = n.cpuTime(); err != nil {
 		t.Fatal(err)
+	}
+	status := n.status(t)
+	p.rss, p.peak = status["VmRSS"], status["VmHWM"]
+	return p
+}
+
+// cpuTime is the node's user and system CPU time so far.
+func (n *node) cpuTime() (time.Duration, error) {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(n.cmd.Process.Pid) + "/stat")
+	if err != nil {
+		return 0, err
 	}
 	// Fields after the command's closing parenthesis: state is field 3, utime 14, stime 15.
 	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+2:]))
 	ut, _ := strconv.ParseUint(f[11], 10, 64)
 	st, _ := strconv.ParseUint(f[12], 10, 64)
-	p.cpu = time.Duration(ut+st) * 10 * time.Millisecond // USER_HZ is 100 on Linux
-	status := n.status(t)
-	p.rss, p.peak = status["VmRSS"], status["VmHWM"]
-	return p
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil // USER_HZ is 100 on Linux
+}
+
+// cpuSince is the CPU the node spent from the last of waitReady's polls before from (its
+// start if none) to cpu.
+func (n *node) cpuSince(from time.Time, cpu time.Duration) time.Duration {
+	var before time.Duration
+	for _, s := range n.cpuSeen {
+		if s.at.After(from) {
+			break
+		}
+		before = s.cpu
+	}
+	return cpu - before
 }
 
 // status is the node's /proc/PID/status sizes (the lines in kB), in bytes by name.

@@ -29,9 +29,11 @@ type result struct {
 	pushBytes         int
 	ready             time.Duration // process start to /healthz/ready 200
 	applied           time.Duration // the server's first byte of the Address answer to its ACK
+	readyFirst        time.Duration // the server's first byte of the Address answer to ready
 	cpuReady          time.Duration
-	peakReady         uint64 // VmHWM when ready
-	settled           uint64 // VmRSS settle after ready
+	cpuFirst          time.Duration // of cpuReady, what the node spent after the server's first byte
+	peakReady         uint64        // VmHWM when ready
+	settled           uint64        // VmRSS settle after ready
 	pushP50, pushP99  time.Duration
 	reconnect         time.Duration // stream dropped to the new answer's ACK
 	reconnectVersions int           // resource versions the client listed on reconnect
@@ -74,9 +76,9 @@ func (r result) String() string {
 	if r.resyncUnsent {
 		resync = "not sent"
 	}
-	return fmt.Sprintf("%-12s %8d workloads  push %6.1f MB  ready %6v  applied %6v  cpu %6v  peak@ready %6s MB  settled %6s MB (%5.0f B/workload)  heap %s MB  push100 p50 %v p99 %v  reconnect %v (%d versions, %d resent)  peak %s MB  cpu %v",
-		name, r.workloads, float64(r.pushBytes)/(1<<20), r.ready.Round(time.Millisecond), r.applied.Round(time.Millisecond), r.cpuReady.Round(10*time.Millisecond),
-		mb(r.peakReady), mb(r.settled), float64(r.settled)/float64(max(1, r.workloads)), mb(r.heap),
+	return fmt.Sprintf("%-12s %8d workloads  push %6.1f MB  ready %6v  from first byte: ready %6v, applied %6v, cpu %6v  cpu %6v  peak@ready %6s MB  settled %6s MB (%5.0f B/workload)  heap %s MB  push100 p50 %v p99 %v  reconnect %v (%d versions, %d resent)  peak %s MB  cpu %v",
+		name, r.workloads, float64(r.pushBytes)/(1<<20), r.ready.Round(time.Millisecond), r.readyFirst.Round(time.Millisecond), r.applied.Round(time.Millisecond), r.cpuFirst.Round(10*time.Millisecond),
+		r.cpuReady.Round(10*time.Millisecond), mb(r.peakReady), mb(r.settled), float64(r.settled)/float64(max(1, r.workloads)), mb(r.heap),
 		r.pushP50.Round(100*time.Microsecond), r.pushP99.Round(100*time.Microsecond), r.reconnect.Round(time.Millisecond), r.reconnectVersions, r.reconnectResent,
 		mb(r.peak), r.cpu.Round(10*time.Millisecond)) + fmt.Sprintf("  heap after deleting all %s MB  RSS then %s MB  full push %v (slowest of %d)  resync %v  probe p100: %v  dns p100: %v",
 		mb(r.heapDeleted), mb(r.rssDeleted), r.fullPush.Round(time.Millisecond), r.fullPushes, resync, r.conn, r.dns)
@@ -190,6 +192,9 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 	r.pushBytes = a.bytes
 	if !acked.IsZero() {
 		r.applied = acked.Sub(a.start)
+	}
+	if !a.start.IsZero() {
+		r.readyFirst, r.cpuFirst = readyAt.Sub(a.start), n.cpuSince(a.start, r.cpuReady)
 	}
 
 	time.Sleep(o.settle)
