@@ -284,11 +284,13 @@ func (n *node) cpuProfile(path string, within time.Duration) {
 	}
 }
 
-// perfRecord starts perf record on the node (call graphs by frame pointer, which Go
-// keeps), writing path; stop ends it and waits. Unlike the runtime's profile it sees the
-// kernel's side: page faults, the memory the VM backs.
+// perfRecord starts perf record of the whole machine (call graphs by frame pointer, which
+// Go keeps), writing path; stop ends it and waits. Unlike the runtime's profile it sees the
+// kernel's side: page faults, the memory the VM backs. It records every CPU rather than the
+// node's pid: attached by pid, it caught as little as a third of the node's CPU time when
+// the node waited long for its first push (read it with perf report --comm ztunnel).
 func (n *node) perfRecord(path string) (stop func() error, err error) {
-	cmd := exec.Command("perf", "record", "-q", "-F", "499", "-g", "-p", strconv.Itoa(n.cmd.Process.Pid), "-o", path)
+	cmd := exec.Command("perf", "record", "-q", "-F", "499", "-g", "-a", "-o", path)
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}

@@ -105,7 +105,8 @@ type runOpts struct {
 	// pushProfile, if set, is the path prefix of a CPU profile and an execution trace of
 	// the node during the full push (pushProfile+".cpu", +".trace").
 	pushProfile string
-	env         []string
+	env         []string // more of the node's environment
+	log         string   // if set, where the node's log is copied when it has stopped
 	// server is the control plane: "gozt" (ours, the default), "istiod" (ours, shaped as
 	// istiod sends) or "gcp" (go-control-plane's, tools/xdscontrol).
 	server string
@@ -150,6 +151,13 @@ func runWith(t *testing.T, impl string, m *mesh, o runOpts, startNodes starter) 
 	defer ads.stop()
 	r := result{impl: impl, server: cmp.Or(o.server, "gozt"), workloads: m.workloads}
 	var err error
+	if o.log != "" {
+		defer func() {
+			if b, err := os.ReadFile(n.log); err == nil {
+				_ = os.WriteFile(o.log, b, 0o644)
+			}
+		}()
+	}
 	defer n.stop()
 	var pr *probe
 	if o.probe > 0 && impl != "rust" { // the Rust node is in a namespace of its own
@@ -460,7 +468,9 @@ func TestScale10kServers(t *testing.T) {
 // shaped as istiod sends, go-control-plane's) in turn, SCALE_ROUNDS times (default 1), so
 // the servers alternate within a sitting; SCALE_FULLPUSHES full pushes (default 1), one
 // every 4 s or on the last one's ACK. With SCALE_CPUPROFILE set, a CPU profile of each
-// node's first minute; with SCALE_PERF, perf record of each node's start to ready; with SCALE_PUSHPROFILE, a CPU profile and an execution trace of each node's
+// node's first minute; with SCALE_PERF, perf record of the machine from each node's start
+// to ready; with SCALE_NODE_ENV (say GODEBUG=gctrace=1), more of each node's environment,
+// its log kept; with SCALE_PUSHPROFILE, a CPU profile and an execution trace of each node's
 // full push; a baseline gozt binary first if ZTUNNEL_BASE names one (a same-run
 // before/after), and the Rust ztunnel (fed by ours) if ZTUNNEL_RS names its binary; a table
 // on stdout and heap profiles in SCALE_OUT (default .tmp/scale at the repository root).
@@ -505,9 +515,15 @@ func TestScaleBench(t *testing.T) {
 				if os.Getenv("SCALE_PUSHPROFILE") != "" {
 					o.pushProfile = filepath.Join(out, "gozt-"+name+".full")
 				}
+				if env := os.Getenv("SCALE_NODE_ENV"); env != "" {
+					o.env, o.log = strings.Fields(env), filepath.Join(out, "gozt-"+name+".log")
+				}
 				if base := os.Getenv("ZTUNNEL_BASE"); base != "" {
 					bo := o
 					bo.profile, bo.cpuProfile, bo.pushProfile = filepath.Join(out, "base-"+name+".heap"), "", ""
+					if o.log != "" {
+						bo.log = filepath.Join(out, "base-"+name+".log")
+					}
 					if o.perf != "" {
 						bo.perf = filepath.Join(out, "base-"+name+".perf")
 					}
