@@ -7,7 +7,7 @@ GOBIN     := $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 RUN_DIR   ?= .tmp/run
 
-.PHONY: all build image helm kube-apiserver kubectl istio-tools spire-tools hbone-control otelcol bench-victim coredns cluster-tools cluster-tools-extra cluster-images cluster-up cluster-check cluster-migrate cluster-migrate-run cluster-drills cluster-bench cluster-down cluster-load cluster-rss manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale bench-pods bench-conns
+.PHONY: all build image helm kube-apiserver kubectl istio-tools spire-tools hbone-control xdscontrol otelcol bench-victim coredns cluster-tools cluster-tools-extra cluster-images cluster-up cluster-check cluster-migrate cluster-migrate-run cluster-drills cluster-bench cluster-down cluster-load cluster-rss manifests chart-check k8s-check run demo demo-inpod test test-norace alloc-names check fmt-check vet staticcheck tidy-check bench bench-go bench-smoke proto proto-check clean soak soak-slice fuzz test-ktls ktls-check interop-rs bench-scale bench-pods bench-conns
 
 all: build
 
@@ -293,7 +293,7 @@ alloc-names:
 	@bad=$$(awk '/^func /{f=$$0} /testing\.AllocsPerRun/ && f !~ /^func [A-Za-z0-9_]*[Aa]llocs/ {print FILENAME": "f}' $$(git ls-files '*_test.go')); \
 	 if [ -n "$$bad" ]; then echo "allocation tests must have Allocs in their name (make test-norace runs them):"; echo "$$bad"; exit 1; fi
 
-check: fmt-check vet staticcheck tidy-check proto-check otelcol spire-tools test chart-check k8s-check ktls-check bench-smoke soak-slice
+check: fmt-check vet staticcheck tidy-check proto-check otelcol spire-tools xdscontrol test chart-check k8s-check ktls-check bench-smoke soak-slice
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -320,6 +320,13 @@ bench-smoke:
 bench:
 	$(GO) run ./cmd/zbench suite --short
 
+# go-control-plane's delta ADS server (a LinearCache per type), the control plane nobody here
+# wrote that bench-scale feeds a node from beside its own (issue 59): a module of its own, so
+# its Envoy protos stay out of gozt's go.mod and out of any binary that links xds/xdspb.
+xdscontrol: .tools/xdscontrol
+.tools/xdscontrol: tools/xdscontrol/go.mod tools/xdscontrol/go.sum tools/xdscontrol/main.go
+	cd tools/xdscontrol && CGO_ENABLED=0 $(GO) build -trimpath -o ../../$@ .
+
 # One real node fed generated meshes by a real delta ADS server (internal/scaletest): time to
 # ready, CPU, peak and settled RSS, 100-workload pushes, a full push, a resync, a reconnect
 # with resource versions; heap profiles in .tmp/scale (SCALE_PUSHPROFILE=1: a CPU profile and
@@ -327,8 +334,11 @@ bench:
 # on 2 cores. With ZTUNNEL_RS=/path/to/ztunnel the Rust ztunnel runs on the same meshes, with
 # ZTUNNEL_BASE=/path/to/ztunnel a gozt binary of the code before a change (same-run baseline).
 SCALE_SIZES ?= 100000,1000000
-bench-scale:
-	SCALE_SIZES=$(SCALE_SIZES) SCALE_PUSHPROFILE=$(SCALE_PUSHPROFILE) ZTUNNEL_RS=$(ZTUNNEL_RS) ZTUNNEL_BASE=$(ZTUNNEL_BASE) $(GO) test -count=1 -v -timeout 60m -run '^TestScaleBench$$' ./internal/scaletest
+SCALE_SERVERS ?= gozt,istiod,gcp
+SCALE_ROUNDS ?= 1
+SCALE_FULLPUSHES ?= 1
+bench-scale: .tools/xdscontrol
+	SCALE_SIZES=$(SCALE_SIZES) SCALE_SERVERS=$(SCALE_SERVERS) SCALE_ROUNDS=$(SCALE_ROUNDS) SCALE_FULLPUSHES=$(SCALE_FULLPUSHES) SCALE_PUSHPROFILE=$(SCALE_PUSHPROFILE) ZTUNNEL_RS=$(ZTUNNEL_RS) ZTUNNEL_BASE=$(ZTUNNEL_BASE) $(GO) test -count=1 -v -timeout 60m -run '^TestScaleBench$$' ./internal/scaletest
 
 # In-pod mode at scale (root): 250 idle pods on one in-process node, each in its own network
 # namespace (KiB and goroutines per pod, Add-to-ACK latency), then 10,000 add/delete cycles

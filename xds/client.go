@@ -358,7 +358,7 @@ type decoded struct {
 	errs      []string      // "name: reason"
 	unchanged int           // resources skipped: the store holds them with the same bytes
 	collect   bool
-	versions  map[string]string // interned versions: a push repeats few
+	versions  map[string]string // interned versions, up to maxInternedVersions
 	in        *interner
 	wire      workloadDecoder // one for the push: it reuses its message
 	held      *state.Store    // see digest; nil converts every resource
@@ -427,12 +427,20 @@ func (d *decoded) add(typ string, r *discoverypb.Resource) {
 	d.accept(key, r.GetVersion())
 }
 
+// maxInternedVersions bounds the versions a push shares among its resources. A control plane
+// that versions a push as a whole repeats a few; istiod and go-control-plane version each
+// resource by a hash of its content, so every one differs, and interning a million of them
+// was a million-entry map built for nothing (docs/PERFORMANCE.md, issue 59).
+const maxInternedVersions = 64
+
 // accept records name as accepted at version.
 func (d *decoded) accept(name, version string) {
 	v, ok := d.versions[version]
 	if !ok {
 		v = strings.Clone(version)
-		d.versions[v] = v
+		if len(d.versions) < maxInternedVersions {
+			d.versions[v] = v
+		}
 	}
 	d.accepted = append(d.accepted, nameVersion{name, v})
 }

@@ -149,6 +149,16 @@ func convertWorkload(p *workloadpb.Workload, in *interner) (*state.Workload, err
 			w.Addresses[i] = ip
 		}
 	}
+	var key metaHash // the hash of the meta's key in the push (none without an interner)
+	if in != nil {
+		if k, ok := in.metaKey(p); ok {
+			key = hashMetaKey(k)
+			if m := in.metas[key]; m != nil {
+				w.WorkloadMeta = m
+				return w, nil
+			}
+		}
+	}
 	// Built on the stack; interned by value, so the pods of a deployment share one.
 	m := state.WorkloadMeta{
 		Namespace: in.str(p.GetNamespace()), Network: in.str(p.GetNetwork()),
@@ -185,7 +195,6 @@ func convertWorkload(p *workloadpb.Workload, in *interner) (*state.Workload, err
 		m.WorkloadType = state.WorkloadType(t)
 	}
 	var err error
-	var svcs uint32 // the interned services map's number (0: none), for the meta key
 	if m.Waypoint, err = convertGateway(p.GetWaypoint(), in); err != nil {
 		return nil, fmt.Errorf("waypoint: %w", err)
 	}
@@ -210,11 +219,11 @@ func convertWorkload(p *workloadpb.Workload, in *interner) (*state.Workload, err
 		m.Locality = state.Locality{Region: in.str(l.GetRegion()), Zone: in.str(l.GetZone()), Subzone: in.str(l.GetSubzone())}
 	}
 	if len(p.GetServices()) > 0 {
-		if m.Services, svcs, err = in.services(p.GetServices()); err != nil {
+		if m.Services, err = in.services(p.GetServices()); err != nil {
 			return nil, err
 		}
 	}
-	w.WorkloadMeta = in.meta(&m, svcs)
+	w.WorkloadMeta = in.meta(&m, key)
 	return w, nil
 }
 

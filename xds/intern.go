@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,23 +23,17 @@ import (
 type interner struct {
 	strs  map[string]string
 	pmaps map[string]map[uint16]uint16
-	smaps map[string]svcMap
-	metas map[string]*state.WorkloadMeta
-	key   []byte     // scratch for lookup keys
-	names []string   // scratch for services
-	pairs []portPair // scratch for services
-}
-
-// svcMap is an interned workload services map and its number in the push (from 1), which
-// stands for it in a meta key.
-type svcMap struct {
-	m  map[string]map[uint16]uint16
-	id uint32
+	smaps map[string]map[string]map[uint16]uint16
+	metas map[metaHash]*state.WorkloadMeta // by metaKey's hash
+	key   []byte                           // scratch for lookup keys
+	mkey  []byte                           // scratch for metaKey
+	names []string                         // scratch for services
+	pairs []portPair                       // scratch for services
 }
 
 func newInterner() *interner {
-	return &interner{strs: map[string]string{}, pmaps: map[string]map[uint16]uint16{}, smaps: map[string]svcMap{},
-		metas: map[string]*state.WorkloadMeta{}}
+	return &interner{strs: map[string]string{}, pmaps: map[string]map[uint16]uint16{}, smaps: map[string]map[string]map[uint16]uint16{},
+		metas: map[metaHash]*state.WorkloadMeta{}}
 }
 
 func (in *interner) str(s string) string {
@@ -64,52 +59,62 @@ func (in *interner) own(s string) string {
 // services converts a workload's services map (service key -> port list), shared with
 // earlier workloads of the push that have the same: the endpoints of one service carry
 // the same. Its key is built from the list itself, so a hit (most workloads) allocates
-// nothing; the number is the map's in the push (0 with a nil interner).
-func (in *interner) services(ps map[string]*workloadpb.PortList) (map[string]map[uint16]uint16, uint32, error) {
+// nothing.
+func (in *interner) services(ps map[string]*workloadpb.PortList) (map[string]map[uint16]uint16, error) {
 	if in == nil {
 		m := make(map[string]map[uint16]uint16, len(ps))
 		for key, pl := range ps {
 			ports, err := convertPorts(pl.GetPorts(), nil)
 			if err != nil {
-				return nil, 0, fmt.Errorf("services[%q]: %w", key, err)
+				return nil, fmt.Errorf("services[%q]: %w", key, err)
 			}
 			m[key] = ports
 		}
-		return m, 0, nil
+		return m, nil
 	}
+	k, err := in.appendServices(in.key[:0], ps)
+	if err != nil {
+		return nil, err
+	}
+	in.key = k[:0]
+	if v, ok := in.smaps[string(k)]; ok {
+		return v, nil
+	}
+	key := string(k) // before portsOf reuses in.key
+	m := make(map[string]map[uint16]uint16, len(ps))
+	pairs := in.pairs[:0]
+	for _, name := range in.names { // sorted by appendServices
+		start := len(pairs)
+		pairs, _ = appendPorts(pairs, ps[name].GetPorts()) // checked by appendServices
+		m[in.str(name)] = in.portsOf(pairs[start:])
+	}
+	in.pairs = pairs[:0]
+	in.smaps[key] = m
+	return m, nil
+}
+
+// appendServices appends a services map's key to k: its service keys in order, each with
+// its ports sorted (appendPorts). It leaves the keys sorted in in.names.
+func (in *interner) appendServices(k []byte, ps map[string]*workloadpb.PortList) ([]byte, error) {
 	names := in.names[:0]
 	for name := range ps {
 		names = append(names, name)
 	}
 	slices.Sort(names)
-	k, pairs := in.key[:0], in.pairs[:0]
+	in.names = names
+	pairs := in.pairs[:0]
 	var err error
 	for _, name := range names {
 		start := len(pairs)
 		if pairs, err = appendPorts(pairs, ps[name].GetPorts()); err != nil {
-			return nil, 0, fmt.Errorf("services[%q]: %w", name, err)
+			return k, fmt.Errorf("services[%q]: %w", name, err)
 		}
-		k = append(k, name...)
-		k = append(k, '=')
+		k = appendStr(k, name)
 		k = appendPairs(k, pairs[start:])
 		k = append(k, ';')
 	}
-	in.key, in.names, in.pairs = k[:0], names[:0], pairs[:0]
-	if v, ok := in.smaps[string(k)]; ok {
-		return v.m, v.id, nil
-	}
-	key := string(k) // before portsOf reuses in.key
-	m := make(map[string]map[uint16]uint16, len(names))
-	pairs = pairs[:0]
-	for _, name := range names {
-		start := len(pairs)
-		pairs, _ = appendPorts(pairs, ps[name].GetPorts()) // checked above
-		m[in.str(name)] = in.portsOf(pairs[start:])
-	}
 	in.pairs = pairs[:0]
-	id := uint32(len(in.smaps) + 1)
-	in.smaps[key] = svcMap{m, id}
-	return m, id, nil
+	return k, nil
 }
 
 // portPair is a port list's entry: service port -> target port.
@@ -173,48 +178,81 @@ func (in *interner) portsOf(pairs []portPair) map[uint16]uint16 {
 	return m
 }
 
-// meta returns a meta equal to *m (svcs: its services map's number from services), shared
-// with earlier workloads of the push, with its identity. *m is copied only when new, so a
-// hit allocates nothing; m must not be used afterwards.
-func (in *interner) meta(m *state.WorkloadMeta, svcs uint32) *state.WorkloadMeta {
-	if in == nil {
-		return newMeta(m)
-	}
-	k := in.key[:0]
-	for _, s := range [...]string{m.Namespace, m.Network, m.TrustDomain, m.ServiceAccount,
-		m.CanonicalName, m.CanonicalRevision, m.WorkloadName, m.ClusterID,
-		m.Locality.Region, m.Locality.Zone, m.Locality.Subzone} {
+// metaKey is the key of the meta p converts to, built from p's own fields (their raw wire
+// values: a meta is a function of them alone), valid until the next call; the metas are
+// filed by its hash (metaHash). It lets a workload whose meta the push has seen skip
+// converting and interning every one of its fields: with the resources in an order that
+// does not keep a deployment's pods together (istiod's and go-control-plane's is map order)
+// each of those lookups was a cache miss, and together they were a fifth of a 1M push
+// (docs/PERFORMANCE.md, issue 59). ok is false when p has a port out of range (converting it
+// reports that).
+func (in *interner) metaKey(p *workloadpb.Workload) (key []byte, ok bool) {
+	k := in.mkey[:0]
+	for _, s := range [...]string{p.GetNamespace(), p.GetNetwork(), p.GetTrustDomain(), p.GetServiceAccount(),
+		p.GetCanonicalName(), p.GetCanonicalRevision(), p.GetWorkloadName(), p.GetClusterId(),
+		p.GetLocality().GetRegion(), p.GetLocality().GetZone(), p.GetLocality().GetSubzone()} {
 		k = appendStr(k, s)
 	}
-	k = binary.AppendUvarint(k, uint64(len(m.AuthorizationPolicies)))
-	for _, s := range m.AuthorizationPolicies {
+	k = binary.AppendUvarint(k, uint64(len(p.GetAuthorizationPolicies())))
+	for _, s := range p.GetAuthorizationPolicies() {
 		k = appendStr(k, s)
 	}
-	k = binary.AppendUvarint(k, uint64(svcs))
-	k = appendGateway(k, m.Waypoint)
-	k = appendGateway(k, m.NetworkGateway)
-	if at := m.AppTunnel; at != nil {
-		k = append(k, 1, byte(at.Protocol), byte(at.Port>>8), byte(at.Port))
+	k = appendWireGateway(k, p.GetWaypoint())
+	k = appendWireGateway(k, p.GetNetworkGateway())
+	if at := p.GetApplicationTunnel(); at != nil {
+		k = append(k, 1)
+		k = binary.AppendUvarint(k, uint64(uint32(at.GetProtocol())))
+		k = binary.AppendUvarint(k, uint64(at.GetPort()))
 	} else {
 		k = append(k, 0)
 	}
 	var native byte
-	if m.NativeTunnel {
+	if p.GetNativeTunnel() {
 		native = 1
 	}
-	k = append(k, byte(m.Protocol), byte(m.WorkloadType), byte(m.NetworkMode), native)
-	in.key = k[:0]
-	if v, ok := in.metas[string(k)]; ok {
+	k = append(k, native)
+	for _, e := range [...]int32{int32(p.GetTunnelProtocol()), int32(p.GetWorkloadType()), int32(p.GetNetworkMode())} {
+		k = binary.AppendUvarint(k, uint64(uint32(e)))
+	}
+	k, err := in.appendServices(k, p.GetServices())
+	in.mkey = k[:0]
+	return k, err == nil
+}
+
+// appendWireGateway appends a GatewayAddress's fields that convertGateway reads.
+func appendWireGateway(k []byte, g *workloadpb.GatewayAddress) []byte {
+	if g == nil {
+		return append(k, 0)
+	}
+	k = append(k, 1)
+	k = binary.AppendUvarint(k, uint64(g.GetHboneMtlsPort()))
+	switch d := g.GetDestination().(type) {
+	case *workloadpb.GatewayAddress_Hostname:
+		k = append(k, 1)
+		k = appendStr(k, d.Hostname.GetNamespace())
+		return appendStr(k, d.Hostname.GetHostname())
+	case *workloadpb.GatewayAddress_Address:
+		k = append(k, 2)
+		k = appendStr(k, d.Address.GetNetwork())
+		return appendStr(k, string(d.Address.GetAddress()))
+	}
+	return append(k, 0)
+}
+
+// meta returns *m as a meta of its own, its identity computed, filed under key (metaKey's
+// hash) for the workloads of the push that follow. m must not be used afterwards.
+func (in *interner) meta(m *state.WorkloadMeta, key metaHash) *state.WorkloadMeta {
+	v := newMeta(m)
+	if in == nil {
 		return v
 	}
-	v := newMeta(m)
 	if len(m.AuthorizationPolicies) > 0 {
 		v.AuthorizationPolicies = make([]string, len(m.AuthorizationPolicies))
 		for i, s := range m.AuthorizationPolicies {
 			v.AuthorizationPolicies[i] = in.str(s)
 		}
 	}
-	in.metas[string(k)] = v
+	in.metas[key] = v
 	return v
 }
 
@@ -227,22 +265,22 @@ func newMeta(m *state.WorkloadMeta) *state.WorkloadMeta {
 	return v
 }
 
+// metaHash is a meta key's hash under two random seeds, 128 bits. The metas are found by it
+// rather than by the key itself: a key is 150 bytes or so, and comparing a stored one, cold
+// when a deployment's pods come apart, was 7% of the node's samples in a 1M push in
+// istiod's order (perf). Two keys hash alike by chance about once in 2^128 pairs, far below
+// a flipped bit in memory; the seeds are the process's own, so a control plane cannot aim at
+// one.
+type metaHash [2]uint64
+
+var metaSeeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
+
+func hashMetaKey(k []byte) metaHash {
+	return metaHash{maphash.Bytes(metaSeeds[0], k), maphash.Bytes(metaSeeds[1], k)}
+}
+
 // appendStr appends s length-prefixed, so adjacent strings cannot run together.
 func appendStr(k []byte, s string) []byte {
 	k = binary.AppendUvarint(k, uint64(len(s)))
 	return append(k, s...)
-}
-
-func appendGateway(k []byte, g *state.GatewayAddress) []byte {
-	if g == nil {
-		return append(k, 0)
-	}
-	k = append(k, 1, byte(g.HBONEPort>>8), byte(g.HBONEPort))
-	k = appendStr(k, g.Network)
-	n := len(k)
-	k = append(k, 0)
-	k, _ = g.Address.AppendBinary(k) // never fails; 0, 4 or 16+ bytes, so length-prefixed
-	k[n] = byte(len(k) - n - 1)
-	k = appendStr(k, g.Namespace)
-	return appendStr(k, g.Hostname)
 }

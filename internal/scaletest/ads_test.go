@@ -2,6 +2,8 @@ package scaletest
 
 import (
 	"errors"
+	"hash/fnv"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strconv"
@@ -16,6 +18,68 @@ import (
 	"github.com/gozt/gozt/xds/xdspb/discoverypb"
 )
 
+// controlPlane is a delta ADS server serving one node a mesh, as the harness drives it:
+// adsServer (ours, in the test's process) or xdsControl (go-control-plane's, a process of
+// its own).
+type controlPlane interface {
+	// push sends an update of one type's resources and removals and returns the time from
+	// the response's first byte to the client's ACK; errUnchanged if the server sent nothing.
+	push(typ string, update []*discoverypb.Resource, remove []string) (time.Duration, error)
+	// drop ends the current stream as a control plane restart would.
+	drop()
+	// answeredAcked is typ's last subscription answer and when its ACK arrived (zero if not yet).
+	answeredAcked(typ string) (answer, time.Time)
+	// reconnectVersions is how many resource versions the current stream's Address
+	// subscription listed.
+	reconnectVersions() int
+	stop()
+}
+
+// errUnchanged is a push the server answered with nothing: it holds every resource at the
+// version it holds already (go-control-plane's versions are hashes of the content).
+var errUnchanged = errors.New("scaletest: the server sent nothing (unchanged)")
+
+// shape is how our server frames and versions what it sends.
+type shape int
+
+const (
+	// shapeOwn sends in the mesh's order (workloads, then services), versions as generated
+	// ("1", then each push's generation).
+	shapeOwn shape = iota
+	// shapeIstiod sends as istiod's delta xDS does (pilot/pkg/xds/workload.go, delta.go): one
+	// response per push, however large; workloads then services, each in map order
+	// (krt collections' List); each Address at a version that hashes its content
+	// (xxhash64 in hex there, FNV-1a 64 here); Authorization at no version.
+	shapeIstiod
+)
+
+func (sh shape) String() string {
+	if sh == shapeIstiod {
+		return "istiod"
+	}
+	return "gozt"
+}
+
+// reshape returns rs as sh sends them: for istiod's, copies in a random order at
+// content-hash versions. rs is not changed (meshes are shared between runs).
+func (sh shape) reshape(typ string, rs []*discoverypb.Resource) []*discoverypb.Resource {
+	if sh != shapeIstiod {
+		return rs
+	}
+	out := make([]*discoverypb.Resource, len(rs))
+	for i, r := range rs {
+		v := ""
+		if typ == xdspb.AddressType {
+			h := fnv.New64a()
+			h.Write(r.GetResource().GetValue())
+			v = strconv.FormatUint(h.Sum64(), 16)
+		}
+		out[i] = &discoverypb.Resource{Name: r.Name, Version: v, Resource: r.Resource}
+	}
+	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out
+}
+
 // adsServer is a real delta ADS server over gRPC, ours: it holds each type's resources by
 // name, answers a wildcard subscription with what the client lacks (initial_resource_versions
 // honoured: resources it holds at the same version are not resent, ones it holds that are
@@ -23,10 +87,11 @@ import (
 // ACKed. It serves one node.
 type adsServer struct {
 	discoverypb.UnimplementedAggregatedDiscoveryServiceServer
-	addr string
-	srv  *grpc.Server
-	done chan struct{}
-	recv sync.WaitGroup // the streams' receive loops
+	addr  string
+	shape shape
+	srv   *grpc.Server
+	done  chan struct{}
+	recv  sync.WaitGroup // the streams' receive loops
 
 	mu       sync.Mutex
 	res      map[string][]*discoverypb.Resource // type URL -> resources in send order
@@ -56,22 +121,25 @@ type adsStream struct {
 	initialVersions int
 }
 
-// startADS serves m on a loopback port of the test's own namespace, plaintext.
-func startADS(m *mesh) (*adsServer, error) {
+// startADS serves m shaped as sh on a loopback port of the test's own namespace, plaintext.
+func startADS(m *mesh, sh shape) (*adsServer, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	return serveADS(m, ln)
+	return serveADS(m, sh, ln)
 }
 
-// serveADS serves m on ln with the server options given (TLS for the Rust ztunnel, which
-// speaks only https to its control plane).
-func serveADS(m *mesh, ln net.Listener, opts ...grpc.ServerOption) (*adsServer, error) {
+// serveADS serves m shaped as sh on ln with the server options given (TLS for the Rust
+// ztunnel, which speaks only https to its control plane).
+func serveADS(m *mesh, sh shape, ln net.Listener, opts ...grpc.ServerOption) (*adsServer, error) {
+	addrs := slices.Clone(m.addresses) // pushes change the server's lists, and the next node gets m afresh
+	if sh == shapeIstiod {
+		addrs = append(sh.reshape(xdspb.AddressType, m.addresses[:m.workloads]), sh.reshape(xdspb.AddressType, m.addresses[m.workloads:])...)
+	}
 	s := &adsServer{
-		addr: ln.Addr().String(), done: make(chan struct{}),
-		// Copies: pushes change the server's lists, and the next node gets m afresh.
-		res:   map[string][]*discoverypb.Resource{xdspb.AddressType: slices.Clone(m.addresses), xdspb.AuthorizationType: slices.Clone(m.policies)},
+		addr: ln.Addr().String(), shape: sh, done: make(chan struct{}),
+		res:   map[string][]*discoverypb.Resource{xdspb.AddressType: addrs, xdspb.AuthorizationType: slices.Clone(sh.reshape(xdspb.AuthorizationType, m.policies))},
 		names: map[string]map[string]int{}, acks: map[string]chan error{}, answered: map[string]answer{}, ackedAt: map[string]time.Time{},
 		streams: make(chan *adsStream, 16),
 	}
@@ -186,17 +254,19 @@ func (s *adsServer) answer(as *adsStream, req *discoverypb.DeltaDiscoveryRequest
 		as.initialVersions = len(have)
 	}
 	s.mu.Unlock()
-	a := answer{start: time.Now(), resources: len(resp.Resources), bytes: proto.Size(resp)}
-	_, err := s.send(as, resp)
+	a := answer{resources: len(resp.Resources), bytes: proto.Size(resp)}
+	_, start, err := s.send(as, resp)
 	s.mu.Lock()
-	a.nonce = resp.Nonce
+	a.nonce, a.start = resp.Nonce, start
 	s.answered[typ] = a
 	s.mu.Unlock()
 	return err
 }
 
-// send sends resp with a fresh nonce and returns the channel its ACK (nil) or NACK arrives on.
-func (s *adsServer) send(as *adsStream, resp *discoverypb.DeltaDiscoveryResponse) (<-chan error, error) {
+// send sends resp with a fresh nonce and returns the channel its ACK (nil) or NACK arrives
+// on and when its first byte went out: it is marshalled first, so that the server's own
+// marshalling (a second at 1M) is not counted as the client's.
+func (s *adsServer) send(as *adsStream, resp *discoverypb.DeltaDiscoveryResponse) (<-chan error, time.Time, error) {
 	ch := make(chan error, 1)
 	s.mu.Lock()
 	s.nonce++
@@ -205,12 +275,18 @@ func (s *adsServer) send(as *adsStream, resp *discoverypb.DeltaDiscoveryResponse
 	s.mu.Unlock()
 	as.sendMu.Lock()
 	defer as.sendMu.Unlock()
-	return ch, as.st.Send(resp)
+	var pm grpc.PreparedMsg
+	if err := pm.Encode(as.st, resp); err != nil {
+		return ch, time.Time{}, err
+	}
+	start := time.Now()
+	return ch, start, as.st.SendMsg(&pm)
 }
 
 // push updates or adds resources of one type, removes names, sends the delta on the
 // current stream and returns when the client has ACKed it.
 func (s *adsServer) push(typ string, update []*discoverypb.Resource, remove []string) (time.Duration, error) {
+	update = s.shape.reshape(typ, update)
 	s.mu.Lock()
 	idx := s.names[typ]
 	for _, r := range update {
@@ -244,8 +320,7 @@ func (s *adsServer) push(typ string, update []*discoverypb.Resource, remove []st
 	if as == nil {
 		return 0, errors.New("scaletest: no stream")
 	}
-	start := time.Now()
-	ch, err := s.send(as, &discoverypb.DeltaDiscoveryResponse{TypeUrl: typ, Resources: update, RemovedResources: remove})
+	ch, start, err := s.send(as, &discoverypb.DeltaDiscoveryResponse{TypeUrl: typ, Resources: update, RemovedResources: remove})
 	if err != nil {
 		return 0, err
 	}
@@ -268,11 +343,18 @@ func (s *adsServer) drop() {
 	}
 }
 
-// answeredAcked returns typ's last subscription answer and when its ACK arrived (zero if
-// not yet).
 func (s *adsServer) answeredAcked(typ string) (answer, time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a := s.answered[typ]
 	return a, s.ackedAt[a.nonce]
+}
+
+func (s *adsServer) reconnectVersions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == nil {
+		return 0
+	}
+	return s.cur.initialVersions
 }

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -70,6 +71,15 @@ type node struct {
 	http  *http.Client // reaches ip (inside the node's namespace for the Rust ztunnel)
 	start time.Time
 	*child.Process
+	// cpuSeen is the node's CPU time at each of waitReady's polls, for the CPU it spent
+	// after a given moment (cpuSince): a server that takes 18 s to send its first byte
+	// leaves the node idle that long, serving the probes.
+	cpuSeen []cpuAt
+}
+
+type cpuAt struct {
+	at  time.Time
+	cpu time.Duration
 }
 
 // startNode starts bin as a dedicated-mode node of the mesh's first workload, fed by the
@@ -134,6 +144,9 @@ func (n *node) waitReady(within time.Duration) (time.Time, error) {
 			return time.Time{}, fmt.Errorf("%s exited before ready", n.name)
 		default:
 		}
+		if cpu, err := n.cpuTime(); err == nil {
+			n.cpuSeen = append(n.cpuSeen, cpuAt{time.Now(), cpu})
+		}
 		if resp, err := n.get(url, time.Second); err == nil {
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
@@ -160,20 +173,40 @@ type proc struct {
 
 func (n *node) proc(t testing.TB) proc {
 	t.Helper()
-	pid := strconv.Itoa(n.Pid())
 	var p proc
-	stat, err := os.ReadFile("/proc/" + pid + "/stat")
-	if err != nil {
+	var err error
+	if p.cpu, err = n.cpuTime(); err != nil {
 		t.Fatal(err)
+	}
+	status := n.status(t)
+	p.rss, p.peak = status["VmRSS"], status["VmHWM"]
+	return p
+}
+
+// cpuTime is the node's user and system CPU time so far.
+func (n *node) cpuTime() (time.Duration, error) {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(n.Pid()) + "/stat")
+	if err != nil {
+		return 0, err
 	}
 	// Fields after the command's closing parenthesis: state is field 3, utime 14, stime 15.
 	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+2:]))
 	ut, _ := strconv.ParseUint(f[11], 10, 64)
 	st, _ := strconv.ParseUint(f[12], 10, 64)
-	p.cpu = time.Duration(ut+st) * 10 * time.Millisecond // USER_HZ is 100 on Linux
-	status := n.status(t)
-	p.rss, p.peak = status["VmRSS"], status["VmHWM"]
-	return p
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil // USER_HZ is 100 on Linux
+}
+
+// cpuSince is the CPU the node spent from the last of waitReady's polls before from (its
+// start if none) to cpu.
+func (n *node) cpuSince(from time.Time, cpu time.Duration) time.Duration {
+	var before time.Duration
+	for _, s := range n.cpuSeen {
+		if s.at.After(from) {
+			break
+		}
+		before = s.cpu
+	}
+	return cpu - before
 }
 
 // status is the node's /proc/PID/status sizes (the lines in kB), in bytes by name.
@@ -235,6 +268,26 @@ func (n *node) cpuProfile(path string, within time.Duration) {
 		}
 		return
 	}
+}
+
+// perfRecord starts perf record of the whole machine (call graphs by frame pointer, which
+// Go keeps), writing path; stop ends it and waits. Unlike the runtime's profile it sees the
+// kernel's side: page faults, the memory the VM backs. It records every CPU rather than the
+// node's pid: attached by pid, it caught as little as a third of the node's CPU time when
+// the node waited long for its first push (read it with perf report --comm ztunnel).
+func (n *node) perfRecord(path string) (stop func() error, err error) {
+	cmd := exec.Command("perf", "record", "-q", "-F", "499", "-g", "-a", "-o", path)
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return func() error {
+		_ = cmd.Process.Signal(os.Interrupt)
+		err := cmd.Wait()
+		if ee, ok := err.(*exec.ExitError); ok && !ee.Exited() {
+			err = nil // perf writes its file, then ends by the signal it was sent
+		}
+		return err
+	}, nil
 }
 
 // saveProfile saves the node's /debug/pprof/<kind>?seconds=N (profile or trace) to path.

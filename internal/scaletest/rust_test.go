@@ -22,7 +22,7 @@ import (
 // fed over TLS (it speaks only https to its control plane) by an ADS server listening
 // inside that namespace. FAKE_CA: certificates do not matter here.
 func rustNode(bin string) starter {
-	return func(t *testing.T, m *mesh, o runOpts) (*adsServer, *node) {
+	return func(t *testing.T, m *mesh, o runOpts) (controlPlane, *node) {
 		netnstest.Require(t)
 		ns := netnstest.New(t, "scale")
 		h, err := netns.Open("/var/run/netns/" + ns.Name)
@@ -45,7 +45,7 @@ func rustNode(bin string) starter {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ads, err := serveADS(m, ln, grpc.Creds(credentials.NewServerTLSFromCert(&cert)))
+		ads, err := serveADS(m, shapeOwn, ln, grpc.Creds(credentials.NewServerTLSFromCert(&cert)))
 		if err != nil {
 			t.Fatal(err)
 		}

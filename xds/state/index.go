@@ -37,6 +37,16 @@ type index struct {
 	policies     map[string]*Policy
 	policiesByNs map[string]map[string]*Policy // scope global under "", namespace scope by ns
 	gateways     map[gatewayKey]int            // network gateways workloads name, with how many name each
+
+	// While applyPrivate applies a batch (nil otherwise): the workloads it adds, whose
+	// endpoints it indexes at its end, chained by meta (pending holds each meta's last
+	// workload's index in added, next each one's predecessor of the same meta, -1 ending
+	// the chain; metas lists them as first seen), and those of them it removed again.
+	pending map[*WorkloadMeta]int32
+	metas   []*WorkloadMeta
+	added   []*Workload
+	next    []int32
+	dropped map[*Workload]struct{}
 }
 
 // gatewayKey is a network gateway as workloads name it: an address on a network, or a
@@ -210,6 +220,41 @@ func (x *index) copyCost(b *Batch) int {
 	return n
 }
 
+// applyPrivate applies the whole batch to x, which no reader sees yet. The endpoints of the
+// workloads it adds are indexed a meta at a time at the end, not a workload at a time as they
+// come: a service's endpoints share a meta, and a control plane that sends a deployment's
+// pods apart (istiod's and go-control-plane's map order) otherwise had each workload touch a
+// cold services map, a cold endpoints entry and a cold inner map, a third of a 1M push
+// (docs/PERFORMANCE.md, issue 59). A batch applied in slices to the live index cannot wait:
+// readers see each resource whole.
+func (x *index) applyPrivate(b *Batch) {
+	x.pending, x.dropped = make(map[*WorkloadMeta]int32), make(map[*Workload]struct{})
+	x.added, x.next = make([]*Workload, 0, len(b.Workloads)), make([]int32, 0, len(b.Workloads))
+	x.apply(b, 0, b.size())
+	// In the order the metas came: a push that keeps a deployment's pods together made its
+	// metas, services maps and endpoints in that order, and they are still close in memory.
+	for _, meta := range x.metas {
+		last := x.pending[meta]
+		for svc, ports := range meta.Services {
+			m := x.endpoints[svc]
+			if m == nil {
+				m = make(map[*Workload]map[uint16]uint16)
+				x.endpoints[svc] = m
+			}
+			for i := last; i >= 0; i = x.next[i] {
+				w := x.added[i]
+				if len(x.dropped) > 0 {
+					if _, gone := x.dropped[w]; gone {
+						continue
+					}
+				}
+				m[w] = ports
+			}
+		}
+	}
+	x.pending, x.metas, x.added, x.next, x.dropped = nil, nil, nil, nil, nil
+}
+
 // apply applies the batch's changes [from, to), in the order removals of addresses, of
 // policies, then workloads, services and policies.
 func (x *index) apply(b *Batch, from, to int) {
@@ -274,13 +319,26 @@ func (x *index) addWorkload(w *Workload) {
 	if m := x.byNode[w.Node]; m != nil {
 		m[w] = struct{}{}
 	}
-	for svc, ports := range w.Services {
-		m := x.endpoints[svc]
-		if m == nil {
-			m = make(map[*Workload]map[uint16]uint16)
-			x.endpoints[svc] = m
+	if x.pending != nil {
+		prev, ok := x.pending[w.WorkloadMeta]
+		if !ok {
+			prev = -1
+			x.metas = append(x.metas, w.WorkloadMeta)
 		}
-		m[w] = ports
+		x.pending[w.WorkloadMeta] = int32(len(x.added))
+		x.added, x.next = append(x.added, w), append(x.next, prev)
+		if len(x.dropped) > 0 {
+			delete(x.dropped, w) // removed, then added again
+		}
+	} else {
+		for svc, ports := range w.Services {
+			m := x.endpoints[svc]
+			if m == nil {
+				m = make(map[*Workload]map[uint16]uint16)
+				x.endpoints[svc] = m
+			}
+			m[w] = ports
+		}
 	}
 	if g := w.NetworkGateway; g != nil {
 		x.gateways[gatewayKeyOf(g)]++
@@ -299,6 +357,9 @@ func (x *index) removeWorkload(w *Workload) {
 	}
 	if m := x.byNode[w.Node]; m != nil {
 		delete(m, w) // an emptied node stays: it is still asked about
+	}
+	if x.dropped != nil {
+		x.dropped[w] = struct{}{} // if added by this batch, its endpoints are pending
 	}
 	for svc := range w.Services {
 		if m := x.endpoints[svc]; m != nil {

@@ -118,7 +118,7 @@ func (s *Store) Apply(b *Batch) {
 	case s.idx.copyCost(b) < size:
 		// Readers keep using the old index meanwhile.
 		x := s.idx.cloneFor(b)
-		x.apply(b, 0, size)
+		x.applyPrivate(b)
 		if len(b.RemoveAddresses)+len(b.RemovePolicies) > 0 {
 			x.compact(s.idx.sizes())
 		}

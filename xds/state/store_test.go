@@ -423,3 +423,36 @@ func TestEachWorkloadHoldsNoLock(t *testing.T) {
 		t.Errorf("visited %d workloads, store holds %d; want 2 and 4", seen, n)
 	}
 }
+
+// A big batch into a smaller store (applied to a private copy, its endpoints indexed a meta
+// at a time at the end) that carries a workload twice indexes only the second, whichever
+// service each names, as a small batch applied in place does; workloads of one meta are
+// each an endpoint of its services.
+func TestBigBatchEndpointsOfRepeatedWorkload(t *testing.T) {
+	const other = "default/other.default.svc"
+	shared := &WorkloadMeta{Namespace: "default", TrustDomain: "cluster.local", ServiceAccount: "echo", Protocol: TunnelHBONE,
+		Services: map[string]map[uint16]uint16{echoKey: {80: 8080}}}
+	for _, size := range []int{3, bigBatch + 10} {
+		var b Batch
+		for i := range size {
+			b.Workloads = append(b.Workloads, wl("w"+strconv.Itoa(i), "10.1."+strconv.Itoa(i/250)+"."+strconv.Itoa(i%250), func(w *Workload) { w.WorkloadMeta = shared }))
+		}
+		first, second := wl("twice", "10.2.0.1", inSvc(echoKey, nil)), wl("twice", "10.2.0.1", inSvc(other, nil))
+		again, last := wl("again", "10.2.0.2", inSvc(echoKey, nil)), wl("again", "10.2.0.2", inSvc(echoKey, nil))
+		b.Workloads = append(append([]*Workload{first, again}, b.Workloads...), second, last)
+		s := NewStore()
+		s.Apply(&b)
+		eps := s.Endpoints(echoKey)
+		if len(eps) != size+1 {
+			t.Errorf("batch of %d: %d endpoints of echo; want %d", len(b.Workloads), len(eps), size+1)
+		}
+		for _, e := range eps {
+			if e.Workload == first || e.Workload == again {
+				t.Errorf("batch of %d: the replaced %s is still an endpoint of echo", len(b.Workloads), e.Workload.Name)
+			}
+		}
+		if o := s.Endpoints(other); len(o) != 1 || o[0].Workload != second {
+			t.Errorf("batch of %d: endpoints of other %v; want the second twice", len(b.Workloads), o)
+		}
+	}
+}
