@@ -47,7 +47,7 @@ const (
 
 // yieldEvery is how long decode converts between yields to the scheduler. A yield is not
 // free (it wakes another thread to look for work): one every 64 resources slowed a big
-// push by a seventh (docs/PERFORMANCE.md, fourth pass).
+// push by a seventh (docs/PERFORMANCE.md, "A node at scale").
 const yieldEvery = time.Millisecond
 
 // response is a DeltaDiscoveryResponse decoded by streamCodec: its scalar fields and its

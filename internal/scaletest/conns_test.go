@@ -53,7 +53,7 @@ const connsTopology = `workloads:
 `
 
 // Per held connection, per node, at most (2000 connections; about twice the figures of
-// docs/PERFORMANCE.md, "Connections").
+// docs/PERFORMANCE.md, "Idle connections").
 const (
 	maxGoroutinesPerConn = 2.0
 	maxRuntimeKiBPerConn = 14.0 // heap in use + stacks + GC metadata

@@ -373,7 +373,7 @@ func count(t *testing.T, name string) int {
 // warmMemory touches and frees about twice what a node of n workloads peaks at, so the
 // node's pages come from memory the machine has backed recently: on this VM a page the
 // guest has not touched for a while is several times as slow to fault in, which made
-// whichever node ran first in a sitting the slower (docs/PERFORMANCE.md, fourth pass).
+// whichever node ran first in a sitting the slower (docs/PERFORMANCE.md, "How to reproduce").
 func warmMemory(n int) {
 	b := make([]byte, (64<<20)+n*2048)
 	for i := 0; i < len(b); i += 4096 {
