@@ -27,8 +27,9 @@ func TestDialAnswerDeadline(t *testing.T) {
 		took time.Duration
 		err  error
 	}
-	dial := func(ctx context.Context, out chan<- result) {
-		start := time.Now()
+	// start is taken before ctx's deadline is set: taken in the goroutine, after a loaded
+	// scheduler's delay, it made a Dial that ended at the deadline look early.
+	dial := func(ctx context.Context, start time.Time, out chan<- result) {
 		s, err := e.pool.Dial(ctx, e.key, "10.0.0.1:80", nil)
 		if s != nil {
 			s.Close()
@@ -39,12 +40,13 @@ func TestDialAnswerDeadline(t *testing.T) {
 	safety, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	long, short := make(chan result, 1), make(chan result, 1)
-	go dial(safety, long)
+	go dial(safety, time.Now(), long)
 	// The connection is being made before the second CONNECT: they share it.
 	testutil.Eventually(t, "the first Dial's connection", func() bool { return e.serverConns() == 1 })
+	shortStart := time.Now()
 	sctx, scancel := context.WithTimeout(safety, timeout/4)
 	defer scancel()
-	go dial(sctx, short)
+	go dial(sctx, shortStart, short)
 	for _, c := range []struct {
 		name     string
 		ch       chan result
