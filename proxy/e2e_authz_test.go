@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -182,6 +183,9 @@ func TestSelfCallRefused(t *testing.T) {
 	// destination but the listener itself: it must be dropped, not looped.
 	t.Run("outbound-listener-direct", func(t *testing.T) {
 		c, err := net.Dial("tcp", m.a.addr(t, proxy.ListenerOutbound))
+		if errors.Is(err, syscall.ECONNRESET) {
+			return // dropped so soon that the reset beat connect's return: on loopback it can
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
