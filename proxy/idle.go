@@ -162,6 +162,8 @@ func (p *Proxy) sweepIdle() {
 	}
 	p.runMu.Unlock()
 	if burst {
+		// After the unlock: a sweep armed meanwhile may run beside this call, which
+		// touches no sweep state.
 		releaseAfterBurst() // release.go
 	}
 }

@@ -10,8 +10,8 @@ import (
 // goal, about twice what the connections keep: handshake and frame garbage not yet
 // collected, and the stacks of the goroutines that set them up, freed but still resident.
 // The runtime returns that to the OS only over minutes, so a node that took 1,000
-// connections and went quiet held a few MB more than its connections need (twice the
-// connections' own heap at 1,000, ~0.6 at 4,000: docs/PERFORMANCE.md, "Idle connections").
+// connections and went quiet held several MB more than they need (zbench's idle figure
+// was 1.2× the Rust ztunnel's at 1,000: docs/PERFORMANCE.md, "Idle connections").
 // When a sweep finds nothing left running after at least burstParks copies parked, the
 // burst is over and every connection in it is idle: that is when a full collection costs
 // least and frees most. One per releaseEvery per process, whatever the proxies: the heap
