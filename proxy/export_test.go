@@ -1,6 +1,9 @@
 package proxy
 
-import "time"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // SetSetupIdle sets how long setup goroutines wait for the next connection until the test
 // ends, for tests that must not depend on how fast the machine is.
@@ -38,4 +41,26 @@ func (p *Proxy) Parked() int {
 		}
 	}
 	return n
+}
+
+// SetBurstRelease sets the parks that make a burst and the least time between releases
+// until the test ends, and counts the releases (the runtime's memory is left alone).
+func SetBurstRelease(tb interface{ Cleanup(func()) }, parks int, every time.Duration) (released func() int64) {
+	oldParks, oldEvery, oldFree, oldLast := burstParks, releaseEvery, freeMemory, lastRelease.Load()
+	var n atomic.Int64
+	burstParks, releaseEvery, freeMemory = parks, every, func() { n.Add(1) }
+	lastRelease.Store(0)
+	tb.Cleanup(func() {
+		burstParks, releaseEvery, freeMemory = oldParks, oldEvery, oldFree
+		lastRelease.Store(oldLast)
+	})
+	return n.Load
+}
+
+// SweepQuiet reports whether p's idle sweep has stopped: nothing was running at its last
+// visit.
+func (p *Proxy) SweepQuiet() bool {
+	p.runMu.Lock()
+	defer p.runMu.Unlock()
+	return !p.sweepArmed
 }

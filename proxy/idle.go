@@ -118,6 +118,9 @@ func (p *Proxy) setRunning(s *pump, on bool) {
 	defer p.runMu.Unlock()
 	if !on {
 		delete(p.running, s)
+		if s.state == copyParked {
+			p.parksSinceQuiet++
+		}
 		return
 	}
 	if p.running == nil {
@@ -148,12 +151,20 @@ func (p *Proxy) sweepIdle() {
 	}
 	clear(visit) // keep no ended copy alive
 	p.runMu.Lock()
-	defer p.runMu.Unlock()
 	p.sweepBuf = visit
+	burst := false
 	if len(p.running) > 0 && !p.sweepStopped {
 		p.sweepTimer.Reset(idleSweep)
 	} else {
 		p.sweepArmed = false
+		burst = p.parksSinceQuiet >= burstParks
+		p.parksSinceQuiet = 0
+	}
+	p.runMu.Unlock()
+	if burst {
+		// After the unlock: a sweep armed meanwhile may run beside this call, which
+		// touches no sweep state.
+		releaseAfterBurst() // release.go
 	}
 }
 

@@ -160,6 +160,45 @@ func expect(t *testing.T, c *net.TCPConn, want string) {
 	}
 }
 
+// TestIdleBurstRelease: connections that park after a burst of setups make the node return
+// its memory once (release.go); one connection is no burst.
+func TestIdleBurstRelease(t *testing.T) {
+	leaktest.Check(t)
+	checkFDs(t)
+	proxy.SetIdleSweep(t, idleSweep, false)
+	const burst = 16
+	released := proxy.SetBurstRelease(t, burst, time.Hour)
+	m := startMesh(t)
+	be, backends := heldBackend(t, m)
+	dialIdle(t, m, be, backends)
+	waitParked(t, m, 1)
+	err := testutil.Poll(10*time.Second, func() error {
+		if !m.a.proxy.SweepQuiet() || !m.b.proxy.SweepQuiet() {
+			return errors.New("a node's sweep still runs")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := released(); n != 0 {
+		t.Fatalf("one idle connection released memory %d times; want none", n)
+	}
+	for range burst {
+		dialIdle(t, m, be, backends)
+	}
+	waitParked(t, m, burst+1)
+	err = testutil.Poll(10*time.Second, func() error {
+		if n := released(); n != 1 {
+			return fmt.Errorf("%d releases after %d connections went idle; want 1 (both nodes share the process's limit)", n, burst)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestIdleEnds: half-closes and resets of parked connections end them as they end
 // connections in use: a FIN stays a FIN the other way still flows after, a reset arrives
 // as a reset (as a FIN with DisableResetPropagation); and each connection's completion runs

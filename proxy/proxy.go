@@ -195,6 +195,9 @@ type Proxy struct {
 	sweepStopped bool               // guarded by runMu: Shutdown has stopped the sweep
 	sweepTimer   *time.Timer        // guarded by runMu: runs sweepIdle
 	sweepBuf     []*pump            // guarded by runMu: sweepIdle's, reused
+	// parksSinceQuiet, guarded by runMu, counts parks since the sweep last found nothing
+	// running: a burst that went idle (release.go).
+	parksSinceQuiet int
 
 	testHookLocalWait atomic.Pointer[func()] // if set, called when awaitLocal starts waiting for the store
 }
