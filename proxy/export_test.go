@@ -46,12 +46,11 @@ func (p *Proxy) Parked() int {
 // SetBurstRelease sets the parks that make a burst and the least time between releases
 // until the test ends, and counts the releases (the runtime's memory is left alone).
 func SetBurstRelease(tb interface{ Cleanup(func()) }, parks int, every time.Duration) (released func() int64) {
-	oldParks, oldEvery, oldFree, oldLast := burstParks, releaseEvery, freeMemory, lastRelease.Load()
 	var n atomic.Int64
-	burstParks, releaseEvery, freeMemory = parks, every, func() { n.Add(1) }
-	lastRelease.Store(0)
+	old := release.Swap(&releasePolicy{parks: parks, every: every, free: func() { n.Add(1) }})
+	oldLast := lastRelease.Swap(0)
 	tb.Cleanup(func() {
-		burstParks, releaseEvery, freeMemory = oldParks, oldEvery, oldFree
+		release.Store(old)
 		lastRelease.Store(oldLast)
 	})
 	return n.Load

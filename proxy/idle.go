@@ -157,14 +157,14 @@ func (p *Proxy) sweepIdle() {
 		p.sweepTimer.Reset(idleSweep)
 	} else {
 		p.sweepArmed = false
-		burst = p.parksSinceQuiet >= burstParks
+		burst = p.parksSinceQuiet >= release.Load().parks
 		p.parksSinceQuiet = 0
 	}
 	p.runMu.Unlock()
 	if burst {
 		// After the unlock: a sweep armed meanwhile may run beside this call, which
 		// touches no sweep state.
-		releaseAfterBurst() // release.go
+		releaseAfterBurst(release.Load()) // release.go
 	}
 }
 

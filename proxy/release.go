@@ -14,29 +14,35 @@ import (
 // was 1.2× the Rust ztunnel's at 1,000: docs/PERFORMANCE.md, "Idle connections").
 // When a sweep finds nothing left running after at least burstParks copies parked, the
 // burst is over and every connection in it is idle: that is when a full collection costs
-// least and frees most. One per releaseEvery per process, whatever the proxies: the heap
-// is the process's.
+// least and frees most. One per every per process, whatever the proxies: the heap is the
+// process's.
 
-// burstParks is the fewest parks since the sweep last went quiet that make a burst; fewer
-// leave too little behind to be worth a collection. releaseEvery bounds how often the
-// process collects for it. Variables for tests.
-var (
-	burstParks   = 64
-	releaseEvery = 10 * time.Second
-	freeMemory   = debug.FreeOSMemory
-)
+// releasePolicy says when the process returns memory after a burst.
+type releasePolicy struct {
+	parks int           // the fewest parks since the sweep last went quiet that make a burst; fewer leave too little behind
+	every time.Duration // the least time between releases: each costs a full collection
+	free  func()        // returns the memory (debug.FreeOSMemory)
+}
+
+// release is the process's policy: one pointer, swapped whole by tests, so that a sweep
+// still running in another proxy reads either the old policy or the new one.
+var release atomic.Pointer[releasePolicy]
+
+func init() {
+	release.Store(&releasePolicy{parks: 64, every: 10 * time.Second, free: debug.FreeOSMemory})
+}
 
 // lastRelease is when the process last returned memory after a burst (Unix ns; 0: never).
 var lastRelease atomic.Int64
 
 // releaseAfterBurst returns the heap's garbage and free pages to the OS, unless the process
-// did so less than releaseEvery ago. It blocks for one full collection: the sweep's
+// did so less than the policy's every ago. It blocks for one full collection: the sweep's
 // goroutine calls it, with no lock held.
-func releaseAfterBurst() {
+func releaseAfterBurst(pol *releasePolicy) {
 	now := time.Now().UnixNano()
 	last := lastRelease.Load()
-	if last != 0 && now-last < int64(releaseEvery) || !lastRelease.CompareAndSwap(last, now) {
+	if last != 0 && now-last < int64(pol.every) || !lastRelease.CompareAndSwap(last, now) {
 		return
 	}
-	freeMemory()
+	pol.free()
 }

@@ -5,23 +5,22 @@ import (
 	"time"
 )
 
-// TestReleaseAfterBurstRateLimited: the process returns memory at most once per
-// releaseEvery, however many sweeps find a burst over.
+// TestReleaseAfterBurstRateLimited: the process returns memory at most once per the
+// policy's every, however many sweeps find a burst over.
 func TestReleaseAfterBurstRateLimited(t *testing.T) {
 	n := 0
-	oldEvery, oldFree, oldLast := releaseEvery, freeMemory, lastRelease.Load()
-	t.Cleanup(func() { releaseEvery, freeMemory = oldEvery, oldFree; lastRelease.Store(oldLast) })
-	releaseEvery, freeMemory = time.Hour, func() { n++ }
-	lastRelease.Store(0)
+	pol := &releasePolicy{parks: 1, every: time.Hour, free: func() { n++ }}
+	oldLast := lastRelease.Swap(0)
+	t.Cleanup(func() { lastRelease.Store(oldLast) })
 	for range 3 {
-		releaseAfterBurst()
+		releaseAfterBurst(pol)
 	}
 	if n != 1 {
-		t.Fatalf("3 bursts within releaseEvery released %d times; want 1", n)
+		t.Fatalf("3 bursts within an hour released %d times; want 1", n)
 	}
 	lastRelease.Store(time.Now().Add(-2 * time.Hour).UnixNano())
-	releaseAfterBurst()
+	releaseAfterBurst(pol)
 	if n != 2 {
-		t.Fatalf("a burst releaseEvery after the last release: %d releases in all; want 2", n)
+		t.Fatalf("a burst two hours after the last release: %d releases in all; want 2", n)
 	}
 }
