@@ -103,6 +103,7 @@ type drills struct {
 	cur     ztunnelImage
 	curTag  string
 	results []drillResult
+	stats   map[string]string // a ztunnel pod's name -> its forwarded 15020, made once
 }
 
 // drill is one failure: fault applies it (and undoes it, for a fault with an end) and returns
@@ -316,9 +317,14 @@ func (d *drills) run(program string, dr drill, rep int) {
 	d.steady(dr.name)
 	base := time.Now()
 	time.Sleep(10 * time.Second) // the baseline's p99, and traffic before the fault
+	retries0 := d.retries(program)
 	faultAt := dr.fault(d)
 	end := d.settled(faultAt)
 	r := d.collect(program, dr, rep, base, faultAt, end)
+	if retries1 := d.retries(program); retries0.ok && retries1.ok && retries0.pod == retries1.pod {
+		t.Logf("drill %s (%s) #%d: node1's connect retries %.0f, refused by the retry budget %.0f",
+			dr.name, program, rep+1, retries1.tried-retries0.tried, retries1.overBudget-retries0.overBudget)
+	}
 	if dr.goal != nil && program == "gozt" {
 		r.goalErr = dr.goal(r)
 		if r.goalErr != nil && d.short {
@@ -327,6 +333,38 @@ func (d *drills) run(program string, dr drill, rep int) {
 	}
 	d.results = append(d.results, r)
 	t.Logf("drill %s (%s) #%d: %s", dr.name, program, rep+1, r.line())
+}
+
+// retryCounts is node1's gozt's outbound_connect_retries_total and
+// outbound_connect_retries_over_budget_total at one moment (ok: read).
+type retryCounts struct {
+	pod               string
+	tried, overBudget float64
+	ok                bool
+}
+
+// retries reads node1's ztunnel's retry counters, for gozt (the Rust ztunnel does not retry).
+// Counters restart with the process: compare two readings of one pod only.
+func (d *drills) retries(program string) retryCounts {
+	if program != "gozt" {
+		return retryCounts{}
+	}
+	zt := ztunnelPods(d.t)["node1"]
+	if d.stats == nil {
+		d.stats = map[string]string{}
+	}
+	stats, ok := d.stats[zt.Metadata.Name]
+	if !ok {
+		stats = forward(d.t, zt, 15020)
+		d.stats[zt.Metadata.Name] = stats
+	}
+	body, err := get("http://" + stats + "/metrics")
+	if err != nil {
+		return retryCounts{}
+	}
+	tried, _ := metric(body, "outbound_connect_retries_total", nil)
+	over, _ := metric(body, "outbound_connect_retries_over_budget_total", nil)
+	return retryCounts{pod: zt.Metadata.Name, tried: tried, overBudget: over, ok: true}
 }
 
 // steady waits until both load pods report every stream up and a clean second.
