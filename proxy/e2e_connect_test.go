@@ -176,6 +176,46 @@ func TestConnectRetryAfterSilentEndpoint(t *testing.T) {
 	t.Logf("%d of 8 connects tried the silent endpoint first", slow)
 }
 
+// TestConnectRetryLeavesSilentNode: two of the service's three endpoints sit on one node and
+// never answer the CONNECT (the node cut off), the third, on another node, serves. With one
+// retry every connect succeeds: an attempt that got no answer sends the retry to another
+// node, not to the silent node's other pod (which, picked at random, failed a third of the
+// connects).
+func TestConnectRetryLeavesSilentNode(t *testing.T) {
+	leaktest.Check(t)
+	m := newMesh(t)
+	ips := endpointIPs(t, m, 28, 3)
+	m.yaml = withService(m.yaml, "cutnode", "127.10.0.6", "quiet0="+ips[0], "quiet1="+ips[1], "serves2="+ips[2])
+	m.yaml = strings.Replace(m.yaml, "node: node-quiet1", "node: node-quiet0", 1) // one node, two pods
+	serveHBONE(t, m, func(r *hbone.Request) { <-r.Context().Done() }, ips[0]+":15008", ips[1]+":15008")
+	serveHBONE(t, m, func(r *hbone.Request) {
+		if s, err := r.Accept(nil); err == nil {
+			io.Copy(io.Discard, s)
+			s.Close()
+		}
+	}, ips[2]+":15008")
+	const timeout = 2 * time.Second
+	cfg := m.clientConfig()
+	cfg.DialTimeout, cfg.ConnectRetries, cfg.Outliers = timeout, 1, nil // every connect may pick a silent one
+	m.a = startNode(t, "node-a", m.caDir, m.yaml, cfg)
+	slow := 0
+	for range 12 {
+		start := time.Now()
+		c, code, err := socksConnect(m.a.socks(t), "cutnode.default.svc.cluster.local", 80)
+		took := time.Since(start)
+		if c != nil {
+			c.Close()
+		}
+		if err != nil || code != repSucceeded {
+			t.Fatalf("connect after %v: code %d, %v; want it to succeed on the node that serves", took, code, err)
+		}
+		if took > timeout/4 {
+			slow++ // it tried a silent endpoint first
+		}
+	}
+	t.Logf("%d of 12 connects tried a silent endpoint first", slow)
+}
+
 // TestConnectDeadlineTLSStall: the stalled service's endpoint accepts TCP and never
 // finishes TLS. Four clients at once: each hears within the dial timeout, though their
 // connects wait for each other's dial of the one HBONE connection.

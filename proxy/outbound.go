@@ -161,7 +161,22 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 		}
 		p.log.Debug("proxy: outbound: retrying on another endpoint", "src", clientAddr, "dst", dst, "endpoint", route.Workload.UID, "err", err)
 		avoid.Tried = append(avoid.Tried, route.Workload)
+		if route.Workload.Node != "" && unanswered(err) {
+			avoid.Nodes = append(avoid.Nodes, route.Workload.Node)
+		}
 	}
+}
+
+// unanswered reports whether a failed attempt got no answer at all: it ran out of time (a
+// dial, a TLS handshake or a CONNECT that nothing answered) or had no route. Then the
+// retry goes to another node where the service has endpoints: a node cut off takes all its
+// pods with it, and trying them one by one, each for its share of the deadline, would
+// spend the connect and hold retries in flight against the service's retry budget. A
+// refusal or an answer says the node is up, and its other pods stay as likely as any.
+func unanswered(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, syscall.EHOSTUNREACH) ||
+		errors.Is(err, syscall.ENETUNREACH) || errors.As(err, &ne) && ne.Timeout()
 }
 
 // connectDeadline is an outbound connect's deadline, and the context that carries it once

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 
 	"github.com/gozt/gozt/identity"
@@ -38,6 +39,10 @@ type Avoid struct {
 	// of every endpoint still tries them: a workload and the port it would be picked for
 	// (Route.EndpointPort). Asked for every endpoint a pick weighs, twice.
 	Ejected func(w *Workload, port uint16) bool
+	// Nodes' endpoints are picked as ejected ones are, only when no other is left: a connect
+	// to one of them got no answer at all (no route, out of time), which the node's other
+	// endpoints, behind the same network path, would likely share.
+	Nodes []string
 }
 
 func (a *Avoid) tried(w *Workload) bool {
@@ -485,7 +490,7 @@ func (s *Store) eligible(src *Workload, network string, svc *Service, w *Workloa
 			port = svcPort
 		}
 	}
-	if avoid.Ejected != nil && avoid.Ejected(w, port) {
+	if avoid.Ejected != nil && avoid.Ejected(w, port) || len(avoid.Nodes) > 0 && w.Node != "" && slices.Contains(avoid.Nodes, w.Node) {
 		class--
 	}
 	key := class << 16

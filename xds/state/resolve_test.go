@@ -283,8 +283,8 @@ func TestResolveHostnameOnly(t *testing.T) {
 // comes before routing preference, and an outage of every endpoint still picks them.
 func TestResolveAvoiding(t *testing.T) {
 	client := wl("client", "10.0.0.1", func(w *Workload) { w.Locality = Locality{Region: "r", Zone: "z"} })
-	local := wl("local", "10.0.0.2", inSvc(echoKey, nil), func(w *Workload) { w.Locality = client.Locality })
-	remote := wl("remote", "10.0.0.3", inSvc(echoKey, nil), func(w *Workload) { w.Locality = Locality{Region: "r", Zone: "other"} })
+	local := wl("local", "10.0.0.2", inSvc(echoKey, nil), func(w *Workload) { w.Locality = client.Locality; w.Node = "node-local" })
+	remote := wl("remote", "10.0.0.3", inSvc(echoKey, nil), func(w *Workload) { w.Locality = Locality{Region: "r", Zone: "other"}; w.Node = "node-remote" })
 	gone := wl("gone", "10.0.0.4", inSvc(echoKey, nil), func(w *Workload) { w.Locality = client.Locality; w.Healthy = false })
 	failover := func(s *Service) {
 		s.LoadBalancing = &LoadBalancing{Mode: LBFailover, RoutingPreference: []LBScope{LBScopeRegion, LBScopeZone}}
@@ -321,6 +321,9 @@ func TestResolveAvoiding(t *testing.T) {
 		{"the local endpoint tried: the remote one", Avoid{Tried: []*Workload{local}}, "remote"},
 		{"every healthy endpoint ejected: still picked, best rank first", Avoid{Ejected: ejected("local:8080", "remote:8080")}, "local"},
 		{"tried and ejected", Avoid{Tried: []*Workload{local}, Ejected: ejected("remote:8080")}, "remote"},
+		{"the local endpoint's node avoided: the remote one", Avoid{Nodes: []string{"node-local"}}, "remote"},
+		{"both nodes avoided: still picked, best rank first", Avoid{Nodes: []string{"node-local", "node-remote"}}, "local"},
+		{"ejected and its node avoided: one step down, as ejected alone", Avoid{Nodes: []string{"node-local"}, Ejected: ejected("local:8080", "remote:8080")}, "local"},
 	} {
 		if got := picks(s, tc.avoid); got[tc.want] != 200 {
 			t.Errorf("%s: picks %v; want only %s", tc.name, got, tc.want)
