@@ -346,7 +346,7 @@ func (w *watch) acceptBatch() error {
 			nfd, sa, err := unix.Accept4(int(fd), unix.SOCK_CLOEXEC)
 			switch err {
 			case nil:
-				if w.gate != nil && w.gate.Refuses(sockaddrAddrPort(sa)) {
+				if w.gate != nil && w.gate.Refuses(sockopt.SockaddrAddrPort(sa)) {
 					w.gate.Hold(func() { refuseFD(nfd) })
 					continue
 				}
@@ -386,17 +386,6 @@ func (w *watch) acceptBatch() error {
 func refuseFD(fd int) {
 	_ = unix.SetsockoptLinger(fd, unix.SOL_SOCKET, unix.SO_LINGER, &unix.Linger{Onoff: 1, Linger: 0})
 	unix.Close(fd)
-}
-
-// sockaddrAddrPort is an accepted socket's peer address (invalid if not IP).
-func sockaddrAddrPort(sa unix.Sockaddr) netip.AddrPort {
-	switch sa := sa.(type) {
-	case *unix.SockaddrInet4:
-		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
-	case *unix.SockaddrInet6:
-		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr).Unmap(), uint16(sa.Port))
-	}
-	return netip.AddrPort{}
 }
 
 // fileConn makes an accepted socket a *net.TCPConn.

@@ -68,7 +68,8 @@ type Gate interface {
 	// Room reports whether another connection may be accepted now; if not, wake is called
 	// once, from another goroutine and never during Room, when there may be room.
 	Room(wake func()) bool
-	// Refuses reports whether a connection from src, just accepted, is to be refused: the
+	// Refuses reports whether a connection from src (as the kernel gave it: an IPv4 peer of
+	// an IPv6 listener is IPv4-mapped), just accepted, is to be refused: the
 	// epoll poller hands it to Hold before it becomes a net.Conn (no dup, no socket option,
 	// no callback), and Accepted is not told of it.
 	Refuses(src netip.AddrPort) bool

@@ -305,7 +305,7 @@ func ReadQueued(rc syscall.RawConn, buf, oob []byte, max int, read func(b []byte
 			switch err {
 			case nil:
 				r.n++
-				read(buf[:m], sockaddrAddrPort(from), ParseDst(oob[:oobn]))
+				read(buf[:m], SockaddrAddrPort(from), ParseDst(oob[:oobn]))
 				continue
 			case unix.EINTR:
 				continue
@@ -322,7 +322,10 @@ func ReadQueued(rc syscall.RawConn, buf, oob []byte, max int, read func(b []byte
 	return r.n, r.err
 }
 
-func sockaddrAddrPort(sa unix.Sockaddr) netip.AddrPort {
+// SockaddrAddrPort is a socket address from the kernel (recvmsg, accept4) as a
+// netip.AddrPort, its IPv6 form kept (an IPv4-mapped address is not unmapped); invalid if
+// not IP.
+func SockaddrAddrPort(sa unix.Sockaddr) netip.AddrPort {
 	switch sa := sa.(type) {
 	case *unix.SockaddrInet4:
 		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
