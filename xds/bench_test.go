@@ -42,9 +42,8 @@ func genPushAt(b *testing.B, n, gen int) *discoverypb.DeltaDiscoveryResponse {
 	return resp
 }
 
-// BenchmarkHandlePush is a whole initial push through the client as it arrives: decoded
-// from the wire in 16 KiB frames (the codec's path), converted (no lock) and applied to an
-// empty store.
+// BenchmarkHandlePush is a whole initial push through the client as it arrives
+// (benchInitialPush).
 func BenchmarkHandlePush(b *testing.B) {
 	for _, n := range []int{10_000, 100_000} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
@@ -52,23 +51,30 @@ func BenchmarkHandlePush(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			b.ReportAllocs()
-			for b.Loop() {
-				c, err := NewClient(Config{Config: istiogrpc.Config{Address: "http://127.0.0.1:1"}}, state.NewStore(), nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				resp := &response{held: c.store}
-				if err := newStreamCodec().Unmarshal(chunked(wire, 16<<10), resp); err != nil {
-					b.Fatal(err)
-				}
-				if ack := c.apply(resp); ack.GetErrorDetail() != nil {
-					b.Fatal(ack.GetErrorDetail())
-				}
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/workload")
+			benchInitialPush(b, wire, n)
 		})
 	}
+}
+
+// benchInitialPush runs wire, an initial push of n workloads, through a fresh client as it
+// arrives: decoded in 16 KiB frames (the codec's path), converted and applied to an empty
+// store.
+func benchInitialPush(b *testing.B, wire []byte, n int) {
+	b.ReportAllocs()
+	for b.Loop() {
+		c, err := NewClient(Config{Config: istiogrpc.Config{Address: "http://127.0.0.1:1"}}, state.NewStore(), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		resp := &response{held: c.store}
+		if err := newStreamCodec().Unmarshal(chunked(wire, 16<<10), resp); err != nil {
+			b.Fatal(err)
+		}
+		if ack := c.apply(resp); ack.GetErrorDetail() != nil {
+			b.Fatal(ack.GetErrorDetail())
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/workload")
 }
 
 // genDeployments builds an Address response of n workloads in deployments of 15 pods, each
@@ -118,21 +124,7 @@ func BenchmarkHandlePushOrder(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			b.ReportAllocs()
-			for b.Loop() {
-				c, err := NewClient(Config{Config: istiogrpc.Config{Address: "http://127.0.0.1:1"}}, state.NewStore(), nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				resp := &response{held: c.store}
-				if err := newStreamCodec().Unmarshal(chunked(wire, 16<<10), resp); err != nil {
-					b.Fatal(err)
-				}
-				if ack := c.apply(resp); ack.GetErrorDetail() != nil {
-					b.Fatal(ack.GetErrorDetail())
-				}
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/workload")
+			benchInitialPush(b, wire, n)
 		})
 	}
 }
