@@ -236,11 +236,7 @@ func (x *index) applyPrivate(b *Batch) {
 	for _, meta := range x.metas {
 		last := x.pending[meta]
 		for svc, ports := range meta.Services {
-			m := x.endpoints[svc]
-			if m == nil {
-				m = make(map[*Workload]map[uint16]uint16)
-				x.endpoints[svc] = m
-			}
+			m := x.endpointsOf(svc)
 			for i := last; i >= 0; i = x.next[i] {
 				w := x.added[i]
 				if len(x.dropped) > 0 {
@@ -253,6 +249,16 @@ func (x *index) applyPrivate(b *Batch) {
 		}
 	}
 	x.pending, x.metas, x.added, x.next, x.dropped = nil, nil, nil, nil, nil
+}
+
+// endpointsOf is svc's endpoints, its map made on first use.
+func (x *index) endpointsOf(svc string) map[*Workload]map[uint16]uint16 {
+	m := x.endpoints[svc]
+	if m == nil {
+		m = make(map[*Workload]map[uint16]uint16)
+		x.endpoints[svc] = m
+	}
+	return m
 }
 
 // apply applies the batch's changes [from, to), in the order removals of addresses, of
@@ -332,12 +338,7 @@ func (x *index) addWorkload(w *Workload) {
 		}
 	} else {
 		for svc, ports := range w.Services {
-			m := x.endpoints[svc]
-			if m == nil {
-				m = make(map[*Workload]map[uint16]uint16)
-				x.endpoints[svc] = m
-			}
-			m[w] = ports
+			x.endpointsOf(svc)[w] = ports
 		}
 	}
 	if g := w.NetworkGateway; g != nil {
