@@ -255,7 +255,7 @@ func (resp *response) decode(data mem.BufferSlice) error {
 }
 
 // parseResource decodes a Resource without copying: its name and version and its body's
-// value alias b (decoded.add copies what it keeps).
+// type URL and value alias b (decoded.add copies what it keeps).
 func parseResource(b []byte, res *discoverypb.Resource, body *anypb.Any) error {
 	res.Name, res.Version, res.Aliases, res.Resource = "", "", nil, nil
 	body.TypeUrl, body.Value = "", nil
@@ -281,7 +281,7 @@ func parseResource(b []byte, res *discoverypb.Resource, body *anypb.Any) error {
 				v = arest
 				switch anum {
 				case anyTypeURL:
-					body.TypeUrl = string(av)
+					body.TypeUrl = aliasString(av)
 				case anyValue:
 					body.Value = av
 				}
