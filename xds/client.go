@@ -112,10 +112,10 @@ type Client struct {
 	stream grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
 
 	mu       sync.Mutex
-	versions map[string]map[string]string // type URL -> accepted resource name -> version
-	demanded map[string]struct{}          // on-demand names subscribed so far
-	waiters  map[string][]chan struct{}   // on-demand names awaited
-	seen     map[string]bool              // type URLs with a handled response
+	versions map[string]*versionMap     // by type URL
+	demanded map[string]struct{}        // on-demand names subscribed so far
+	waiters  map[string][]chan struct{} // on-demand names awaited
+	seen     map[string]bool            // type URLs with a handled response
 }
 
 // NewClient checks cfg and builds a client; it does not connect. It counts into m's xDS
@@ -140,7 +140,7 @@ func NewClient(cfg Config, store *state.Store, m *metrics.Metrics) (*Client, err
 		cfg: cfg, store: store, log: log, metrics: m,
 		ep:       ep,
 		synced:   make(chan struct{}),
-		versions: map[string]map[string]string{xdspb.AddressType: {}, xdspb.AuthorizationType: {}},
+		versions: map[string]*versionMap{xdspb.AddressType: {}, xdspb.AuthorizationType: {}},
 		demanded: make(map[string]struct{}),
 		waiters:  make(map[string][]chan struct{}),
 		seen:     make(map[string]bool),
@@ -272,11 +272,8 @@ func (c *Client) initialRequests() []*discoverypb.DeltaDiscoveryRequest {
 				r.ResourceNamesSubscribe = append(r.ResourceNamesSubscribe, name)
 			}
 		}
-		if v := c.versions[typ]; len(v) > 0 {
-			r.InitialResourceVersions = make(map[string]string, len(v))
-			for k, ver := range v {
-				r.InitialResourceVersions[k] = ver
-			}
+		if v := c.versions[typ]; v.len() > 0 {
+			r.InitialResourceVersions = v.all()
 		}
 		reqs = append(reqs, r)
 	}
@@ -358,7 +355,7 @@ type decoded struct {
 	errs      []string      // "name: reason"
 	unchanged int           // resources skipped: the store holds them with the same bytes
 	collect   bool
-	versions  map[string]string // interned versions, up to maxInternedVersions
+	versions  map[string]string // interned versions (packed, if packVersion packs them), up to maxInternedVersions
 	in        *interner
 	wire      workloadDecoder // one for the push: it reuses its message
 	held      *state.Store    // see digest; nil converts every resource
@@ -366,8 +363,11 @@ type decoded struct {
 
 // nameVersion is an accepted resource. The name is the converted value's own key string
 // (a workload's UID, a service's or policy's key), so the client's version map keeps no
-// copy of its own.
-type nameVersion struct{ name, version string }
+// copy of its own; a packed version is 32 bytes that stand for 64 hex digits (packVersion).
+type nameVersion struct {
+	name, version string
+	packed        bool
+}
 
 func newDecoded(collectNames bool, held *state.Store) *decoded {
 	return &decoded{collect: collectNames, versions: make(map[string]string), in: newInterner(), held: held}
@@ -435,14 +435,22 @@ const maxInternedVersions = 64
 
 // accept records name as accepted at version.
 func (d *decoded) accept(name, version string) {
-	v, ok := d.versions[version]
-	if !ok {
-		v = strings.Clone(version)
-		if len(d.versions) < maxInternedVersions {
-			d.versions[v] = v
-		}
+	if v, ok := d.versions[version]; ok {
+		d.accepted = append(d.accepted, nameVersion{name, v, len(v) != len(version)}) // packed: shorter
+		return
 	}
-	d.accepted = append(d.accepted, nameVersion{name, v})
+	v, packed := packVersion(version)
+	if !packed {
+		v = strings.Clone(version)
+	}
+	if len(d.versions) < maxInternedVersions {
+		key := v
+		if packed {
+			key = strings.Clone(version)
+		}
+		d.versions[key] = v
+	}
+	d.accepted = append(d.accepted, nameVersion{name, v, packed})
 }
 
 // removed records a response's removed names.
@@ -555,28 +563,12 @@ func (c *Client) apply(resp *response) *discoverypb.DeltaDiscoveryRequest {
 	}
 
 	c.mu.Lock()
-	vers := c.versions[typ]
-	if len(vers) == 0 && len(d.accepted) > 0 {
-		vers = make(map[string]string, len(d.accepted))
-		c.versions[typ] = vers
-	}
 	// A rejected resource keeps the version we hold, if any: the store keeps that one, and
 	// on reconnect the server then resends the new one or reports it removed. Not listing
 	// it would keep it in the store for good if it went while we were disconnected.
-	for _, a := range d.accepted {
-		vers[a.name] = a.version
-	}
-	for _, name := range resp.removed {
-		delete(vers, name)
-	}
-	if len(resp.removed) > len(vers) { // a Go map does not shrink: rebuild it at its length
-		small := make(map[string]string, len(vers))
-		for k, v := range vers {
-			small[k] = v
-		}
-		vers = small
-		c.versions[typ] = vers
-	}
+	vers := c.versions[typ]
+	vers.setAll(d.accepted)
+	vers.remove(resp.removed)
 	var wake []chan struct{}
 	if typ == xdspb.AddressType {
 		for _, n := range d.names {

@@ -729,7 +729,7 @@ func TestUnchangedResourceKeepsValue(t *testing.T) {
 	if store.WorkloadByUID("w1") != w0 || store.ServiceByKey("default/svc1") != s0 || store.Policy("default/p1") != p0 {
 		t.Error("a resource resent unchanged was converted again")
 	}
-	for k := range c.versions[xdspb.AddressType] {
+	for k := range c.versions[xdspb.AddressType].strs {
 		if k == w0.UID && unsafe.StringData(k) != unsafe.StringData(w0.UID) {
 			t.Error("the version map keeps a copy of the uid, not the workload's own string")
 		}
