@@ -105,15 +105,16 @@ func TestSuiteSmokeCapture(t *testing.T) {
 			t.Errorf("%s: capture compared with direct (loopback), not with veth", m)
 		}
 	}
-	for _, m := range []string{"idle KiB per idle conn, rep 1", "throughput/1 proxy CPU s/GB"} {
-		if v := rows[m].Values["capture"]; v <= 0 {
-			t.Errorf("%s via capture = %v; want > 0", m, v)
-		}
+	if v := rows["idle KiB per idle conn, rep 1"].Values["capture"]; v <= 0 {
+		t.Errorf("idle KiB per idle conn via capture = %v; want > 0", v)
 	}
-	// The smoke run's few hundred connections can cost the proxies less than one clock
-	// tick of CPU on a loaded machine, so the figure may be 0, but it must be there.
-	if v, ok := rows["connrate proxy CPU ms/conn"].Values["capture"]; !ok || v < 0 {
-		t.Errorf("connrate proxy CPU ms/conn via capture = %v (present %v); want a figure", v, ok)
+	// The smoke run's 50 ms runs (a few hundred connections, a few hundred MB) can cost the
+	// proxies less than one clock tick of CPU on a loaded machine (make check beside another
+	// benchmark gave 0 s/GB), so these figures may be 0, but they must be there.
+	for _, m := range []string{"throughput/1 proxy CPU s/GB", "connrate proxy CPU ms/conn"} {
+		if v, ok := rows[m].Values["capture"]; !ok || v < 0 {
+			t.Errorf("%s via capture = %v (present %v); want a figure", m, v, ok)
+		}
 	}
 	var table bytes.Buffer
 	rep.WriteTable(&table)
