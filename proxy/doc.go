@@ -60,7 +60,7 @@ package proxy
 //     A socket closed while registered leaves the epoll set with no event, so every close of
 //     a copy's socket unparks after it: a direction's end when it aborts or resets both
 //     legs (DeliverTo's callback, or the other pump's), and liveConn.close (drain deadline,
-//     policy change), whose last closer is the parkCopy. unpark also marks the copy
+//     policy change), which unparks after closing both ends. unpark also marks the copy
 //     closing, so it never parks again; the resumed goroutines find their sockets closed
 //     and end their directions as unparked ones would.
 //   - Completing: whichever direction ends last completes the connection (pending counts
@@ -79,7 +79,7 @@ package proxy
 //     connections that a policy change now denies.
 //
 // Locks, each guarding only its own struct's fields: tracker.mu (draining, live),
-// liveConn.mu (its closers), Proxy.acceptMu (acceptFailing), Proxy.watchMu (watches),
+// Proxy.acceptMu (acceptFailing), Proxy.watchMu (watches),
 // summaryLog.mu (the summary lines of drops, handshake failures and key limits),
 // parkCopy.mu (closing, and each pump's state, sweeps, cancel), Proxy.runMu (running, the
 // sweep's timer). None is held while another is taken, nor across I/O, with two

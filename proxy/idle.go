@@ -63,15 +63,6 @@ func (pm *pump) ready() {
 	go pm.run()
 }
 
-// Close is unpark, for liveConn.close (drain deadline, policy): a socket closed while in
-// the poller gets no event, so whoever closes it resumes the parked directions, which then
-// find their sockets closed and end as unparked ones would. It must be called after the
-// close.
-func (s *parkCopy) Close() error {
-	s.unpark()
-	return nil
-}
-
 // unpark marks the copy closing and resumes its parked directions.
 func (s *parkCopy) unpark() {
 	var resume [2]*pump
