@@ -134,14 +134,14 @@ type pump struct {
 	src *net.TCPConn // read; what parks in the poller
 	dst halfCloser   // the stream or the other socket
 	// The direction's results: written by the goroutine running it (one at a time: park
-	// and ready hand it over under c.mu), or by DeliverTo's callback, read by complete
+	// and Ready hand it over under c.mu), or by DeliverTo's callback, read by complete
 	// after pending.
 	n   int64
 	err error
 
-	state  uint8       // guarded by c.mu: copyRunning, copyParked, copyEnded
-	sweeps uint8       // guarded by c.mu: sweeps seen running since the last wake-up
-	cancel func() bool // guarded by c.mu: the poller's, while parked
+	state  uint8  // guarded by c.mu: copyRunning, copyParked, copyEnded
+	sweeps uint8  // guarded by c.mu: sweeps seen running since the last wake-up
+	token  uint64 // guarded by c.mu: the poller's watch, while parked
 }
 
 // init sets up s, part of conn, for handOff's pair; false if the pair is not a TCP socket
@@ -209,7 +209,7 @@ func (pm *pump) run() {
 		pm.n += n
 		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 			if pm.idle(n == 0) {
-				return // parked: ready resumes on another goroutine
+				return // parked: Ready resumes on another goroutine
 			}
 			continue
 		}

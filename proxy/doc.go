@@ -52,9 +52,9 @@ package proxy
 //     splice, or when one found nothing). The woken goroutine clears the deadline; if it
 //     read nothing since it was last woken it parks, and returns: 100–200 ms after its
 //     last byte. The poller's event (the socket is readable, half-closed, reset or failed)
-//     calls ready on the poller's goroutine, which starts a fresh goroutine that resumes
+//     calls Ready on the poller's goroutine, which starts a fresh goroutine that resumes
 //     the pump. running → parked is the pump's own goroutine's; parked → running is
-//     ready's or unpark's, whichever takes the state first under parkCopy.mu (the other
+//     Ready's or unpark's, whichever takes the state first under parkCopy.mu (the other
 //     then finds it running and does nothing; the poller's cancel and event race the same
 //     way over its token).
 //     A socket closed while registered leaves the epoll set with no event, so every close of
@@ -87,4 +87,4 @@ package proxy
 // set follows each change of state) and while registering with the poller (the epoll
 // poller's mutex, and an epoll_ctl). Nothing takes them the other way: the sweep copies
 // the running set under Proxy.runMu and visits each pump after releasing it, and the
-// poller calls ready with none of its locks held.
+// poller calls Ready with none of its locks held.

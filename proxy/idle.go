@@ -6,7 +6,10 @@ package proxy
 // WatchReadable); with a poller that does not park (netpoll.PerSocket) none of this runs.
 // doc.go ("Goroutines and locks") has the design; this file the code.
 
-import "time"
+import (
+	"syscall"
+	"time"
+)
 
 // idleSweep is how often the sweep looks for quiet connections among the running ones; a
 // connection whose socket has sent nothing for between one and two sweeps parks (two to
@@ -38,26 +41,29 @@ func (pm *pump) idle(quiet bool) bool {
 		pm.sweeps = 1
 		return false
 	}
-	cancel, err := s.p.cfg.Poller.WatchReadable(pm.src, pm.ready)
+	token, err := s.p.cfg.Poller.WatchReadable(pm)
 	if err != nil {
 		return false // keep the goroutine
 	}
-	// ready may already be waiting for mu: it finds the state parked.
-	pm.state, pm.cancel = copyParked, cancel
+	// Ready may already be waiting for mu: it finds the state parked.
+	pm.state, pm.token = copyParked, token
 	s.p.setRunning(pm, false)
 	return true
 }
 
-// ready is the poller's callback: the socket is readable (or done); resume on a fresh
+// SyscallConn is the socket the poller watches while the pump is parked.
+func (pm *pump) SyscallConn() (syscall.RawConn, error) { return pm.src.SyscallConn() }
+
+// Ready is the poller's callback: the socket is readable (or done); resume on a fresh
 // goroutine. It does not block.
-func (pm *pump) ready() {
+func (pm *pump) Ready() {
 	s := pm.c
 	s.mu.Lock()
 	if pm.state != copyParked {
 		s.mu.Unlock() // unpark came first
 		return
 	}
-	pm.state, pm.cancel, pm.sweeps = copyRunning, nil, 0
+	pm.state, pm.token, pm.sweeps = copyRunning, 0, 0
 	s.p.setRunning(pm, true)
 	s.mu.Unlock()
 	go pm.run()
@@ -66,7 +72,7 @@ func (pm *pump) ready() {
 // unpark marks the copy closing and resumes its parked directions.
 func (s *parkCopy) unpark() {
 	var resume [2]*pump
-	var cancels [2]func() bool
+	var tokens [2]uint64
 	s.mu.Lock()
 	s.closing = true
 	for i, pm := range []*pump{&s.up, &s.down} {
@@ -74,14 +80,14 @@ func (s *parkCopy) unpark() {
 			continue
 		}
 		pm.state, pm.sweeps = copyRunning, 0
-		resume[i], cancels[i] = pm, pm.cancel
-		pm.cancel = nil
+		resume[i], tokens[i] = pm, pm.token
+		pm.token = 0
 		s.p.setRunning(pm, true)
 	}
 	s.mu.Unlock()
 	for i, pm := range resume {
 		if pm != nil {
-			cancels[i]() // if the event took the watch first, its ready finds the state running
+			s.p.cfg.Poller.CancelReadable(tokens[i]) // if the event took the watch first, its Ready finds the state running
 			go pm.run()
 		}
 	}
