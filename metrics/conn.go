@@ -139,13 +139,16 @@ func (m *Metrics) lookup(k *seriesKey) *series {
 	return s
 }
 
+// epoch is what a Conn's start counts from: the process's start, near enough.
+var epoch = time.Now()
+
 // Conn records one connection: Open resolves its series, Close records the result once.
 type Conn struct {
 	m      *Metrics
 	s      *series // series for the labels without a flag; s.key holds the labels
 	labels *Labels // every label, for the access log, when s.key has some dropped; else nil
 	log    ConnLog
-	start  time.Time
+	start  time.Duration // when it opened, as time since epoch: monotonic, and 8 bytes where a time.Time is 24
 	closed atomic.Bool
 }
 
@@ -175,7 +178,7 @@ func (m *Metrics) OpenAt(c *Conn, l Labels, log ConnLog) {
 		*full = k.Labels
 		m.maskLabels(&k.Labels)
 	}
-	c.m, c.s, c.labels, c.log, c.start = m, m.lookup(&k), full, log, time.Now()
+	c.m, c.s, c.labels, c.log, c.start = m, m.lookup(&k), full, log, time.Since(epoch)
 	if c.log.Direction == "" {
 		c.log.Direction = "inbound"
 		if k.Reporter == ReporterSource {
@@ -239,7 +242,7 @@ func (c *Conn) Close(sent, received int64, flag string, err error) {
 	attrs = append(attrs,
 		slog.Int64("bytes_sent", appSent),
 		slog.Int64("bytes_recv", appRecv),
-		slog.String("duration", strconv.FormatInt(time.Since(c.start).Milliseconds(), 10)+"ms"),
+		slog.String("duration", strconv.FormatInt((time.Since(epoch)-c.start).Milliseconds(), 10)+"ms"),
 	)
 	if err != nil {
 		attrs = append(attrs, slog.String("error", err.Error()))

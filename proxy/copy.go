@@ -131,8 +131,7 @@ type parkCopy struct {
 // before a read or splice, or when one found nothing.
 type pump struct {
 	c   *parkCopy
-	src *net.TCPConn // read; what parks in the poller
-	dst halfCloser   // the stream or the other socket
+	src *net.TCPConn // read; what parks in the poller; what it writes to is dst's
 	// The direction's results: written by the goroutine running it (one at a time: park
 	// and Ready hand it over under c.mu), or by DeliverTo's callback, read by complete
 	// after pending.
@@ -142,6 +141,20 @@ type pump struct {
 	state  uint8  // guarded by c.mu: copyRunning, copyParked, copyEnded
 	sweeps uint8  // guarded by c.mu: sweeps seen running since the last wake-up
 	token  uint64 // guarded by c.mu: the poller's watch, while parked
+}
+
+// dst is what the pump writes to: the stream of a stream pair, else the other socket.
+// Worked out rather than kept: every held connection would carry it twice.
+func (pm *pump) dst() halfCloser {
+	s := pm.c
+	switch {
+	case s.st != nil:
+		return s.st
+	case pm == &s.up:
+		return s.down.src
+	default:
+		return s.up.src
+	}
 }
 
 // init sets up s, part of conn, for handOff's pair; false if the pair is not a TCP socket
@@ -155,11 +168,11 @@ func (s *parkCopy) init(p *Proxy, conn *liveConn, client, server halfCloser) boo
 	sst, _ := server.(*hbone.Stream)
 	switch {
 	case ctc != nil && stc != nil:
-		s.up, s.down = pump{src: ctc, dst: stc}, pump{src: stc, dst: ctc}
+		s.up.src, s.down.src = ctc, stc
 	case ctc != nil && sst != nil:
-		s.st, s.up, s.down.state = sst, pump{src: ctc, dst: sst}, copyEnded // down is DeliverTo's
+		s.st, s.up.src, s.down.state = sst, ctc, copyEnded // down is DeliverTo's
 	case stc != nil && cst != nil:
-		s.st, s.up, s.down.state, s.flip = cst, pump{src: stc, dst: cst}, copyEnded, true
+		s.st, s.up.src, s.down.state, s.flip = cst, stc, copyEnded, true
 	default:
 		return false
 	}
@@ -204,7 +217,7 @@ func (pm *pump) run() {
 		if st := pm.c.st; st != nil {
 			n, err = st.ReadFrom(pm.src)
 		} else {
-			n, err = pm.dst.(*net.TCPConn).ReadFrom(pm.src)
+			n, err = pm.dst().(*net.TCPConn).ReadFrom(pm.src)
 		}
 		pm.n += n
 		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
@@ -226,11 +239,11 @@ func (pm *pump) run() {
 func (pm *pump) end(err error) {
 	s := pm.c
 	if s.resets && tcpReset(err) {
-		resetBoth(pm.src, pm.dst)
+		resetBoth(pm.src, pm.dst())
 		err = nil
 		s.unpark()
-	} else if err = endHalf(pm.dst, err); err != nil {
-		abort(pm.src, pm.dst)
+	} else if err = endHalf(pm.dst(), err); err != nil {
+		abort(pm.src, pm.dst())
 		s.unpark()
 	}
 	pm.err = err
