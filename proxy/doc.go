@@ -46,10 +46,10 @@ package proxy
 //     EPOLLIN|EPOLLRDHUP, with the poller; no goroutine), ended. With netpoll.PerSocket a
 //     pump is only ever running or ended, and nothing sweeps.
 //     The sweep, a timer every 100 ms per proxy that runs only while some pump is running,
-//     visits the running pumps; one seen by two sweeps since it started or resumed, and
-//     then by every sweep while it moves bytes, gets a read deadline in the past, which
-//     ends its ReadFrom without losing a byte (the deadline is checked before a read or
-//     splice, or when one found nothing). The woken goroutine clears the deadline; if it
+//     visits the running pumps; one seen by a sweep since it started, or by two since it
+//     resumed, and then by every sweep while it moves bytes, gets a read deadline in the
+//     past, which ends its ReadFrom without losing a byte (the deadline is checked before a
+//     read or splice, or when one found nothing). The woken goroutine clears the deadline; if it
 //     read nothing since it was last woken it parks, and returns: 100–200 ms after its
 //     last byte. The poller's event (the socket is readable, half-closed, reset or failed)
 //     calls Ready on the poller's goroutine, which starts a fresh goroutine that resumes

@@ -13,7 +13,7 @@ import (
 
 // idleSweep is how often the sweep looks for quiet connections among the running ones; a
 // connection whose socket has sent nothing for between one and two sweeps parks (two to
-// three after it resumed). Short, so
+// three after it resumed; within one of its start if it sends nothing). Short, so
 // that a burst of new connections that go quiet does not hold a burst of goroutine stacks
 // (freed stacks stay in the process's resident set, up to the GC's goal): the sweep visits
 // only the copies running, and a busy one pays one woken read per sweep. parkIdle false
@@ -93,9 +93,9 @@ func (s *parkCopy) unpark() {
 	}
 }
 
-// sweep is the sweep's visit: a direction seen running by two sweeps in a row since it
-// started or resumed, and then by every sweep, has its read woken, so that run can see
-// whether it read anything since the last wake-up.
+// sweep is the sweep's visit: a direction seen running by a sweep since it started, or by
+// two in a row since it resumed, and then by every sweep, has its read woken, so that run
+// can see whether it read anything since the last wake-up.
 func (pm *pump) sweep() {
 	s := pm.c
 	s.mu.Lock()
