@@ -109,6 +109,12 @@ type conn struct {
 	rfr  *http2.Framer // replaced when trimmed
 	src  io.Reader     // what rfr reads: frameReader over nc, or kt.reader
 	hdec *hpack.Decoder
+	// A direct write to a stream's TCP consumer (writeDirectLocked): the payload and what
+	// the write took, here rather than in each Stream since only the frame reader writes;
+	// sinkWrite is c.writeSink, made once.
+	direct    []byte
+	directN   int
+	sinkWrite func(fd uintptr) bool
 
 	// The write lock: wmu serialises frames and guards the fields after it.
 	wmu        sync.Mutex
@@ -214,6 +220,7 @@ func newConn(cfg connConfig, server bool, nc net.Conn, bc *bufConn, kc *ktls.Con
 	}
 	c.fr = http2.NewFramer(nc, nil)
 	c.hdec = hpack.NewDecoder(4096, nil)
+	c.sinkWrite = c.writeSink
 	c.newReadFramer()
 	c.henc = hpack.NewEncoder(&c.hbuf)
 	var st tls.ConnectionState

@@ -30,7 +30,7 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 	}
 	c.mu.Lock()
 	if sink != nil {
-		s.sink, s.sinkFn, s.directTotal = sink, s.sinkWrite, 0
+		s.sink, s.directTotal = sink, 0
 	}
 	for {
 		for s.rb.n == 0 {
@@ -105,7 +105,7 @@ func (s *Stream) DeliverTo(tc *net.TCPConn, done func(n int64, err error)) error
 		return nil
 	}
 	if directDelivery {
-		s.sink, s.sinkFn, s.directTotal = sink, s.sinkWrite, 0
+		s.sink, s.directTotal = sink, 0
 	}
 	s.kickLocked()
 	c.mu.Unlock()
@@ -198,17 +198,17 @@ func (s *Stream) waitDirectLocked() {
 func (s *Stream) endDirectLocked() int64 {
 	s.waitDirectLocked()
 	n := s.directTotal
-	s.sink, s.sinkFn, s.directTotal = nil, nil, 0
+	s.sink, s.directTotal = nil, 0
 	return n
 }
 
-// sinkWrite is one non-blocking write(2) of s.direct (the socket is non-blocking; returning
-// true means "do not wait for writability").
-func (s *Stream) sinkWrite(fd uintptr) bool {
-	n, err := syscall.Write(int(fd), s.direct)
+// writeSink is one non-blocking write(2) of c.direct (the socket is non-blocking; returning
+// true means "do not wait for writability"). newConn makes c.sinkWrite of it once.
+func (c *conn) writeSink(fd uintptr) bool {
+	n, err := syscall.Write(int(fd), c.direct)
 	if err != nil {
 		n = 0
 	}
-	s.directN = n
+	c.directN = n
 	return true
 }

@@ -233,9 +233,9 @@ func TestCloseDuringDirectWriteReleasesWindow(t *testing.T) {
 	_, done := deliver(t, s)
 	c := s.c
 	c.mu.Lock()
-	s.sinkFn = func(uintptr) bool { // the socket takes nothing, and the stream is closed meanwhile
+	c.sinkWrite = func(uintptr) bool { // the socket takes nothing, and the stream is closed meanwhile
 		s.Close()
-		s.directN = 0
+		c.directN = 0
 		return true
 	}
 	c.mu.Unlock()

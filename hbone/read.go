@@ -236,14 +236,14 @@ func (c *conn) handleDataLocked(f *http2.DataFrame) (finish *Stream, err error) 
 // entry and exit but released around the syscall; readBusy keeps WriteTo out meanwhile.
 func (c *conn) writeDirectLocked(s *Stream, data []byte) []byte {
 	s.readBusy = true
-	s.direct = data
-	s.directN = 0
+	c.direct = data
+	c.directN = 0
 	c.mu.Unlock()
-	err := s.sink.Write(s.sinkFn)
+	err := s.sink.Write(c.sinkWrite)
 	c.mu.Lock()
 	s.readBusy = false
-	n := s.directN
-	s.direct = nil
+	n := c.directN
+	c.direct = nil
 	if err != nil || n <= 0 {
 		n = 0
 	}

@@ -42,15 +42,11 @@ type Stream struct {
 	waitConn    bool
 	rerr        error // what Read returns once the buffer is empty (nil: keep waiting)
 	werr        error
-	rdl, wdl    time.Time
-	rt, wt      *time.Timer
+	dl          *deadlines // nil until a deadline is set: a proxy's streams have none
 
-	// Direct delivery to a TCP consumer (see conn.writeDirectLocked); guarded by c.mu
-	// except direct/directN, owned by the frame reader while readBusy.
+	// Direct delivery to a TCP consumer (see conn.writeDirectLocked), guarded by c.mu:
+	// the consumer's socket, and the bytes written to it so far.
 	sink        syscall.RawConn
-	sinkFn      func(fd uintptr) bool
-	direct      []byte
-	directN     int
 	directTotal int64
 
 	// DeliverTo state, guarded by c.mu: where to write, whom to tell at the end, and
@@ -69,6 +65,15 @@ type Stream struct {
 	cancel   context.CancelCauseFunc
 
 	rstWritten bool // guarded by c.wmu
+}
+
+// deadlines are a stream's read and write deadlines and their timers, guarded by c.mu.
+// They are apart from the Stream because a proxied stream never sets one, and a proxy
+// holds a stream per idle connection: without them (56 B) and the frame reader's
+// direct-write fields (now conn's), a Stream is 320 B instead of 416.
+type deadlines struct {
+	rdl, wdl time.Time
+	rt, wt   *time.Timer
 }
 
 var (
@@ -111,7 +116,7 @@ func (s *Stream) readErrLocked() error {
 	if s.c.err != nil {
 		return s.c.err
 	}
-	if !s.rdl.IsZero() && !time.Now().Before(s.rdl) {
+	if s.dl != nil && !s.dl.rdl.IsZero() && !time.Now().Before(s.dl.rdl) {
 		return os.ErrDeadlineExceeded
 	}
 	return nil
@@ -127,7 +132,7 @@ func (s *Stream) writeErrLocked() error {
 		return errors.New("hbone: write after CloseWrite")
 	case s.c.err != nil:
 		return s.c.err
-	case !s.wdl.IsZero() && !time.Now().Before(s.wdl):
+	case s.dl != nil && !s.dl.wdl.IsZero() && !time.Now().Before(s.dl.wdl):
 		return os.ErrDeadlineExceeded
 	}
 	return nil
@@ -348,11 +353,13 @@ func (s *Stream) closeCode(code http2.ErrCode) error {
 	if !s.readBusy {
 		s.rb.free()
 	}
-	if s.rt != nil {
-		s.rt.Stop()
-	}
-	if s.wt != nil {
-		s.wt.Stop()
+	if s.dl != nil {
+		if s.dl.rt != nil {
+			s.dl.rt.Stop()
+		}
+		if s.dl.wt != nil {
+			s.dl.wt.Stop()
+		}
 	}
 	s.signalLocked()
 	return nil
@@ -387,21 +394,31 @@ func (s *Stream) SetDeadline(t time.Time) error {
 
 // SetReadDeadline works like net.Conn's: a blocked Read returns os.ErrDeadlineExceeded.
 func (s *Stream) SetReadDeadline(t time.Time) error {
-	s.setDeadline(&s.rdl, &s.rt, t)
+	s.setDeadline(false, t)
 	return nil
 }
 
 // SetWriteDeadline bounds waiting for flow-control window. A frame already being written
 // to the socket is bounded only by the connection's own health (PING timeout).
 func (s *Stream) SetWriteDeadline(t time.Time) error {
-	s.setDeadline(&s.wdl, &s.wt, t)
+	s.setDeadline(true, t)
 	return nil
 }
 
-func (s *Stream) setDeadline(dl *time.Time, tm **time.Timer, t time.Time) {
+func (s *Stream) setDeadline(write bool, t time.Time) {
 	c := s.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if s.dl == nil {
+		if t.IsZero() {
+			return // none set, none to clear
+		}
+		s.dl = new(deadlines)
+	}
+	dl, tm := &s.dl.rdl, &s.dl.rt
+	if write {
+		dl, tm = &s.dl.wdl, &s.dl.wt
+	}
 	*dl = t
 	if *tm != nil {
 		(*tm).Stop()

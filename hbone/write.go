@@ -289,7 +289,7 @@ func (c *conn) writeHeadersWLocked(id uint32, end bool, status int, authority st
 			continue
 		}
 		for _, v := range vs {
-			c.henc.WriteField(hpack.HeaderField{Name: name, Value: v})
+			c.henc.WriteField(hpack.HeaderField{Name: name, Value: v, Sensitive: neverIndexed(name)})
 		}
 	}
 	block := c.hbuf.Bytes()
@@ -310,6 +310,18 @@ func (c *conn) writeHeadersWLocked(id uint32, end bool, status int, authority st
 		block = block[n:]
 	}
 	return nil
+}
+
+// neverIndexed reports the request headers whose values are new on every stream (the
+// Forwarded header names the client's port; a traceparent is random). Indexing them
+// saves no byte, since no later stream repeats them, but fills both ends' HPACK dynamic
+// tables with them: the encoder's maps of evicted entries grow to their peak and stay, and
+// the peer's decoder holds each value until 4 KiB of others push it out, kept per HBONE
+// connection (about 11 KiB of the client's and 3 KiB of the server's heap per pooled
+// connection, 2026-12-05). They go out as literals never indexed, as a name the table
+// already has.
+func neverIndexed(name string) bool {
+	return name == "traceparent" || name == "forwarded"
 }
 
 func hopByHop(name string) bool {

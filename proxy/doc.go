@@ -46,21 +46,21 @@ package proxy
 //     EPOLLIN|EPOLLRDHUP, with the poller; no goroutine), ended. With netpoll.PerSocket a
 //     pump is only ever running or ended, and nothing sweeps.
 //     The sweep, a timer every 100 ms per proxy that runs only while some pump is running,
-//     visits the running pumps; one seen by two sweeps since it started or resumed, and
-//     then by every sweep while it moves bytes, gets a read deadline in the past, which
-//     ends its ReadFrom without losing a byte (the deadline is checked before a read or
-//     splice, or when one found nothing). The woken goroutine clears the deadline; if it
+//     visits the running pumps; one seen by a sweep since it started, or by two since it
+//     resumed, and then by every sweep while it moves bytes, gets a read deadline in the
+//     past, which ends its ReadFrom without losing a byte (the deadline is checked before a
+//     read or splice, or when one found nothing). The woken goroutine clears the deadline; if it
 //     read nothing since it was last woken it parks, and returns: 100–200 ms after its
 //     last byte. The poller's event (the socket is readable, half-closed, reset or failed)
-//     calls ready on the poller's goroutine, which starts a fresh goroutine that resumes
+//     calls Ready on the poller's goroutine, which starts a fresh goroutine that resumes
 //     the pump. running → parked is the pump's own goroutine's; parked → running is
-//     ready's or unpark's, whichever takes the state first under parkCopy.mu (the other
+//     Ready's or unpark's, whichever takes the state first under parkCopy.mu (the other
 //     then finds it running and does nothing; the poller's cancel and event race the same
 //     way over its token).
 //     A socket closed while registered leaves the epoll set with no event, so every close of
 //     a copy's socket unparks after it: a direction's end when it aborts or resets both
 //     legs (DeliverTo's callback, or the other pump's), and liveConn.close (drain deadline,
-//     policy change), whose last closer is the parkCopy. unpark also marks the copy
+//     policy change), which unparks after closing both ends. unpark also marks the copy
 //     closing, so it never parks again; the resumed goroutines find their sockets closed
 //     and end their directions as unparked ones would.
 //   - Completing: whichever direction ends last completes the connection (pending counts
@@ -79,7 +79,7 @@ package proxy
 //     connections that a policy change now denies.
 //
 // Locks, each guarding only its own struct's fields: tracker.mu (draining, live),
-// liveConn.mu (its closers), Proxy.acceptMu (acceptFailing), Proxy.watchMu (watches),
+// Proxy.acceptMu (acceptFailing), Proxy.watchMu (watches),
 // summaryLog.mu (the summary lines of drops, handshake failures and key limits),
 // parkCopy.mu (closing, and each pump's state, sweeps, cancel), Proxy.runMu (running, the
 // sweep's timer). None is held while another is taken, nor across I/O, with two
@@ -87,4 +87,4 @@ package proxy
 // set follows each change of state) and while registering with the poller (the epoll
 // poller's mutex, and an epoll_ctl). Nothing takes them the other way: the sweep copies
 // the running set under Proxy.runMu and visits each pump after releasing it, and the
-// poller calls ready with none of its locks held.
+// poller calls Ready with none of its locks held.

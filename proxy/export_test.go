@@ -30,7 +30,7 @@ func SetIdleSweep(tb interface{ Cleanup(func()) }, d time.Duration, off bool) {
 func (p *Proxy) Parked() int {
 	n := 0
 	for _, c := range p.conns.snapshot() {
-		if s := c.copy; s != nil {
+		if s := &c.copy; s.p != nil {
 			s.mu.Lock()
 			for _, pm := range []*pump{&s.up, &s.down} {
 				if pm.state == copyParked {

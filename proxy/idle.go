@@ -6,11 +6,14 @@ package proxy
 // WatchReadable); with a poller that does not park (netpoll.PerSocket) none of this runs.
 // doc.go ("Goroutines and locks") has the design; this file the code.
 
-import "time"
+import (
+	"syscall"
+	"time"
+)
 
 // idleSweep is how often the sweep looks for quiet connections among the running ones; a
 // connection whose socket has sent nothing for between one and two sweeps parks (two to
-// three after it resumed). Short, so
+// three after it resumed; within one of its start if it sends nothing). Short, so
 // that a burst of new connections that go quiet does not hold a burst of goroutine stacks
 // (freed stacks stay in the process's resident set, up to the GC's goal): the sweep visits
 // only the copies running, and a busy one pays one woken read per sweep. parkIdle false
@@ -38,44 +41,38 @@ func (pm *pump) idle(quiet bool) bool {
 		pm.sweeps = 1
 		return false
 	}
-	cancel, err := s.p.cfg.Poller.WatchReadable(pm.src, pm.ready)
+	token, err := s.p.cfg.Poller.WatchReadable(pm)
 	if err != nil {
 		return false // keep the goroutine
 	}
-	// ready may already be waiting for mu: it finds the state parked.
-	pm.state, pm.cancel = copyParked, cancel
+	// Ready may already be waiting for mu: it finds the state parked.
+	pm.state, pm.token = copyParked, token
 	s.p.setRunning(pm, false)
 	return true
 }
 
-// ready is the poller's callback: the socket is readable (or done); resume on a fresh
+// SyscallConn is the socket the poller watches while the pump is parked.
+func (pm *pump) SyscallConn() (syscall.RawConn, error) { return pm.src.SyscallConn() }
+
+// Ready is the poller's callback: the socket is readable (or done); resume on a fresh
 // goroutine. It does not block.
-func (pm *pump) ready() {
+func (pm *pump) Ready() {
 	s := pm.c
 	s.mu.Lock()
 	if pm.state != copyParked {
 		s.mu.Unlock() // unpark came first
 		return
 	}
-	pm.state, pm.cancel, pm.sweeps = copyRunning, nil, 0
+	pm.state, pm.token, pm.sweeps = copyRunning, 0, 0
 	s.p.setRunning(pm, true)
 	s.mu.Unlock()
 	go pm.run()
 }
 
-// Close is unpark, for liveConn.close (drain deadline, policy): a socket closed while in
-// the poller gets no event, so whoever closes it resumes the parked directions, which then
-// find their sockets closed and end as unparked ones would. It must be called after the
-// close.
-func (s *parkCopy) Close() error {
-	s.unpark()
-	return nil
-}
-
 // unpark marks the copy closing and resumes its parked directions.
 func (s *parkCopy) unpark() {
 	var resume [2]*pump
-	var cancels [2]func() bool
+	var tokens [2]uint64
 	s.mu.Lock()
 	s.closing = true
 	for i, pm := range []*pump{&s.up, &s.down} {
@@ -83,22 +80,22 @@ func (s *parkCopy) unpark() {
 			continue
 		}
 		pm.state, pm.sweeps = copyRunning, 0
-		resume[i], cancels[i] = pm, pm.cancel
-		pm.cancel = nil
+		resume[i], tokens[i] = pm, pm.token
+		pm.token = 0
 		s.p.setRunning(pm, true)
 	}
 	s.mu.Unlock()
 	for i, pm := range resume {
 		if pm != nil {
-			cancels[i]() // if the event took the watch first, its ready finds the state running
+			s.p.cfg.Poller.CancelReadable(tokens[i]) // if the event took the watch first, its Ready finds the state running
 			go pm.run()
 		}
 	}
 }
 
-// sweep is the sweep's visit: a direction seen running by two sweeps in a row since it
-// started or resumed, and then by every sweep, has its read woken, so that run can see
-// whether it read anything since the last wake-up.
+// sweep is the sweep's visit: a direction seen running by a sweep since it started, or by
+// two in a row since it resumed, and then by every sweep, has its read woken, so that run
+// can see whether it read anything since the last wake-up.
 func (pm *pump) sweep() {
 	s := pm.c
 	s.mu.Lock()

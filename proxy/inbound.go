@@ -145,15 +145,9 @@ func (p *Proxy) serveHBONE(r *hbone.Request) {
 // up from the call on, and returns once the copy has been handed off. The connection stays
 // registered for policy re-checks while it lives.
 func (p *Proxy) proxyInbound(client halfCloser, up *net.TCPConn, t *inboundTarget, attrs rbac.Conn, labels metrics.Labels, log metrics.ConnLog) {
-	tc := &liveConn{dst: t.dst, attrs: attrs, originalDst: t.addr, inbound: true}
-	rec := p.metrics.Open(labels, log)
-	p.handOff(client, up, tc, func(received, sent int64, err error) {
-		flag := ""
-		if tc.denied.Load() {
-			flag, err = metrics.FlagDeny, errors.New("connection closed due to policy change")
-		}
-		rec.Close(sent, received, flag, err)
-	})
+	tc := &liveConn{dst: t.dst, attrs: attrs, inbound: true} // attrs' destination is t.addr
+	p.metrics.OpenAt(&tc.rec, labels, log)
+	p.handOff(tc, client, up)
 	// A policy change between the caller's authorization and handOff's registration was
 	// missed by watchPolicies; now that the connection is registered, one more check closes
 	// that gap.

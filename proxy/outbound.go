@@ -16,6 +16,7 @@ import (
 	"github.com/gozt/gozt/hbone"
 	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/proxy/outlier"
+	"github.com/gozt/gozt/proxy/rbac"
 	"github.com/gozt/gozt/xds/state"
 )
 
@@ -58,7 +59,8 @@ func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Wo
 	if ready == nil {
 		ready = func(error) {}
 	}
-	upstream, rec, err := p.connect(ctx, src, clientAddr, dst, ready)
+	tc := &liveConn{attrs: rbac.Conn{DstIP: dst.Addr(), DstPort: dst.Port()}}
+	upstream, err := p.connect(ctx, src, clientAddr, dst, ready, &tc.rec)
 	if err != nil {
 		if answered {
 			closeRefused(client) // so the answer is not lost to a reset
@@ -68,16 +70,11 @@ func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Wo
 		p.log.Debug("proxy: outbound", "src", clientAddr, "dst", dst, "err", err)
 		return
 	}
-	p.handOff(client, upstream, &liveConn{originalDst: dst}, func(received, sent int64, err error) {
-		rec.Close(sent, received, "", err)
-		if err != nil {
-			p.log.Debug("proxy: outbound", "src", clientAddr, "dst", dst, "err", err)
-		}
-	})
+	p.handOff(tc, client, upstream)
 }
 
 // connect routes and dials an outbound connection, then calls ready. A failure is recorded
-// in the metrics here; on success the returned record is open.
+// in the metrics here; on success rec is open.
 //
 // The whole connect, every attempt and the wait for each CONNECT answer included, ends
 // within DialTimeout, whatever the endpoints do (accept and never finish TLS, never answer
@@ -86,18 +83,18 @@ func (p *Proxy) outbound(ctx context.Context, client *net.TCPConn, src *state.Wo
 // times within that time, as the service's retry budget allows (RetryBudget); each
 // endpoint's outcome goes to the outlier detector, whose ejections steer later picks. The
 // client sees one connection: only its last attempt is in the metrics.
-func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, dst netip.AddrPort, ready func(error)) (halfCloser, *metrics.Conn, error) {
+func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, dst netip.AddrPort, ready func(error), rec *metrics.Conn) (halfCloser, error) {
 	base := metrics.Labels{Reporter: metrics.ReporterSource, SourcePrincipal: src.Identity().String()}
 	sourceLabels(&base, src)
 	labels := base
 	dstAddr := dst.String()
 	log := metrics.ConnLog{SrcAddr: clientAddr.String(), DstAddr: dstAddr, Direction: "outbound"}
-	fail := func(flag string, err error) (halfCloser, *metrics.Conn, error) {
+	fail := func(flag string, err error) (halfCloser, error) {
 		ready(err)
 		if flag != "" {
 			p.metrics.Open(labels, log).Close(0, 0, flag, err)
 		}
-		return nil, nil, err
+		return nil, err
 	}
 
 	if p.isSelfCall(dst) {
@@ -148,7 +145,8 @@ func (p *Proxy) connect(ctx context.Context, src *state.Workload, clientAddr, ds
 				p.cfg.Outliers.Succeeded(endpointOf(route))
 			}
 			ready(nil)
-			return upstream, p.metrics.Open(labels, log), nil
+			p.metrics.OpenAt(rec, labels, log)
+			return upstream, nil
 		}
 		lastErr = err
 		if !p.endpointFailed(ctx, route, err) || attempt >= p.cfg.ConnectRetries || !time.Now().Before(deadline.at) {

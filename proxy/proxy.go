@@ -378,9 +378,9 @@ func (p *Proxy) setupLoop(ctx context.Context, c *net.TCPConn, handle func(conte
 // for its workload) is closed at the deadline instead of holding Shutdown until its own
 // timeout.
 func (p *Proxy) handleTracked(ctx context.Context, c *net.TCPConn, handle func(context.Context, *net.TCPConn)) {
-	tc := &liveConn{}
-	defer p.conns.add(tc)()
-	tc.closeWith(c)
+	tc := &liveConn{client: c}
+	p.conns.add(tc)
+	defer p.conns.remove(tc)
 	p.tuneSocket(c)
 	handle(ctx, c)
 }

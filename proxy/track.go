@@ -2,13 +2,13 @@ package proxy
 
 import (
 	"context"
-	"io"
 	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
 
 	"github.com/gozt/gozt/hbone"
+	"github.com/gozt/gozt/metrics"
 	"github.com/gozt/gozt/proxy/rbac"
 	"github.com/gozt/gozt/xds/state"
 )
@@ -22,28 +22,35 @@ type tracker struct {
 	wg       sync.WaitGroup
 }
 
-// liveConn is one proxied connection the tracker holds: its closable parts and, for
-// inbound ones, what policy sees of it.
+// liveConn is one proxied connection the tracker holds: its closable parts, its copy and
+// record and, for inbound ones, what policy sees of it. Everything a held connection keeps
+// of its own, beyond its sockets and stream, is in this one object.
 type liveConn struct {
-	mu      sync.Mutex
-	closers []io.Closer
-	closed  bool
+	closed  atomic.Bool // close has run
+	denied  atomic.Bool // inbound: closed by a policy change
+	inbound bool
 
-	// inbound only: re-evaluated on policy change.
-	dst    *state.Workload
-	attrs  rbac.Conn
-	denied atomic.Bool // closed by a policy change
+	// dst is the destination workload of an inbound connection, nil outbound; policy
+	// changes re-evaluate the inbound ones against attrs. attrs.DstIP and DstPort are
+	// where the client was going, inbound and outbound (originalDst).
+	dst   *state.Workload
+	attrs rbac.Conn
 
-	// What Connections shows, set by handOff before the connection is registered (client
-	// is nil while a connection is still being set up); formatted only when asked for, so a
-	// connection costs no strings for it.
+	// What close closes and Connections shows, set before the connection is registered:
+	// client alone while it is being set up (handleTracked's record), both once handOff
+	// has it; formatted only when asked for, so a connection costs no strings for it.
 	client, server net.Conn
-	originalDst    netip.AddrPort // where the client was going
-	inbound        bool
 
-	// copy is the connection's parkable copy (idle.go), set before it is registered; nil
-	// for the others.
-	copy *parkCopy
+	// copy is the connection's copy (copy.go), set up by handOff; its p is nil before, and
+	// in handleTracked's record.
+	copy parkCopy
+	// rec is the connection's metrics and access-log record, opened before handOff.
+	rec metrics.Conn
+}
+
+// originalDst is where the client was going.
+func (c *liveConn) originalDst() netip.AddrPort {
+	return netip.AddrPortFrom(c.attrs.DstIP, c.attrs.DstPort)
 }
 
 // ConnInfo describes one proxied connection, in the shape /config_dump's workloadState
@@ -62,12 +69,12 @@ type ConnInfo struct {
 func (p *Proxy) Connections() (inbound, outbound []ConnInfo) {
 	inbound, outbound = []ConnInfo{}, []ConnInfo{}
 	for _, tc := range p.conns.snapshot() {
-		if tc.client == nil {
-			continue
+		if tc.server == nil {
+			continue // still being set up
 		}
 		info := ConnInfo{
 			Src:         tc.client.RemoteAddr().String(),
-			OriginalDst: tc.originalDst.String(),
+			OriginalDst: tc.originalDst().String(),
 			ActualDst:   tc.server.RemoteAddr().String(),
 			Protocol:    protocolOf(tc.client, tc.server),
 			TLS:         tlsOf(tc.client, tc.server),
@@ -129,41 +136,33 @@ func (t *tracker) goEvenDraining(fn func()) {
 	}()
 }
 
-// add registers a live connection; the returned func unregisters it.
-func (t *tracker) add(c *liveConn) (remove func()) {
+// add registers a live connection, for remove to unregister.
+func (t *tracker) add(c *liveConn) {
 	t.mu.Lock()
 	t.live[c] = struct{}{}
 	t.mu.Unlock()
-	return func() {
-		t.mu.Lock()
-		delete(t.live, c)
-		t.mu.Unlock()
-	}
 }
 
-// closeWith adds closers that closeAll (drain deadline, policy) will close. If the
-// connection was already closed they are closed at once.
-func (c *liveConn) closeWith(cs ...io.Closer) {
-	c.mu.Lock()
-	closed := c.closed
-	if !closed {
-		c.closers = append(c.closers, cs...)
-	}
-	c.mu.Unlock()
-	if closed {
-		for _, x := range cs {
-			x.Close()
-		}
-	}
+func (t *tracker) remove(c *liveConn) {
+	t.mu.Lock()
+	delete(t.live, c)
+	t.mu.Unlock()
 }
 
+// close closes the connection's parts (drain deadline, policy), once: its sockets or
+// stream, then its copy, which unparks after the sockets' close (idle.go).
 func (c *liveConn) close() {
-	c.mu.Lock()
-	cs := c.closers
-	c.closers, c.closed = nil, true
-	c.mu.Unlock()
-	for _, x := range cs {
-		x.Close()
+	if c.closed.Swap(true) {
+		return
+	}
+	if c.client != nil {
+		c.client.Close()
+	}
+	if c.server != nil {
+		c.server.Close()
+	}
+	if c.copy.p != nil {
+		c.copy.unpark()
 	}
 }
 

@@ -73,18 +73,12 @@ type epoll struct {
 	done chan struct{}   // closed when run has returned
 
 	mu      sync.Mutex
-	watches map[uint64]*watch    // guarded by mu: by token
-	onces   map[uint64]*readable // guarded by mu: WatchReadable's, by token
-	next    uint64               // guarded by mu: the last token given out
+	watches map[uint64]*watch   // guarded by mu: by token
+	onces   map[uint64]Readable // guarded by mu: WatchReadable's, by token
+	next    uint64              // guarded by mu: the last token given out
 }
 
 var _ Poller = (*epoll)(nil)
-
-// readable is one WatchReadable: a socket in the set one-shot until its event or cancel.
-type readable struct {
-	rc    syscall.RawConn
-	ready func()
-}
 
 // watch is one watched socket.
 type watch struct {
@@ -119,7 +113,7 @@ func New() (Poller, error) {
 		f.Close()
 		return nil, fmt.Errorf("netpoll: %w", err)
 	}
-	p := &epoll{file: f, rc: rc, done: make(chan struct{}), watches: map[uint64]*watch{}, onces: map[uint64]*readable{}}
+	p := &epoll{file: f, rc: rc, done: make(chan struct{}), watches: map[uint64]*watch{}, onces: map[uint64]Readable{}}
 	go p.run()
 	return p, nil
 }
@@ -150,14 +144,13 @@ func (p *epoll) WatchPacket(pc net.PacketConn, read func(b []byte, from netip.Ad
 	return p.add(pc, w)
 }
 
-// WatchReadable adds sc's socket to the set one-shot (EPOLLIN|EPOLLRDHUP|EPOLLONESHOT);
-// ready runs on the poller's goroutine.
-func (p *epoll) WatchReadable(sc syscall.Conn, ready func()) (cancel func() bool, err error) {
-	rc, err := sc.SyscallConn()
+// WatchReadable adds r's socket to the set one-shot (EPOLLIN|EPOLLRDHUP|EPOLLONESHOT);
+// r.Ready runs on the poller's goroutine.
+func (p *epoll) WatchReadable(r Readable) (uint64, error) {
+	rc, err := r.SyscallConn()
 	if err != nil {
-		return nil, fmt.Errorf("netpoll: %w", err)
+		return 0, fmt.Errorf("netpoll: %w", err)
 	}
-	r := &readable{rc: rc, ready: ready}
 	p.mu.Lock()
 	p.next++
 	token := p.next
@@ -166,21 +159,24 @@ func (p *epoll) WatchReadable(sc syscall.Conn, ready func()) (cancel func() bool
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT, Fd: int32(token), Pad: int32(token >> 32)}
 	if err := p.ctlReadable(rc, unix.EPOLL_CTL_ADD, &ev); err != nil {
 		p.takeReadable(token)
-		return nil, fmt.Errorf("netpoll: watch readable: %w", err)
+		return 0, fmt.Errorf("netpoll: watch readable: %w", err)
 	}
-	return func() bool {
-		if p.takeReadable(token) == nil {
-			return false
-		}
-		// Fails harmlessly when the owner has closed the socket (it left the set then).
-		_ = p.ctlReadable(rc, unix.EPOLL_CTL_DEL, nil)
-		return true
-	}, nil
+	return token, nil
+}
+
+// CancelReadable takes the token's watch out, if its event has not.
+func (p *epoll) CancelReadable(token uint64) bool {
+	r := p.takeReadable(token)
+	if r == nil {
+		return false
+	}
+	p.leaveReadable(r)
+	return true
 }
 
 // takeReadable removes the token's WatchReadable and returns it, or nil if its event or
 // cancel took it first.
-func (p *epoll) takeReadable(token uint64) *readable {
+func (p *epoll) takeReadable(token uint64) Readable {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	r := p.onces[token]
@@ -188,6 +184,16 @@ func (p *epoll) takeReadable(token uint64) *readable {
 		delete(p.onces, token)
 	}
 	return r
+}
+
+// leaveReadable takes a taken WatchReadable's socket out of the set (a one-shot one that
+// fired is still in it, disabled), so that it can be watched again. It fails harmlessly
+// when the owner has closed the socket: it left the set then. The map keeps only r, so a
+// parked socket costs the poller one map slot; the RawConn is had again here.
+func (p *epoll) leaveReadable(r Readable) {
+	if rc, err := r.SyscallConn(); err == nil {
+		_ = p.ctlReadable(rc, unix.EPOLL_CTL_DEL, nil)
+	}
 }
 
 // ctlReadable adds a WatchReadable socket to the set or takes it out, inside both fds'
@@ -297,10 +303,8 @@ func (p *epoll) run() {
 				continue
 			}
 			if r := p.takeReadable(token); r != nil {
-				// One-shot: the socket is still in the set, disabled; out with it, so
-				// that it can be watched again (a closed one has left already).
-				_ = p.ctlReadable(r.rc, unix.EPOLL_CTL_DEL, nil)
-				r.ready()
+				p.leaveReadable(r)
+				r.Ready()
 			}
 		}
 		runtime.Gosched() // take turns with the goroutines the round made runnable

@@ -44,19 +44,30 @@ type Poller interface {
 	// reports it: sockopt.SetRecvDst; else the zero Addr), or with the error of a failed
 	// read, as Watch does. pc must be a *net.UDPConn.
 	WatchPacket(pc net.PacketConn, read func(b []byte, from netip.AddrPort, to netip.Addr, err error)) (stop func(), err error)
-	// WatchReadable calls ready once, not blocking, when sc's socket is readable, its peer
-	// has shut down its write side, or it has an error or hang-up pending, unless cancel
-	// is called first; cancel reports whether it came first. The readiness already there
-	// at the call counts. ready is called with the socket out of the watch, so it may
-	// watch it again. A socket closed while watched gets no call: its owner cancels.
+	// WatchReadable calls r.Ready once, not blocking, when r's socket is readable, its
+	// peer has shut down its write side, or it has an error or hang-up pending, unless
+	// CancelReadable is called first with the token it returns. The readiness already
+	// there at the call counts. Ready is called with the socket out of the watch, so it
+	// may watch it again. A socket closed while watched gets no call: its owner cancels.
 	// Where Parks is false it fails with errors.ErrUnsupported.
-	WatchReadable(sc syscall.Conn, ready func()) (cancel func() bool, err error)
+	WatchReadable(r Readable) (token uint64, err error)
+	// CancelReadable ends WatchReadable's watch of token, and reports whether it came
+	// before the watch's Ready (which then never comes).
+	CancelReadable(token uint64) bool
 	// Parks reports whether WatchReadable waits without a goroutine, so that a caller
 	// gains by giving up its own goroutine while a socket is quiet.
 	Parks() bool
 	// Close releases the poller once every watch has stopped; watches still open stop
 	// being served (their stop stays safe to call). It is idempotent.
 	Close() error
+}
+
+// Readable is a socket WatchReadable watches, and its owner's callback. An owner that
+// parks many quiet connections implements it on a record it keeps anyway, so that a
+// watch costs no closure.
+type Readable interface {
+	syscall.Conn
+	Ready()
 }
 
 // Gate is what a watched listener implements to hold accepts back (hbone's AdmitListener,

@@ -621,15 +621,23 @@ func pair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
 	return c.(*net.TCPConn), s.(*net.TCPConn)
 }
 
+// readyFunc is a Readable that calls its func.
+type readyFunc struct {
+	*net.TCPConn
+	f func()
+}
+
+func (r readyFunc) Ready() { r.f() }
+
 // readyCh watches c once and returns the channel ready is told on, and cancel.
 func readyCh(t *testing.T, p netpoll.Poller, c *net.TCPConn) (<-chan struct{}, func() bool) {
 	t.Helper()
 	ch := make(chan struct{}, 2)
-	cancel, err := p.WatchReadable(c, func() { ch <- struct{}{} })
+	token, err := p.WatchReadable(readyFunc{c, func() { ch <- struct{}{} }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ch, cancel
+	return ch, func() bool { return p.CancelReadable(token) }
 }
 
 func TestWatchReadable(t *testing.T) {
@@ -711,7 +719,7 @@ func TestPerSocketDoesNotPark(t *testing.T) {
 		t.Error("PerSocket.Parks() = true; want false")
 	}
 	a, _ := pair(t)
-	if _, err := p.WatchReadable(a, func() {}); !errors.Is(err, errors.ErrUnsupported) {
+	if _, err := p.WatchReadable(readyFunc{a, func() {}}); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("PerSocket.WatchReadable: %v; want errors.ErrUnsupported", err)
 	}
 	ep := newPoller(t)

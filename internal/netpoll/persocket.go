@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/gozt/gozt/internal/sockopt"
@@ -57,9 +56,12 @@ func (PerSocket) WatchPacket(pc net.PacketConn, read func(b []byte, from netip.A
 
 // WatchReadable fails: waiting for readability would take a goroutine per socket, the
 // one a caller meant to give up.
-func (PerSocket) WatchReadable(syscall.Conn, func()) (func() bool, error) {
-	return nil, fmt.Errorf("netpoll: watch readable: %w", errors.ErrUnsupported)
+func (PerSocket) WatchReadable(Readable) (uint64, error) {
+	return 0, fmt.Errorf("netpoll: watch readable: %w", errors.ErrUnsupported)
 }
+
+// CancelReadable has no watch to end.
+func (PerSocket) CancelReadable(uint64) bool { return false }
 
 // Parks is false: see WatchReadable.
 func (PerSocket) Parks() bool { return false }

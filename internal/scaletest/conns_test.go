@@ -30,7 +30,9 @@ import (
 // regression); make bench-conns runs it with 100,000, raising RLIMIT_NOFILE (the test
 // holds two fds per connection). With ZTUNNEL_BASE naming a binary, that one runs first,
 // in the same run; SCALE_OUT, if set, names a directory for both nodes' heap profiles
-// while the connections are held.
+// while the connections are held, and SCALE_NODE_ENV adds to both nodes' environment:
+// GODEBUG=memprofilerate=1 makes those profiles exact (the default samples one
+// allocation per 512 KiB, a handful of samples at 1,000 connections).
 
 // connsTopology is the two workloads: the client on node A, the server on node B.
 const connsTopology = `workloads:
@@ -209,6 +211,7 @@ func holdIdle(t *testing.T, bin string, n int) idleResult {
 			"CA_PROVIDER=builtin", "CA_DIR=" + filepath.Join(dir, "ca"),
 			"KERNEL_TLS=false",
 		}
+		env = append(env, strings.Fields(os.Getenv("SCALE_NODE_ENV"))...)
 		for _, p := range []struct{ env, port string }{
 			{"ADMIN_ADDR", "15000"}, {"STATS_ADDR", "15020"}, {"READINESS_ADDR", "15021"},
 			{"OUTBOUND_ADDR", "15001"}, {"INBOUND_PLAINTEXT_ADDR", "15006"}, {"INBOUND_ADDR", "15008"},
