@@ -125,7 +125,8 @@ func convertWorkload(p *workloadpb.Workload, in *interner) (*state.Workload, err
 	if p.GetUid() == "" {
 		return nil, fmt.Errorf("uid: %w", errEmpty)
 	}
-	w := &state.Workload{
+	w, addrs := newWorkload(len(p.GetAddresses()))
+	*w = state.Workload{
 		UID: in.own(p.GetUid()), Name: p.GetName(), Node: in.str(p.GetNode()), Hostname: in.own(p.GetHostname()),
 		Healthy:  p.GetStatus() == workloadpb.WorkloadStatus_HEALTHY,
 		Capacity: 1,
@@ -140,7 +141,7 @@ func convertWorkload(p *workloadpb.Workload, in *interner) (*state.Workload, err
 		w.Capacity = c.GetValue()
 	}
 	if len(p.GetAddresses()) > 0 {
-		w.Addresses = make([]netip.Addr, len(p.GetAddresses()))
+		w.Addresses = addrs
 		for i, b := range p.GetAddresses() {
 			ip, err := ipFromBytes(b)
 			if err != nil {
@@ -225,6 +226,27 @@ func convertWorkload(p *workloadpb.Workload, in *interner) (*state.Workload, err
 	}
 	w.WorkloadMeta = in.meta(&m, key)
 	return w, nil
+}
+
+// newWorkload returns a zero workload and room for its n addresses. A pod has one or two
+// (dual-stack): they are allocated with the workload, one object where there were two for
+// the allocator to hand out and the collector to mark, a million fewer in a 1M push.
+func newWorkload(n int) (*state.Workload, []netip.Addr) {
+	switch n {
+	case 1:
+		x := new(struct {
+			w state.Workload
+			a [1]netip.Addr
+		})
+		return &x.w, x.a[:]
+	case 2:
+		x := new(struct {
+			w state.Workload
+			a [2]netip.Addr
+		})
+		return &x.w, x.a[:]
+	}
+	return new(state.Workload), make([]netip.Addr, n)
 }
 
 // ConvertService converts one istio.workload.Service.

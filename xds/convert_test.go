@@ -266,3 +266,24 @@ func FuzzConvert(f *testing.F) {
 		}
 	})
 }
+
+// A pod of a meta the push has seen costs two allocations: the workload with its addresses
+// (one or two) in one object, and its uid's copy (its name is the uid's tail). Apart, the
+// addresses were one more: a million more objects for the collector in a 1M push.
+func TestConvertWorkloadAllocs(t *testing.T) {
+	in := newInterner()
+	for _, addrs := range [][][]byte{{addr("10.0.0.1")}, {addr("10.0.0.1"), addr("fd00::1")}} {
+		p := baseWorkload()
+		p.Uid, p.Addresses = "Kubernetes//Pod/ns/a", addrs
+		w, err := convertWorkload(p, in) // files its meta
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last, _ := ipFromBytes(addrs[len(addrs)-1]); len(w.Addresses) != len(addrs) || w.Addresses[len(addrs)-1] != last {
+			t.Fatalf("addresses %v", w.Addresses)
+		}
+		if n := testing.AllocsPerRun(100, func() { _, _ = convertWorkload(p, in) }); n != 2 {
+			t.Errorf("%d addresses: %v allocations a workload; want 2", len(addrs), n)
+		}
+	}
+}
