@@ -114,6 +114,32 @@ func timedConnect(t *testing.T, socks, host string) time.Duration {
 	return took
 }
 
+// connectOK is timedConnect for a connection that must work: the test stops if it does not.
+func connectOK(t *testing.T, socks, host string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	c, code, err := socksConnect(socks, host, 80)
+	took := time.Since(start)
+	if c != nil {
+		c.Close()
+	}
+	if err != nil || code != repSucceeded {
+		t.Fatalf("connect to %s after %v: code %d, %v; want it to succeed on an endpoint that serves", host, took, code, err)
+	}
+	return took
+}
+
+// neverAnswer is an HBONE handler that reads the CONNECT and never answers it.
+func neverAnswer(r *hbone.Request) { <-r.Context().Done() }
+
+// acceptAndDiscard is an HBONE handler that accepts the CONNECT and reads the stream to its end.
+func acceptAndDiscard(r *hbone.Request) {
+	if s, err := r.Accept(nil); err == nil {
+		io.Copy(io.Discard, s)
+		s.Close()
+	}
+}
+
 // TestConnectDeadlineSilentPeers: the silent service's two endpoints complete TLS and
 // HTTP/2, read the CONNECT and never answer it. The client hears within the dial timeout,
 // in total: not never (no wait for the answer used to end), nor once per endpoint.
@@ -122,7 +148,7 @@ func TestConnectDeadlineSilentPeers(t *testing.T) {
 	m := newMesh(t)
 	ips := endpointIPs(t, m, 20, 2)
 	m.yaml = withService(m.yaml, "silent", "127.10.0.3", "silent0="+ips[0], "silent1="+ips[1])
-	serveHBONE(t, m, func(r *hbone.Request) { <-r.Context().Done() }, ips[0]+":15008", ips[1]+":15008")
+	serveHBONE(t, m, neverAnswer, ips[0]+":15008", ips[1]+":15008")
 	const timeout = time.Second
 	cfg := m.clientConfig()
 	cfg.DialTimeout, cfg.ConnectRetries = timeout, 2
@@ -144,28 +170,15 @@ func TestConnectRetryAfterSilentEndpoint(t *testing.T) {
 	m := newMesh(t)
 	ips := endpointIPs(t, m, 24, 2)
 	m.yaml = withService(m.yaml, "halfsilent", "127.10.0.5", "quiet0="+ips[0], "serves1="+ips[1])
-	serveHBONE(t, m, func(r *hbone.Request) { <-r.Context().Done() }, ips[0]+":15008")
-	serveHBONE(t, m, func(r *hbone.Request) {
-		if s, err := r.Accept(nil); err == nil {
-			io.Copy(io.Discard, s)
-			s.Close()
-		}
-	}, ips[1]+":15008")
+	serveHBONE(t, m, neverAnswer, ips[0]+":15008")
+	serveHBONE(t, m, acceptAndDiscard, ips[1]+":15008")
 	const timeout = 3 * time.Second
 	cfg := m.clientConfig()
 	cfg.DialTimeout, cfg.ConnectRetries, cfg.Outliers = timeout, 2, nil // every connect may pick the silent one
 	m.a = startNode(t, "node-a", m.caDir, m.yaml, cfg)
 	slow := 0
 	for range 8 {
-		start := time.Now()
-		c, code, err := socksConnect(m.a.socks(t), "halfsilent.default.svc.cluster.local", 80)
-		took := time.Since(start)
-		if c != nil {
-			c.Close()
-		}
-		if err != nil || code != repSucceeded {
-			t.Fatalf("connect after %v: code %d, %v; want it to succeed on the endpoint that serves", took, code, err)
-		}
+		took := connectOK(t, m.a.socks(t), "halfsilent.default.svc.cluster.local")
 		if took > timeout/3 {
 			slow++ // it tried the silent endpoint first
 		}
@@ -187,28 +200,15 @@ func TestConnectRetryLeavesSilentNode(t *testing.T) {
 	ips := endpointIPs(t, m, 28, 3)
 	m.yaml = withService(m.yaml, "cutnode", "127.10.0.6", "quiet0="+ips[0], "quiet1="+ips[1], "serves2="+ips[2])
 	m.yaml = strings.Replace(m.yaml, "node: node-quiet1", "node: node-quiet0", 1) // one node, two pods
-	serveHBONE(t, m, func(r *hbone.Request) { <-r.Context().Done() }, ips[0]+":15008", ips[1]+":15008")
-	serveHBONE(t, m, func(r *hbone.Request) {
-		if s, err := r.Accept(nil); err == nil {
-			io.Copy(io.Discard, s)
-			s.Close()
-		}
-	}, ips[2]+":15008")
+	serveHBONE(t, m, neverAnswer, ips[0]+":15008", ips[1]+":15008")
+	serveHBONE(t, m, acceptAndDiscard, ips[2]+":15008")
 	const timeout = 2 * time.Second
 	cfg := m.clientConfig()
 	cfg.DialTimeout, cfg.ConnectRetries, cfg.Outliers = timeout, 1, nil // every connect may pick a silent one
 	m.a = startNode(t, "node-a", m.caDir, m.yaml, cfg)
 	slow := 0
 	for range 12 {
-		start := time.Now()
-		c, code, err := socksConnect(m.a.socks(t), "cutnode.default.svc.cluster.local", 80)
-		took := time.Since(start)
-		if c != nil {
-			c.Close()
-		}
-		if err != nil || code != repSucceeded {
-			t.Fatalf("connect after %v: code %d, %v; want it to succeed on the node that serves", took, code, err)
-		}
+		took := connectOK(t, m.a.socks(t), "cutnode.default.svc.cluster.local")
 		if took > timeout/4 {
 			slow++ // it tried a silent endpoint first
 		}
